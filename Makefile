@@ -1,0 +1,41 @@
+# The quick start: `make demo` and `make test`. Each target installs what it needs, idempotently.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Reinstalled whenever pyproject.toml changes.
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit system-deps bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/otel-ofu demo
+
+# System packages and npm clients some end-to-end tests use (Chromium, Prometheus, Node OTLP client).
+system-deps:
+	bash tests/setup/install-system-deps.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+test: $(STAMP) system-deps lint typecheck unit bench-quick
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+bench-quick: $(STAMP)
+	@if [ -f benchmarks/__main__.py ]; then $(BIN)/python -m benchmarks --quick; fi
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

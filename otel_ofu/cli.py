@@ -1,0 +1,60 @@
+"""The ``otel-ofu`` command: one parser, one module per subcommand.
+
+Subcommands of this package live in ``otel_ofu.commands``; the collector package adds its own
+(``collector``, ``demo``) through the ``otel_ofu.commands`` entry-point group, so this package never
+imports the collector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+
+from otel_ofu.cli_support import Register, add_option
+
+# Modules in otel_ofu.commands, each with ``register(subparsers)``.
+_BUILTIN_COMMANDS = ("run", "snapshot", "mfu_from_log", "report")
+ENTRY_POINT_GROUP = "otel_ofu.commands"
+
+
+def _registrars() -> list[Register]:
+    registrars: list[Register] = []
+    for module_name in _BUILTIN_COMMANDS:
+        module = importlib.import_module(f"otel_ofu.commands.{module_name}")
+        registrars.append(module.register)
+    for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
+        registrars.append(entry_point.load())
+    return registrars
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="otel-ofu",
+        description="Overall FLOP Utilization (OFU) for GPU fleets, as OpenTelemetry metrics.",
+    )
+    add_option(parser, "--log-level", default="INFO", help="logging level")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in _registrars():
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    handler = args.handler
+    result: int = handler(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

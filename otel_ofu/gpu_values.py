@@ -1,0 +1,168 @@
+"""From one GPU reading to the contract's per-GPU values: OFU, raw OFU, clocks, achieved FLOP/s.
+
+Pure: the reading, the catalog entry and the calibration in, the values (or a typed error) out.
+Used by the producer, the snapshot command and the demo alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import attrs
+
+from otel_ofu import catalog, names, ofu_math
+from otel_ofu.model import GpuReading
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class CalibrationTable:
+    """Tile-quantization calibration factors in (0, 1]: per job first, then per GPU model, else 1.
+
+    Models are keyed by catalog key (``H100-SXM``) or by the exact device name string.
+    Parsed from ``job:ID=F,model:KEY=F`` (option ``--calibration``).
+    """
+
+    by_job: Mapping[str, float] = attrs.field(factory=dict)
+    by_model: Mapping[str, float] = attrs.field(factory=dict)
+
+    def factor(self, model: str, job_id: str | None) -> float:
+        if job_id is not None and job_id in self.by_job:
+            return self.by_job[job_id]
+        if model in self.by_model:
+            return self.by_model[model]
+        spec = catalog.lookup(model)
+        if spec is not None and spec.key in self.by_model:
+            return self.by_model[spec.key]
+        return 1.0
+
+    @classmethod
+    def parse(cls, text: str) -> CalibrationTable:
+        by_job: dict[str, float] = {}
+        by_model: dict[str, float] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            scope, _, rest = item.partition(":")
+            key, _, raw = rest.rpartition("=")
+            if scope not in ("job", "model") or not key or not raw:
+                raise ValueError(f"calibration entry {item!r} is not job:ID=FACTOR or model:KEY=FACTOR")
+            factor = ofu_math.check_calibration(float(raw))
+            (by_job if scope == "job" else by_model)[key] = factor
+        return cls(by_job=by_job, by_model=by_model)
+
+
+@attrs.frozen
+class GpuValues:
+    """The per-GPU gauges of one interval. ``None`` means the value is not known and is not exported."""
+
+    ofu: float
+    ofu_raw: float
+    tensor_active: float
+    sm_clock_hz: float
+    max_sm_clock_hz: float
+    max_clock_from_catalog: bool
+    flops_achieved: float | None = None
+    sm_active: float | None = None
+    dram_active: float | None = None
+
+    def as_metrics(self) -> dict[str, float]:
+        """Metric name -> value for every value that is known."""
+        values: dict[str, float | None] = {
+            names.GPU_OFU.name: self.ofu,
+            names.GPU_OFU_RAW.name: self.ofu_raw,
+            names.GPU_TENSOR_ACTIVE.name: self.tensor_active,
+            names.GPU_CLOCK_SM.name: self.sm_clock_hz,
+            names.GPU_CLOCK_SM_MAX.name: self.max_sm_clock_hz,
+            names.GPU_FLOPS_ACHIEVED.name: self.flops_achieved,
+            names.GPU_SM_ACTIVE.name: self.sm_active,
+            names.GPU_DRAM_ACTIVE.name: self.dram_active,
+        }
+        return {name: value for name, value in values.items() if value is not None}
+
+
+class _SaidOnce:
+    """Logs each distinct message once per process: "said once", not once per interval."""
+
+    def __init__(self) -> None:
+        self._said: set[str] = set()
+
+    def __call__(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            log.warning("%s", message)
+
+
+say_once = _SaidOnce()
+
+
+def _optional_fraction(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return ofu_math.check_fraction(name, value)
+    except ofu_math.InvalidReading:
+        return None  # an optional gauge that is off is left out; OFU itself does not depend on it
+
+
+def compute(
+    reading: GpuReading,
+    *,
+    precision: str | None = None,
+    calibration: float = 1.0,
+) -> GpuValues:
+    """The contract's values for one reading; raises ``ofu_math.InvalidReading`` when OFU cannot be had.
+
+    The max clock is the device's own when the source has it, else the catalog's board boost clock
+    (dcgm-exporter does not export field 113 by default); a model the catalog does not know, with no
+    max clock from the device, has no OFU.
+    """
+    spec = catalog.lookup(reading.gpu.model)
+    if spec is None:
+        say_once(
+            f"GPU model {reading.gpu.model!r} is not in the catalog: OFU uses the device's own max clock "
+            "and peak-derived metrics (gpu.flops.achieved) are left out"
+        )
+    max_clock = reading.max_sm_clock_hz
+    from_catalog = False
+    if max_clock is None and spec is not None and spec.boost_clock_hz is not None:
+        max_clock = spec.boost_clock_hz
+        from_catalog = True
+        say_once(
+            f"no max SM clock from the source for {reading.gpu.model!r}: using the catalog's "
+            f"{spec.boost_clock_hz / 1e6:.0f} MHz"
+        )
+    if reading.cycles is not None:
+        elapsed_s = (reading.end_ns - reading.start_ns) / 1e9
+        exact = ofu_math.ofu_from_cycles(
+            reading.cycles.mma_cycles_active,
+            reading.cycles.sm_cycles_elapsed,
+            elapsed_s,
+            max_clock,
+            tensor_clock_hz=spec.tensor_clock_hz if spec else None,
+            calibration=calibration,
+        )
+        tpa, sm_clock, value = exact.tensor_active, exact.mean_sm_clock_hz, exact.ofu
+    else:
+        tpa = ofu_math.check_fraction("tensor pipe activity", reading.tensor_active)
+        sm_clock = ofu_math.check_clock("SM clock", reading.sm_clock_hz)
+        value = ofu_math.ofu(
+            tpa,
+            sm_clock,
+            max_clock,
+            tensor_clock_hz=spec.tensor_clock_hz if spec else None,
+            calibration=calibration,
+        )
+    raw = ofu_math.raw_ofu(tpa, sm_clock, max_clock)
+    peak = spec.peak(precision) if spec is not None else None
+    return GpuValues(
+        ofu=value,
+        ofu_raw=raw,
+        tensor_active=tpa,
+        sm_clock_hz=sm_clock,
+        max_sm_clock_hz=ofu_math.check_clock("max SM clock", max_clock),
+        max_clock_from_catalog=from_catalog,
+        flops_achieved=ofu_math.achieved_flops(value, peak),
+        sm_active=_optional_fraction("SM active", reading.sm_active),
+        dram_active=_optional_fraction("DRAM active", reading.dram_active),
+    )

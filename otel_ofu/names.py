@@ -1,0 +1,228 @@
+"""The one vocabulary of otel-ofu: every metric name, unit, attribute key and counter id.
+
+Everything that names a metric, an attribute or a hardware field imports it from here: the producer,
+the collector, the dashboards, the docs checks and the tests. DESIGN.md is the contract these follow.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+
+# --- Services -------------------------------------------------------------------------------------
+
+PRODUCER_SERVICE_NAME: Final = "otel-ofu"
+COLLECTOR_SERVICE_NAME: Final = "otel-ofu-collector"
+INSTRUMENTATION_SCOPE: Final = "otel_ofu"
+COLLECTOR_INSTRUMENTATION_SCOPE: Final = "otel_ofu_collector"
+
+
+@attrs.frozen
+class MetricSpec:
+    """A metric of the contract: its name, unit, kind and one-line meaning."""
+
+    name: str
+    unit: str
+    kind: str  # "gauge", "sum" or "exponential_histogram"
+    description: str
+
+
+# --- Producer metrics (one Resource per GPU, all gauges) --------------------------------------------
+
+GPU_OFU: Final = MetricSpec(
+    "gpu.ofu",
+    "1",
+    "gauge",
+    "Overall FLOP Utilization: tensor pipe activity x clock / max clock (tensor clock domain, calibrated)",
+)
+GPU_OFU_RAW: Final = MetricSpec(
+    "gpu.ofu.raw", "1", "gauge", "Tensor pipe activity x SM clock / board max SM clock, nothing else applied"
+)
+GPU_TENSOR_ACTIVE: Final = MetricSpec(
+    "gpu.tensor.active", "1", "gauge", "Fraction of cycles any tensor pipe was active, interval average"
+)
+GPU_CLOCK_SM: Final = MetricSpec("gpu.clock.sm", "Hz", "gauge", "SM clock, interval average where available")
+GPU_CLOCK_SM_MAX: Final = MetricSpec("gpu.clock.sm.max", "Hz", "gauge", "Maximum SM clock of the board")
+GPU_FLOPS_ACHIEVED: Final = MetricSpec(
+    "gpu.flops.achieved", "{flop}/s", "gauge", "OFU x dense peak FLOP/s for the job's precision"
+)
+GPU_SM_ACTIVE: Final = MetricSpec("gpu.sm.active", "1", "gauge", "Fraction of cycles an SM had a warp resident")
+GPU_DRAM_ACTIVE: Final = MetricSpec("gpu.dram.active", "1", "gauge", "Fraction of cycles the DRAM interface was busy")
+
+PRODUCER_METRICS: Final = (
+    GPU_OFU,
+    GPU_OFU_RAW,
+    GPU_TENSOR_ACTIVE,
+    GPU_CLOCK_SM,
+    GPU_CLOCK_SM_MAX,
+    GPU_FLOPS_ACHIEVED,
+    GPU_SM_ACTIVE,
+    GPU_DRAM_ACTIVE,
+)
+
+# Training side: reported by the MFU reporter or the log follower.
+JOB_MFU: Final = MetricSpec("job.mfu", "1", "gauge", "Model FLOP Utilization as reported by the training framework")
+
+# Producer self-metrics.
+SOURCE_ERRORS: Final = MetricSpec("otel_ofu.source.errors", "{error}", "sum", "GPU readings skipped, by reason")
+EXPORT_FAILURES: Final = MetricSpec("otel_ofu.export.failures", "{export}", "sum", "Exports that failed")
+EXPORT_DURATION: Final = MetricSpec("otel_ofu.export.duration", "s", "gauge", "Duration of the last export")
+
+# --- Collector outputs (resource service.name=otel-ofu-collector) -----------------------------------
+
+FLEET_OFU: Final = MetricSpec("fleet.ofu", "1", "exponential_histogram", "Per-GPU OFU of the window, per group")
+FLEET_OFU_QUANTILE: Final = MetricSpec(
+    "fleet.ofu.quantile", "1", "gauge", "Percentile of per-GPU OFU in the window, per group"
+)
+FLEET_GPUS: Final = MetricSpec("fleet.gpus", "{gpu}", "gauge", "GPUs that reported in the window, per group")
+JOB_OFU: Final = MetricSpec("job.ofu", "1", "gauge", "The job's mean OFU over its GPUs in the window")
+JOB_OFU_MFU_GAP: Final = MetricSpec("job.ofu_mfu.gap", "1", "gauge", "Reported MFU minus OFU")
+JOB_OFU_MFU_CORRELATION: Final = MetricSpec(
+    "job.ofu_mfu.correlation", "1", "gauge", "Pearson r of the job's OFU and MFU over the rolling horizon"
+)
+JOB_FLOPS_MISCOUNT: Final = MetricSpec(
+    "job.flops_miscount", "1", "gauge", "1 while reported MFU exceeds OFU by the configured ratio, else 0"
+)
+JOB_OFU_REGRESSION: Final = MetricSpec(
+    "job.ofu.regression", "1", "gauge", "1 while the job's OFU is below its own baseline by the factor, else 0"
+)
+FLEET_OFU_MFU_CORRELATION: Final = MetricSpec(
+    "fleet.ofu_mfu.correlation", "1", "gauge", "Pearson r across jobs of mean OFU vs mean MFU over the horizon"
+)
+FLEET_OFU_MFU_MAE: Final = MetricSpec("fleet.ofu_mfu.mae", "1", "gauge", "Mean absolute OFU-MFU difference across jobs")
+
+COLLECTOR_METRICS: Final = (
+    FLEET_OFU,
+    FLEET_OFU_QUANTILE,
+    FLEET_GPUS,
+    JOB_OFU,
+    JOB_OFU_MFU_GAP,
+    JOB_OFU_MFU_CORRELATION,
+    JOB_FLOPS_MISCOUNT,
+    JOB_OFU_REGRESSION,
+    FLEET_OFU_MFU_CORRELATION,
+    FLEET_OFU_MFU_MAE,
+)
+
+QUANTILES: Final = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+
+# --- Attribute keys ---------------------------------------------------------------------------------
+
+SERVICE_NAME: Final = "service.name"
+HOST_NAME: Final = "host.name"
+HW_ID: Final = "hw.id"
+HW_TYPE: Final = "hw.type"
+HW_VENDOR: Final = "hw.vendor"
+HW_MODEL: Final = "hw.model"
+GPU_INDEX: Final = "gpu.index"
+GPU_MIG_PROFILE: Final = "gpu.mig.profile"
+GPU_MIG_INSTANCE_ID: Final = "gpu.mig.instance_id"
+JOB_ID: Final = "job.id"
+JOB_NAME: Final = "job.name"
+JOB_SCHEDULER: Final = "job.scheduler"
+GPU_PRECISION: Final = "gpu.precision"
+K8S_POD_NAME: Final = "k8s.pod.name"
+K8S_NAMESPACE_NAME: Final = "k8s.namespace.name"
+K8S_CONTAINER_NAME: Final = "k8s.container.name"
+K8S_POD_UID: Final = "k8s.pod.uid"
+QUANTILE: Final = "quantile"
+ERROR_REASON: Final = "reason"
+
+
+class ErrorReason:
+    """Values of the ``reason`` attribute of ``otel_ofu.source.errors``: why a reading was skipped."""
+
+    GPU_LOST = "gpu_lost"
+    NOT_SUPPORTED = "not_supported"
+    NO_PERMISSION = "no_permission"
+    DRIVER = "driver"
+    NO_VALUE = "no_value"  # N/A, blank sentinel or a reading that is simply not there
+    INVALID_VALUE = "invalid_value"  # NaN, TPA outside [0, 1], clock 0, max clock below current
+    SCRAPE = "scrape"  # the whole scrape or capture line failed
+    UNKNOWN = "unknown"
+
+    ALL = (GPU_LOST, NOT_SUPPORTED, NO_PERMISSION, DRIVER, NO_VALUE, INVALID_VALUE, SCRAPE, UNKNOWN)
+
+
+HW_TYPE_GPU: Final = "gpu"
+HW_VENDOR_NVIDIA: Final = "nvidia"
+
+# Identity attributes: copied onto data points by the `datapoint`/`both` placement (Datadog), and
+# looked up by the collector on the data point first and the resource second.
+IDENTITY_ATTRIBUTES: Final = (
+    HOST_NAME,
+    HW_ID,
+    HW_MODEL,
+    GPU_INDEX,
+    GPU_MIG_PROFILE,
+    GPU_MIG_INSTANCE_ID,
+    JOB_ID,
+    JOB_NAME,
+    JOB_SCHEDULER,
+    GPU_PRECISION,
+    K8S_POD_NAME,
+    K8S_NAMESPACE_NAME,
+    K8S_CONTAINER_NAME,
+    K8S_POD_UID,
+)
+
+SCHEDULERS: Final = ("slurm", "kubernetes", "process", "static")
+PRECISIONS: Final = ("fp64", "tf32", "fp16", "bf16", "fp8", "fp4", "int8", "mixed", "unknown")
+
+# Attribute placement for identity attributes (Datadog drops resource attributes by default).
+PLACEMENTS: Final = ("resource", "datapoint", "both")
+
+# --- DCGM field ids (ids are stable across renames; DCGM 4.6 renamed 1004) ---------------------------
+
+DCGM_FI_DEV_SM_CLOCK: Final = 100
+DCGM_FI_DEV_APP_SM_CLOCK: Final = 110  # application clock, NOT the max
+DCGM_FI_DEV_MAX_SM_CLOCK: Final = 113
+DCGM_FI_PROF_GR_ENGINE_ACTIVE: Final = 1001
+DCGM_FI_PROF_SM_ACTIVE: Final = 1002
+DCGM_FI_PROF_SM_OCCUPANCY: Final = 1003
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE: Final = 1004
+DCGM_FI_PROF_DRAM_ACTIVE: Final = 1005
+DCGM_FI_PROF_SM_CYCLES_ELAPSED: Final = 1084
+DCGM_FI_PROF_SM_CYCLES_ACTIVE: Final = 1085
+DCGM_FI_PROF_MMA_CYCLES_ACTIVE: Final = 1086
+
+# dcgm-exporter's Prometheus metric names for those fields.
+DCGM_EXPORTER_SM_CLOCK: Final = "DCGM_FI_DEV_SM_CLOCK"
+DCGM_EXPORTER_MAX_SM_CLOCK: Final = "DCGM_FI_DEV_MAX_SM_CLOCK"
+DCGM_EXPORTER_TENSOR_ACTIVE: Final = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
+DCGM_EXPORTER_TENSOR_ACTIVE_46: Final = "DCGM_FI_PROF_TENSOR_UTIL_RATIO"
+DCGM_EXPORTER_SM_ACTIVE: Final = "DCGM_FI_PROF_SM_ACTIVE"
+DCGM_EXPORTER_DRAM_ACTIVE: Final = "DCGM_FI_PROF_DRAM_ACTIVE"
+DCGM_EXPORTER_SM_CYCLES_ELAPSED: Final = "DCGM_FI_PROF_SM_CYCLES_ELAPSED"
+DCGM_EXPORTER_MMA_CYCLES_ACTIVE: Final = "DCGM_FI_PROF_MMA_CYCLES_ACTIVE"
+
+# Blank sentinels DCGM uses for "no value"; they leak into dcgm-exporter output as numbers.
+DCGM_INT64_BLANK_MIN: Final = 9223372036854775792  # DCGM_INT64_BLANK (0x7ffffffffffffff0) and above
+DCGM_INT32_BLANK_MIN: Final = 2147483632  # DCGM_INT32_BLANK (0x7ffffff0) and above
+DCGM_FP64_BLANK_MIN: Final = 140737488355328.0  # DCGM_FP64_BLANK (2^47) and above
+
+# --- NVML ids ---------------------------------------------------------------------------------------
+
+NVML_CLOCK_SM: Final = 1
+NVML_GPM_METRIC_SM_UTIL: Final = 2
+NVML_GPM_METRIC_SM_OCCUPANCY: Final = 3
+NVML_GPM_METRIC_ANY_TENSOR_UTIL: Final = 5
+NVML_GPM_METRIC_DRAM_BW_UTIL: Final = 10
+NVML_GPM_METRIC_SM_CYCLES_ELAPSED: Final = 248
+NVML_GPM_METRIC_SM_CYCLES_ACTIVE: Final = 249
+NVML_GPM_METRIC_MMA_CYCLES_ACTIVE: Final = 250
+
+# --- Job attribution: the only process-environment keys ever read ----------------------------------
+
+ENV_OFU_JOB_ID: Final = "OFU_JOB_ID"
+ENV_OFU_JOB_NAME: Final = "OFU_JOB_NAME"
+ENV_OFU_PRECISION: Final = "OFU_PRECISION"
+PROCESS_ENV_KEYS: Final = (
+    ENV_OFU_JOB_ID,
+    ENV_OFU_JOB_NAME,
+    ENV_OFU_PRECISION,
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "TORCHELASTIC_RUN_ID",
+)
