@@ -10,21 +10,23 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import pkgutil
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from otel_ofu.cli_support import Register, add_option
 
-# Modules in otel_ofu.commands, each with ``register(subparsers)``.
-_BUILTIN_COMMANDS = ("run", "snapshot", "mfu_from_log", "report")
+import otel_ofu.commands
+
 ENTRY_POINT_GROUP = "otel_ofu.commands"
 
 
 def _registrars() -> list[Register]:
     registrars: list[Register] = []
-    for module_name in _BUILTIN_COMMANDS:
-        module = importlib.import_module(f"otel_ofu.commands.{module_name}")
+    # Every module of otel_ofu.commands has ``register(subparsers)``.
+    for info in sorted(pkgutil.iter_modules(otel_ofu.commands.__path__), key=lambda info: info.name):
+        module = importlib.import_module(f"otel_ofu.commands.{info.name}")
         registrars.append(module.register)
     for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
         registrars.append(entry_point.load())

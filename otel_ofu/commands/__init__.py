@@ -1,0 +1,1 @@
+"""Subcommands of ``otel-ofu``: each module has ``register(subparsers)``."""

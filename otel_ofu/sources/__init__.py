@@ -1,0 +1,1 @@
+"""Counter sources, each implementing ``otel_ofu.model.Source``."""

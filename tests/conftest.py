@@ -1,0 +1,35 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+SHARED_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+
+def _require(available: bool, reason: str) -> None:
+    """Skip with a reason when something a test needs is missing; under CI=true that is a failure."""
+    if available:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {reason}: .ci/run must install it")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def require() -> Callable[[bool, str], None]:
+    return _require
+
+
+@pytest.fixture
+def shared_fixtures() -> Path:
+    """The real dcgm-exporter and dcgmi output in ../shared/fixtures (copied into tests/data if absent)."""
+    local = Path(__file__).parent / "data"
+    if (local / "dcgm_exporter_h100_mig_k8s_issue512.prom").exists():
+        return local
+    _require(SHARED_FIXTURES.is_dir(), f"shared fixtures not found at {SHARED_FIXTURES}")
+    return SHARED_FIXTURES
