@@ -1,0 +1,165 @@
+"""The dashboards under examples/dashboards are generated from the vocabulary and load in their tools."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from otel_ofu import names
+
+DASHBOARDS = Path(__file__).resolve().parents[1] / "examples" / "dashboards"
+
+
+def _load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dashboards_generate", DASHBOARDS / "generate.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = _load_generator()
+
+METRIC_NAMES = {spec.name for spec in (*names.PRODUCER_METRICS, *names.COLLECTOR_METRICS, names.JOB_MFU)}
+ATTRIBUTE_KEYS = {
+    value
+    for key, value in vars(names).items()
+    if key.isupper() and isinstance(value, str) and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile", value)
+}
+
+
+def test_committed_files_match_the_generator() -> None:
+    for file_name, content in generate.generated().items():
+        committed = (DASHBOARDS / file_name).read_text()
+        assert committed == generate.render(content), f"{file_name} is stale: run examples/dashboards/generate.py"
+
+
+def test_generator_check_mode_passes_on_committed_files() -> None:
+    assert generate.main(["--check"]) == 0
+
+
+# --- Datadog: the official client must parse every part into its model classes ----------------------
+
+
+def _unparsed_paths(node: Any, path: str = "dashboard") -> list[str]:
+    """Paths of every part the datadog-api-client could keep only as an unparsed object."""
+    from datadog_api_client.model_utils import OpenApiModel, UnparsedObject
+
+    if isinstance(node, UnparsedObject) or getattr(node, "_unparsed", False):
+        return [path]
+    found: list[str] = []
+    if isinstance(node, OpenApiModel):
+        for key, value in node._data_store.items():
+            found += _unparsed_paths(value, f"{path}.{key}")
+        for index, instance in enumerate(getattr(node, "_composed_instances", ())):
+            found += _unparsed_paths(instance, f"{path}<{index}>")
+    elif isinstance(node, list | tuple):
+        for index, item in enumerate(node):
+            found += _unparsed_paths(item, f"{path}[{index}]")
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            found += _unparsed_paths(value, f"{path}.{key}")
+    return found
+
+
+def _datadog_parse(text: str) -> Any:
+    from datadog_api_client import ApiClient, Configuration
+    from datadog_api_client.v1.model.dashboard import Dashboard
+
+    configuration = Configuration()  # type: ignore[no-untyped-call]
+    return ApiClient(configuration).deserialize(text, (Dashboard,), True)
+
+
+def test_datadog_dashboard_loads_in_the_official_client_with_nothing_unparsed() -> None:
+    dashboard = _datadog_parse((DASHBOARDS / "datadog.json").read_text())
+    assert _unparsed_paths(dashboard) == []
+    kinds = [type(widget.definition._composed_instances[0]).__name__ for widget in dashboard.widgets]
+    assert "TimeseriesWidgetDefinition" in kinds
+    assert "ToplistWidgetDefinition" in kinds
+    assert "QueryValueWidgetDefinition" in kinds
+
+
+def test_datadog_check_catches_a_broken_widget() -> None:
+    broken = copy.deepcopy(generate.datadog_dashboard())
+    broken["widgets"][0]["definition"]["requests"][0]["queries"][0]["data_source"] = "no-such-source"
+    assert _unparsed_paths(_datadog_parse(json.dumps(broken))) != []
+
+
+def test_datadog_queries_use_only_contract_names() -> None:
+    text = (DASHBOARDS / "datadog.json").read_text()
+    queries = re.findall(r'"query": "([^"]+)"', text)
+    assert queries
+    for query in queries:
+        metric = re.match(r"\w+:([\w.]+)\{", query)
+        assert metric is not None, query
+        assert metric.group(1) in METRIC_NAMES, query
+        for tag in re.findall(r"([a-z][\w.]*):[$\w*.]", query.split("{", 1)[1]):
+            assert tag in ATTRIBUTE_KEYS, (tag, query)
+
+
+# --- Honeycomb: the documented Query Specification shape ----------------------------------------------
+
+HONEYCOMB_KEYS = {
+    "calculations", "filters", "breakdowns", "orders", "havings", "limit", "time_range", "start_time",
+    "end_time", "granularity", "filter_combination", "calculated_fields",
+}  # fmt: skip
+HONEYCOMB_OPS = {
+    "COUNT", "CONCURRENCY", "SUM", "AVG", "COUNT_DISTINCT", "MAX", "MIN", "HEATMAP", "RATE_AVG", "RATE_SUM",
+    "RATE_MAX", "P001", "P01", "P05", "P10", "P20", "P25", "P50", "P75", "P80", "P90", "P95", "P99", "P999",
+}  # fmt: skip
+HONEYCOMB_FILTER_OPS = {
+    "=", "!=", ">", ">=", "<", "<=", "starts-with", "does-not-start-with", "ends-with", "does-not-end-with",
+    "exists", "does-not-exist", "contains", "does-not-contain", "in", "not-in",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("query_name", sorted(generate.honeycomb_queries()))
+def test_honeycomb_query_specs_follow_the_documented_shape(query_name: str) -> None:
+    spec = json.loads((DASHBOARDS / "honeycomb-queries.json").read_text())[query_name]
+    assert set(spec) <= HONEYCOMB_KEYS
+    columns = METRIC_NAMES | ATTRIBUTE_KEYS
+    for calculation in spec["calculations"]:
+        assert calculation["op"] in HONEYCOMB_OPS
+        assert calculation.get("column") in columns
+    for spec_filter in spec.get("filters", []):
+        assert spec_filter["op"] in HONEYCOMB_FILTER_OPS
+        assert spec_filter["column"] in columns
+        if spec_filter["op"] in ("exists", "does-not-exist"):
+            assert "value" not in spec_filter
+        else:
+            assert "value" in spec_filter
+    assert set(spec.get("breakdowns", [])) <= ATTRIBUTE_KEYS
+    assert spec.get("filter_combination", "AND") in ("AND", "OR")
+    assert isinstance(spec["time_range"], int)
+    assert spec["time_range"] > 0
+
+
+def test_honeycomb_board_references_every_query() -> None:
+    board = json.loads((DASHBOARDS / "honeycomb-board.json").read_text())
+    assert board["type"] == "flexible"
+    refs = [panel["query_panel"]["query_ref"] for panel in board["panels"]]
+    assert sorted(refs) == sorted(generate.honeycomb_queries())
+
+
+# --- Grafana -------------------------------------------------------------------------------------------
+
+
+def test_grafana_exprs_use_only_contract_names() -> None:
+    dashboard = json.loads((DASHBOARDS / "grafana.json").read_text())
+    prometheus_names = {generate.prometheus_name(name) for name in METRIC_NAMES}
+    label_names = {generate.prometheus_name(key) for key in ATTRIBUTE_KEYS}
+    assert dashboard["panels"]
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            identifiers = set(re.findall(r"[a-z][a-z0-9_]*", re.sub(r'"[^"]*"', "", target["expr"])))
+            identifiers -= {"avg", "sum", "on", "by", "max", "min"}
+            assert identifiers, target
+            assert identifiers <= prometheus_names | label_names, (identifiers - prometheus_names - label_names)
