@@ -1,0 +1,179 @@
+"""Pods from the kubelet's PodResources API: which pod, namespace and container holds each GPU.
+
+``v1.PodResourcesLister/List`` on the kubelet's unix socket lists every container's allocated devices.
+The NVIDIA device plugin names them by GPU UUID (``GPU-...``), MIG UUID (``MIG-...``, or the old
+``MIG-GPU-<uuid>/<gi>/<ci>``), with a ``::<n>`` replica suffix under time-slicing, or by index when it
+runs with ``deviceIDStrategy=index``. The API gives no pod UID, so ``k8s.pod.uid`` stays absent. Where
+several pods share a GPU (time-slicing), the first listed wins.
+
+One List answers for every GPU of the node, so a result is reused for ``reuse_s`` while the chain
+refreshes the GPUs one by one.
+
+The messages are our own subset of k8s.io/kubelet/pkg/apis/podresources/v1/api.proto (same field
+numbers; fields we do not declare are skipped as unknown), in ``podresources.proto``. The committed
+``podresources_pb2*.py`` are generated with an old protoc on purpose: code from protoc 25 carries no
+runtime version check, so it loads with every protobuf (>=5.26) and grpcio this package allows, while
+newer generators pin the runtime to at least their own version. Regenerate from the repository root:
+
+    python3 -m venv /tmp/protoc-venv
+    /tmp/protoc-venv/bin/pip install grpcio-tools==1.62.3 mypy-protobuf==3.6.0
+    PATH=/tmp/protoc-venv/bin:$PATH /tmp/protoc-venv/bin/python -m grpc_tools.protoc -I . \\
+        --python_out=. --pyi_out=. --grpc_python_out=. --mypy_grpc_out=. \\
+        otel_ofu/attribution/podresources.proto
+
+tests/test_kubernetes_attribution.py checks that the committed descriptor matches the .proto.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping
+from typing import Final
+
+import attrs
+import grpc
+
+from otel_ofu import names
+from otel_ofu.attribution import podresources_pb2, podresources_pb2_grpc
+from otel_ofu.attribution.base import AttributionError
+from otel_ofu.model import Clock, GpuIdentity
+
+LINK_NAME: Final = "kubernetes"
+DEFAULT_KUBELET_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# The kubelet's own PodResources client allows 16 MiB; a dense node's answer can pass gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+# Index-style device ids ("0") are only trusted for NVIDIA's resources; other plugins number their own devices.
+NVIDIA_RESOURCE_PREFIX: Final = "nvidia.com/"
+
+_LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)$")
+_REPLICA_SUFFIX = re.compile(r"::\d+$")
+
+
+@attrs.frozen
+class PodContainer:
+    """Where a device is allocated."""
+
+    pod: str
+    namespace: str
+    container: str
+
+    def attributes(self) -> dict[str, str]:
+        attributes = {names.JOB_SCHEDULER: "kubernetes"}
+        if self.pod:
+            attributes[names.K8S_POD_NAME] = self.pod
+        if self.namespace:
+            attributes[names.K8S_NAMESPACE_NAME] = self.namespace
+        if self.container:
+            attributes[names.K8S_CONTAINER_NAME] = self.container
+        return attributes
+
+
+@attrs.frozen
+class DeviceOwners:
+    """A List answer indexed the ways a GPU can be looked up."""
+
+    by_id: Mapping[str, PodContainer]  # lower-case GPU or MIG UUID
+    by_legacy_mig: Mapping[tuple[str, int], PodContainer]  # (lower-case GPU UUID, GPU instance id)
+    by_index: Mapping[int, PodContainer]  # whole GPUs under deviceIDStrategy=index
+
+    def owner_of(self, gpu: GpuIdentity) -> PodContainer | None:
+        if gpu.mig_instance_id is not None:
+            mig_uuid = gpu.hints.get(names.HINT_MIG_UUID)
+            if mig_uuid and (owner := self.by_id.get(mig_uuid.lower())) is not None:
+                return owner
+            if (owner := self.by_legacy_mig.get((gpu.uuid.lower(), gpu.mig_instance_id))) is not None:
+                return owner
+        # A whole-GPU allocation also owns every MIG instance on it.
+        if (owner := self.by_id.get(gpu.uuid.lower())) is not None:
+            return owner
+        return self.by_index.get(gpu.index)
+
+
+def index_devices(response: podresources_pb2.ListPodResourcesResponse) -> DeviceOwners:
+    """Index every allocated device of a List answer; the first pod listed for a device wins."""
+    by_id: dict[str, PodContainer] = {}
+    by_legacy_mig: dict[tuple[str, int], PodContainer] = {}
+    by_index: dict[int, PodContainer] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            owner = PodContainer(pod=pod.name, namespace=pod.namespace, container=container.name)
+            for devices in container.devices:
+                nvidia = devices.resource_name.startswith(NVIDIA_RESOURCE_PREFIX)
+                for raw_id in devices.device_ids:
+                    device_id = _REPLICA_SUFFIX.sub("", raw_id.strip())
+                    if nvidia and device_id.isdigit():
+                        by_index.setdefault(int(device_id), owner)
+                        continue
+                    by_id.setdefault(device_id.lower(), owner)
+                    if (legacy := _LEGACY_MIG.match(device_id)) is not None:
+                        by_legacy_mig.setdefault((legacy.group(1).lower(), int(legacy.group(2))), owner)
+    return DeviceOwners(by_id=by_id, by_legacy_mig=by_legacy_mig, by_index=by_index)
+
+
+def _path_text(path: str | os.PathLike[str]) -> str:
+    return os.fspath(path)
+
+
+@attrs.define
+class KubernetesAttributor:
+    """Attributes GPUs to pods through the kubelet PodResources API on its unix socket."""
+
+    socket_path: str = attrs.field(default=DEFAULT_KUBELET_SOCKET, converter=_path_text)
+    timeout_s: float = 2.0
+    reuse_s: float = 1.0
+    clock: Clock = time.monotonic_ns
+    name: str = attrs.field(default=LINK_NAME, init=False)
+    _channel: grpc.Channel | None = attrs.field(default=None, init=False, repr=False)
+    _owners: DeviceOwners | None = attrs.field(default=None, init=False, repr=False)
+    _failure: AttributionError | None = attrs.field(default=None, init=False, repr=False)
+    _listed_ns: int | None = attrs.field(default=None, init=False, repr=False)
+
+    def attribute(self, gpu: GpuIdentity) -> Mapping[str, str]:
+        owner = self._current_owners().owner_of(gpu)
+        return {} if owner is None else owner.attributes()
+
+    def list_pod_resources(self) -> podresources_pb2.ListPodResourcesResponse:
+        """One List call; a clear one-line AttributionError when the kubelet does not answer."""
+        if not os.path.exists(self.socket_path):
+            raise AttributionError(f"kubelet PodResources socket {self.socket_path} does not exist")
+        stub = podresources_pb2_grpc.PodResourcesListerStub(self._open_channel())
+        try:
+            return stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
+        except grpc.RpcError as error:
+            code = error.code() if isinstance(error, grpc.Call) else None
+            details = (error.details() if isinstance(error, grpc.Call) else str(error)) or ""
+            status = code.name if code is not None else "error"
+            first_line = details.splitlines()[0] if details else ""
+            raise AttributionError(f"kubelet PodResources List at {self.socket_path}: {status}: {first_line}") from None
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def _current_owners(self) -> DeviceOwners:
+        now = self.clock()
+        fresh = self._listed_ns is not None and 0 <= now - self._listed_ns < self.reuse_s * 1e9
+        if not fresh:
+            # A failure is reused like an answer, and both age from when the call ended: a hung kubelet
+            # costs one timeout per reuse_s, not one per GPU.
+            self._owners, self._failure = None, None
+            try:
+                self._owners = index_devices(self.list_pod_resources())
+            except AttributionError as error:
+                self._failure = error
+            self._listed_ns = self.clock()
+        if self._failure is not None:
+            raise AttributionError(str(self._failure))
+        assert self._owners is not None
+        return self._owners
+
+    def _open_channel(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(
+                "unix://" + os.path.abspath(self.socket_path),
+                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+            )
+        return self._channel
