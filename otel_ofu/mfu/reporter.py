@@ -1,0 +1,273 @@
+"""Report a training job's MFU as the OpenTelemetry gauge ``job.mfu``: the other half of the OFU correlation.
+
+Two ways in:
+
+* ``step(tokens=, seconds=)`` computes MFU = FLOPs/token x tokens/s / (num GPUs x dense peak FLOP/s),
+  FLOPs/token being the one given or 6N for dense transformer training (PaLM's appendix B);
+* ``report(mfu)`` passes a framework's own MFU through (validated, see ``otel_ofu.mfu.values``).
+
+The gauge is observable and yields the latest value only while it is younger than ``stale_after_s``: a
+synchronous gauge with cumulative temporality would repeat a hung job's last MFU forever, and the collector
+would then see a busy-looking job on idle GPUs. A job that stops reporting goes absent instead.
+
+The metric goes through the application's MeterProvider when one is given, so it shares the app's resource
+and exporters; otherwise the reporter builds its own, exporting OTLP as the standard ``OTEL_EXPORTER_OTLP_*``
+variables say. One reporter per job per MeterProvider: the SDK keeps the first instrument of a name.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+
+import attrs
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
+    OTEL_EXPORTER_OTLP_PROTOCOL,
+    OTEL_SERVICE_NAME,
+)
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+from otel_ofu import __version__, catalog, names, ofu_math
+from otel_ofu.mfu.values import check_mfu
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVICE_NAME = names.MFU_SERVICE_NAME
+DEFAULT_STALE_AFTER_S = 300.0
+
+
+def otlp_metric_exporter() -> MetricExporter:
+    """The SDK's OTLP metric exporter for the protocol the standard variables name (gRPC by default).
+
+    Endpoint, headers, TLS, compression and timeout are left to the exporter, which reads the
+    ``OTEL_EXPORTER_OTLP_*`` variables itself.
+    """
+    protocol = (
+        os.environ.get(OTEL_EXPORTER_OTLP_METRICS_PROTOCOL) or os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL) or "grpc"
+    ).strip()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+        return GrpcExporter()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+        return HttpExporter()
+    raise ValueError(f"OTLP protocol {protocol!r} is not supported: use grpc or http/protobuf")
+
+
+def own_resource(default_service_name: str = DEFAULT_SERVICE_NAME) -> Resource:
+    """The SDK's resource (``OTEL_RESOURCE_ATTRIBUTES`` included), named ``default_service_name`` unless the
+    environment names the service (``OTEL_SERVICE_NAME`` or ``service.name`` in the resource attributes)."""
+    resource = Resource.create()
+    from_env = OTELResourceDetector().detect().attributes
+    if os.environ.get(OTEL_SERVICE_NAME) or names.SERVICE_NAME in from_env:
+        return resource
+    return resource.merge(Resource({names.SERVICE_NAME: default_service_name}))
+
+
+def otlp_meter_provider(
+    *,
+    export_interval_s: float | None = None,
+    exporter: MetricExporter | None = None,
+    default_service_name: str = DEFAULT_SERVICE_NAME,
+) -> SdkMeterProvider:
+    """A MeterProvider exporting OTLP every ``export_interval_s`` (else ``OTEL_METRIC_EXPORT_INTERVAL``)."""
+    interval_ms = None if export_interval_s is None else export_interval_s * 1000.0
+    if interval_ms is not None and (not math.isfinite(interval_ms) or interval_ms <= 0):
+        raise ValueError(f"export interval must be positive, got {export_interval_s!r} s")
+    reader = PeriodicExportingMetricReader(exporter or otlp_metric_exporter(), export_interval_millis=interval_ms)
+    return SdkMeterProvider(metric_readers=[reader], resource=own_resource(default_service_name))
+
+
+def _positive(label: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{label} must be finite and positive, got {value!r}")
+    return float(value)
+
+
+def resolve_peak(precision: str, gpu_model: str | None, peak_flops_per_gpu: float | None) -> float | None:
+    """The dense peak FLOP/s per GPU: the explicit one, else the catalog's for the model and precision."""
+    explicit = _positive("peak_flops_per_gpu", peak_flops_per_gpu)
+    if explicit is not None:
+        return explicit
+    if gpu_model is None:
+        return None
+    spec = catalog.lookup(gpu_model)
+    if spec is None:
+        raise ValueError(f"GPU model {gpu_model!r} is not in the catalog: pass peak_flops_per_gpu")
+    peak = spec.peak(precision)
+    if peak is None:
+        raise ValueError(
+            f"the catalog has no dense {precision} peak for {spec.key}: pass peak_flops_per_gpu "
+            f"(known: {', '.join(sorted(spec.peak_flops))})"
+        )
+    return peak
+
+
+@attrs.define
+class MfuReporter:
+    """Emits ``job.mfu`` (unit ``1``) with ``job.id``, ``job.name`` and ``gpu.precision`` on the data point.
+
+    ``step()`` needs FLOPs/token (``flops_per_token``, else 6 x ``n_params``) and a peak
+    (``peak_flops_per_gpu``, else the catalog's for ``gpu_model`` and ``precision``); when FLOPs/token is
+    given and no peak resolves, construction fails. Without FLOPs/token the reporter only passes a framework's
+    MFU through ``report()``. ``tokens`` in ``step()`` are the tokens all ``num_gpus`` GPUs processed.
+    """
+
+    job_id: str
+    job_name: str | None = attrs.field(default=None, kw_only=True)
+    flops_per_token: float | None = attrs.field(default=None, kw_only=True)
+    n_params: float | None = attrs.field(default=None, kw_only=True)
+    num_gpus: int = attrs.field(default=1, kw_only=True)
+    precision: str = attrs.field(default="bf16", kw_only=True)
+    gpu_model: str | None = attrs.field(default=None, kw_only=True)
+    peak_flops_per_gpu: float | None = attrs.field(default=None, kw_only=True)
+    meter_provider: MeterProvider | None = attrs.field(default=None, kw_only=True)
+    attributes: Mapping[str, str] = attrs.field(factory=dict, kw_only=True)
+    stale_after_s: float = attrs.field(default=DEFAULT_STALE_AFTER_S, kw_only=True)
+    export_interval_s: float | None = attrs.field(default=None, kw_only=True)
+    clock: Callable[[], float] = attrs.field(default=time.monotonic, kw_only=True)
+
+    _peak: float | None = attrs.field(init=False, default=None)
+    _flops_per_token: float | None = attrs.field(init=False, default=None)
+    _point_attributes: dict[str, str] = attrs.field(init=False, factory=dict)
+    _own_provider: SdkMeterProvider | None = attrs.field(init=False, default=None)
+    _latest: tuple[float, float] | None = attrs.field(init=False, default=None)  # (mfu, clock time)
+    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _closed: bool = attrs.field(init=False, default=False)
+    _warned_above_one: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.job_id, str) or not self.job_id.strip():
+            raise ValueError(f"job_id must be a non-empty string, got {self.job_id!r}")
+        if self.precision not in names.PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(names.PRECISIONS)}, got {self.precision!r}")
+        if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int) or self.num_gpus < 1:
+            raise ValueError(f"num_gpus must be an integer >= 1, got {self.num_gpus!r}")
+        if _positive("stale_after_s", self.stale_after_s) is None:
+            raise ValueError("stale_after_s must be given")
+        explicit = _positive("flops_per_token", self.flops_per_token)
+        params = _positive("n_params", self.n_params)
+        self._flops_per_token = explicit if explicit is not None else (None if params is None else 6.0 * params)
+        if self._flops_per_token is not None:
+            self._peak = resolve_peak(self.precision, self.gpu_model, self.peak_flops_per_gpu)
+            if self._peak is None:
+                raise ValueError(
+                    "MFU needs the dense peak FLOP/s per GPU: pass gpu_model (a catalog GPU such as 'NVIDIA H100 "
+                    "80GB HBM3') or peak_flops_per_gpu"
+                )
+        else:
+            self._peak = _positive("peak_flops_per_gpu", self.peak_flops_per_gpu)
+        # The contract's keys win over same-named extras.
+        self._point_attributes = {**self.attributes, names.JOB_ID: self.job_id, names.GPU_PRECISION: self.precision}
+        if self.job_name:
+            self._point_attributes[names.JOB_NAME] = self.job_name
+        provider = self.meter_provider
+        if provider is None:
+            self._own_provider = otlp_meter_provider(export_interval_s=self.export_interval_s)
+            provider = self._own_provider
+        meter = provider.get_meter(names.INSTRUMENTATION_SCOPE, __version__)
+        meter.create_observable_gauge(
+            names.JOB_MFU.name,
+            callbacks=[self._observe],
+            unit=names.JOB_MFU.unit,
+            description=names.JOB_MFU.description,
+        )
+
+    @property
+    def peak_flops(self) -> float | None:
+        """The dense peak FLOP/s per GPU in use (explicit or from the catalog), None when unknown."""
+        return self._peak
+
+    @property
+    def model_flops_per_token(self) -> float | None:
+        """FLOPs/token in use by ``step()``: the given one, else 6 x n_params; None in pass-through mode."""
+        return self._flops_per_token
+
+    @property
+    def point_attributes(self) -> Mapping[str, str]:
+        return dict(self._point_attributes)
+
+    @property
+    def last_mfu(self) -> float | None:
+        """The latest value reported, stale or not."""
+        with self._lock:
+            return None if self._latest is None else self._latest[0]
+
+    def step(self, *, tokens: float, seconds: float) -> float:
+        """Record the MFU of a step that processed ``tokens`` (all GPUs together) in ``seconds``; returns it."""
+        if self._flops_per_token is None or self._peak is None:
+            raise ValueError("step() needs flops_per_token or n_params at construction; use report() for a given MFU")
+        if isinstance(tokens, bool) or not math.isfinite(tokens) or tokens < 0:
+            raise ValueError(f"tokens must be finite and >= 0, got {tokens!r}")
+        if isinstance(seconds, bool) or not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"seconds must be finite and positive, got {seconds!r}")
+        value = ofu_math.mfu(self._flops_per_token, tokens / seconds, self.num_gpus, self._peak)
+        return self._record(value)
+
+    def report(self, mfu: float) -> float:
+        """Pass a framework's own MFU (a fraction: 0.325 for 32.5%) straight through; returns it."""
+        return self._record(mfu)
+
+    def _record(self, value: float) -> float:
+        checked = check_mfu(value)
+        if checked > 1.0 and not self._warned_above_one:
+            self._warned_above_one = True
+            log.warning(
+                "job %s: MFU %.3f is above 1, more FLOPs than the hardware peak: the FLOP count or the peak is "
+                "likely wrong (reported anyway so the collector can flag it; said once)",
+                self.job_id,
+                checked,
+            )
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"MFU reporter of job {self.job_id} is shut down")
+            self._latest = (checked, self.clock())
+        return checked
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            if self._closed or self._latest is None:
+                return []
+            value, at = self._latest
+            if self.clock() - at > self.stale_after_s:
+                return []
+        return [Observation(value, self._point_attributes)]
+
+    def flush(self, timeout_millis: float = 10_000) -> bool:
+        """Export what is recorded now, when the provider is an SDK one (the API's has nothing to flush)."""
+        provider = self._own_provider or self.meter_provider
+        if isinstance(provider, SdkMeterProvider):
+            return provider.force_flush(timeout_millis)
+        return True
+
+    def shutdown(self, timeout_millis: float = 10_000) -> None:
+        """Flush the last value and stop reporting; shuts down the reporter's own provider, never the app's."""
+        if self._closed:
+            return
+        if self._own_provider is not None:
+            self._own_provider.shutdown(timeout_millis)
+        else:
+            self.flush(timeout_millis)
+        with self._lock:
+            self._closed = True
+
+    def __enter__(self) -> MfuReporter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown()
