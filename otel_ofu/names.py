@@ -16,6 +16,7 @@ PRODUCER_SERVICE_NAME: Final = "otel-ofu"
 COLLECTOR_SERVICE_NAME: Final = "otel-ofu-collector"
 INSTRUMENTATION_SCOPE: Final = "otel_ofu"
 COLLECTOR_INSTRUMENTATION_SCOPE: Final = "otel_ofu_collector"
+MFU_SERVICE_NAME: Final = "otel-ofu-mfu"  # the MFU reporter's own MeterProvider, unless OTEL_SERVICE_NAME says
 
 
 @attrs.frozen
@@ -107,6 +108,62 @@ COLLECTOR_METRICS: Final = (
 
 QUANTILES: Final = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
+# --- Collector partial state (merge mode) ------------------------------------------------------------
+# A shard replica also exports its fleet co-moments over the horizon (one value per job: its mean OFU and
+# mean MFU) so that a merge-tier collector can combine shards exactly. Gauges without attributes, one
+# point per closed window (time = window end); the shard is told apart by SERVICE_INSTANCE_ID.
+
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
+PARTIAL_FLEET_JOBS: Final = MetricSpec("fleet.ofu_mfu.partial.jobs", "{job}", "gauge", "Jobs in the shard's co-moments")
+PARTIAL_FLEET_MEAN_OFU: Final = MetricSpec("fleet.ofu_mfu.partial.mean_ofu", "1", "gauge", "Mean of job mean OFUs")
+PARTIAL_FLEET_MEAN_MFU: Final = MetricSpec("fleet.ofu_mfu.partial.mean_mfu", "1", "gauge", "Mean of job mean MFUs")
+PARTIAL_FLEET_M2_OFU: Final = MetricSpec(
+    "fleet.ofu_mfu.partial.m2_ofu", "1", "gauge", "Sum of squared deviations of job mean OFUs"
+)
+PARTIAL_FLEET_M2_MFU: Final = MetricSpec(
+    "fleet.ofu_mfu.partial.m2_mfu", "1", "gauge", "Sum of squared deviations of job mean MFUs"
+)
+PARTIAL_FLEET_C_OFU_MFU: Final = MetricSpec(
+    "fleet.ofu_mfu.partial.c_ofu_mfu", "1", "gauge", "Co-moment of job mean OFU and MFU"
+)
+PARTIAL_FLEET_ABS_DIFF_SUM: Final = MetricSpec(
+    "fleet.ofu_mfu.partial.abs_diff_sum", "1", "gauge", "Sum over jobs of |mean OFU - mean MFU|"
+)
+COLLECTOR_PARTIAL_METRICS: Final = (
+    PARTIAL_FLEET_JOBS,
+    PARTIAL_FLEET_MEAN_OFU,
+    PARTIAL_FLEET_MEAN_MFU,
+    PARTIAL_FLEET_M2_OFU,
+    PARTIAL_FLEET_M2_MFU,
+    PARTIAL_FLEET_C_OFU_MFU,
+    PARTIAL_FLEET_ABS_DIFF_SUM,
+)
+
+# --- Collector self-metrics (Prometheus endpoint and CollectorService.self_metrics) -----------------
+
+COLLECTOR_POINTS_ACCEPTED: Final = MetricSpec(
+    "otel_ofu_collector.points.accepted", "{point}", "sum", "Data points taken into the windows"
+)
+COLLECTOR_POINTS_REJECTED: Final = MetricSpec(
+    "otel_ofu_collector.points.rejected", "{point}", "sum", "Data points rejected (reported in partial_success)"
+)
+COLLECTOR_REQUESTS_REFUSED: Final = MetricSpec(
+    "otel_ofu_collector.requests.refused", "{request}", "sum", "Requests refused UNAVAILABLE, by reason"
+)
+COLLECTOR_EXPORT_QUEUED: Final = MetricSpec(
+    "otel_ofu_collector.export.queued", "{request}", "gauge", "Requests waiting for the downstream, by stream"
+)
+COLLECTOR_DROPPED: Final = MetricSpec(
+    "otel_ofu_collector.dropped", "{request}", "sum", "Requests dropped beyond the queue or spool bound, by reason"
+)
+COLLECTOR_SELF_METRICS: Final = (
+    COLLECTOR_POINTS_ACCEPTED,
+    COLLECTOR_POINTS_REJECTED,
+    COLLECTOR_REQUESTS_REFUSED,
+    COLLECTOR_EXPORT_QUEUED,
+    COLLECTOR_DROPPED,
+)
+
 # --- Attribute keys ---------------------------------------------------------------------------------
 
 SERVICE_NAME: Final = "service.name"
@@ -143,6 +200,17 @@ class ErrorReason:
     UNKNOWN = "unknown"
 
     ALL = (GPU_LOST, NOT_SUPPORTED, NO_PERMISSION, DRIVER, NO_VALUE, INVALID_VALUE, SCRAPE, UNKNOWN)
+
+
+class ExportFailureReason:
+    """Values of the ``reason`` attribute of ``otel_ofu.export.failures``: why an interval was not delivered."""
+
+    QUEUE_FULL = "queue_full"  # the backend fell behind and the oldest queued interval was dropped
+    REJECTED = "rejected"  # the exporter gave up (refused, UNAVAILABLE past its retries, timed out)
+    EXCEPTION = "exception"  # the exporter raised
+    SHUTDOWN = "shutdown"  # still queued when shutdown ran out of time
+
+    ALL = (QUEUE_FULL, REJECTED, EXCEPTION, SHUTDOWN)
 
 
 HW_TYPE_GPU: Final = "gpu"
@@ -196,6 +264,23 @@ DCGM_EXPORTER_SM_ACTIVE: Final = "DCGM_FI_PROF_SM_ACTIVE"
 DCGM_EXPORTER_DRAM_ACTIVE: Final = "DCGM_FI_PROF_DRAM_ACTIVE"
 DCGM_EXPORTER_SM_CYCLES_ELAPSED: Final = "DCGM_FI_PROF_SM_CYCLES_ELAPSED"
 DCGM_EXPORTER_MMA_CYCLES_ACTIVE: Final = "DCGM_FI_PROF_MMA_CYCLES_ACTIVE"
+# DCGM 4.6 tags (dcgm_fields.py alias table): the exporter prints whichever its counters file names.
+DCGM_EXPORTER_SM_ACTIVE_46: Final = "DCGM_FI_PROF_SM_UTIL_RATIO"
+DCGM_EXPORTER_DRAM_ACTIVE_46: Final = "DCGM_FI_PROF_DRAM_UTIL_RATIO"
+DCGM_EXPORTER_SM_CYCLES_ELAPSED_TOTAL: Final = "DCGM_FI_PROF_SM_CYCLES_ELAPSED_TOTAL"
+DCGM_EXPORTER_MMA_CYCLES_ACTIVE_TOTAL: Final = "DCGM_FI_PROF_MMA_CYCLES_ACTIVE_TOTAL"
+# `dcgmi dmon` column headers (the fields' short names in DCGM's dcgm_fields.cpp) -> field id.
+DCGMI_DMON_COLUMNS: Final = {
+    "SMCLK": DCGM_FI_DEV_SM_CLOCK,
+    "SMMAX": DCGM_FI_DEV_MAX_SM_CLOCK,
+    "GRACT": DCGM_FI_PROF_GR_ENGINE_ACTIVE,
+    "SMACT": DCGM_FI_PROF_SM_ACTIVE,
+    "SMOCC": DCGM_FI_PROF_SM_OCCUPANCY,
+    "TENSO": DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
+    "DRAMA": DCGM_FI_PROF_DRAM_ACTIVE,
+    "SMCELAP": DCGM_FI_PROF_SM_CYCLES_ELAPSED,
+    "MMACACT": DCGM_FI_PROF_MMA_CYCLES_ACTIVE,
+}
 
 # Blank sentinels DCGM uses for "no value"; they leak into dcgm-exporter output as numbers.
 DCGM_INT64_BLANK_MIN: Final = 9223372036854775792  # DCGM_INT64_BLANK (0x7ffffffffffffff0) and above
@@ -213,6 +298,30 @@ NVML_GPM_METRIC_SM_CYCLES_ELAPSED: Final = 248
 NVML_GPM_METRIC_SM_CYCLES_ACTIVE: Final = 249
 NVML_GPM_METRIC_MMA_CYCLES_ACTIVE: Final = 250
 
+
+class NvmlReturn:
+    """nvmlReturn_t codes (nvml.h) the NVML source maps to ``ErrorReason`` and the fake NVML raises on demand."""
+
+    SUCCESS = 0
+    ERROR_UNINITIALIZED = 1
+    ERROR_INVALID_ARGUMENT = 2
+    ERROR_NOT_SUPPORTED = 3
+    ERROR_NO_PERMISSION = 4
+    ERROR_NOT_FOUND = 6
+    ERROR_INSUFFICIENT_SIZE = 7
+    ERROR_DRIVER_NOT_LOADED = 9
+    ERROR_TIMEOUT = 10
+    ERROR_LIBRARY_NOT_FOUND = 12
+    ERROR_FUNCTION_NOT_FOUND = 13
+    ERROR_GPU_IS_LOST = 15
+    ERROR_RESET_REQUIRED = 16
+    ERROR_LIB_RM_VERSION_MISMATCH = 18
+    ERROR_NO_DATA = 21
+    ERROR_ARGUMENT_VERSION_MISMATCH = 25
+    ERROR_NOT_READY = 27
+    ERROR_GPU_NOT_FOUND = 28
+    ERROR_UNKNOWN = 999
+
 # --- Job attribution: the only process-environment keys ever read ----------------------------------
 
 ENV_OFU_JOB_ID: Final = "OFU_JOB_ID"
@@ -226,3 +335,6 @@ PROCESS_ENV_KEYS: Final = (
     "SLURM_JOB_NAME",
     "TORCHELASTIC_RUN_ID",
 )
+# A hint only (GpuIdentity.hints), never exported: the MIG device's own UUID, which the kubelet's
+# PodResources API lists for MIG allocations. Sources that know it (NVML) may set it.
+HINT_MIG_UUID: Final = "gpu.mig.uuid"
