@@ -1,0 +1,793 @@
+"""A simulated GPU fleet: a counter source like any other, deterministic for a seed.
+
+Hosts x GPUs run jobs with workload profiles (healthy dense training, an MoE job whose framework
+over-counts FLOPs, a job that regresses, a mixed-precision job, an allocated GPU that sits idle) and
+a GPU can be flaky (its reading fails now and then: an error, never a zero).
+
+How it behaves like hardware:
+
+* Every GPU's activity is generated on a fixed internal grid (``step_s``, 1 s by default) counted from
+  the fleet's start, one seeded generator per GPU, step by step. The series is therefore the same
+  whatever the read cadence: reads only integrate it.
+* ``read`` covers ``[previous read, clock()]``. TPA is the exact average over that interval, as DCGM's
+  field 1004 is; the SM clock is a POINT SAMPLE at the end of the interval, as field 100 and NVML are:
+  the OFU paper's clock sampling noise appears. ``average_clock=True`` reports the true interval
+  average instead, and ``cycle_counters=True`` adds exact cycle-counter deltas (``counting_units=1``)
+  so studies can compare the three.
+* Clocks boost near the board max (1980 MHz on H100 SXM) with a small load droop and jitter in 15 MHz
+  bins, fall into power-throttle stretches (~1600-1750 MHz on H100) now and then, and sit at the idle
+  clock when a GPU does nothing.
+
+Values a real GPU would never give you are named ``truth_*`` (``GpuReading.truth_ofu``,
+``truth_precision``) or come from ``interval_truth``, ``truth_ofu`` and ``reported_mfu``; real sources
+leave the ``truth_*`` fields None. Ground-truth OFU per fine step is what ``ofu_math.ofu`` gives for the
+exact inputs: TPA x min(f / f_tensor, 1), in the catalog's tensor clock domain (the board max for a
+model the catalog does not know), averaged over the interval.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from array import array
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from otel_ofu import catalog, names
+from otel_ofu.clock import ManualClock, wall_clock
+from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot
+
+H100_SXM_NAME = "NVIDIA H100 80GB HBM3"
+SCHEDULER = "static"
+
+# Clock behaviour as fractions of the board max (H100 SXM: idle 345 MHz, power throttling to ~1600-1750).
+_CLOCK_BIN_MHZ = 15.0
+_IDLE_CLOCK_FRACTION = 345.0 / 1980.0
+_THROTTLE_RANGE = (0.81, 0.885)
+_THROTTLE_DURATION_S = (20.0, 150.0)
+_THROTTLE_RATE_PER_S = 0.004  # at full nominal load; lighter loads throttle less often
+# A flaky GPU's outages: how often one starts and how long it lasts.
+_OUTAGE_RATE_PER_S = 1.0 / 240.0
+_OUTAGE_DURATION_S = (15.0, 45.0)
+_OUTAGE_REASONS = (names.ErrorReason.GPU_LOST, names.ErrorReason.NO_VALUE)  # codes 1 and 2
+# Framework MFU noise: relative, per reported interval.
+_MFU_NOISE = 0.015
+
+
+class ProfileKind:
+    """The workload profiles of simulated jobs."""
+
+    DENSE = "dense"  # healthy dense training: MFU ~ OFU x efficiency
+    MOE = "moe"  # a framework FLOP formula that over-counts (``miscount_factor``)
+    REGRESSING = "regressing"  # OFU drops by ``regression_factor`` at ``regression_at_s``
+    MIXED = "mixed"  # alternates between two precisions every ``switch_every_s``
+    IDLE = "idle"  # allocated, does nothing, reports no MFU
+
+    ALL = (DENSE, MOE, REGRESSING, MIXED, IDLE)
+
+
+def _in_unit(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{attribute.name} must be in [0, 1], got {value!r}")
+
+
+def _positive(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _keys(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+def _gpus(values: Iterable[SimGpu]) -> tuple[SimGpu, ...]:
+    return tuple(values)
+
+
+def _jobs(values: Iterable[JobSpec]) -> tuple[JobSpec, ...]:
+    return tuple(values)
+
+
+@attrs.frozen
+class JobSpec:
+    """A simulated job and its ground truth. Times are seconds since the fleet started."""
+
+    job_id: str
+    name: str
+    kind: str = attrs.field(validator=attrs.validators.in_(ProfileKind.ALL))
+    precision: str = attrs.field(validator=attrs.validators.in_(names.PRECISIONS))  # mixed: the first one
+    gpu_keys: tuple[str, ...] = attrs.field(converter=_keys)
+    # Reported MFU / true MFU of the framework's FLOP formula (1.0: a correct formula).
+    miscount_factor: float = attrs.field(default=1.0, validator=_positive)
+    regression_at_s: float | None = None
+    regression_factor: float = attrs.field(default=1.0, validator=_positive)  # OFU divides by it
+    recovery_at_s: float | None = None
+    tensor_active: float = attrs.field(default=0.45, validator=_in_unit)  # nominal TPA, first precision
+    # True MFU / OFU: MFU ignores recompute and padding that the tensor pipes do see.
+    mfu_efficiency: float = attrs.field(default=0.96, validator=_in_unit)
+    switch_every_s: float | None = None  # mixed: precision alternates with ``alternate_precision``
+    alternate_precision: str | None = None
+    alternate_tensor_scale: float = 0.72  # TPA in the alternate precision relative to ``tensor_active``
+
+    @property
+    def reports_mfu(self) -> bool:
+        return self.kind != ProfileKind.IDLE
+
+    @property
+    def has_miscount(self) -> bool:
+        return self.miscount_factor != 1.0
+
+    @property
+    def has_regression(self) -> bool:
+        return self.regression_at_s is not None and self.regression_factor > 1.0
+
+    @property
+    def mfu_ratio(self) -> float:
+        """Expected reported MFU / OFU: ``mfu_efficiency x miscount_factor`` (noise aside)."""
+        return self.mfu_efficiency * self.miscount_factor
+
+    def regressed_at(self, t_s: float) -> bool:
+        if self.regression_at_s is None or t_s < self.regression_at_s:
+            return False
+        return self.recovery_at_s is None or t_s < self.recovery_at_s
+
+    def _in_alternate(self, t_s: float) -> bool:
+        if self.switch_every_s is None or self.alternate_precision is None:
+            return False
+        return int(t_s // self.switch_every_s) % 2 == 1
+
+    def precision_at(self, t_s: float) -> str:
+        if self._in_alternate(t_s):
+            assert self.alternate_precision is not None
+            return self.alternate_precision
+        return self.precision
+
+    def dominant_precision(self, start_s: float, end_s: float) -> str:
+        """The precision the job ran in for most of ``[start_s, end_s]``."""
+        if self.switch_every_s is None or self.alternate_precision is None:
+            return self.precision
+        period = self.switch_every_s
+        alternate = 0.0
+        segment = int(start_s // period)
+        while segment * period < end_s:
+            overlap = min(end_s, (segment + 1) * period) - max(start_s, segment * period)
+            if segment % 2 == 1:
+                alternate += max(0.0, overlap)
+            segment += 1
+        return self.alternate_precision if alternate > (end_s - start_s) / 2 else self.precision
+
+    def nominal_tensor_active(self, t_s: float) -> float:
+        """TPA the job would show at ``t_s`` before noise, throttling and stalls."""
+        if self.kind == ProfileKind.IDLE:
+            return 0.0
+        tpa = self.tensor_active * (self.alternate_tensor_scale if self._in_alternate(t_s) else 1.0)
+        if self.regressed_at(t_s):
+            tpa /= self.regression_factor
+        return tpa
+
+
+@attrs.frozen
+class SimGpu:
+    """One simulated GPU, its placement and whether it is flaky."""
+
+    uuid: str
+    host: str
+    index: int
+    model: str
+    max_clock_mhz: float
+    job_id: str
+    flaky: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.uuid
+
+
+@attrs.frozen
+class IntervalTruth:
+    """What only the simulation knows of one GPU over an interval (a real GPU does not give you these)."""
+
+    ofu: float  # ground-truth OFU, tensor clock domain
+    tensor_active: float  # exact time-average TPA
+    mean_sm_clock_hz: float  # exact time-average SM clock (what a point sample approximates)
+    precision: str  # the precision the job ran in for most of the interval
+
+
+@attrs.define
+class _Track:
+    """A GPU's generated series as prefix sums over the step grid (index k: sum of steps < k)."""
+
+    gpu: SimGpu
+    job: JobSpec
+    rng: random.Random
+    tensor_clock_mhz: float
+    straggle: float  # per-GPU scale of the job's TPA: GPUs of one job are alike, not identical
+    cum_tpa: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
+    cum_mhz: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
+    cum_tpa_mhz: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
+    cum_ofu: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
+    outage: bytearray | None = None  # per step: 0 readable, else 1 + index into _OUTAGE_REASONS
+    throttle_left: int = 0
+    throttle_mhz: float = 0.0
+    outage_left: int = 0
+    outage_code: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.cum_tpa) - 1
+
+
+def _quantize(mhz: float, max_mhz: float) -> float:
+    """Clocks move in 15 MHz bins below the board max, never above it."""
+    below = max(0.0, max_mhz - mhz)
+    return max(_CLOCK_BIN_MHZ, max_mhz - _CLOCK_BIN_MHZ * round(below / _CLOCK_BIN_MHZ))
+
+
+def _gpu_uuid(seed: int, host: str, index: int) -> str:
+    rng = random.Random(f"{seed}/uuid/{host}/{index}")
+    return f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}"
+
+
+def _max_clock_mhz(model: str, max_clock_mhz: float | None) -> float:
+    if max_clock_mhz is not None:
+        return max_clock_mhz
+    spec = catalog.lookup(model)
+    if spec is None or spec.boost_clock_hz is None:
+        raise ValueError(f"the catalog has no board max clock for {model!r}: pass max_clock_mhz")
+    return spec.boost_clock_hz / 1e6
+
+
+@attrs.define
+class SimulatedFleet:
+    """A deterministic simulated fleet implementing ``otel_ofu.model.Source``."""
+
+    gpus: tuple[SimGpu, ...] = attrs.field(converter=_gpus)
+    jobs: tuple[JobSpec, ...] = attrs.field(converter=_jobs)
+    seed: int = 0
+    clock: Clock = wall_clock
+    step_s: float = attrs.field(default=1.0, validator=_positive)
+    cycle_counters: bool = False  # fill GpuReading.cycles with exact deltas (counting_units=1)
+    average_clock: bool = False  # report the true interval-average clock instead of a point sample
+    report_max_clock: bool = True  # False: like dcgm-exporter without field 113 (catalog fallback)
+    name: str = "sim"
+    _start_ns: int = attrs.field(init=False)
+    _last_ns: int = attrs.field(init=False)
+    _tracks: dict[str, _Track] = attrs.field(init=False, factory=dict)
+    _jobs_by_id: dict[str, JobSpec] = attrs.field(init=False, factory=dict)
+    _closed: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._jobs_by_id = {job.job_id: job for job in self.jobs}
+        if len(self._jobs_by_id) != len(self.jobs):
+            raise ValueError("job ids must be unique")
+        gpus_by_key = {gpu.key: gpu for gpu in self.gpus}
+        if len(gpus_by_key) != len(self.gpus):
+            raise ValueError("GPU uuids must be unique")
+        for job in self.jobs:
+            for key in job.gpu_keys:
+                if key not in gpus_by_key or gpus_by_key[key].job_id != job.job_id:
+                    raise ValueError(f"job {job.job_id} lists GPU {key}, which is not placed on it")
+        for gpu in self.gpus:
+            owner = self._jobs_by_id.get(gpu.job_id)
+            if owner is None or gpu.key not in owner.gpu_keys:
+                raise ValueError(f"GPU {gpu.key} is placed on job {gpu.job_id!r}, which does not list it")
+            rng = random.Random(f"{self.seed}/gpu/{gpu.uuid}")
+            spec = catalog.lookup(gpu.model)
+            tensor_mhz = spec.tensor_clock_hz / 1e6 if spec is not None and spec.tensor_clock_hz else gpu.max_clock_mhz
+            self._tracks[gpu.key] = _Track(
+                gpu=gpu,
+                job=owner,
+                rng=rng,
+                tensor_clock_mhz=min(tensor_mhz, gpu.max_clock_mhz),
+                straggle=rng.uniform(0.97, 1.03),
+                outage=bytearray() if gpu.flaky else None,
+            )
+        self._start_ns = self.clock()
+        self._last_ns = self._start_ns
+
+    # --- the Source protocol ----------------------------------------------------------------------
+
+    def read(self) -> Snapshot:
+        """Readings for ``[previous read, clock()]``; an empty snapshot when no time has passed."""
+        if self._closed:
+            raise RuntimeError("the simulated fleet is closed")
+        now = self.clock()
+        if now < self._last_ns:
+            message = f"clock went backwards ({now} < {self._last_ns}); nothing read"
+            return Snapshot(errors=(GpuError(names.ErrorReason.UNKNOWN, message),))
+        if now == self._last_ns:
+            return Snapshot()
+        start, self._last_ns = self._last_ns, now
+        readings: list[GpuReading] = []
+        errors: list[GpuError] = []
+        for track in self._tracks.values():
+            result = self._read_gpu(track, start, now)
+            if isinstance(result, GpuReading):
+                readings.append(result)
+            else:
+                errors.append(result)
+        return Snapshot(readings=tuple(readings), errors=tuple(errors))
+
+    def close(self) -> None:
+        self._closed = True
+
+    # --- ground truth (what a real fleet does not tell you) ---------------------------------------
+
+    @property
+    def start_ns(self) -> int:
+        return self._start_ns
+
+    @property
+    def flaky_gpus(self) -> tuple[SimGpu, ...]:
+        return tuple(gpu for gpu in self.gpus if gpu.flaky)
+
+    def job(self, job_id: str) -> JobSpec:
+        try:
+            return self._jobs_by_id[job_id]
+        except KeyError:
+            raise KeyError(f"no simulated job {job_id!r}") from None
+
+    def gpu(self, key: str) -> SimGpu:
+        try:
+            return self._tracks[key].gpu
+        except KeyError:
+            raise KeyError(f"no simulated GPU {key!r}") from None
+
+    def seconds(self, t_ns: int) -> float:
+        """Seconds since the fleet started (the time base of ``JobSpec``)."""
+        return (t_ns - self._start_ns) / 1e9
+
+    def interval_truth(self, gpu_key: str, start_ns: int, end_ns: int) -> IntervalTruth | None:
+        """Exact averages of one GPU over ``[start_ns, end_ns]`` (clamped to the fleet's start)."""
+        try:
+            track = self._tracks[gpu_key]
+        except KeyError:
+            raise KeyError(f"no simulated GPU {gpu_key!r}") from None
+        ta, tb = max(0.0, self.seconds(start_ns)), self.seconds(end_ns)
+        if tb <= ta:
+            return None
+        self._extend(track, tb)
+        span = tb - ta
+        return IntervalTruth(
+            ofu=min(1.0, max(0.0, self._integral(track.cum_ofu, ta, tb) / span)),
+            tensor_active=min(1.0, max(0.0, self._integral(track.cum_tpa, ta, tb) / span)),
+            mean_sm_clock_hz=self._integral(track.cum_mhz, ta, tb) / span * 1e6,
+            precision=track.job.dominant_precision(ta, tb),
+        )
+
+    def truth_ofu(self, job_id: str, start_ns: int, end_ns: int) -> float | None:
+        """The job's ground-truth OFU over the interval: the mean over its GPUs."""
+        job = self.job(job_id)
+        truths = [self.interval_truth(key, start_ns, end_ns) for key in job.gpu_keys]
+        values = [truth.ofu for truth in truths if truth is not None]
+        return sum(values) / len(values) if values else None
+
+    def reported_mfu(self, job_id: str, start_ns: int, end_ns: int) -> float | None:
+        """What the job's training framework would log as MFU for the interval (None: it logs none).
+
+        True MFU is OFU x ``mfu_efficiency`` (MFU ignores recompute and padding); the framework's FLOP
+        formula multiplies it by ``miscount_factor``; a little noise is added, deterministic per
+        (seed, job, interval).
+        """
+        job = self.job(job_id)
+        if not job.reports_mfu:
+            return None
+        ofu = self.truth_ofu(job_id, start_ns, end_ns)
+        if ofu is None:
+            return None
+        noise = random.Random(f"{self.seed}/mfu/{job_id}/{start_ns}/{end_ns}").gauss(0.0, _MFU_NOISE)
+        return max(0.0, ofu * job.mfu_ratio * (1.0 + noise))
+
+    # --- generation and integration ---------------------------------------------------------------
+
+    def _integral(self, cum: array[float], ta: float, tb: float) -> float:
+        return self._cumulative(cum, tb) - self._cumulative(cum, ta)
+
+    def _cumulative(self, cum: array[float], t: float) -> float:
+        """Integral of the piecewise-constant series from the fleet's start to ``t`` seconds."""
+        x = t / self.step_s
+        k = min(int(x), len(cum) - 2)
+        return self.step_s * (cum[k] + (x - k) * (cum[k + 1] - cum[k]))
+
+    def _extend(self, track: _Track, t: float) -> None:
+        """Generate the GPU's steps up to time ``t`` (at least one step)."""
+        upto = max(1, math.ceil(t / self.step_s - 1e-9))
+        step = self.step_s
+        job, rng, gpu = track.job, track.rng, track.gpu
+        max_mhz, tensor_mhz = gpu.max_clock_mhz, track.tensor_clock_mhz
+        idle_mhz = _quantize(max_mhz * _IDLE_CLOCK_FRACTION, max_mhz)
+        idle = job.kind == ProfileKind.IDLE
+        for k in range(track.steps, upto):
+            mid = (k + 0.5) * step
+            nominal = job.nominal_tensor_active(mid) * track.straggle
+            if idle:
+                tpa = 0.002 if rng.random() < 0.02 else 0.0  # a stray kernel now and then
+                mhz = idle_mhz
+            else:
+                tpa = nominal * (1.0 + 0.06 * rng.gauss(0.0, 1.0))
+                if rng.random() < 0.01 * step:
+                    tpa *= 0.3  # a data-loader or collective stall
+                tpa = min(1.0, max(0.0, tpa))
+                mhz = self._next_clock(track, nominal, max_mhz)
+            ofu = tpa * min(mhz / tensor_mhz, 1.0)
+            track.cum_tpa.append(track.cum_tpa[-1] + tpa)
+            track.cum_mhz.append(track.cum_mhz[-1] + mhz)
+            track.cum_tpa_mhz.append(track.cum_tpa_mhz[-1] + tpa * mhz)
+            track.cum_ofu.append(track.cum_ofu[-1] + ofu)
+            if track.outage is not None:
+                track.outage.append(self._next_outage(track))
+
+    def _next_clock(self, track: _Track, load: float, max_mhz: float) -> float:
+        rng, step = track.rng, self.step_s
+        if track.throttle_left > 0:
+            track.throttle_left -= 1
+            return min(max_mhz, _quantize(track.throttle_mhz + rng.gauss(0.0, 20.0), max_mhz))
+        if rng.random() < _THROTTLE_RATE_PER_S * step * min(1.0, load / 0.45):
+            track.throttle_left = max(1, round(rng.uniform(*_THROTTLE_DURATION_S) / step))
+            track.throttle_mhz = max_mhz * rng.uniform(*_THROTTLE_RANGE)
+        droop = 40.0 * load + abs(rng.gauss(0.0, 20.0))
+        return _quantize(max_mhz - droop, max_mhz)
+
+    def _next_outage(self, track: _Track) -> int:
+        rng, step = track.rng, self.step_s
+        if track.outage_left > 0:
+            track.outage_left -= 1
+            return track.outage_code
+        if rng.random() < _OUTAGE_RATE_PER_S * step:
+            track.outage_left = max(1, round(rng.uniform(*_OUTAGE_DURATION_S) / step)) - 1
+            track.outage_code = 1 + rng.randrange(len(_OUTAGE_REASONS))
+            return track.outage_code
+        return 0
+
+    def _identity(self, track: _Track, precision: str) -> GpuIdentity:
+        gpu, job = track.gpu, track.job
+        hints = {
+            names.JOB_ID: job.job_id,
+            names.JOB_NAME: job.name,
+            names.GPU_PRECISION: precision,
+            names.JOB_SCHEDULER: SCHEDULER,
+        }
+        return GpuIdentity(uuid=gpu.uuid, model=gpu.model, index=gpu.index, host=gpu.host, hints=hints)
+
+    def _read_gpu(self, track: _Track, start_ns: int, end_ns: int) -> GpuReading | GpuError:
+        ta, tb = self.seconds(start_ns), self.seconds(end_ns)
+        self._extend(track, tb)
+        precision = track.job.dominant_precision(ta, tb)
+        identity = self._identity(track, precision)
+        if track.outage is not None:
+            first, last = int(ta / self.step_s), max(int(ta / self.step_s) + 1, math.ceil(tb / self.step_s - 1e-9))
+            code = max(track.outage[first:last], default=0)
+            if code:
+                reason = _OUTAGE_REASONS[code - 1]
+                message = "GPU is lost" if reason == names.ErrorReason.GPU_LOST else "tensor activity is N/A"
+                return GpuError(reason, f"{message} (simulated)", gpu=identity, gpu_key=track.gpu.key)
+        span = tb - ta
+        tpa = min(1.0, max(0.0, self._integral(track.cum_tpa, ta, tb) / span))
+        mhz_seconds = self._integral(track.cum_mhz, ta, tb)
+        sample = max(0, min(track.steps, math.ceil(tb / self.step_s - 1e-9)) - 1)
+        point_mhz = track.cum_mhz[sample + 1] - track.cum_mhz[sample]
+        clock_mhz = mhz_seconds / span if self.average_clock else point_mhz
+        cycles = None
+        if self.cycle_counters:
+            elapsed = round(mhz_seconds * 1e6)
+            active = min(elapsed, round(self._integral(track.cum_tpa_mhz, ta, tb) * 1e6))
+            cycles = CycleCounters(sm_cycles_elapsed=elapsed, mma_cycles_active=active) if elapsed > 0 else None
+        busy = tpa > 0.01
+        return GpuReading(
+            gpu=identity,
+            start_ns=start_ns,
+            end_ns=end_ns,
+            tensor_active=tpa,
+            sm_clock_hz=clock_mhz * 1e6,
+            max_sm_clock_hz=track.gpu.max_clock_mhz * 1e6 if self.report_max_clock else None,
+            sm_active=min(1.0, 1.6 * tpa + (0.08 if busy else 0.0)),
+            dram_active=min(1.0, 0.6 * tpa + (0.05 if busy else 0.0)),
+            cycles=cycles,
+            truth_ofu=min(1.0, max(0.0, self._integral(track.cum_ofu, ta, tb) / span)),
+            truth_precision=precision,
+        )
+
+    # --- ready-made fleets ------------------------------------------------------------------------
+
+    @classmethod
+    def demo(
+        cls,
+        seed: int = 7,
+        clock: Clock | None = None,
+        *,
+        duration_s: float = 1800.0,
+        cycle_counters: bool = False,
+        average_clock: bool = False,
+        report_max_clock: bool = True,
+    ) -> SimulatedFleet:
+        """The DESIGN.md demo fleet: 3 hosts x 8 H100 SXM, six jobs, one flaky GPU.
+
+        ``job-1001``/``job-1002`` healthy dense, ``job-1003`` MoE over-counting ~2x, ``job-1004`` regresses
+        2.5x at 40% of ``duration_s``, ``job-1005`` switches bf16 <-> fp8 every 3 minutes, ``job-1006`` an
+        allocated GPU that sits idle; GPU 6 of the third host (in ``job-1002``) is flaky.
+        """
+        hosts = ("dgx-h100-01", "dgx-h100-02", "dgx-h100-03")
+        max_mhz = _max_clock_mhz(H100_SXM_NAME, None)
+        gpus: list[SimGpu] = []
+
+        def place(job_id: str, host_index: int, first: int, count: int) -> tuple[str, ...]:
+            placed = [
+                SimGpu(
+                    uuid=_gpu_uuid(seed, hosts[host_index], index),
+                    host=hosts[host_index],
+                    index=index,
+                    model=H100_SXM_NAME,
+                    max_clock_mhz=max_mhz,
+                    job_id=job_id,
+                    flaky=(host_index, index) == (2, 6),
+                )
+                for index in range(first, first + count)
+            ]
+            gpus.extend(placed)
+            return tuple(gpu.key for gpu in placed)
+
+        dense, moe, regressing = ProfileKind.DENSE, ProfileKind.MOE, ProfileKind.REGRESSING
+        jobs = [
+            JobSpec(
+                "job-1001",
+                "llama3-70b-pretrain",
+                dense,
+                "bf16",
+                place("job-1001", 0, 0, 8),
+                tensor_active=0.48,
+                mfu_efficiency=0.96,
+            ),
+            JobSpec(
+                "job-1002",
+                "mistral-7b-finetune",
+                dense,
+                "bf16",
+                place("job-1002", 2, 4, 3),
+                tensor_active=0.38,
+                mfu_efficiency=0.95,
+            ),
+            JobSpec(
+                "job-1003",
+                "deepseek-moe-16b",
+                moe,
+                "bf16",
+                place("job-1003", 1, 0, 4),
+                tensor_active=0.26,
+                miscount_factor=2.0,
+                mfu_efficiency=0.97,
+            ),
+            JobSpec(
+                "job-1004",
+                "gpt-13b-sft",
+                regressing,
+                "bf16",
+                place("job-1004", 1, 4, 4),
+                tensor_active=0.44,
+                regression_at_s=0.4 * duration_s,
+                regression_factor=2.5,
+                mfu_efficiency=0.95,
+            ),
+            JobSpec(
+                "job-1005",
+                "llama3-8b-mixed-fp8",
+                ProfileKind.MIXED,
+                "bf16",
+                place("job-1005", 2, 0, 4),
+                tensor_active=0.42,
+                switch_every_s=180.0,
+                alternate_precision="fp8",
+                mfu_efficiency=0.97,
+            ),
+            JobSpec(
+                "job-1006", "notebook-idle", ProfileKind.IDLE, "bf16", place("job-1006", 2, 7, 1), tensor_active=0.0
+            ),
+        ]
+        gpus.sort(key=lambda gpu: (gpu.host, gpu.index))
+        return cls(
+            gpus=tuple(gpus),
+            jobs=tuple(jobs),
+            seed=seed,
+            clock=clock if clock is not None else ManualClock(),
+            cycle_counters=cycle_counters,
+            average_clock=average_clock,
+            report_max_clock=report_max_clock,
+            name="sim-demo",
+        )
+
+    @classmethod
+    def random_fleet(
+        cls,
+        n_jobs: int,
+        seed: int,
+        miscount_share: float = 0.1,
+        miscount_range: tuple[float, float] = (1.2, 3.0),
+        regression_share: float = 0.1,
+        regression_range: tuple[float, float] = (1.5, 3.0),
+        *,
+        clock: Clock | None = None,
+        duration_s: float = 3600.0,
+        regression_window: tuple[float, float] = (0.3, 0.6),
+        recovery_share: float = 0.0,
+        mixed_share: float = 0.1,
+        idle_share: float = 0.0,
+        flaky_share: float = 0.0,
+        gpus_per_job: Sequence[int] = (1, 2, 4),
+        gpus_per_host: int = 8,
+        model: str = H100_SXM_NAME,
+        max_clock_mhz: float | None = None,
+        step_s: float = 1.0,
+        cycle_counters: bool = False,
+        average_clock: bool = False,
+    ) -> SimulatedFleet:
+        """A fleet of ``n_jobs`` random jobs with injected FLOP miscounts and regressions.
+
+        ``round(n_jobs x share)`` jobs of each kind, disjoint: miscounted jobs (kind ``moe``) draw their
+        ``miscount_factor`` from ``miscount_range``; regressing jobs draw ``regression_factor`` from
+        ``regression_range`` and regress at a time in ``regression_window`` x ``duration_s`` (a
+        ``recovery_share`` of them recover halfway to the end). The rest are dense, mixed or idle.
+        GPUs per job are drawn from ``gpus_per_job``; jobs are packed onto hosts of ``gpus_per_host``.
+        """
+        if n_jobs < 1:
+            raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
+        rng = random.Random(f"{seed}/random-fleet")
+        order = list(range(n_jobs))
+        rng.shuffle(order)
+        counts = [round(n_jobs * share) for share in (miscount_share, regression_share, mixed_share, idle_share)]
+        if sum(counts) > n_jobs:
+            raise ValueError("the shares of miscounted, regressing, mixed and idle jobs add up to more than 1")
+        kinds = [ProfileKind.DENSE] * n_jobs
+        cursor = 0
+        for kind, count in zip(
+            (ProfileKind.MOE, ProfileKind.REGRESSING, ProfileKind.MIXED, ProfileKind.IDLE), counts, strict=True
+        ):
+            for position in order[cursor : cursor + count]:
+                kinds[position] = kind
+            cursor += count
+        max_mhz = _max_clock_mhz(model, max_clock_mhz)
+        placement = _Placement(seed, gpus_per_host)
+        gpus: list[SimGpu] = []
+        jobs: list[JobSpec] = []
+        for number, kind in enumerate(kinds):
+            job_id = f"job-{number:05d}"
+            slots = placement.take(rng.choice(list(gpus_per_job)))
+            placed = [
+                SimGpu(
+                    uuid=uid,
+                    host=host,
+                    index=index,
+                    model=model,
+                    max_clock_mhz=max_mhz,
+                    job_id=job_id,
+                    flaky=rng.random() < flaky_share,
+                )
+                for host, index, uid in slots
+            ]
+            gpus.extend(placed)
+            jobs.append(
+                _random_job(
+                    rng,
+                    job_id,
+                    kind,
+                    placed,
+                    duration_s,
+                    regression_window,
+                    recovery_share,
+                    miscount_range,
+                    regression_range,
+                )
+            )
+        return cls(
+            gpus=tuple(gpus),
+            jobs=tuple(jobs),
+            seed=seed,
+            clock=clock if clock is not None else ManualClock(),
+            step_s=step_s,
+            cycle_counters=cycle_counters,
+            average_clock=average_clock,
+            name="sim-random",
+        )
+
+
+@attrs.define
+class _Placement:
+    """Packs jobs onto hosts: a job that does not fit in the current host's free GPUs opens a new host."""
+
+    seed: int
+    gpus_per_host: int
+    host_count: int = 0
+    used: int = 0
+
+    def _host(self) -> str:
+        return f"sim-node-{self.host_count:04d}"
+
+    def take(self, count: int) -> list[tuple[str, int, str]]:
+        if count < 1:
+            raise ValueError(f"a job needs at least one GPU, got {count}")
+        if self.host_count == 0 or (self.used > 0 and self.used + count > self.gpus_per_host):
+            self.host_count += 1
+            self.used = 0
+        slots: list[tuple[str, int, str]] = []
+        for _ in range(count):
+            if self.used == self.gpus_per_host:
+                self.host_count += 1
+                self.used = 0
+            host = self._host()
+            slots.append((host, self.used, _gpu_uuid(self.seed, host, self.used)))
+            self.used += 1
+        return slots
+
+
+def _random_job(
+    rng: random.Random,
+    job_id: str,
+    kind: str,
+    gpus: Sequence[SimGpu],
+    duration_s: float,
+    regression_window: tuple[float, float],
+    recovery_share: float,
+    miscount_range: tuple[float, float],
+    regression_range: tuple[float, float],
+) -> JobSpec:
+    keys = tuple(gpu.key for gpu in gpus)
+    efficiency = rng.uniform(0.93, 0.99)
+    name = f"{kind}-{job_id.removeprefix('job-')}"
+    if kind == ProfileKind.MOE:
+        return JobSpec(
+            job_id,
+            name,
+            kind,
+            "bf16",
+            keys,
+            miscount_factor=rng.uniform(*miscount_range),
+            tensor_active=rng.uniform(0.15, 0.40),
+            mfu_efficiency=efficiency,
+        )
+    if kind == ProfileKind.REGRESSING:
+        at = duration_s * rng.uniform(*regression_window)
+        recovery = at + (duration_s - at) / 2 if rng.random() < recovery_share else None
+        return JobSpec(
+            job_id,
+            name,
+            kind,
+            "bf16",
+            keys,
+            regression_at_s=at,
+            regression_factor=rng.uniform(*regression_range),
+            recovery_at_s=recovery,
+            tensor_active=rng.uniform(0.25, 0.60),
+            mfu_efficiency=efficiency,
+        )
+    if kind == ProfileKind.MIXED:
+        return JobSpec(
+            job_id,
+            name,
+            kind,
+            "bf16",
+            keys,
+            tensor_active=rng.uniform(0.25, 0.55),
+            switch_every_s=rng.choice((120.0, 180.0, 300.0)),
+            alternate_precision="fp8",
+            mfu_efficiency=efficiency,
+        )
+    if kind == ProfileKind.IDLE:
+        return JobSpec(job_id, name, kind, "bf16", keys, tensor_active=0.0)
+    return JobSpec(
+        job_id,
+        name,
+        kind,
+        rng.choice(("bf16", "bf16", "bf16", "fp8")),
+        keys,
+        tensor_active=rng.uniform(0.20, 0.60),
+        mfu_efficiency=efficiency,
+    )
+
+
+def run_for(fleet: SimulatedFleet, clock: ManualClock, seconds: float, interval_s: float) -> list[Snapshot]:
+    """Advance ``clock`` in ``interval_s`` steps for ``seconds`` and read the fleet after each step."""
+    snapshots: list[Snapshot] = []
+    for _ in range(round(seconds / interval_s)):
+        clock.advance(interval_s)
+        snapshots.append(fleet.read())
+    return snapshots

@@ -1,0 +1,132 @@
+"""The GPU catalog: matching NVML/dcgm-exporter name strings, and the consistency of its figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_ofu import catalog, names
+
+# Device names exactly as NVML (nvmlDeviceGetName) and dcgm-exporter's modelName label print them.
+KNOWN_NAMES = [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"),
+    ("NVIDIA H100 SXM5 80GB", "H100-SXM"),
+    ("NVIDIA H100 PCIe", "H100-PCIe"),
+    ("NVIDIA H100 NVL", "H100-NVL"),
+    ("NVIDIA H200", "H200-SXM"),
+    ("NVIDIA H200 141GB HBM3e", "H200-SXM"),
+    ("NVIDIA H200 NVL", "H200-NVL"),
+    ("NVIDIA A100-SXM4-80GB", "A100-SXM"),
+    ("NVIDIA A100-SXM4-40GB", "A100-SXM"),
+    ("NVIDIA A100-PCIE-40GB", "A100-PCIe"),
+    ("NVIDIA A100 80GB PCIe", "A100-PCIe"),
+    ("NVIDIA L40S", "L40S"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA B200", "B200"),
+    ("NVIDIA GB200", "GB200"),
+]
+
+UNKNOWN_NAMES = ["NVIDIA L40", "NVIDIA TITAN V", "NVIDIA A30", "NVIDIA A10G", "Tesla V100-SXM2-16GB", ""]
+
+# Dense FP16/BF16 tensor FLOP per clock per SM of each architecture (Ampere 2048 on A100, Hopper 4096,
+# Ada 1024, Blackwell 8192): tensor clock x SMs x rate must give the datasheet's dense peak.
+DENSE_FP16_FLOP_PER_CLOCK_PER_SM = {
+    "A100-SXM": 2048,
+    "A100-PCIe": 2048,
+    "H100-SXM": 4096,
+    "H100-PCIe": 4096,
+    "H100-NVL": 4096,
+    "H200-SXM": 4096,
+    "H200-NVL": 4096,
+    "L40S": 1024,
+    "L4": 1024,
+    "B200": 8192,
+    "GB200": 8192,
+}
+
+
+@pytest.mark.parametrize(("device_name", "key"), KNOWN_NAMES)
+def test_lookup_matches_real_device_names(device_name: str, key: str) -> None:
+    spec = catalog.lookup(device_name)
+    assert spec is not None
+    assert spec.key == key
+
+
+@pytest.mark.parametrize("device_name", UNKNOWN_NAMES)
+def test_unknown_models_get_no_figures(device_name: str) -> None:
+    assert catalog.lookup(device_name) is None
+
+
+def test_lookup_ignores_case() -> None:
+    assert catalog.lookup("nvidia h100 pcie") is catalog.H100_PCIE
+
+
+def test_every_spec_is_reachable_by_some_name() -> None:
+    reachable = {spec.key for name, _ in KNOWN_NAMES if (spec := catalog.lookup(name)) is not None}
+    assert reachable == {spec.key for spec in catalog.ALL_SPECS}
+
+
+def test_keys_are_unique() -> None:
+    keys = [spec.key for spec in catalog.ALL_SPECS]
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
+def test_fp16_equals_bf16(spec: catalog.GpuSpec) -> None:
+    assert spec.peak("fp16") == spec.peak("bf16")
+
+
+@pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
+def test_fp8_is_twice_bf16_where_present(spec: catalog.GpuSpec) -> None:
+    fp8, bf16 = spec.peak("fp8"), spec.peak("bf16")
+    if fp8 is None:
+        assert spec.key.startswith("A100")  # Ampere has no FP8 tensor cores
+        return
+    assert bf16 is not None
+    assert fp8 == pytest.approx(2 * bf16, rel=0.02)  # L40S prints 362 / 733
+
+
+@pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
+def test_peaks_are_known_precisions_and_positive(spec: catalog.GpuSpec) -> None:
+    assert spec.sm_count > 0
+    assert spec.peak_flops
+    for precision, flops in spec.peak_flops.items():
+        assert precision in names.PRECISIONS
+        assert flops > 0
+    assert spec.peak("mixed") is None
+    assert spec.peak("unknown") is None
+    assert spec.peak(None) is None
+
+
+@pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
+def test_tensor_clock_x_sms_x_rate_is_the_bf16_peak(spec: catalog.GpuSpec) -> None:
+    assert spec.tensor_clock_hz is not None
+    bf16 = spec.peak("bf16")
+    assert bf16 is not None
+    derived = spec.tensor_clock_hz * spec.sm_count * DENSE_FP16_FLOP_PER_CLOCK_PER_SM[spec.key]
+    assert derived == pytest.approx(bf16, rel=0.01)
+
+
+def test_h100_figures_match_the_paper() -> None:
+    # 132 SMs x 4096 dense FP16 FLOP/clk/SM x 1.83 GHz = 989.4 TFLOP/s; NVML reports 1980 MHz max.
+    sxm, pcie = catalog.H100_SXM, catalog.H100_PCIE
+    assert (sxm.sm_count, sxm.boost_clock_hz, sxm.tensor_clock_hz) == (132, 1980e6, 1830e6)
+    assert sxm.peak("bf16") == pytest.approx(989.4e12)
+    assert sxm.peak("fp8") == pytest.approx(1979e12)
+    assert (pcie.sm_count, pcie.boost_clock_hz, pcie.tensor_clock_hz) == (114, 1755e6, 1620e6)
+
+
+def test_h200_has_the_h100_sxm_compute() -> None:
+    assert catalog.H200_SXM.peak_flops == catalog.H100_SXM.peak_flops
+    assert catalog.H200_SXM.tensor_clock_hz == catalog.H100_SXM.tensor_clock_hz
+
+
+@pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
+def test_tensor_clock_never_exceeds_the_board_clock(spec: catalog.GpuSpec) -> None:
+    if spec.boost_clock_hz is not None and spec.tensor_clock_hz is not None:
+        assert spec.tensor_clock_hz <= spec.boost_clock_hz
+
+
+def test_blackwell_board_clock_is_not_invented() -> None:
+    assert catalog.B200.boost_clock_hz is None
+    assert catalog.GB200.boost_clock_hz is None
+    assert catalog.B200.peak("fp4") == pytest.approx(2 * catalog.B200.peak_flops["fp8"])
