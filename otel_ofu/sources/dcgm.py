@@ -1,0 +1,400 @@
+"""DCGM through its Python bindings, plus the DCGM value conventions every DCGM-fed source shares.
+
+The bindings are not on PyPI; they ship with DCGM under a fixed directory, which is put on
+``sys.path`` only here and only when the source is opened. Importing this module never needs DCGM:
+the pure helpers (blank sentinels, missing-value rule, cycle-counter deltas) serve the
+dcgm-exporter and ``dcgmi dmon`` sources too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import attrs
+
+from otel_ofu import names
+from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
+
+BINDINGS_PATHS: tuple[Path, ...] = (
+    Path("/usr/share/datacenter-gpu-manager-4/bindings/python3"),
+    Path("/usr/local/dcgm/bindings/python3"),
+)
+
+_INT32_MAX = 2**31 - 1
+
+# --- Value conventions (pure) ------------------------------------------------------------------------
+
+
+def dcgm_number(value: float | None, *, counter: bool = False) -> float | None:
+    """A DCGM value, or None where DCGM means "no value" (blank sentinels, NaN, infinities).
+
+    Gauges (ratios, clocks) of either DCGM type are blank from the INT32 blank window or the FP64
+    blank (2^47) up, which also covers the INT64 blanks. Monotonic counters legitimately pass 2^47,
+    so for them only the INT64 blanks are sentinels.
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if counter:
+        return None if value >= names.DCGM_INT64_BLANK_MIN else value
+    if value >= names.DCGM_FP64_BLANK_MIN or names.DCGM_INT32_BLANK_MIN <= value <= _INT32_MAX:
+        return None
+    return value
+
+
+def missing_core(tensor_active: float | None, sm_clock_hz: float | None, cycles: CycleCounters | None) -> str | None:
+    """What is missing for OFU, in words, or None. Cycle counters alone suffice: they give both."""
+    if cycles is not None:
+        return None
+    missing = []
+    if tensor_active is None:
+        missing.append(f"tensor pipe activity (field {names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE})")
+    if sm_clock_hz is None:
+        missing.append(f"SM clock (field {names.DCGM_FI_DEV_SM_CLOCK})")
+    if not missing:
+        return None
+    return "no value for " + " and ".join(missing)
+
+
+def reading_or_error(reading: GpuReading, *, what: str = "") -> GpuReading | GpuError:
+    """The reading, or a NO_VALUE error naming what is missing: a value that is not there is never 0."""
+    gap = missing_core(reading.tensor_active, reading.sm_clock_hz, reading.cycles)
+    if gap is None:
+        return reading
+    return GpuError(names.ErrorReason.NO_VALUE, f"{what}{gap}", gpu=reading.gpu, gpu_key=reading.gpu.key)
+
+
+def split(results: Sequence[GpuReading | GpuError], extra_errors: Sequence[GpuError] = ()) -> Snapshot:
+    """A snapshot from per-GPU outcomes; source-level errors first."""
+    readings = tuple(item for item in results if isinstance(item, GpuReading))
+    errors = tuple(item for item in results if isinstance(item, GpuError))
+    return Snapshot(readings=readings, errors=(*extra_errors, *errors))
+
+
+@attrs.define
+class CycleTracker:
+    """Turns monotonic cycle counters into deltas with the time span they cover.
+
+    A counter that did not move since the last read is a sample the source has not refreshed yet,
+    not an idle GPU (the elapsed counter always advances): no delta then, and the span keeps growing
+    from the time the previous value was first seen. A counter that went backwards (reset) restarts.
+    """
+
+    _last: dict[str, tuple[int, int, int]] = attrs.field(factory=dict)
+
+    def update(self, key: str, elapsed: int, mma: int, time_ns: int) -> tuple[CycleCounters, int] | None:
+        """``(deltas, start_ns)`` of the span ending at ``time_ns``, or None when there is none yet."""
+        previous = self._last.get(key)
+        if previous is not None and (elapsed, mma) == previous[:2]:
+            return None
+        self._last[key] = (elapsed, mma, time_ns)
+        if previous is None or elapsed < previous[0] or mma < previous[1] or time_ns <= previous[2]:
+            return None
+        return CycleCounters(sm_cycles_elapsed=elapsed - previous[0], mma_cycles_active=mma - previous[1]), previous[2]
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drop GPUs that are gone so state stays bounded."""
+        kept = set(keep)
+        for key in [key for key in self._last if key not in kept]:
+            del self._last[key]
+
+
+# --- The bindings ------------------------------------------------------------------------------------
+
+# Field ids read from DCGM; the cycle counters only exist from DCGM 4.6 on.
+CORE_FIELDS: tuple[int, ...] = (
+    names.DCGM_FI_DEV_SM_CLOCK,
+    names.DCGM_FI_DEV_MAX_SM_CLOCK,
+    names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
+    names.DCGM_FI_PROF_SM_ACTIVE,
+    names.DCGM_FI_PROF_DRAM_ACTIVE,
+)
+CYCLE_FIELDS: tuple[int, ...] = (names.DCGM_FI_PROF_SM_CYCLES_ELAPSED, names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE)
+PROFILING_FIELDS = frozenset(
+    {
+        names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
+        names.DCGM_FI_PROF_SM_ACTIVE,
+        names.DCGM_FI_PROF_DRAM_ACTIVE,
+        *CYCLE_FIELDS,
+    }
+)
+
+
+@attrs.frozen
+class FieldValue:
+    """One latest value of one field of one GPU, as DCGM returned it (``value`` None when DCGM had none)."""
+
+    gpu_id: int
+    field_id: int
+    value: float | None
+    ts_us: int = 0
+    status: int = 0
+
+
+@attrs.frozen
+class DcgmGpu:
+    gpu_id: int
+    uuid: str
+    model: str
+
+
+class DcgmBackend(Protocol):
+    """What the source needs of DCGM; the bindings implement it, tests use an in-memory one."""
+
+    def gpus(self) -> Sequence[DcgmGpu]: ...
+
+    def latest(self) -> Sequence[FieldValue]: ...
+
+    @property
+    def watched_fields(self) -> frozenset[int]: ...
+
+    @property
+    def profiling_problem(self) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+def import_bindings(paths: Sequence[Path] = BINDINGS_PATHS) -> tuple[ModuleType, ModuleType, ModuleType]:
+    """``(dcgm_structs, dcgm_agent, pydcgm)`` from an installed DCGM, or SourceUnavailable in one line."""
+    for path in paths:
+        if (path / "dcgm_structs.py").is_file() and str(path) not in sys.path:
+            sys.path.append(str(path))
+    try:
+        modules = tuple(importlib.import_module(name) for name in ("dcgm_structs", "dcgm_agent", "pydcgm"))
+    except ImportError as error:
+        where = " or ".join(str(path) for path in paths)
+        raise SourceUnavailable(
+            f"DCGM Python bindings not found in {where} ({error}); install datacenter-gpu-manager-4 "
+            "or use --source nvml or dcgm-exporter"
+        ) from None
+    return modules[0], modules[1], modules[2]
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class DcgmBindings:
+    """The DCGM host engine through ``dcgm_agent``: one GPU group, one field group, one watch."""
+
+    def __init__(
+        self,
+        address: str | None = "localhost",
+        *,
+        update_interval_s: float = 1.0,
+        paths: Sequence[Path] = BINDINGS_PATHS,
+    ) -> None:
+        structs, agent, pydcgm = import_bindings(paths)
+        self._structs, self._agent = structs, agent
+        self._watched: frozenset[int] = frozenset()
+        self._profiling_problem: str | None = None
+        tag = f"otel_ofu_{os.getpid()}"
+        try:
+            # None starts an embedded host engine (needs root); else the nv-hostengine at ``address``.
+            self._handle_owner: Any = pydcgm.DcgmHandle(ipAddress=address, opMode=structs.DCGM_OPERATION_MODE_AUTO)
+            handle = self._handle_owner.handle
+            self._handle = handle
+            self._gpus = tuple(self._describe(gpu_id) for gpu_id in agent.dcgmGetAllSupportedDevices(handle))
+            self._group = agent.dcgmGroupCreate(handle, structs.DCGM_GROUP_DEFAULT, tag)
+        except (structs.DCGMError, OSError) as error:
+            where = "an embedded host engine" if address is None else f"nv-hostengine at {address}"
+            raise SourceUnavailable(f"DCGM: cannot use {where}: {error}") from None
+        if not self._gpus:
+            with contextlib.suppress(structs.DCGMError):
+                agent.dcgmGroupDestroy(self._handle, self._group)
+            self._handle_owner.Shutdown()
+            raise SourceUnavailable(f"DCGM at {address or 'embedded'} sees no supported GPUs")
+        update_us = max(int(update_interval_s * 1e6), 100_000)  # DCGM's profiling minimum is 100 ms
+        self._field_group: Any = None
+        # Newest first: with the cycle counters (DCGM 4.6+), without them, and without profiling at all
+        # (a GPU or host engine that refuses profiling still gives clocks, and says why TPA is missing).
+        attempts = (CORE_FIELDS + CYCLE_FIELDS, CORE_FIELDS, tuple(f for f in CORE_FIELDS if f not in PROFILING_FIELDS))
+        last_error: Exception | None = None
+        for fields in attempts:
+            try:
+                self._field_group = agent.dcgmFieldGroupCreate(handle, list(fields), tag)
+                agent.dcgmWatchFields(handle, self._group, self._field_group, update_us, 3600.0, 0)
+            except structs.DCGMError as error:
+                last_error = error
+                self._destroy_field_group()
+                continue
+            self._watched = frozenset(fields)
+            if not PROFILING_FIELDS & self._watched:
+                self._profiling_problem = f"DCGM refused the profiling fields: {last_error}"
+            agent.dcgmUpdateAllFields(handle, 1)
+            return
+        self.close()
+        raise SourceUnavailable(f"DCGM: cannot watch fields {list(CORE_FIELDS)}: {last_error}")
+
+    def _describe(self, gpu_id: int) -> DcgmGpu:
+        attributes = self._agent.dcgmGetDeviceAttributes(self._handle, gpu_id)
+        identifiers = attributes.identifiers
+        return DcgmGpu(gpu_id, _text(identifiers.uuid), _text(identifiers.deviceName))
+
+    def _destroy_field_group(self) -> None:
+        if self._field_group is not None:
+            with contextlib.suppress(self._structs.DCGMError):
+                self._agent.dcgmFieldGroupDestroy(self._handle, self._field_group)
+            self._field_group = None
+
+    def gpus(self) -> Sequence[DcgmGpu]:
+        return self._gpus
+
+    @property
+    def watched_fields(self) -> frozenset[int]:
+        return self._watched
+
+    @property
+    def profiling_problem(self) -> str | None:
+        return self._profiling_problem
+
+    def latest(self) -> Sequence[FieldValue]:
+        structs = self._structs
+        fields = sorted(self._watched)
+        pairs = []
+        for gpu in self._gpus:
+            pair = structs.c_dcgmGroupEntityPair_t()
+            pair.entityGroupId = 1  # DCGM_FE_GPU
+            pair.entityId = gpu.gpu_id
+            pairs.append(pair)
+        raw = self._agent.dcgmEntitiesGetLatestValues(self._handle, pairs, fields, 0)
+        values = []
+        for item in raw:
+            field_type = chr(item.fieldType) if item.fieldType else ""
+            number: float | None = None
+            if item.status == structs.DCGM_ST_OK:
+                if field_type == "d":
+                    number = float(item.value.dbl)
+                elif field_type == "i":
+                    number = int(item.value.i64)
+            values.append(FieldValue(int(item.entityId), int(item.fieldId), number, int(item.ts), int(item.status)))
+        return values
+
+    def close(self) -> None:
+        agent, structs, handle = self._agent, self._structs, getattr(self, "_handle", None)
+        if handle is None:
+            return
+        try:
+            if self._field_group is not None:
+                agent.dcgmUnwatchFields(handle, self._group, self._field_group)
+        except structs.DCGMError:
+            pass
+        self._destroy_field_group()
+        with contextlib.suppress(structs.DCGMError, AttributeError):
+            agent.dcgmGroupDestroy(handle, self._group)
+        self._handle_owner.Shutdown()
+        self._handle = None
+
+
+# --- The source --------------------------------------------------------------------------------------
+
+
+def _status_reason(status: int) -> str:
+    # DCGM_ST_* codes (dcgm_structs.py): -6 not supported, -17 no permission, -18 GPU lost, -29 requires root,
+    # -36 profiling not supported.
+    return {
+        -6: names.ErrorReason.NOT_SUPPORTED,
+        -36: names.ErrorReason.NOT_SUPPORTED,
+        -17: names.ErrorReason.NO_PERMISSION,
+        -29: names.ErrorReason.NO_PERMISSION,
+        -18: names.ErrorReason.GPU_LOST,
+    }.get(status, names.ErrorReason.NO_VALUE)
+
+
+@attrs.define
+class DcgmSource:
+    """Latest DCGM values per GPU. Field 1004 is DCGM's own average over its update interval, so a
+    reading covers ``[previous read, this read]``; with the 4.6 cycle counters the span is exact,
+    from the counters' own timestamps."""
+
+    _backend: DcgmBackend
+    _host: str = attrs.field(factory=socket.gethostname)
+    _clock: Clock = time.time_ns
+    name: str = "dcgm"
+    _previous_ns: int | None = attrs.field(default=None, init=False)
+    _cycles: CycleTracker = attrs.field(factory=CycleTracker, init=False)
+
+    @classmethod
+    def open(
+        cls,
+        address: str | None = "localhost",
+        *,
+        host: str | None = None,
+        update_interval_s: float = 1.0,
+        clock: Clock = time.time_ns,
+        paths: Sequence[Path] = BINDINGS_PATHS,
+    ) -> DcgmSource:
+        """Connect to DCGM; raises SourceUnavailable with one line when it cannot."""
+        backend = DcgmBindings(address, update_interval_s=update_interval_s, paths=paths)
+        return cls(backend, host or socket.gethostname(), clock)
+
+    def __attrs_post_init__(self) -> None:
+        self._previous_ns = self._clock()
+
+    def read(self) -> Snapshot:
+        now = self._clock()
+        start = self._previous_ns if self._previous_ns is not None else now
+        self._previous_ns = now
+        try:
+            values = self._backend.latest()
+        except Exception as error:  # the bindings raise DCGMError subclasses we cannot name statically
+            return Snapshot(errors=(GpuError(names.ErrorReason.DRIVER, f"DCGM read failed: {error}"),))
+        by_gpu: dict[int, dict[int, FieldValue]] = {}
+        for value in values:
+            by_gpu.setdefault(value.gpu_id, {})[value.field_id] = value
+        results = [self._one(gpu, by_gpu.get(gpu.gpu_id, {}), start, now) for gpu in self._backend.gpus()]
+        self._cycles.forget(gpu.uuid for gpu in self._backend.gpus())
+        return split(results)
+
+    def _one(self, gpu: DcgmGpu, fields: dict[int, FieldValue], start: int, now: int) -> GpuReading | GpuError:
+        identity = GpuIdentity(uuid=gpu.uuid, model=gpu.model, index=gpu.gpu_id, host=self._host)
+
+        def number(field_id: int, *, counter: bool = False) -> float | None:
+            field = fields.get(field_id)
+            return None if field is None else dcgm_number(field.value, counter=counter)
+
+        sm_clock = number(names.DCGM_FI_DEV_SM_CLOCK)
+        max_clock = number(names.DCGM_FI_DEV_MAX_SM_CLOCK)
+        cycles: CycleCounters | None = None
+        elapsed = number(names.DCGM_FI_PROF_SM_CYCLES_ELAPSED, counter=True)
+        mma = number(names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE, counter=True)
+        if elapsed is not None and mma is not None:
+            stamp = fields[names.DCGM_FI_PROF_SM_CYCLES_ELAPSED].ts_us * 1000 or now
+            delta = self._cycles.update(gpu.uuid, int(elapsed), int(mma), stamp)
+            if delta is not None:
+                cycles, start = delta[0], delta[1]
+                now = stamp
+        reading = GpuReading(
+            gpu=identity,
+            start_ns=start,
+            end_ns=now,
+            tensor_active=number(names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE),
+            sm_clock_hz=None if sm_clock is None else sm_clock * 1e6,
+            max_sm_clock_hz=None if max_clock is None else max_clock * 1e6,
+            sm_active=number(names.DCGM_FI_PROF_SM_ACTIVE),
+            dram_active=number(names.DCGM_FI_PROF_DRAM_ACTIVE),
+            cycles=cycles,
+        )
+        result = reading_or_error(reading)
+        if isinstance(result, GpuError):
+            tensor = fields.get(names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)
+            if reading.tensor_active is None and self._backend.profiling_problem is not None:
+                return attrs.evolve(result, message=f"{result.message}: {self._backend.profiling_problem}")
+            if tensor is not None and tensor.status != 0:
+                reason = _status_reason(tensor.status)
+                return attrs.evolve(result, reason=reason, message=f"{result.message} (DCGM status {tensor.status})")
+        return result
+
+    def close(self) -> None:
+        self._backend.close()

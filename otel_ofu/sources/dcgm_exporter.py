@@ -1,0 +1,241 @@
+"""dcgm-exporter over HTTP: scrape its /metrics page and turn the Prometheus text into a snapshot.
+
+dcgm-exporter publishes DCGM's own interval averages, so a reading covers ``[previous scrape, this
+scrape]``. Both generations of its labels are accepted (``Hostname``/``hostname``, ``UUID``/``uuid``,
+``pod``/``pod_name`` ...). A scrape that fails is an error of that scrape only: nothing from an
+earlier scrape is ever re-emitted in its place.
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+
+import attrs
+from prometheus_client.parser import text_string_to_metric_families
+
+from otel_ofu import names
+from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
+from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
+
+# dcgm-exporter's labels, newest spelling first.
+HOST_LABELS = ("hostname", "Hostname")
+UUID_LABELS = ("UUID", "uuid")
+MODEL_LABEL = "modelName"
+GPU_LABEL = "gpu"
+MIG_PROFILE_LABEL = "GPU_I_PROFILE"
+MIG_ID_LABEL = "GPU_I_ID"
+HINT_LABELS: Mapping[str, tuple[str, ...]] = {
+    names.K8S_POD_NAME: ("pod", "pod_name"),
+    names.K8S_NAMESPACE_NAME: ("namespace", "pod_namespace"),
+    names.K8S_CONTAINER_NAME: ("container", "container_name"),
+    names.K8S_POD_UID: ("pod_uid",),
+    names.JOB_ID: ("hpc_job",),
+}
+
+# Exporter metric name -> the reading value it feeds (both DCGM tag generations).
+METRICS: Mapping[str, str] = {
+    names.DCGM_EXPORTER_TENSOR_ACTIVE: "tensor_active",
+    names.DCGM_EXPORTER_TENSOR_ACTIVE_46: "tensor_active",
+    names.DCGM_EXPORTER_SM_CLOCK: "sm_clock_mhz",
+    names.DCGM_EXPORTER_MAX_SM_CLOCK: "max_sm_clock_mhz",
+    names.DCGM_EXPORTER_SM_ACTIVE: "sm_active",
+    names.DCGM_EXPORTER_SM_ACTIVE_46: "sm_active",
+    names.DCGM_EXPORTER_DRAM_ACTIVE: "dram_active",
+    names.DCGM_EXPORTER_DRAM_ACTIVE_46: "dram_active",
+    names.DCGM_EXPORTER_SM_CYCLES_ELAPSED: "sm_cycles_elapsed",
+    names.DCGM_EXPORTER_SM_CYCLES_ELAPSED_TOTAL: "sm_cycles_elapsed",
+    names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE: "mma_cycles_active",
+    names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE_TOTAL: "mma_cycles_active",
+}
+COUNTERS = frozenset({"sm_cycles_elapsed", "mma_cycles_active"})
+# The SM clock belongs to the physical GPU: a MIG instance without its own takes its parent's.
+GPU_WIDE = ("sm_clock_mhz", "max_sm_clock_mhz")
+
+
+class ScrapeError(Exception):
+    """The scrape as a whole failed; the message says why in one line."""
+
+
+def normalize_url(url: str) -> str:
+    """``host:9400`` -> ``http://host:9400/metrics``; anything but http(s) is refused in one line."""
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SourceUnavailable(f"dcgm-exporter URL must look like http://HOST:9400/metrics, got {url!r}")
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/metrics")
+    return urllib.parse.urlunsplit(parts)
+
+
+def _label(labels: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = labels.get(key)
+        if value:  # dcgm-exporter prints pod="" on GPUs no pod holds: empty is absent
+            return value
+    return None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
+
+
+@attrs.define
+class _Entry:
+    """What one scrape says about one GPU or MIG instance."""
+
+    labels: dict[str, str]
+    values: dict[str, float] = attrs.field(factory=dict)
+    blank: set[str] = attrs.field(factory=set)
+
+
+def _metric_name(sample_name: str) -> str:
+    # prometheus-client appends "_total" to counter samples even when the family already ends in "_TOTAL".
+    return sample_name.removesuffix("_total")
+
+
+def parse_exposition(text: str) -> dict[tuple[str, str | None], _Entry]:
+    """Entries keyed by (UUID, MIG instance id) from exposition text; ScrapeError when it is not parseable."""
+    entries: dict[tuple[str, str | None], _Entry] = {}
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as error:  # the parser raises ValueError, IndexError... on malformed text
+        raise ScrapeError(f"malformed exposition text: {error}") from None
+    for family in families:
+        for sample in family.samples:
+            labels = sample.labels
+            uuid = _label(labels, UUID_LABELS)
+            if uuid is None:
+                continue  # not a GPU series; without a UUID it has no identity to report under
+            # Any GPU series makes the GPU known, so one without our fields is reported, not lost.
+            entry = entries.setdefault((uuid, _label(labels, (MIG_ID_LABEL,))), _Entry(dict(labels)))
+            field = METRICS.get(_metric_name(sample.name))
+            if field is None:
+                continue
+            value = dcgm_number(sample.value, counter=field in COUNTERS)
+            if value is None:
+                entry.blank.add(field)
+            elif field not in entry.values:
+                entry.values[field] = value
+    return entries
+
+
+@attrs.define
+class DcgmExporterSource:
+    """Scrapes one dcgm-exporter endpoint per read."""
+
+    url: str = attrs.field(converter=normalize_url)
+    timeout_s: float = 5.0
+    host_fallback: str | None = None
+    clock: Clock = time.time_ns
+    name: str = "dcgm-exporter"
+    _previous_ns: int = attrs.field(init=False, default=0)
+    _cycles: CycleTracker = attrs.field(init=False, factory=CycleTracker)
+
+    def __attrs_post_init__(self) -> None:
+        self._previous_ns = self.clock()
+        if self.host_fallback is None:
+            self.host_fallback = urllib.parse.urlsplit(self.url).hostname
+
+    def fetch(self) -> str:
+        """The exposition text, or ScrapeError saying in one line why not."""
+        request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                charset = response.headers.get_content_charset() or "utf-8"
+                body: bytes = response.read()
+            return body.decode(charset)
+        except urllib.error.HTTPError as error:
+            error.close()
+            raise ScrapeError(f"{self.url}: HTTP {error.code} {error.reason}") from None
+        except urllib.error.URLError as error:
+            raise ScrapeError(f"{self.url}: {error.reason}") from None
+        except TimeoutError:
+            raise ScrapeError(f"{self.url}: no complete answer within {self.timeout_s:g} s") from None
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            raise ScrapeError(f"{self.url}: {type(error).__name__}: {error}") from None
+
+    def read(self) -> Snapshot:
+        now = self.clock()
+        start, self._previous_ns = self._previous_ns, now
+        try:
+            entries = parse_exposition(self.fetch())
+        except ScrapeError as error:
+            return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, str(error)),))
+        parents = {uuid: entry for (uuid, mig_id), entry in entries.items() if mig_id is None}
+        has_instances = {uuid for (uuid, mig_id) in entries if mig_id is not None}
+        results: list[GpuReading | GpuError] = []
+        for (uuid, mig_id), entry in entries.items():
+            if mig_id is None and uuid in has_instances and "tensor_active" not in entry.values:
+                continue  # a MIG parent's GPU-wide fields serve its instances; its TPA lives on them
+            if mig_id is not None and uuid in parents:
+                for field in GPU_WIDE:
+                    if field in parents[uuid].values:
+                        entry.values.setdefault(field, parents[uuid].values[field])
+            results.append(self._reading(uuid, entry, start, now))
+        self._cycles.forget(item.gpu.key for item in results if item.gpu is not None)
+        return split(results)
+
+    def _identity(self, uuid: str, labels: Mapping[str, str]) -> GpuIdentity:
+        hints: dict[str, str] = {}
+        for attribute, keys in HINT_LABELS.items():
+            value = _label(labels, keys)
+            if value is not None:
+                hints[attribute] = value
+        if names.K8S_POD_NAME in hints:
+            hints[names.JOB_SCHEDULER] = "kubernetes"
+        elif names.JOB_ID in hints:
+            hints[names.JOB_SCHEDULER] = "slurm"  # hpc_job comes from the HPC job-mapping directory
+        index = _int(labels.get(GPU_LABEL))
+        return GpuIdentity(
+            uuid=uuid,
+            model=labels.get(MODEL_LABEL) or "unknown",
+            index=-1 if index is None else index,
+            host=_label(labels, HOST_LABELS) or self.host_fallback or "unknown",
+            mig_profile=_label(labels, (MIG_PROFILE_LABEL,)),
+            mig_instance_id=_int(_label(labels, (MIG_ID_LABEL,))),
+            hints=hints,
+        )
+
+    def _reading(self, uuid: str, entry: _Entry, start: int, now: int) -> GpuReading | GpuError:
+        identity = self._identity(uuid, entry.labels)
+        values = entry.values
+        cycles: CycleCounters | None = None
+        if "sm_cycles_elapsed" in values and "mma_cycles_active" in values:
+            # The exporter refreshes counters on its own period: the delta spans from when the previous
+            # value was first seen here, which is as close to the counters' own span as a scrape gets.
+            delta = self._cycles.update(
+                identity.key, int(values["sm_cycles_elapsed"]), int(values["mma_cycles_active"]), now
+            )
+            if delta is not None:
+                cycles, start = delta
+        sm_clock = values.get("sm_clock_mhz")
+        max_clock = values.get("max_sm_clock_mhz")
+        reading = GpuReading(
+            gpu=identity,
+            start_ns=start,
+            end_ns=now,
+            tensor_active=values.get("tensor_active"),
+            sm_clock_hz=None if sm_clock is None else sm_clock * 1e6,
+            max_sm_clock_hz=None if max_clock is None else max_clock * 1e6,
+            sm_active=values.get("sm_active"),
+            dram_active=values.get("dram_active"),
+            cycles=cycles,
+        )
+        blank = " (blank sentinel or NaN)" if {"tensor_active", "sm_clock_mhz"} & entry.blank else ""
+        result = reading_or_error(reading)
+        if isinstance(result, GpuError) and blank:
+            return attrs.evolve(result, message=result.message + blank)
+        return result
+
+    def close(self) -> None:
+        """Nothing to release: every scrape opens and closes its own connection."""

@@ -1,0 +1,222 @@
+"""Replay of ``dcgmi dmon`` text output, one snapshot per sample block.
+
+``dmon`` prints a header (``#Entity`` and the fields' short names, then ``ID``), then one row per
+entity per sample (``GPU 0 ...``, ``GPU-I 21 ...`` for MIG instances), with ``N/A`` where DCGM had
+no value. Field ids come from the command line's ``-e`` list when the capture includes it, else
+from the column names. Rows have no timestamps: blocks are spaced by the ``-d`` delay (default 1 s).
+Anything else (shell prompts, messages) is ignored; a row that does not fit its header is an error
+of that block, counted, and never stops the replay.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+import attrs
+
+from otel_ofu import names
+from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
+from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
+
+DEFAULT_DELAY_S = 1.0  # dcgmi dmon's default -d is 1000 ms
+ENTITY_KINDS = ("GPU", "GPU-I", "GPU-CI")
+_PROMPT_HOST = re.compile(r"[\w.-]+@([\w.-]+)")
+
+
+@attrs.frozen
+class DmonRow:
+    kind: str  # GPU, GPU-I or GPU-CI
+    entity_id: int
+    values: dict[int, float]  # field id -> value; N/A and blanks are absent
+
+
+@attrs.frozen
+class DmonBlock:
+    """One sample of every entity dmon printed, plus the lines of it that could not be read."""
+
+    rows: tuple[DmonRow, ...]
+    errors: tuple[str, ...] = ()
+
+
+@attrs.define
+class _Command:
+    fields: list[int] | None = None
+    delay_s: float | None = None
+    host: str | None = None
+
+
+def _parse_command(line: str, command: _Command) -> None:
+    match = _PROMPT_HOST.search(line.split("dcgmi", 1)[0])
+    if match:
+        command.host = match.group(1)
+    try:
+        words = shlex.split(line.split("dcgmi", 1)[1])
+    except ValueError:
+        return
+    for flag, value in itertools.pairwise(words):
+        try:
+            if flag in ("-e", "--field-id"):
+                command.fields = [int(item) for item in value.split(",")]
+            elif flag in ("-d", "--delay"):
+                command.delay_s = int(value) / 1000.0
+        except ValueError:
+            continue
+
+
+def _column_ids(columns: list[str], command: _Command) -> list[int | None]:
+    if command.fields is not None and len(command.fields) == len(columns):
+        return list(command.fields)
+    return [names.DCGMI_DMON_COLUMNS.get(column) for column in columns]
+
+
+def parse_blocks(lines: Iterator[str], command: _Command | None = None) -> Iterator[DmonBlock]:
+    """Sample blocks of dmon text; a block ends where an entity repeats or a header comes again."""
+    command = command or _Command()
+    columns: list[int | None] | None = None
+    rows: list[DmonRow] = []
+    errors: list[str] = []
+    seen: set[tuple[str, int]] = set()
+    for number, raw in enumerate(lines, start=1):
+        words = raw.split()
+        if not words:
+            continue
+        if "dcgmi" in raw and "dmon" in raw:
+            _parse_command(raw, command)
+            continue
+        if words[0] == "#Entity":
+            if rows or errors:
+                yield DmonBlock(tuple(rows), tuple(errors))
+                rows, errors, seen = [], [], set()
+            columns = _column_ids(words[1:], command)
+            continue
+        if words[0] not in ENTITY_KINDS or len(words) < 2:
+            continue  # "ID" units line, prompts, messages
+        key = (words[0], _entity_id(words[1]))
+        if key in seen:
+            yield DmonBlock(tuple(rows), tuple(errors))
+            rows, errors, seen = [], [], set()
+        seen.add(key)
+        row = _row(words, columns)
+        if isinstance(row, str):
+            errors.append(f"line {number}: {row}: {raw.strip()!r}")
+        else:
+            rows.append(row)
+    if rows or errors:
+        yield DmonBlock(tuple(rows), tuple(errors))
+
+
+def _entity_id(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return -1
+
+
+def _row(words: list[str], columns: list[int | None] | None) -> DmonRow | str:
+    if columns is None:
+        return "row before any #Entity header"
+    entity = _entity_id(words[1])
+    cells = words[2:]
+    if entity < 0:
+        return f"entity id {words[1]!r} is not a number"
+    if len(cells) != len(columns):
+        return f"{len(cells)} values for {len(columns)} columns"
+    values: dict[int, float] = {}
+    for field_id, cell in zip(columns, cells, strict=True):
+        if field_id is None or cell == "N/A":
+            continue
+        try:
+            number = float(cell)
+        except ValueError:
+            return f"value {cell!r} is not a number"
+        counter = field_id in (names.DCGM_FI_PROF_SM_CYCLES_ELAPSED, names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE)
+        value = dcgm_number(int(number) if counter and number.is_integer() else number, counter=counter)
+        if value is not None:
+            values[field_id] = value
+    return DmonRow(words[0], entity, values)
+
+
+@attrs.define
+class DcgmiDmonSource:
+    """Replays a ``dcgmi dmon`` capture: each ``read`` returns the next sample block, then empty snapshots."""
+
+    path: Path = attrs.field(converter=Path)
+    host: str | None = None
+    model: str = "unknown"  # dmon prints no device names
+    delay_s: float | None = None
+    clock: Clock = time.time_ns
+    name: str = "replay"
+    bad_lines: int = attrs.field(init=False, default=0)
+    exhausted: bool = attrs.field(init=False, default=False)
+    _command: _Command = attrs.field(init=False, factory=_Command)
+    _blocks: Iterator[DmonBlock] = attrs.field(init=False)
+    _file: TextIO | None = attrs.field(init=False, default=None)
+    _start_ns: int = attrs.field(init=False, default=0)
+    _index: int = attrs.field(init=False, default=0)
+    _cycles: CycleTracker = attrs.field(init=False, factory=CycleTracker)
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            handle = self.path.open(encoding="utf-8", errors="replace")
+        except OSError as error:
+            raise SourceUnavailable(f"cannot open dcgmi dmon capture {self.path}: {error.strerror}") from None
+        self._file = handle
+        self._blocks = parse_blocks(iter(handle), self._command)
+        self._start_ns = self.clock()
+
+    def read(self) -> Snapshot:
+        block = next(self._blocks, None)
+        if block is None:
+            self.exhausted = True
+            return Snapshot()
+        delay_ns = int((self.delay_s or self._command.delay_s or DEFAULT_DELAY_S) * 1e9)
+        start = self._start_ns + self._index * delay_ns
+        end = start + delay_ns
+        self._index += 1
+        self.bad_lines += len(block.errors)
+        host = self.host or self._command.host or "unknown"
+        errors = [GpuError(names.ErrorReason.SCRAPE, f"{self.path}: {message}") for message in block.errors]
+        return split([self._reading(row, host, start, end) for row in block.rows], errors)
+
+    def _reading(self, row: DmonRow, host: str, start: int, end: int) -> GpuReading | GpuError:
+        instance = row.kind != "GPU"
+        identity = GpuIdentity(
+            # dmon prints no UUIDs: a stable stand-in per host and entity (instances keyed by their id).
+            uuid=f"dcgmi:{host}:{row.kind}" if instance else f"dcgmi:{host}:GPU-{row.entity_id}",
+            model=self.model,
+            index=-1 if instance else row.entity_id,  # dmon does not say which GPU an instance is on
+            host=host,
+            mig_instance_id=row.entity_id if instance else None,
+        )
+        values = row.values
+        cycles: CycleCounters | None = None
+        elapsed = values.get(names.DCGM_FI_PROF_SM_CYCLES_ELAPSED)
+        mma = values.get(names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE)
+        if elapsed is not None and mma is not None:
+            delta = self._cycles.update(identity.key, int(elapsed), int(mma), end)
+            if delta is not None:
+                cycles, start = delta
+        sm_clock = values.get(names.DCGM_FI_DEV_SM_CLOCK)
+        max_clock = values.get(names.DCGM_FI_DEV_MAX_SM_CLOCK)
+        reading = GpuReading(
+            gpu=identity,
+            start_ns=start,
+            end_ns=end,
+            tensor_active=values.get(names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE),
+            sm_clock_hz=None if sm_clock is None else sm_clock * 1e6,
+            max_sm_clock_hz=None if max_clock is None else max_clock * 1e6,
+            sm_active=values.get(names.DCGM_FI_PROF_SM_ACTIVE),
+            dram_active=values.get(names.DCGM_FI_PROF_DRAM_ACTIVE),
+            cycles=cycles,
+        )
+        return reading_or_error(reading, what=f"{row.kind} {row.entity_id}: ")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()

@@ -1,0 +1,121 @@
+"""One place that turns ``--source KIND`` (and its options) into an open source and a line saying why.
+
+Each kind's module is imported only in its own branch: NVML and DCGM bindings stay optional, and a
+missing one costs a one-line ``SourceUnavailable``, never an ImportError at start-up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from otel_ofu.model import Clock, Source, SourceUnavailable
+
+SOURCE_KINDS = ("auto", "nvml", "dcgm", "dcgm-exporter", "replay", "sim")
+
+
+NVML_OPTIONS = ("clock_sample_hz", "background", "library")
+
+
+def _nvml(host: str | None, clock: Clock | None, options: dict[str, Any]) -> Source:
+    try:
+        from otel_ofu.sources.nvml import NvmlSource
+    except ImportError as error:
+        raise SourceUnavailable(f"NVML source cannot load: {error}") from None
+    kwargs: dict[str, Any] = {key: options[key] for key in NVML_OPTIONS if options.get(key) is not None}
+    if clock is not None:
+        kwargs["clock"] = clock
+    source: Source = NvmlSource(host, **kwargs)
+    return source
+
+
+def _dcgm(host: str | None, clock: Clock | None, options: dict[str, Any]) -> Source:
+    from otel_ofu.clock import wall_clock
+    from otel_ofu.sources.dcgm import DcgmSource
+
+    return DcgmSource.open(
+        options.get("address", "localhost"),
+        host=host,
+        update_interval_s=float(options.get("update_interval_s", 1.0)),
+        clock=clock or wall_clock,
+    )
+
+
+def _replay(file: str | Path | None, host: str | None, clock: Clock | None, options: dict[str, Any]) -> Source:
+    from otel_ofu.clock import wall_clock
+    from otel_ofu.sources.capture import ReplaySource, is_capture
+    from otel_ofu.sources.dcgmi_dmon import DcgmiDmonSource
+
+    if file is None:
+        raise SourceUnavailable("--source replay needs --file CAPTURE (our JSON lines or dcgmi dmon text)")
+    path = Path(file)
+    try:
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            head = [line for line in (handle.readline() for _ in range(64)) if line.strip()]
+    except OSError as error:
+        raise SourceUnavailable(f"cannot open capture {path}: {error.strerror}") from None
+    if head and is_capture(head[0]):
+        return ReplaySource(path)
+    if any("#Entity" in line or "dcgmi" in line for line in head):
+        return DcgmiDmonSource(path, host=host, model=str(options.get("model", "unknown")), clock=clock or wall_clock)
+    if head and head[0].lstrip().startswith("{"):
+        return ReplaySource(path)  # ours with a damaged first line: its bad lines are counted, not fatal
+    raise SourceUnavailable(f"{path} is neither an otel-ofu capture (JSON lines) nor dcgmi dmon output")
+
+
+def open_source(
+    kind: str,
+    *,
+    url: str | None = None,
+    file: str | Path | None = None,
+    host: str | None = None,
+    seed: int | None = None,
+    clock: Clock | None = None,
+    **options: Any,
+) -> tuple[Source, str]:
+    """Open the source of ``kind``; returns it with a one-line "why this source", or raises SourceUnavailable.
+
+    ``auto`` tries NVML, then DCGM, and when neither is there says so, with each one's reason.
+    Options each kind takes (others are ignored): nvml ``clock_sample_hz``, ``background``, ``library``;
+    dcgm ``address`` (None: embedded host engine), ``update_interval_s``; dcgm-exporter ``timeout_s``;
+    replay of dcgmi text ``model`` (dmon prints no device names).
+    """
+    if kind == "auto":
+        reasons = []
+        for candidate, opener in (("NVML", _nvml), ("DCGM", _dcgm)):
+            try:
+                source = opener(host, clock, options)
+            except SourceUnavailable as error:
+                reasons.append(f"{candidate}: {error}")
+                continue
+            tried = f" ({'; '.join(reasons)})" if reasons else ""
+            return source, f"auto: using {candidate}{tried}"
+        raise SourceUnavailable(
+            "auto found no GPU source (" + "; ".join(reasons) + "); use --source dcgm-exporter --url URL, "
+            "--source replay --file FILE or --source sim"
+        )
+    if kind == "nvml":
+        return _nvml(host, clock, options), "nvml: reading the local GPUs through NVML"
+    if kind == "dcgm":
+        return _dcgm(host, clock, options), f"dcgm: reading DCGM at {options.get('address', 'localhost')}"
+    if kind == "dcgm-exporter":
+        from otel_ofu.clock import wall_clock
+        from otel_ofu.sources.dcgm_exporter import DcgmExporterSource
+
+        if not url:
+            raise SourceUnavailable("--source dcgm-exporter needs --url http://HOST:9400/metrics")
+        exporter = DcgmExporterSource(
+            url, timeout_s=float(options.get("timeout_s", 5.0)), host_fallback=host, clock=clock or wall_clock
+        )
+        return exporter, f"dcgm-exporter: scraping {exporter.url}"
+    if kind == "replay":
+        source = _replay(file, host, clock, options)
+        return source, f"replay: {type(source).__name__} over {file}"
+    if kind == "sim":
+        from otel_ofu.clock import wall_clock
+        from otel_ofu.sources.simulated import SimulatedFleet
+
+        # Without a clock the fleet runs on wall time, like a real source under `run`.
+        fleet = SimulatedFleet.demo(seed=7 if seed is None else seed, clock=clock or wall_clock)
+        return fleet, f"sim: the simulated demo fleet (seed {7 if seed is None else seed})"
+    raise SourceUnavailable(f"unknown source {kind!r}; choose one of {', '.join(SOURCE_KINDS)}")

@@ -1,0 +1,383 @@
+"""The dcgm-exporter source against real exporter output served by a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import http.server
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from otel_ofu import gpu_values, names
+from otel_ofu.model import GpuError, GpuReading, Snapshot, SourceUnavailable
+from otel_ofu.sources.dcgm_exporter import DcgmExporterSource, normalize_url
+
+
+@attrs.define
+class Route:
+    body: str = ""
+    status: int = 200
+    stall: bool = False
+
+
+@attrs.define
+class ExporterServer:
+    """A stand-in dcgm-exporter: serves whatever the test puts in ``routes``."""
+
+    routes: dict[str, Route]
+    server: http.server.ThreadingHTTPServer
+    release: threading.Event
+
+    def url(self, path: str = "/metrics") -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}{path}"
+
+    def serve(self, body: str, path: str = "/metrics") -> str:
+        self.routes[path] = Route(body)
+        return self.url(path)
+
+
+@pytest.fixture
+def exporter() -> Iterator[ExporterServer]:
+    routes: dict[str, Route] = {}
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            route = routes.get(self.path)
+            if route is None:
+                self.send_error(404)
+                return
+            if route.stall:
+                release.wait(10)  # the client gives up long before; teardown releases us
+                return
+            data = route.body.encode()
+            self.send_response(route.status)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread.start()
+    try:
+        yield ExporterServer(routes, server, release)
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+class Ticks:
+    """An injectable clock that moves 10 s per call."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000_000_000
+
+    def __call__(self) -> int:
+        self.now += 10_000_000_000
+        return self.now
+
+
+def read_once(url: str, **kwargs: object) -> Snapshot:
+    source = DcgmExporterSource(url, **kwargs)  # type: ignore[arg-type]
+    try:
+        return source.read()
+    finally:
+        source.close()
+
+
+def by_key(snapshot: Snapshot) -> dict[str, GpuReading | GpuError]:
+    items: dict[str, GpuReading | GpuError] = {r.gpu.key: r for r in snapshot.readings}
+    for error in snapshot.errors:
+        assert error.gpu is not None
+        items[error.gpu.key] = error
+    return items
+
+
+def with_metric(line: str, metric: str, value: str) -> str:
+    """The same series (labels and all) as another metric with another value."""
+    rest = line.split("{", 1)[1]
+    labels = rest.rsplit("}", 1)[0]
+    return f"{metric}{{{labels}}} {value}"
+
+
+# --- the real fixtures ---------------------------------------------------------------------------------
+
+
+def test_every_fixture_parses_and_incomplete_gpus_are_errors_not_zeros(
+    exporter: ExporterServer, shared_fixtures: Path
+) -> None:
+    files = sorted(shared_fixtures.glob("*.prom"))
+    assert len(files) == 4
+    for path in files:
+        snapshot = read_once(exporter.serve(path.read_text(), f"/{path.stem}"))
+        # None of the published samples has both TPA and the SM clock for a GPU.
+        assert snapshot.readings == (), path.name
+        assert snapshot.errors, path.name
+        for error in snapshot.errors:
+            assert error.reason == names.ErrorReason.NO_VALUE
+            assert error.gpu is not None
+            assert "no value for" in error.message
+
+
+def test_titan_v_fixture_identities(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    text = (shared_fixtures / "dcgm_exporter_titanv_issue58.prom").read_text()
+    snapshot = read_once(exporter.serve(text))
+    errors = sorted(snapshot.errors, key=lambda e: e.gpu.index if e.gpu else -1)
+    assert [e.gpu.index for e in errors if e.gpu] == [0, 1, 2, 3, 4]
+    for error in errors:
+        assert error.gpu is not None
+        assert error.gpu.model == "NVIDIA TITAN V"
+        assert error.gpu.host == "dcgm-exporter-lcxpl"
+        assert error.gpu.hints == {}  # pod="" is no pod
+        assert "tensor pipe activity" in error.message
+        assert "SM clock" not in error.message
+
+
+def test_a30_mig_instance_lacks_the_sm_clock(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    text = (shared_fixtures / "dcgm_exporter_a30_mig_issue68.prom").read_text()
+    (error,) = read_once(exporter.serve(text)).errors
+    assert error.gpu is not None
+    assert error.gpu.uuid == "GPU-603a8873-0edd-c157-ce48-2078e8b1a935"
+    assert (error.gpu.mig_profile, error.gpu.mig_instance_id) == ("2g.12gb", 1)
+    assert error.gpu.key == "GPU-603a8873-0edd-c157-ce48-2078e8b1a935/1"
+    assert "SM clock" in error.message
+    assert "tensor" not in error.message
+
+
+def test_h100_mig_instances_carry_pod_hints(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    text = (shared_fixtures / "dcgm_exporter_h100_mig_k8s_issue512.prom").read_text()
+    items = by_key(read_once(exporter.serve(text)))
+    uuid = "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"
+    assert set(items) == {f"{uuid}/7", f"{uuid}/8", f"{uuid}/9"}
+    seven = items[f"{uuid}/7"].gpu
+    assert seven is not None
+    assert seven.hints == {
+        names.K8S_POD_NAME: "text-embedding-predictor-00008-deployment-57946f6c67-vdtjl",
+        names.K8S_NAMESPACE_NAME: "model-playground-stg",
+        names.K8S_CONTAINER_NAME: "kserve-container",
+        names.JOB_SCHEDULER: "kubernetes",
+    }
+    eight = items[f"{uuid}/8"].gpu
+    assert eight is not None
+    assert eight.hints == {}
+    assert (eight.mig_profile, eight.host, eight.model) == ("1g.10gb", "gsrh100-074", "NVIDIA H100 80GB HBM3")
+
+
+# --- label generations and metric names ----------------------------------------------------------------
+
+
+def _new_generation(text: str) -> str:
+    for old, new in (
+        ("Hostname=", "hostname="),
+        ("UUID=", "uuid="),
+        ("pod=", "pod_name="),
+        ("namespace=", "pod_namespace="),
+        ("container=", "container_name="),
+    ):
+        text = re.sub(rf"([{{,]){old}", rf"\g<1>{new}", text)
+    return text
+
+
+def test_both_label_generations_give_the_same_identities(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    text = (shared_fixtures / "dcgm_exporter_h100_mig_k8s_issue512.prom").read_text()
+    rewritten = _new_generation(text)
+    assert "hostname=" in rewritten
+    assert "pod_name=" in rewritten
+    old = by_key(read_once(exporter.serve(text, "/old")))
+    new = by_key(read_once(exporter.serve(rewritten, "/new")))
+    assert {key: item.gpu for key, item in old.items()} == {key: item.gpu for key, item in new.items()}
+
+
+def _h100_complete(shared_fixtures: Path, tensor_metric: str = names.DCGM_EXPORTER_TENSOR_ACTIVE) -> list[str]:
+    clock_line = next(
+        line
+        for line in (shared_fixtures / "dcgm_exporter_h100_digitalocean_docs.prom").read_text().splitlines()
+        if line.startswith(names.DCGM_EXPORTER_SM_CLOCK)
+    )
+    clock_line = with_metric(clock_line, names.DCGM_EXPORTER_SM_CLOCK, "1755")
+    return [clock_line, with_metric(clock_line, tensor_metric, "0.5")]
+
+
+@pytest.mark.parametrize("tensor_metric", [names.DCGM_EXPORTER_TENSOR_ACTIVE, names.DCGM_EXPORTER_TENSOR_ACTIVE_46])
+def test_complete_gpu_reads_and_takes_the_catalog_max_clock(
+    exporter: ExporterServer, shared_fixtures: Path, tensor_metric: str
+) -> None:
+    snapshot = read_once(exporter.serve("\n".join(_h100_complete(shared_fixtures, tensor_metric)) + "\n"))
+    assert snapshot.errors == ()
+    (reading,) = snapshot.readings
+    assert reading.tensor_active == 0.5
+    assert reading.sm_clock_hz == 1755e6
+    assert reading.max_sm_clock_hz is None  # field 113 is not exported by default
+    values = gpu_values.compute(reading)
+    assert values.max_clock_from_catalog
+    assert values.max_sm_clock_hz == 1980e6
+    assert values.ofu_raw == pytest.approx(0.5 * 1755 / 1980)
+
+
+def test_device_max_clock_when_exported(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    lines = _h100_complete(shared_fixtures)
+    lines.append(with_metric(lines[0], names.DCGM_EXPORTER_MAX_SM_CLOCK, "1980"))
+    lines.append(with_metric(lines[0], names.DCGM_EXPORTER_SM_ACTIVE, "0.7"))
+    lines.append(with_metric(lines[0], names.DCGM_EXPORTER_DRAM_ACTIVE_46, "0.2"))
+    (reading,) = read_once(exporter.serve("\n".join(lines) + "\n")).readings
+    assert reading.max_sm_clock_hz == 1980e6
+    assert (reading.sm_active, reading.dram_active) == (0.7, 0.2)
+    assert not gpu_values.compute(reading).max_clock_from_catalog
+
+
+@pytest.mark.parametrize(
+    ("metric", "value"),
+    [
+        (names.DCGM_EXPORTER_TENSOR_ACTIVE, "140737488355328.0"),
+        (names.DCGM_EXPORTER_TENSOR_ACTIVE, "9223372036854775794"),
+        (names.DCGM_EXPORTER_TENSOR_ACTIVE, "NaN"),
+        (names.DCGM_EXPORTER_SM_CLOCK, "9223372036854775794"),
+        (names.DCGM_EXPORTER_SM_CLOCK, "2147483632"),
+        (names.DCGM_EXPORTER_SM_CLOCK, "NaN"),
+    ],
+)
+def test_blank_sentinels_and_nan_are_no_value(
+    exporter: ExporterServer, shared_fixtures: Path, metric: str, value: str
+) -> None:
+    lines = [
+        with_metric(line, metric, value) if line.startswith(metric + "{") else line
+        for line in _h100_complete(shared_fixtures)
+    ]
+    snapshot = read_once(exporter.serve("\n".join(lines) + "\n"))
+    assert snapshot.readings == ()
+    (error,) = snapshot.errors
+    assert error.reason == names.ErrorReason.NO_VALUE
+    assert "blank sentinel or NaN" in error.message
+
+
+def test_hpc_job_and_pod_uid_hints(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    lines = _h100_complete(shared_fixtures)
+    lines = [line.replace("Hostname=", 'hpc_job="4242",pod_uid="",Hostname=') for line in lines]
+    (reading,) = read_once(exporter.serve("\n".join(lines) + "\n")).readings
+    assert reading.gpu.hints == {names.JOB_ID: "4242", names.JOB_SCHEDULER: "slurm"}
+    lines = [line.replace('pod_uid=""', 'pod_uid="u-1",pod="p"') for line in lines]
+    (reading,) = read_once(exporter.serve("\n".join(lines) + "\n", "/2")).readings
+    assert reading.gpu.hints[names.K8S_POD_UID] == "u-1"
+    assert reading.gpu.hints[names.JOB_SCHEDULER] == "kubernetes"
+
+
+def test_mig_instance_takes_the_parents_sm_clock(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    text = (shared_fixtures / "dcgm_exporter_a30_mig_issue68.prom").read_text()
+    tensor = next(line for line in text.splitlines() if line.startswith(names.DCGM_EXPORTER_TENSOR_ACTIVE))
+    parent = re.sub(r',GPU_I_PROFILE="[^"]*",GPU_I_ID="[^"]*"', "", tensor)
+    body = text + with_metric(parent, names.DCGM_EXPORTER_SM_CLOCK, "1440") + "\n"
+    snapshot = read_once(exporter.serve(body))
+    assert snapshot.errors == ()  # the parent has no TPA of its own under MIG: it is not an error
+    (reading,) = snapshot.readings
+    assert reading.gpu.mig_instance_id == 1
+    assert (reading.tensor_active, reading.sm_clock_hz) == (0.022137, 1440e6)
+
+
+# --- intervals and counters ------------------------------------------------------------------------------
+
+
+def test_interval_runs_from_the_previous_scrape(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    clock = Ticks()
+    source = DcgmExporterSource(exporter.serve("\n".join(_h100_complete(shared_fixtures)) + "\n"), clock=clock)
+    opened = clock.now
+    first = source.read().readings[0]
+    second = source.read().readings[0]
+    assert (first.start_ns, first.end_ns) == (opened, opened + 10_000_000_000)
+    assert (second.start_ns, second.end_ns) == (first.end_ns, first.end_ns + 10_000_000_000)
+
+
+def test_cycle_counters_become_deltas_and_a_stale_counter_is_none(
+    exporter: ExporterServer, shared_fixtures: Path
+) -> None:
+    base = _h100_complete(shared_fixtures)
+
+    def page(elapsed: int, mma: int) -> str:
+        return (
+            "\n".join(
+                [
+                    *base,
+                    f"# TYPE {names.DCGM_EXPORTER_SM_CYCLES_ELAPSED_TOTAL} counter",
+                    with_metric(base[0], names.DCGM_EXPORTER_SM_CYCLES_ELAPSED_TOTAL, str(elapsed)),
+                    f"# TYPE {names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE_TOTAL} counter",
+                    with_metric(base[0], names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE_TOTAL, str(mma)),
+                ]
+            )
+            + "\n"
+        )
+
+    clock = Ticks()
+    url = exporter.serve(page(10**15, 10**14))
+    source = DcgmExporterSource(url, clock=clock)
+    assert source.read().readings[0].cycles is None  # one value is not a delta
+    t_first = clock.now
+    exporter.serve(page(10**15 + 17_550_000_000, 10**14 + 8_775_000_000))
+    reading = source.read().readings[0]
+    assert reading.cycles is not None
+    assert (reading.cycles.sm_cycles_elapsed, reading.cycles.mma_cycles_active) == (17_550_000_000, 8_775_000_000)
+    assert (reading.start_ns, reading.end_ns) == (t_first, clock.now)
+    values = gpu_values.compute(reading)
+    assert values.tensor_active == pytest.approx(0.5)
+    assert values.sm_clock_hz == pytest.approx(1755e6)
+    assert source.read().readings[0].cycles is None  # the exporter has not refreshed: no new delta
+
+
+# --- failures of the scrape ------------------------------------------------------------------------------
+
+
+def _only_scrape_error(snapshot: Snapshot) -> str:
+    assert snapshot.readings == ()
+    (error,) = snapshot.errors
+    assert error.reason == names.ErrorReason.SCRAPE
+    assert error.gpu is None
+    return error.message
+
+
+def test_http_500_is_a_scrape_error_and_the_last_good_state_is_not_reemitted(
+    exporter: ExporterServer, shared_fixtures: Path
+) -> None:
+    url = exporter.serve("\n".join(_h100_complete(shared_fixtures)) + "\n")
+    source = DcgmExporterSource(url)
+    assert len(source.read().readings) == 1
+    exporter.routes["/metrics"] = Route("boom", status=500)
+    assert "HTTP 500" in _only_scrape_error(source.read())
+
+
+def test_timeout_is_a_scrape_error(exporter: ExporterServer) -> None:
+    exporter.routes["/metrics"] = Route(stall=True)
+    message = _only_scrape_error(read_once(exporter.url(), timeout_s=0.2))
+    assert exporter.url() in message
+
+
+def test_malformed_text_is_a_scrape_error(exporter: ExporterServer) -> None:
+    message = _only_scrape_error(read_once(exporter.serve('DCGM_FI_DEV_SM_CLOCK{gpu="0" 1\n')))
+    assert "malformed" in message
+
+
+def test_connection_refused_is_a_scrape_error() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _only_scrape_error(read_once(f"http://127.0.0.1:{port}/metrics", timeout_s=1.0))
+
+
+def test_404_and_urls() -> None:
+    assert normalize_url("gpu-node:9400") == "http://gpu-node:9400/metrics"
+    assert normalize_url("https://n:1/custom") == "https://n:1/custom"
+    with pytest.raises(SourceUnavailable, match="HOST:9400"):
+        normalize_url("ftp://gpu-node/metrics")
+
+
+def test_not_found_path(exporter: ExporterServer) -> None:
+    assert "HTTP 404" in _only_scrape_error(read_once(exporter.url("/nope")))

@@ -1,0 +1,147 @@
+"""Replaying ``dcgmi dmon`` text: the two real captures and the shapes they stand for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from otel_ofu import names
+from otel_ofu.model import GpuError, Snapshot, SourceUnavailable
+from otel_ofu.sources.dcgmi_dmon import DcgmiDmonSource, parse_blocks
+
+T0 = 1_800_000_000_000_000_000
+
+
+def replay(path: Path, **kwargs: object) -> list[Snapshot]:
+    source = DcgmiDmonSource(path, clock=lambda: T0, **kwargs)  # type: ignore[arg-type]
+    snapshots = []
+    try:
+        while True:
+            snapshot = source.read()
+            if source.exhausted:
+                assert snapshot == Snapshot()
+                break
+            snapshots.append(snapshot)
+    finally:
+        source.close()
+    return snapshots
+
+
+def test_mig_capture_one_block_of_gpu_instances(shared_fixtures: Path) -> None:
+    (snapshot,) = replay(shared_fixtures / "dcgmi_dmon_issue151_mig.txt")
+    assert snapshot.readings == ()  # -e 1001,1002,1003,1004 has no SM clock: no OFU, and no 0 either
+    ids = [error.gpu.mig_instance_id for error in snapshot.errors if error.gpu is not None]
+    assert ids == [21, 22, 29, 30, 31, 28, 35]
+    for error in snapshot.errors:
+        assert error.reason == names.ErrorReason.NO_VALUE
+        assert "SM clock" in error.message
+        assert "tensor" not in error.message  # TENSO was there
+        assert error.gpu is not None
+        assert error.gpu.index == -1  # dmon does not say which GPU an instance lives on
+
+
+def test_mig_capture_values_follow_the_e_list(shared_fixtures: Path) -> None:
+    lines = (shared_fixtures / "dcgmi_dmon_issue151_mig.txt").read_text().splitlines()
+    (block,) = parse_blocks(iter(lines))
+    row = next(row for row in block.rows if row.entity_id == 28)
+    assert row.kind == "GPU-I"
+    assert row.values == {
+        names.DCGM_FI_PROF_GR_ENGINE_ACTIVE: 0.993,
+        names.DCGM_FI_PROF_SM_ACTIVE: 0.987,
+        names.DCGM_FI_PROF_SM_OCCUPANCY: 0.123,
+        names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE: 0.940,
+    }
+
+
+def test_multiplex_capture_na_and_prompt(shared_fixtures: Path) -> None:
+    path = shared_fixtures / "dcgmi_dmon_issue244_multiplex.txt"
+    lines = path.read_text().splitlines()
+    blocks = list(parse_blocks(iter(lines)))
+    assert [len(block.rows) for block in blocks] == [8, 2]  # GPU 0 repeats: a second sample begins
+    assert all(row.values == {} for row in blocks[0].rows)  # all N/A: absent, never 0
+    gpu0, gpu1 = blocks[1].rows
+    assert gpu0.values == {
+        names.DCGM_FI_PROF_GR_ENGINE_ACTIVE: 0.888,
+        names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE: 0.178,
+        1008: 0.001,
+    }
+    assert gpu1.values[names.DCGM_FI_PROF_SM_ACTIVE] == 0.777
+    assert names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE not in gpu1.values
+
+    first, second = replay(path)
+    assert len(first.errors) == 8
+    assert all("tensor pipe activity" in error.message for error in first.errors)
+    error0 = second.errors[0]
+    assert error0.gpu is not None
+    assert error0.gpu.host == "b76d14397"  # from the shell prompt
+    assert error0.gpu.index == 0
+    assert error0.gpu.mig_instance_id is None
+    assert "tensor" not in error0.message
+
+
+def test_blocks_are_spaced_by_the_delay(tmp_path: Path) -> None:
+    capture = tmp_path / "dmon.txt"
+    capture.write_text(
+        "$ dcgmi dmon -e 100,113,1004,1002 -d 500\n"
+        "#Entity   SMCLK        SMMAX        TENSO        SMACT\n"
+        "ID\n"
+        "GPU 0     1755         1980         0.500        0.800\n"
+        "GPU 1     1755         N/A          0.250        0.400\n"
+        "GPU 0     1980         1980         0.600        0.900\n"
+        "GPU 1     1980         1980         9223372036854775794 0.400\n"
+    )
+    first, second = replay(capture, host="node-7", model="NVIDIA H100 80GB HBM3")
+    gpu0, gpu1 = first.readings
+    assert (gpu0.start_ns, gpu0.end_ns) == (T0, T0 + 500_000_000)
+    assert gpu0.sm_clock_hz == 1755e6
+    assert gpu0.max_sm_clock_hz == 1980e6
+    assert (gpu0.tensor_active, gpu0.sm_active) == (0.5, 0.8)
+    assert gpu1.max_sm_clock_hz is None
+    assert gpu0.gpu.host == "node-7"
+    assert gpu0.gpu.model == "NVIDIA H100 80GB HBM3"
+    (reading,) = second.readings
+    assert reading.start_ns == T0 + 500_000_000
+    (error,) = second.errors  # the blank sentinel is no value, not 9.2e18
+    assert isinstance(error, GpuError)
+    assert error.gpu is not None
+    assert error.gpu.index == 1
+
+
+def test_cycle_counter_columns_give_deltas(tmp_path: Path) -> None:
+    capture = tmp_path / "dmon.txt"
+    capture.write_text(
+        "#Entity   SMCELAP        MMACACT\nGPU 0     1000000        100000\nGPU 0     1001755000     877600000\n"
+    )
+    first, second = replay(capture)
+    assert first.readings == ()
+    assert "no value" in first.errors[0].message
+    (reading,) = second.readings
+    assert reading.cycles is not None
+    assert (reading.cycles.sm_cycles_elapsed, reading.cycles.mma_cycles_active) == (1_000_755_000, 877_500_000)
+
+
+def test_bad_rows_are_counted_errors(tmp_path: Path) -> None:
+    capture = tmp_path / "dmon.txt"
+    capture.write_text(
+        "GPU 0 0.5\n"  # before any header
+        "#Entity   SMCLK        TENSO\n"
+        "GPU 0     1755\n"  # a column short
+        "GPU 1     1755         abc\n"
+        "GPU 2     1755         0.5\n"
+        "Error: lost connection to the host engine\n"
+    )
+    source = DcgmiDmonSource(capture, clock=lambda: T0)
+    blocks = [source.read(), source.read(), source.read()]
+    assert source.exhausted
+    assert source.bad_lines == 3
+    scrape = [e for s in blocks for e in s.errors if e.reason == names.ErrorReason.SCRAPE]
+    assert len(scrape) == 3
+    assert any("1 values for 2 columns" in e.message for e in scrape)
+    assert [r.gpu.index for s in blocks for r in s.readings] == [2]
+    source.close()
+
+
+def test_missing_file_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(SourceUnavailable, match="cannot open dcgmi dmon capture"):
+        DcgmiDmonSource(tmp_path / "absent.txt")
