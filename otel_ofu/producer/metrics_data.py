@@ -1,0 +1,231 @@
+"""From a source snapshot to the SDK's ``MetricsData``: one ResourceMetrics per GPU, gauges of the contract.
+
+The Python SDK has no MetricProducer hook, and an observable-gauge pipeline would stamp every point with
+the collection time and one resource for the whole process. Building ``MetricsData`` ourselves keeps the
+sample's own interval as the point's timestamps and gives each GPU its own Resource, while the SDK's
+exporters still do the encoding, transport and every ``OTEL_EXPORTER_OTLP_*`` variable.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import attrs
+from opentelemetry.sdk.metrics.export import Gauge, Metric, MetricsData, NumberDataPoint, ResourceMetrics, ScopeMetrics
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+import otel_ofu
+from otel_ofu import names
+from otel_ofu.gpu_values import CalibrationTable, GpuValues, compute, say_once
+from otel_ofu.model import GpuError, GpuIdentity, Snapshot
+from otel_ofu.ofu_math import InvalidReading
+
+log = logging.getLogger(__name__)
+
+AttributeValue = str | int
+# Attribution: which job a GPU belongs to, as contract attribute keys (job.id, gpu.precision, k8s.*...).
+Attribution = Callable[[GpuIdentity], Mapping[str, str]]
+
+SCOPE = InstrumentationScope(names.INSTRUMENTATION_SCOPE, otel_ofu.__version__)
+_IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
+_METRIC_SPECS = {spec.name: spec for spec in names.PRODUCER_METRICS}
+
+
+@attrs.frozen
+class GpuSample:
+    """One GPU's computed values for one interval, with everything that says whose GPU it is."""
+
+    gpu: GpuIdentity
+    attributes: Mapping[str, AttributeValue]  # identity + attribution, contract keys
+    values: GpuValues
+    start_ns: int
+    end_ns: int
+
+
+@attrs.frozen
+class ComputedSnapshot:
+    """The values of every GPU that could be read and the errors of those that could not."""
+
+    samples: tuple[GpuSample, ...] = ()
+    errors: tuple[GpuError, ...] = ()
+
+
+def no_attribution(gpu: GpuIdentity) -> Mapping[str, str]:
+    return {}
+
+
+def _attributes_of(gpu: GpuIdentity, attribution: Attribution) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = dict(gpu.hints)
+    try:
+        attributes.update(attribution(gpu))
+    except Exception as error:  # a broken attribution must not cost the GPU its OFU
+        say_once(f"attribution failed for GPU {gpu.key}: {error}; exporting it without job attributes")
+    # The GPU's own identity is what it is, whatever hints or attribution claim.
+    attributes.update(gpu.resource_attributes())
+    return attributes
+
+
+def compute_snapshot(
+    snapshot: Snapshot,
+    *,
+    attribution: Attribution = no_attribution,
+    calibration: CalibrationTable | None = None,
+) -> ComputedSnapshot:
+    """Attribute and compute every reading; one that cannot be computed becomes an error, never a 0."""
+    table = calibration or CalibrationTable()
+    samples: list[GpuSample] = []
+    errors = list(snapshot.errors)
+    for reading in snapshot.readings:
+        gpu = reading.gpu
+        attributes = _attributes_of(gpu, attribution)
+        precision = attributes.get(names.GPU_PRECISION)
+        job_id = attributes.get(names.JOB_ID)
+        try:
+            values = compute(
+                reading,
+                precision=str(precision) if precision is not None else None,
+                calibration=table.factor(gpu.model, str(job_id) if job_id is not None else None),
+            )
+        except InvalidReading as error:
+            errors.append(GpuError(error.reason, str(error), gpu))
+            continue
+        except Exception as error:  # one broken reading never takes down the rest
+            errors.append(GpuError(names.ErrorReason.UNKNOWN, f"{type(error).__name__}: {error}", gpu))
+            continue
+        samples.append(GpuSample(gpu, attributes, values, reading.start_ns, reading.end_ns))
+    return ComputedSnapshot(tuple(samples), tuple(errors))
+
+
+def env_resource(host_name: str | None = None) -> Resource:
+    """The producer's own resource: SDK defaults, ``OTEL_RESOURCE_ATTRIBUTES``/``OTEL_SERVICE_NAME``, our name.
+
+    ``service.name`` is ``otel-ofu`` unless the user set one through the standard variables.
+    """
+    ours: dict[str, AttributeValue] = {names.HOST_NAME: host_name or socket.gethostname()}
+    if names.SERVICE_NAME not in OTELResourceDetector().detect().attributes:
+        ours[names.SERVICE_NAME] = names.PRODUCER_SERVICE_NAME
+    # Resource.create lets our attributes override the environment's; the host name should not, when
+    # the user has pinned one (a container's hostname is rarely the node's).
+    resource = Resource.create(ours)
+    user = OTELResourceDetector().detect().attributes
+    if names.HOST_NAME in user:
+        resource = resource.merge(Resource({names.HOST_NAME: user[names.HOST_NAME]}))
+    return resource
+
+
+class _GpuResource(Resource):
+    """A Resource whose hash is computed once: the SDK's encoder hashes every resource on every export,
+    and the stock hash serialises all attributes to JSON each time."""
+
+    def __init__(self, attributes: Mapping[str, AttributeValue]) -> None:
+        super().__init__(dict(attributes))
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other)
+
+
+def _point(attributes: Mapping[str, AttributeValue], start_ns: int, end_ns: int, value: float) -> NumberDataPoint:
+    return NumberDataPoint(attributes=attributes, start_time_unix_nano=start_ns, time_unix_nano=end_ns, value=value)
+
+
+def _gauge(name: str, points: list[NumberDataPoint]) -> Metric:
+    spec = _METRIC_SPECS[name]
+    return Metric(name=spec.name, description=spec.description, unit=spec.unit, data=Gauge(data_points=points))
+
+
+@attrs.define
+class MetricsDataBuilder:
+    """Builds one export's ``MetricsData``; caches each GPU's Resource while its attributes stay the same."""
+
+    placement: str = "resource"
+    base: Resource = attrs.field(factory=env_resource)
+    _cache: dict[tuple[tuple[str, AttributeValue], ...], Resource] = attrs.field(factory=dict, init=False)
+    _own: Resource | None = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.placement not in names.PLACEMENTS:
+            raise ValueError(f"placement {self.placement!r} is not one of {', '.join(names.PLACEMENTS)}")
+
+    @property
+    def own_resource(self) -> Resource:
+        """The producer's own resource, where its self-metrics go."""
+        if self._own is None:
+            self._own = _GpuResource(self.base.attributes)  # type: ignore[arg-type]
+        return self._own
+
+    def _resource(self, attributes: Mapping[str, AttributeValue]) -> Resource:
+        key = tuple(sorted(attributes.items()))
+        resource = self._cache.get(key)
+        if resource is None:
+            if len(self._cache) > 4096:  # jobs come and go; never grow without bound
+                self._cache.clear()
+            merged: dict[str, AttributeValue] = dict(self.base.attributes)  # type: ignore[arg-type]
+            merged.update(attributes)  # the GPU's identity and job win over the environment's
+            resource = self._cache[key] = _GpuResource(merged)
+        return resource
+
+    def build(self, computed: ComputedSnapshot, self_metrics: Sequence[Metric] = ()) -> MetricsData:
+        if self.placement == "datapoint":
+            gpu_resources = self._host_level(computed.samples)
+        else:
+            gpu_resources = self._per_gpu(computed.samples)
+        resource_metrics = [
+            ResourceMetrics(resource=resource, scope_metrics=[ScopeMetrics(SCOPE, metrics, "")], schema_url="")
+            for resource, metrics in gpu_resources
+        ]
+        if self_metrics:
+            scope = ScopeMetrics(SCOPE, list(self_metrics), "")
+            resource_metrics.append(ResourceMetrics(self.own_resource, [scope], ""))
+        return MetricsData(resource_metrics=resource_metrics)
+
+    def _per_gpu(self, samples: Iterable[GpuSample]) -> list[tuple[Resource, list[Metric]]]:
+        # Grouped by resource: the SDK's encoder keys resources in a dict, so two entries with equal
+        # resources (a GPU read twice) would silently lose one.
+        grouped: dict[Resource, list[Metric]] = {}
+        for sample in samples:
+            resource = self._resource(sample.attributes)
+            point_attributes = self._identity(sample.attributes) if self.placement == "both" else {}
+            metrics = grouped.setdefault(resource, [])
+            for name, value in sample.values.as_metrics().items():
+                metrics.append(_gauge(name, [_point(point_attributes, sample.start_ns, sample.end_ns, value)]))
+        return list(grouped.items())
+
+    def _host_level(self, samples: Sequence[GpuSample]) -> list[tuple[Resource, list[Metric]]]:
+        # Identity only on the points: every GPU's resource would be the same, so the host sends one
+        # resource with a gauge per metric and a point per GPU.
+        if not samples:
+            return []
+        shared = {
+            key: value for key, value in samples[0].attributes.items() if key not in _IDENTITY or key == names.HOST_NAME
+        }
+        points: dict[str, list[NumberDataPoint]] = {}
+        for sample in samples:
+            point_attributes = self._identity(sample.attributes)
+            for name, value in sample.values.as_metrics().items():
+                points.setdefault(name, []).append(_point(point_attributes, sample.start_ns, sample.end_ns, value))
+        metrics = [_gauge(name, pts) for name, pts in points.items()]
+        return [(self._resource(shared), metrics)]
+
+    @staticmethod
+    def _identity(attributes: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:
+        return {key: value for key, value in attributes.items() if key in _IDENTITY}
+
+
+def snapshot_to_metrics_data(
+    snapshot: Snapshot,
+    *,
+    attribution: Attribution = no_attribution,
+    calibration: CalibrationTable | None = None,
+    placement: str = "resource",
+    base: Resource | None = None,
+) -> MetricsData:
+    """One-shot conversion without self-metrics (the producer loop keeps a builder and its caches)."""
+    builder = MetricsDataBuilder(placement=placement, base=base if base is not None else env_resource())
+    return builder.build(compute_snapshot(snapshot, attribution=attribution, calibration=calibration))

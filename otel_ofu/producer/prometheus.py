@@ -1,0 +1,141 @@
+"""An optional Prometheus ``/metrics`` endpoint serving the latest interval.
+
+Prometheus has no resources, so each GPU's identity and job attribution become labels, and names
+follow the Prometheus conventions the OpenTelemetry spec uses for OTLP -> Prometheus:
+
+========================== ===================================== ===========================================
+OpenTelemetry name         Prometheus name                       rule
+========================== ===================================== ===========================================
+``gpu.ofu`` (unit ``1``)   ``gpu_ofu``                           dots -> underscores; unit ``1`` adds nothing
+``gpu.clock.sm`` (``Hz``)  ``gpu_clock_sm_hertz``                the unit spelled out as a suffix
+``gpu.flops.achieved``     ``gpu_flops_achieved_per_second``     ``{annotation}`` dropped, ``/s`` -> per_second
+``otel_ofu.source.errors`` ``otel_ofu_source_errors_total``      counters end in ``_total``
+``otel_ofu.export.duration`` ``otel_ofu_export_duration_seconds``
+``hw.id`` (attribute)      ``hw_id`` (label)                     dots -> underscores
+========================== ===================================== ===========================================
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Mapping
+
+import attrs
+from prometheus_client.exposition import start_http_server
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from otel_ofu import names
+from otel_ofu.producer.metrics_data import AttributeValue, ComputedSnapshot
+from otel_ofu.producer.self_metrics import SelfMetrics
+
+_UNIT_WORDS = {"Hz": "hertz", "s": "seconds", "By": "bytes", "%": "percent", "1": ""}
+_INVALID = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def label_name(attribute: str) -> str:
+    return _INVALID.sub("_", attribute)
+
+
+def _unit_suffix(unit: str) -> str:
+    unit = re.sub(r"\{[^}]*\}", "", unit)  # annotations like {flop} carry no unit
+    numerator, _, denominator = unit.partition("/")
+    words = [_UNIT_WORDS.get(numerator, numerator)] if numerator else []
+    if denominator:
+        words.append("per_" + {"s": "second", "m": "minute", "h": "hour"}.get(denominator, denominator))
+    return "_".join(word for word in words if word)
+
+
+def prometheus_name(spec: names.MetricSpec) -> str:
+    """The Prometheus metric name of a contract metric (without the ``_total`` a counter gets)."""
+    base = _INVALID.sub("_", spec.name)
+    suffix = _unit_suffix(spec.unit)
+    if suffix and not base.endswith("_" + suffix):
+        base = f"{base}_{suffix}"
+    return base
+
+
+PROMETHEUS_NAMES: Mapping[str, str] = {
+    spec.name: prometheus_name(spec)
+    for spec in (*names.PRODUCER_METRICS, names.SOURCE_ERRORS, names.EXPORT_FAILURES, names.EXPORT_DURATION)
+}
+
+
+@attrs.define(eq=False)  # the registry keys collectors by identity
+class LatestSnapshotCollector(Collector):
+    """Yields the latest interval's gauges; ``update`` is the producer's observer hook."""
+
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _latest: ComputedSnapshot = attrs.field(factory=ComputedSnapshot, init=False)
+    _self_metrics: SelfMetrics | None = attrs.field(default=None, init=False)
+
+    def update(self, computed: ComputedSnapshot, self_metrics: SelfMetrics) -> None:
+        with self._lock:
+            self._latest, self._self_metrics = computed, self_metrics
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            latest, self_metrics = self._latest, self._self_metrics
+        labels = sorted({label_name(key) for sample in latest.samples for key in sample.attributes})
+        families: dict[str, GaugeMetricFamily] = {}
+        for sample in latest.samples:
+            values = _label_values(sample.attributes, labels)
+            for name, value in sample.values.as_metrics().items():
+                family = families.get(name)
+                if family is None:
+                    spec = _spec(name)
+                    family = families[name] = GaugeMetricFamily(PROMETHEUS_NAMES[name], spec.description, labels=labels)
+                family.add_metric(values, value)
+        yield from families.values()
+        if self_metrics is not None:
+            yield from _self_families(self_metrics)
+
+
+def _spec(name: str) -> names.MetricSpec:
+    return next(spec for spec in names.PRODUCER_METRICS if spec.name == name)
+
+
+def _label_values(attributes: Mapping[str, AttributeValue], labels: list[str]) -> list[str]:
+    by_label = {label_name(key): str(value) for key, value in attributes.items()}
+    return [by_label.get(label, "") for label in labels]  # an empty label is an absent one in Prometheus
+
+
+def _self_families(self_metrics: SelfMetrics) -> Iterator[Metric]:
+    errors, failures = self_metrics.totals()
+    for spec, counts in ((names.SOURCE_ERRORS, errors), (names.EXPORT_FAILURES, failures)):
+        family = CounterMetricFamily(PROMETHEUS_NAMES[spec.name], spec.description, labels=[names.ERROR_REASON])
+        for reason, count in sorted(counts.items()):
+            family.add_metric([reason], count)
+        yield family
+    duration = self_metrics.last_export_duration_s
+    if duration is not None:
+        spec = names.EXPORT_DURATION
+        yield GaugeMetricFamily(PROMETHEUS_NAMES[spec.name], spec.description, value=duration)
+
+
+@attrs.define
+class PrometheusEndpoint:
+    """``/metrics`` on ``addr:port`` (port 0 picks a free one; ``port`` says which) with its own registry."""
+
+    port: int = 9400
+    addr: str = "0.0.0.0"
+    collector: LatestSnapshotCollector = attrs.field(factory=LatestSnapshotCollector)
+    _server: object = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.collector)
+        server, _thread = start_http_server(self.port, addr=self.addr, registry=registry)
+        self._server = server
+        self.port = server.server_port
+
+    def update(self, computed: ComputedSnapshot, self_metrics: SelfMetrics) -> None:
+        self.collector.update(computed, self_metrics)
+
+    def close(self) -> None:
+        server = self._server
+        if server is not None:
+            self._server = None
+            server.shutdown()  # type: ignore[attr-defined]
+            server.server_close()  # type: ignore[attr-defined]

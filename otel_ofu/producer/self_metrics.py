@@ -1,0 +1,109 @@
+"""The producer's own health: skipped readings, failed exports and how long exports take.
+
+Counters follow ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`` the way the SDK's OTLP exporters
+treat a synchronous Counter: ``cumulative`` (the default) reports running totals since start,
+``delta`` and ``lowmemory`` report what was added since the previous report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+
+import attrs
+from opentelemetry.sdk.environment_variables import OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE
+from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, Metric, NumberDataPoint, Sum
+
+from otel_ofu import names
+
+log = logging.getLogger(__name__)
+
+
+def counter_temporality(preference: str | None = None) -> AggregationTemporality:
+    """The temporality the SDK's OTLP exporters give a Counter under the standard preference variable."""
+    raw = preference if preference is not None else os.environ.get(OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE)
+    value = (raw or "cumulative").strip().lower()
+    if value in ("delta", "lowmemory"):
+        return AggregationTemporality.DELTA
+    if value != "cumulative":
+        log.warning("unknown %s %r: using cumulative", OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, raw)
+    return AggregationTemporality.CUMULATIVE
+
+
+@attrs.define
+class SelfMetrics:
+    """Thread-safe: the sampling loop counts source errors, the export worker counts failures."""
+
+    start_ns: int
+    temporality: AggregationTemporality = attrs.field(factory=counter_temporality)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    _source_errors: Counter[str] = attrs.field(factory=Counter, init=False)
+    _export_failures: Counter[str] = attrs.field(factory=Counter, init=False)
+    _reported_errors: Counter[str] = attrs.field(factory=Counter, init=False)
+    _reported_failures: Counter[str] = attrs.field(factory=Counter, init=False)
+    _last_report_ns: int = attrs.field(default=0, init=False)
+    _last_duration_s: float | None = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._last_report_ns = self.start_ns
+
+    def count_source_error(self, reason: str, count: int = 1) -> None:
+        with self._lock:
+            self._source_errors[reason] += count
+
+    def count_export_failure(self, reason: str, count: int = 1) -> None:
+        with self._lock:
+            self._export_failures[reason] += count
+
+    def record_export_duration(self, seconds: float) -> None:
+        with self._lock:
+            self._last_duration_s = seconds
+
+    def totals(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Running totals (source errors, export failures) by reason, whatever the temporality."""
+        with self._lock:
+            return dict(self._source_errors), dict(self._export_failures)
+
+    @property
+    def last_export_duration_s(self) -> float | None:
+        with self._lock:
+            return self._last_duration_s
+
+    def metrics(self, now_ns: int) -> list[Metric]:
+        """The self-metrics as of ``now_ns``; a delta report resets the window it covers."""
+        with self._lock:
+            errors, failures = self._source_errors.copy(), self._export_failures.copy()
+            duration = self._last_duration_s
+            if self.temporality is AggregationTemporality.DELTA:
+                start = self._last_report_ns
+                errors_out = errors - self._reported_errors
+                failures_out = failures - self._reported_failures
+                self._reported_errors, self._reported_failures = errors, failures
+            else:
+                start, errors_out, failures_out = self.start_ns, errors, failures
+            self._last_report_ns = now_ns
+        metrics = [
+            self._sum(spec, counts, start, now_ns)
+            for spec, counts in ((names.SOURCE_ERRORS, errors_out), (names.EXPORT_FAILURES, failures_out))
+            if counts
+        ]
+        if duration is not None:
+            point = NumberDataPoint(attributes={}, start_time_unix_nano=0, time_unix_nano=now_ns, value=duration)
+            spec = names.EXPORT_DURATION
+            metrics.append(Metric(spec.name, spec.description, spec.unit, Gauge(data_points=[point])))
+        return metrics
+
+    def _sum(self, spec: names.MetricSpec, counts: Counter[str], start_ns: int, now_ns: int) -> Metric:
+        points = [
+            NumberDataPoint(
+                attributes={names.ERROR_REASON: reason},
+                start_time_unix_nano=start_ns,
+                time_unix_nano=now_ns,
+                value=count,
+            )
+            for reason, count in sorted(counts.items())
+        ]
+        data = Sum(data_points=points, aggregation_temporality=self.temporality, is_monotonic=True)
+        return Metric(spec.name, spec.description, spec.unit, data)

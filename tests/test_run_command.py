@@ -1,0 +1,153 @@
+"""``otel-ofu run``: options and their variables, and a short real run against the loopback sink."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from otel_ofu import names
+from otel_ofu.commands import run
+from otel_ofu.testing.otlp_sink import OtlpSink
+
+
+def run_parser() -> argparse.ArgumentParser:
+    """A parser holding only ``run`` (built after the test has set its variables: defaults read them)."""
+    parser = argparse.ArgumentParser(prog="otel-ofu")
+    run.register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return run_parser().parse_args(["run", *argv])
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith(("OTEL_", "OTEL_OFU_")):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture
+def sink() -> Iterator[OtlpSink]:
+    with OtlpSink.start() as started:
+        yield started
+
+
+def run_subparser() -> argparse.ArgumentParser:
+    parser = run_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub: argparse.ArgumentParser = action.choices["run"]
+    return sub
+
+
+def test_every_option_names_its_variable_in_help() -> None:
+    sub = run_subparser()
+    text = sub.format_help()
+    flags = [
+        opt for action in sub._actions for opt in action.option_strings if opt.startswith("--") and opt != "--help"
+    ]
+    assert {"--source", "--interval", "--duration", "--placement", "--record", "--sim-speed"} <= set(flags)
+    flat = re.sub(r"\s+", " ", text)
+    for flag in flags:
+        assert "env OTEL_OFU_" + flag[2:].replace("-", "_").upper() in flat, flag
+
+
+def test_interval_default_follows_otel_metric_export_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse().interval == 10.0
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "2500")
+    assert parse().interval == 2.5
+    monkeypatch.setenv("OTEL_OFU_INTERVAL", "7")
+    assert parse().interval == 7.0
+    assert parse("--interval", "3").interval == 3.0
+
+
+def test_a_bad_otel_interval_falls_back_to_ten_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run.default_interval_s({"OTEL_METRIC_EXPORT_INTERVAL": "soon"}) == 10.0
+    assert run.default_interval_s({"OTEL_METRIC_EXPORT_INTERVAL": "-5"}) == 10.0
+
+
+def test_options_come_from_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_OFU_SOURCE", "sim")
+    monkeypatch.setenv("OTEL_OFU_PLACEMENT", "both")
+    monkeypatch.setenv("OTEL_OFU_JOB_ID", "job-42")
+    monkeypatch.setenv("OTEL_OFU_PROMETHEUS_PORT", "9464")
+    monkeypatch.setenv("OTEL_OFU_QUIET", "true")
+    args = parse()
+    assert (args.source, args.placement, args.job_id, args.prometheus_port, args.quiet) == (
+        "sim",
+        "both",
+        "job-42",
+        9464,
+        True,
+    )
+    assert parse("--placement", "datapoint").placement == "datapoint"  # the command line wins
+
+
+def test_a_bad_choice_from_a_variable_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_OFU_PLACEMENT", "everywhere")
+    args = parse("--source", "sim")
+    assert args.handler(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--placement 'everywhere'" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_bad_calibration_and_unavailable_source_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse("--calibration", "job:x=7")
+    assert args.handler(args) == 2
+    assert "--calibration" in capsys.readouterr().err
+    args = parse("--source", "replay", "--exporter", "none")  # no --file
+    assert args.handler(args) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_sim_run_exports_records_and_stops_after_duration(
+    sink: OtlpSink, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capture = tmp_path / "capture.jsonl"
+    args = parse(
+        "--source",
+        "sim",
+        "--sim-speed",
+        "500",
+        "--interval",
+        "10",
+        "--duration",
+        "40",
+        "--export-endpoint",
+        sink.grpc_endpoint,
+        "--record",
+        str(capture),
+        "--prometheus-port",
+        "0",
+        "--prometheus-addr",
+        "127.0.0.1",
+        "--job-id",
+        "fallback-job",
+    )
+    assert args.handler(args) == 0
+    err = capsys.readouterr().err
+    assert "sim:" in err
+    assert "exporting every 10 s" in err
+    requests = sink.requests()
+    assert len(requests) >= 1
+    resources = [
+        {item.key: item.value for item in rm.resource.attributes}
+        for rm in requests[-1].resource_metrics
+        if any(item.key == names.HW_ID for item in rm.resource.attributes)
+    ]
+    assert len(resources) >= 20  # the demo fleet: 3 hosts x 8 GPUs, less any flaky one
+    job_ids = {attributes[names.JOB_ID].string_value for attributes in resources}
+    assert "job-1001" in job_ids  # the fleet's own attribution beats the static fallback
+    lines = capture.read_text().splitlines()
+    assert lines
+    assert all(isinstance(json.loads(line), dict) for line in lines)
