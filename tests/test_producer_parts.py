@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, Sum
 
 from otel_ofu import names
-from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
+from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot
 from otel_ofu.producer import MetricsDataBuilder, Producer, SelfMetrics, compute_snapshot, env_resource
 from otel_ofu.producer.exporters import (
     ExporterConfigError,
@@ -184,3 +184,13 @@ def test_an_attribution_chain_object_is_accepted() -> None:
     producer.close()
     attributes = data.resource_metrics[0].resource.attributes
     assert (attributes[names.JOB_ID], attributes[names.GPU_PRECISION]) == ("job-static", "fp8")
+
+
+def test_a_gpu_with_clocks_and_a_source_error_is_counted_once() -> None:
+    # NVML without GPM returns the GPU's clocks and an error saying TPA is unavailable.
+    gpu = GpuIdentity("GPU-nogpm", "NVIDIA H100 80GB HBM3", 0, "host-a")
+    reading = GpuReading(gpu, 0, 10**10, tensor_active=None, sm_clock_hz=1.98e9, max_sm_clock_hz=1.98e9)
+    error = GpuError(names.ErrorReason.NOT_SUPPORTED, "tensor activity unavailable: no GPM on this GPU", gpu)
+    computed = compute_snapshot(Snapshot(readings=(reading,), errors=(error,)))
+    assert computed.samples == ()
+    assert computed.errors == (error,)

@@ -241,7 +241,7 @@ def _open_source(args: argparse.Namespace, clock: Clock) -> tuple[Source, str]:
 def _attribution(args: argparse.Namespace, source: Source) -> Any:
     from otel_ofu.attribution import build_chain
 
-    pids_for = getattr(source, "pids_for", None)  # sources that can list a GPU's processes (NVML)
+    pids_for = getattr(source, "compute_pids", None)  # sources that can list a GPU's processes (NVML)
     return build_chain(
         static_job_id=args.job_id,
         static_job_name=args.job_name,

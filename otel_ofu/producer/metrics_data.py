@@ -78,6 +78,9 @@ def compute_snapshot(
     table = calibration or CalibrationTable()
     samples: list[GpuSample] = []
     errors = list(snapshot.errors)
+    # A source may return a GPU's clocks together with an error saying why its TPA is missing (no GPM);
+    # that GPU's failed computation is the same problem and is counted once.
+    already_failed = {error.gpu.key for error in snapshot.errors if error.gpu is not None}
     for reading in snapshot.readings:
         gpu = reading.gpu
         attributes = _attributes_of(gpu, attribution)
@@ -90,7 +93,8 @@ def compute_snapshot(
                 calibration=table.factor(gpu.model, str(job_id) if job_id is not None else None),
             )
         except InvalidReading as error:
-            errors.append(GpuError(error.reason, str(error), gpu))
+            if gpu.key not in already_failed:
+                errors.append(GpuError(error.reason, str(error), gpu))
             continue
         except Exception as error:  # one broken reading never takes down the rest
             errors.append(GpuError(names.ErrorReason.UNKNOWN, f"{type(error).__name__}: {error}", gpu))
