@@ -1,0 +1,281 @@
+"""OpenTelemetry base-2 exponential histograms of non-negative values (OFU is in [0, 1]; idle GPUs give 0).
+
+Layout as in the OTLP data model: at scale s the base is 2^(2^-s) and bucket i holds (base^i, base^(i+1)];
+zero has its own count (threshold 0: only exact zeros, so no value is ever moved). Every value is first
+mapped at ``MAX_SCALE`` and lower scales are taken by an arithmetic shift, so the mapping at any scale is
+the exact downscale of the mapping at the top one: inserting values one by one, building from a batch and
+merging histograms at different scales all give identical buckets (the merge is exact, never approximate).
+
+The scale chosen is the highest at which the non-empty buckets fit in ``max_buckets``; the relative error
+of a quantile read from the buckets is then at most ``relative_error_bound(scale)`` = sqrt(base) - 1
+(bucket representative: its geometric midpoint, clamped to the exact min and max).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+
+import attrs
+
+from otel_ofu_collector.quantiles import check_quantile
+
+MAX_SCALE = 20
+MIN_SCALE = -10
+_LOG_SCALE_FACTOR = (1 << MAX_SCALE) / math.log(2.0)
+# Bucket exponents (index / 2^scale) a float can reach: 2^-1075 .. 2^1024, with a margin.
+_MIN_EXPONENT = -1100
+_MAX_EXPONENT = 1100
+
+
+def top_index(value: float) -> int:
+    """Bucket index of a positive finite value at MAX_SCALE; exact powers of two are mapped exactly."""
+    mantissa, exponent = math.frexp(value)
+    if mantissa == 0.5:
+        # value = 2^(exponent-1) is the inclusive upper bound of the bucket below it
+        return ((exponent - 1) << MAX_SCALE) - 1
+    return math.floor(math.log(value) * _LOG_SCALE_FACTOR)
+
+
+def relative_error_bound(scale: int) -> float:
+    """Largest relative error of a value read back from a bucket at this scale (geometric midpoint)."""
+    return float(2.0 ** (2.0**-scale / 2.0) - 1.0)
+
+
+def shift_to_fit(low: int, high: int, max_buckets: int) -> int:
+    """Smallest downscale (in steps of one scale) after which buckets low..high span at most max_buckets."""
+    shift = 0
+    while (high >> shift) - (low >> shift) + 1 > max_buckets and shift < MAX_SCALE - MIN_SCALE:
+        shift += 1
+    return shift
+
+
+def _check_value(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"exponential histogram takes finite values >= 0, got {value!r}")
+    return float(value)
+
+
+def _as_counts(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _check_counts(_instance: object, _attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
+    if any(count < 0 for count in value):
+        raise ValueError("bucket counts must be >= 0")
+
+
+@attrs.frozen
+class ExpHistogram:
+    """An immutable exponential histogram (a window's snapshot, or one decoded from OTLP).
+
+    Normal form: no empty buckets at either end of ``counts``; without any positive bucket the scale is
+    MAX_SCALE and the offset 0 (a scale carries no information then). ``normalized`` gives that form;
+    ``from_values`` and ``merge`` always return it, so equal contents compare equal. Equality compares
+    the distribution (scale, buckets, zero count, min, max), not ``sum``, which float rounding may
+    change in the last bits when the same values are added in another order.
+    """
+
+    scale: int = MAX_SCALE
+    zero_count: int = 0
+    offset: int = 0
+    counts: tuple[int, ...] = attrs.field(default=(), converter=_as_counts, validator=_check_counts)
+    sum: float = attrs.field(default=0.0, eq=False)  # float-rounded: a merge may differ in the last bits
+    min: float | None = None
+    max: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not MIN_SCALE <= self.scale <= MAX_SCALE:
+            raise ValueError(f"scale {self.scale} is outside [{MIN_SCALE}, {MAX_SCALE}]")
+        if self.zero_count < 0:
+            raise ValueError("zero_count must be >= 0")
+        if self.counts:
+            low = self.offset / 2.0**self.scale
+            high = (self.offset + len(self.counts)) / 2.0**self.scale
+            if low < _MIN_EXPONENT or high > _MAX_EXPONENT:
+                raise ValueError(f"buckets offset {self.offset} at scale {self.scale} lie outside the float range")
+
+    @classmethod
+    def from_values(cls, values: Iterable[float], *, max_buckets: int) -> ExpHistogram:
+        """The histogram of a batch of values, at the highest scale that fits."""
+        zero_count = 0
+        total = 0.0
+        smallest = math.inf
+        largest = -math.inf
+        indices: list[int] = []
+        for raw in values:
+            value = _check_value(raw)
+            total += value
+            smallest = min(smallest, value)
+            largest = max(largest, value)
+            if value == 0.0:
+                zero_count += 1
+            else:
+                indices.append(top_index(value))
+        if zero_count == 0 and not indices:
+            return cls()
+        if not indices:
+            return cls(zero_count=zero_count, sum=total, min=smallest, max=largest)
+        shift = shift_to_fit(min(indices), max(indices), max_buckets)
+        by_bucket = Counter(index >> shift for index in indices)
+        offset = min(by_bucket)
+        counts = [0] * (max(by_bucket) - offset + 1)
+        for index, count in by_bucket.items():
+            counts[index - offset] = count
+        return cls(MAX_SCALE - shift, zero_count, offset, tuple(counts), total, smallest, largest)
+
+    @property
+    def count(self) -> int:
+        return self.zero_count + sum(self.counts)
+
+    def normalized(self) -> ExpHistogram:
+        first = next((i for i, count in enumerate(self.counts) if count), None)
+        if first is None:
+            return attrs.evolve(self, scale=MAX_SCALE, offset=0, counts=())
+        last = max(i for i, count in enumerate(self.counts) if count)
+        if first == 0 and last == len(self.counts) - 1:
+            return self
+        return attrs.evolve(self, offset=self.offset + first, counts=self.counts[first : last + 1])
+
+    def downscale(self, by: int) -> ExpHistogram:
+        """The same data at ``scale - by`` (buckets merged pairwise ``by`` times)."""
+        if by < 0:
+            raise ValueError("downscale by a negative amount")
+        if by == 0 or not self.counts:
+            return self
+        if self.scale - by < MIN_SCALE:
+            raise ValueError(f"cannot downscale below scale {MIN_SCALE}")
+        offset = self.offset >> by
+        counts = [0] * (((self.offset + len(self.counts) - 1) >> by) - offset + 1)
+        for i, count in enumerate(self.counts):
+            counts[((self.offset + i) >> by) - offset] += count
+        return attrs.evolve(self, scale=self.scale - by, offset=offset, counts=tuple(counts))
+
+    def merge(self, other: ExpHistogram, *, max_buckets: int) -> ExpHistogram:
+        """The exact union of both histograms, at the highest scale (<= both) that fits max_buckets."""
+        mine, theirs = self.normalized(), other.normalized()
+        with_buckets = [h for h in (mine, theirs) if h.counts]
+        if with_buckets:
+            scale = min(h.scale for h in with_buckets)
+            low = min(h.offset >> (h.scale - scale) for h in with_buckets)
+            high = max((h.offset + len(h.counts) - 1) >> (h.scale - scale) for h in with_buckets)
+            scale -= shift_to_fit(low, high, max_buckets)
+            parts = [h.downscale(h.scale - scale) for h in with_buckets]
+            offset = min(p.offset for p in parts)
+            counts = [0] * (max(p.offset + len(p.counts) for p in parts) - offset)
+            for part in parts:
+                for i, count in enumerate(part.counts):
+                    counts[part.offset - offset + i] += count
+            buckets: tuple[int, tuple[int, ...]] = (offset, tuple(counts))
+        else:
+            scale, buckets = MAX_SCALE, (0, ())
+        return ExpHistogram(
+            scale=scale,
+            zero_count=mine.zero_count + theirs.zero_count,
+            offset=buckets[0],
+            counts=buckets[1],
+            sum=mine.sum + theirs.sum,
+            min=_pick(True, mine.min, theirs.min),
+            max=_pick(False, mine.max, theirs.max),
+        ).normalized()
+
+    def bucket_midpoint(self, index: int) -> float:
+        """Geometric midpoint of bucket ``index`` at this histogram's scale."""
+        return float(2.0 ** ((index + 0.5) * 2.0**-self.scale))
+
+    def _value_at_rank(self, rank: int) -> float:
+        """Estimate of the rank-th smallest value (0-based)."""
+        if rank < self.zero_count:
+            return 0.0
+        if self.min is not None and self.min > 0.0 and rank == self.zero_count:
+            return self.min
+        if self.max is not None and rank == self.count - 1:
+            return self.max
+        seen = self.zero_count
+        for i, count in enumerate(self.counts):
+            seen += count
+            if rank < seen:
+                estimate = self.bucket_midpoint(self.offset + i)
+                if self.min is not None:
+                    estimate = max(estimate, self.min)
+                if self.max is not None:
+                    estimate = min(estimate, self.max)
+                return estimate
+        raise IndexError(f"rank {rank} beyond count {self.count}")
+
+    def quantile(self, q: float) -> float | None:
+        """The q-percentile by linear interpolation between closest ranks (as quantiles.py), None if empty.
+
+        Within ``relative_error_bound(scale)`` of the exact percentile of the inserted values.
+        """
+        check_quantile(q)
+        total = self.count
+        if total == 0:
+            return None
+        rank = q * (total - 1)
+        low = math.floor(rank)
+        fraction = rank - low
+        lower = self._value_at_rank(low)
+        if fraction == 0.0:
+            return lower
+        return lower + fraction * (self._value_at_rank(low + 1) - lower)
+
+
+def _pick(lower: bool, a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b) if lower else max(a, b)
+
+
+@attrs.define
+class ExpHistogramBuilder:
+    """A histogram filled one value at a time, downscaling only as far as the values seen so far require."""
+
+    max_buckets: int
+    scale: int = MAX_SCALE
+    zero_count: int = 0
+    _buckets: dict[int, int] = attrs.field(factory=dict)
+    _low: int = 0
+    _high: int = 0
+    _sum: float = 0.0
+    _min: float | None = None
+    _max: float | None = None
+
+    def insert(self, raw: float) -> None:
+        value = _check_value(raw)
+        self._sum += value
+        self._min = value if self._min is None else min(self._min, value)
+        self._max = value if self._max is None else max(self._max, value)
+        if value == 0.0:
+            self.zero_count += 1
+            return
+        index = top_index(value) >> (MAX_SCALE - self.scale)
+        if not self._buckets:
+            self._low = self._high = index
+        else:
+            low, high = min(self._low, index), max(self._high, index)
+            shift = shift_to_fit(low, high, self.max_buckets)
+            if shift:
+                self._rescale(shift)
+                index >>= shift
+                low, high = low >> shift, high >> shift
+            self._low, self._high = low, high
+        self._buckets[index] = self._buckets.get(index, 0) + 1
+
+    def _rescale(self, shift: int) -> None:
+        rescaled: dict[int, int] = {}
+        for index, count in self._buckets.items():
+            rescaled[index >> shift] = rescaled.get(index >> shift, 0) + count
+        self._buckets = rescaled
+        self.scale -= shift
+
+    def snapshot(self) -> ExpHistogram:
+        if not self._buckets:
+            return ExpHistogram(zero_count=self.zero_count, sum=self._sum, min=self._min, max=self._max)
+        counts = [0] * (self._high - self._low + 1)
+        for index, count in self._buckets.items():
+            counts[index - self._low] = count
+        return ExpHistogram(self.scale, self.zero_count, self._low, tuple(counts), self._sum, self._min, self._max)

@@ -1,0 +1,180 @@
+"""Window reports as SDK MetricsData, through the SDK's OTLP encoder into protobuf and back as partials."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from opentelemetry.sdk.metrics.export import AggregationTemporality, ExponentialHistogram, Gauge, MetricsData
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.encode import (
+    is_merge_recomputed_metric,
+    is_partial_metric,
+    partials_from_request,
+    reports_to_metrics_data,
+)
+from otel_ofu_collector.stats import CoMoments
+from otel_ofu_collector.windows import Aggregator, WindowReport
+
+from otel_ofu import names
+
+S = 1_000_000_000
+W = 60 * S
+T0 = 28_333_334 * W
+
+
+def wire(reports: list[WindowReport], shard: str, include_partials: bool = True) -> ExportMetricsServiceRequest:
+    data = reports_to_metrics_data(
+        reports,
+        resource_attributes={names.SERVICE_INSTANCE_ID: shard, "k8s.pod.name": "collector-0"},
+        include_partials=include_partials,
+    )
+    return ExportMetricsServiceRequest.FromString(encode_metrics(data).SerializeToString())
+
+
+def _sample_reports() -> list[WindowReport]:
+    agg = Aggregator(AggregatorConfig())
+    identity = {
+        names.HW_MODEL: "NVIDIA H100 80GB HBM3",
+        names.GPU_PRECISION: "bf16",
+        names.JOB_ID: "j1",
+        names.JOB_NAME: "train",
+    }
+    for window in range(2):
+        for gpu, value in enumerate((0.0, 0.4 + 0.1 * window, 0.5)):
+            agg.add_ofu(f"g{gpu}", value, T0 + window * W, T0 + window * W + 30 * S, identity)
+        agg.add_mfu("j1", 0.45 + 0.1 * window, T0 + window * W + 40 * S, identity)
+        agg.add_mfu("mfu-only", 0.3, T0 + window * W + 40 * S, {names.JOB_ID: "mfu-only"})
+    return agg.close_all()
+
+
+def _metrics(data: MetricsData) -> dict[str, object]:
+    (resource_metrics,) = data.resource_metrics
+    (scope_metrics,) = resource_metrics.scope_metrics
+    return {metric.name: metric.data for metric in scope_metrics.metrics}
+
+
+def test_outputs_follow_the_contract() -> None:
+    reports = _sample_reports()
+    data = reports_to_metrics_data(reports, resource_attributes={"service.name": "other"}, include_partials=False)
+    (resource_metrics,) = data.resource_metrics
+    assert resource_metrics.resource.attributes[names.SERVICE_NAME] == names.COLLECTOR_SERVICE_NAME
+    assert resource_metrics.scope_metrics[0].scope.name == names.COLLECTOR_INSTRUMENTATION_SCOPE
+    metrics = _metrics(data)
+    assert set(metrics) <= {spec.name for spec in names.COLLECTOR_METRICS}
+    histogram = metrics[names.FLEET_OFU.name]
+    assert isinstance(histogram, ExponentialHistogram)
+    assert histogram.aggregation_temporality == AggregationTemporality.DELTA
+    first = histogram.data_points[0]
+    assert (first.start_time_unix_nano, first.time_unix_nano) == (T0, T0 + W)
+    assert (first.count, first.zero_count) == (3, 1)
+    quantiles = metrics[names.FLEET_OFU_QUANTILE.name]
+    assert isinstance(quantiles, Gauge)
+    assert {(p.attributes or {}).get(names.QUANTILE) for p in quantiles.data_points} == set(names.QUANTILES)
+    gpus = metrics[names.FLEET_GPUS.name]
+    assert isinstance(gpus, Gauge)
+    assert [p.value for p in gpus.data_points] == [3, 3]
+    job_ofu = metrics[names.JOB_OFU.name]
+    assert isinstance(job_ofu, Gauge)
+    # the MFU-only job sends no job.ofu, the job with GPUs does, with its identity
+    assert dict(job_ofu.data_points[0].attributes or {}) == {
+        names.JOB_ID: "j1",
+        names.JOB_NAME: "train",
+        names.HW_MODEL: "NVIDIA H100 80GB HBM3",
+        names.GPU_PRECISION: "bf16",
+    }
+    assert {p.attributes[names.JOB_ID] for p in job_ofu.data_points} == {"j1"}  # type: ignore[index]
+    miscount = metrics[names.JOB_FLOPS_MISCOUNT.name]
+    assert isinstance(miscount, Gauge)
+    assert {p.attributes[names.JOB_ID] for p in miscount.data_points} == {"j1", "mfu-only"}  # type: ignore[index]
+    # one pair: no correlation yet in window 0
+    correlation = metrics[names.JOB_OFU_MFU_CORRELATION.name]
+    assert isinstance(correlation, Gauge)
+    assert [p.time_unix_nano for p in correlation.data_points] == [T0 + 2 * W]
+    assert names.FLEET_OFU_MFU_MAE.name in metrics
+    assert not any(is_partial_metric(name) for name in metrics if name != names.FLEET_OFU.name)
+
+
+def test_partial_gauges_only_in_shard_mode() -> None:
+    reports = _sample_reports()
+    plain = _metrics(reports_to_metrics_data(reports, resource_attributes={}, include_partials=False))
+    shard = _metrics(reports_to_metrics_data(reports, resource_attributes={}, include_partials=True))
+    partial_names = {spec.name for spec in names.COLLECTOR_PARTIAL_METRICS}
+    assert not partial_names & set(plain)
+    assert partial_names <= set(shard)
+    assert all(is_partial_metric(name) for name in partial_names)
+    assert is_partial_metric(names.FLEET_OFU.name)
+    assert not is_partial_metric(names.JOB_OFU.name)
+    assert not is_partial_metric(names.FLEET_OFU_QUANTILE.name)
+    assert is_merge_recomputed_metric(names.FLEET_OFU_QUANTILE.name)
+    assert not is_merge_recomputed_metric(names.JOB_FLOPS_MISCOUNT.name)
+
+
+def test_no_reports_give_an_empty_resource() -> None:
+    data = reports_to_metrics_data([], resource_attributes={}, include_partials=True)
+    assert encode_metrics(data).resource_metrics[0].scope_metrics == []
+
+
+def test_round_trip_through_the_sdk_encoder() -> None:
+    reports = _sample_reports()
+    request = wire(reports, "shard-a")
+    partials = partials_from_request(request)
+    assert [(p.start_ns, p.end_ns, p.shard_id) for p in partials] == [
+        (r.start_ns, r.end_ns, "shard-a") for r in reports
+    ]
+    for partial, report in zip(partials, reports, strict=True):
+        assert partial.fleet_comoments == report.fleet.comoments  # doubles travel bit for bit
+        assert partial.abs_diff_sum == report.fleet.abs_diff_sum
+        assert partial.jobs_count == report.fleet.jobs
+        assert [(dict(g.attributes), g.histogram, g.gpus) for g in partial.groups] == [
+            (dict(g.attributes), g.histogram, g.gpus) for g in report.groups
+        ]
+
+
+def _request_with(point: metrics_pb2.ExponentialHistogramDataPoint) -> ExportMetricsServiceRequest:
+    request = ExportMetricsServiceRequest()
+    metric = request.resource_metrics.add().scope_metrics.add().metrics.add()
+    metric.name = names.FLEET_OFU.name
+    metric.exponential_histogram.data_points.append(point)
+    return request
+
+
+def test_unusable_partials_are_refused() -> None:
+    good = metrics_pb2.ExponentialHistogramDataPoint(time_unix_nano=T0 + W, count=2, scale=3, zero_count=1)
+    good.positive.offset = -2
+    good.positive.bucket_counts.extend([1])
+    assert partials_from_request(_request_with(good))[0].groups[0].gpus == 2
+
+    wrong_count = metrics_pb2.ExponentialHistogramDataPoint()
+    wrong_count.CopyFrom(good)
+    wrong_count.count = 7
+    negative = metrics_pb2.ExponentialHistogramDataPoint()
+    negative.CopyFrom(good)
+    negative.negative.bucket_counts.extend([1])
+    bad_scale = metrics_pb2.ExponentialHistogramDataPoint()
+    bad_scale.CopyFrom(good)
+    bad_scale.scale = 99
+    huge_offset = metrics_pb2.ExponentialHistogramDataPoint()
+    huge_offset.CopyFrom(good)
+    huge_offset.positive.offset = 2**30
+    for bad in (wrong_count, negative, bad_scale, huge_offset):
+        with pytest.raises(ValueError):  # noqa: PT011 - each says why in its own words
+            partials_from_request(_request_with(bad))
+
+
+def test_partial_fleet_state_must_be_whole() -> None:
+    request = wire(_sample_reports(), "s")
+    for metric in request.resource_metrics[0].scope_metrics[0].metrics:
+        if metric.name == names.PARTIAL_FLEET_M2_OFU.name:
+            metric.name = "something.else"
+    with pytest.raises(ValueError, match="lacks"):
+        partials_from_request(request)
+
+
+def test_fleet_state_with_no_jobs_round_trips() -> None:
+    agg = Aggregator(AggregatorConfig())
+    agg.add_ofu("g", 0.5, T0, T0 + 30 * S, {names.HW_MODEL: "X"})
+    (partial,) = partials_from_request(wire(agg.close_all(), "s"))
+    assert partial.fleet_comoments == CoMoments()
+    assert partial.jobs_count == 0

@@ -1,0 +1,411 @@
+"""Windows, correlation and flags, driven by explicit flush times (never by sleeping)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.windows import (
+    STATUS_NO_MFU,
+    STATUS_NO_OFU,
+    STATUS_OK,
+    Aggregator,
+    JobReport,
+    WindowReport,
+)
+
+from otel_ofu import names
+
+S = 1_000_000_000
+W = 60 * S
+T0 = 28_333_334 * W  # a window boundary in 2023
+
+
+def ident(
+    job: str | None = None,
+    *,
+    model: str | None = "NVIDIA H100 80GB HBM3",
+    precision: str | None = "bf16",
+    host: str = "h1",
+    name: str | None = None,
+) -> dict[str, str]:
+    out = {names.HOST_NAME: host}
+    for key, value in ((names.JOB_ID, job), (names.HW_MODEL, model), (names.GPU_PRECISION, precision)):
+        if value is not None:
+            out[key] = value
+    if name is not None:
+        out[names.JOB_NAME] = name
+    return out
+
+
+def at(window: int, second: float = 30.0) -> int:
+    return T0 + window * W + int(second * S)
+
+
+def close(agg: Aggregator, window: int) -> list[WindowReport]:
+    """Flush just far enough to close window ``window`` (and those before it)."""
+    return agg.flush(T0 + (window + 1) * W + agg.config.lateness_ns)
+
+
+def job_of(report: WindowReport, job_id: str) -> JobReport:
+    return next(job for job in report.jobs if job.job_id == job_id)
+
+
+def test_window_bounds_are_aligned_and_closed_on_the_right() -> None:
+    agg = Aggregator(AggregatorConfig())
+    assert agg.add_ofu("g1", 0.4, at(0, 50), at(0, 60), ident())  # end exactly on the boundary: window 0
+    assert agg.add_ofu("g2", 0.6, at(1, 0), at(1, 0) + 1, ident())  # one ns past it: window 1
+    first, second = close(agg, 1)
+    assert (first.start_ns, first.end_ns) == (T0, T0 + W)
+    assert (second.start_ns, second.end_ns) == (T0 + W, T0 + 2 * W)
+    assert first.groups[0].ofu_sum == pytest.approx(0.4)
+    assert second.groups[0].ofu_sum == pytest.approx(0.6)
+
+
+def test_a_gpu_counts_once_time_weighted() -> None:
+    agg = Aggregator(AggregatorConfig())
+    agg.add_ofu("g1", 0.2, at(0, 0), at(0, 10), ident())
+    agg.add_ofu("g1", 0.6, at(0, 10), at(0, 40), ident())
+    # the part of an interval before the window does not weigh in it
+    agg.add_ofu("g2", 0.9, at(0, -30), at(0, 10), ident())
+    agg.add_ofu("g2", 0.1, at(0, 10), at(0, 40), ident())
+    # instantaneous points weigh the same: a plain mean
+    for value in (0.1, 0.2, 0.6):
+        agg.add_ofu("g3", value, at(0, 20), at(0, 20), ident())
+    (report,) = close(agg, 0)
+    (group,) = report.groups
+    assert group.gpus == 3
+    assert group.histogram.count == 3
+    assert sorted([group.ofu_min, group.ofu_max]) == pytest.approx([0.3, 0.5])
+    assert group.ofu_sum == pytest.approx(0.5 + 0.3 + 0.3)
+    assert group.quantiles[0.5] == pytest.approx(0.3)
+
+
+def test_late_points_are_counted_not_mixed_in() -> None:
+    config = AggregatorConfig(lateness_s=15.0)
+    agg = Aggregator(config)
+    agg.add_ofu("g1", 0.5, at(0, 0), at(0, 30), ident())
+    assert agg.flush(T0 + W + 10 * S) == []  # within the lateness: window 0 still open
+    assert agg.add_ofu("g2", 0.7, at(0, 20), at(0, 50), ident())
+    (first,) = agg.flush(T0 + W + 15 * S)
+    assert first.groups[0].gpus == 2
+    assert not agg.add_ofu("g3", 0.1, at(0, 20), at(0, 50), ident())  # window 0 closed
+    assert not agg.add_mfu("j", 0.1, at(0, 50), ident("j"))
+    assert agg.add_ofu("g1", 0.5, at(1, 0), at(1, 30), ident())
+    (second,) = close(agg, 1)
+    assert second.groups[0].gpus == 1
+    assert second.groups[0].ofu_min == 0.5
+    assert agg.stats.late_points == 2
+    assert agg.stats.points_ofu == 3
+    assert agg.stats.windows_closed == 2
+
+
+def test_groups_by_configured_keys_with_unknown_for_missing() -> None:
+    agg = Aggregator(AggregatorConfig())
+    agg.add_ofu("a", 0.5, at(0, 0), at(0, 30), ident(model="A100", precision="bf16"))
+    agg.add_ofu("b", 0.4, at(0, 0), at(0, 30), ident(model="A100", precision="bf16"))
+    agg.add_ofu("c", 0.3, at(0, 0), at(0, 30), ident(model="H100", precision="fp8"))
+    agg.add_ofu("d", 0.2, at(0, 0), at(0, 30), ident(model="H100", precision=None))
+    (report,) = close(agg, 0)
+    found = {(g.attributes[names.HW_MODEL], g.attributes[names.GPU_PRECISION]): g.gpus for g in report.groups}
+    assert found == {("A100", "bf16"): 2, ("H100", "fp8"): 1, ("H100", "unknown"): 1}
+
+    by_host = Aggregator(AggregatorConfig(group_keys=(names.HOST_NAME,)))
+    by_host.add_ofu("a", 0.5, at(0, 0), at(0, 30), ident(host="x"))
+    by_host.add_ofu("b", 0.5, at(0, 0), at(0, 30), ident(host="y"))
+    (report,) = close(by_host, 0)
+    assert [dict(g.attributes) for g in report.groups] == [{names.HOST_NAME: "x"}, {names.HOST_NAME: "y"}]
+
+
+def test_group_quantiles_are_exact_and_match_the_histogram() -> None:
+    rng = random.Random(3)
+    values = [rng.choice([0.0, rng.uniform(0.2, 0.7)]) for _ in range(500)]
+    agg = Aggregator(AggregatorConfig())
+    for i, value in enumerate(values):
+        agg.add_ofu(f"g{i}", value, at(0, 0), at(0, 30), ident())
+    (report,) = close(agg, 0)
+    (group,) = report.groups
+    for q in names.QUANTILES:
+        assert group.quantiles[q] == pytest.approx(float(np.percentile(values, q * 100)), abs=1e-12)
+    assert group.histogram.count == group.gpus == 500
+    assert group.histogram.zero_count == values.count(0.0)
+
+
+def test_stream_and_job_caps_are_counted() -> None:
+    agg = Aggregator(AggregatorConfig(max_streams=2, max_jobs=1))
+    assert agg.add_ofu("a", 0.5, at(0, 0), at(0, 30), ident("j1"))
+    assert agg.add_ofu("b", 0.5, at(0, 0), at(0, 30), ident("j2"))  # over the job cap: fleet only
+    assert not agg.add_ofu("c", 0.5, at(0, 0), at(0, 30), ident("j1"))
+    assert agg.add_ofu("a", 0.5, at(0, 30), at(0, 40), ident("j1"))  # known streams still flow
+    assert not agg.add_mfu("j3", 0.5, at(0, 30), ident("j3"))
+    assert agg.add_mfu("j1", 0.5, at(0, 30), ident("j1"))
+    (report,) = close(agg, 0)
+    assert report.groups[0].gpus == 2
+    assert [job.job_id for job in report.jobs] == ["j1"]
+    stats = agg.stats
+    assert (stats.rejected_stream_cap, stats.rejected_job_cap) == (1, 2)
+
+
+def test_stale_streams_and_jobs_are_evicted_by_event_time() -> None:
+    config = AggregatorConfig(window_s=60, lateness_s=0, stale_after_s=120, horizon_s=600)
+    agg = Aggregator(config)
+    agg.add_ofu("gone", 0.5, at(0, 0), at(0, 30), ident("old"))
+    for window in range(6):
+        agg.add_ofu("alive", 0.5, at(window, 0), at(window, 30), ident("new"))
+        agg.add_mfu("new", 0.5, at(window, 30), ident("new"))
+        close(agg, window)
+    assert agg.streams == 1
+    assert agg.stats.evicted_streams == 1
+    assert agg.stats.evicted_jobs == 1
+    assert agg.jobs == 1  # "old" had no (OFU, MFU) pair, so nothing of it lingers
+
+
+def test_evicted_job_still_counts_for_the_fleet_within_the_horizon() -> None:
+    config = AggregatorConfig(window_s=60, lateness_s=0, stale_after_s=120, horizon_s=600)
+    agg = Aggregator(config)
+    agg.add_ofu("a", 0.5, at(0, 0), at(0, 30), ident("done"))
+    agg.add_mfu("done", 0.6, at(0, 30), ident("done"))
+    fleet_jobs = []
+    for window in range(12):
+        agg.add_ofu("b", 0.4, at(window, 0), at(window, 30), ident("running"))
+        agg.add_mfu("running", 0.4, at(window, 30), ident("running"))
+        (report,) = close(agg, window)
+        fleet_jobs.append(report.fleet.jobs)
+    assert agg.stats.evicted_jobs == 1
+    assert fleet_jobs == [2] * 10 + [1] * 2  # "done" leaves with its last pair, ten windows on
+
+
+def test_miscount_flag_after_exactly_n_consecutive_windows() -> None:
+    agg = Aggregator(AggregatorConfig(miscount_ratio=1.5, miscount_windows=3))
+    moe, healthy = [], []
+    for window in range(8):
+        over_counting = window < 6
+        agg.add_ofu("m", 0.3, at(window, 0), at(window, 30), ident("moe"))
+        agg.add_mfu("moe", 0.6 if over_counting else 0.31, at(window, 30), ident("moe"))
+        agg.add_ofu("h", 0.4, at(window, 0), at(window, 30), ident("dense"))
+        agg.add_mfu("dense", 0.44, at(window, 30), ident("dense"))
+        (report,) = close(agg, window)
+        moe.append(job_of(report, "moe").flops_miscount)
+        healthy.append(job_of(report, "dense").flops_miscount)
+    assert moe == [0, 0, 1, 1, 1, 1, 0, 0]
+    assert healthy == [0] * 8
+
+
+def test_windows_without_mfu_neither_extend_nor_break_the_run() -> None:
+    agg = Aggregator(AggregatorConfig(miscount_windows=3))
+    flags = []
+    for window, mfu in enumerate([0.6, 0.6, None, 0.6]):
+        agg.add_ofu("m", 0.3, at(window, 0), at(window, 30), ident("moe"))
+        if mfu is not None:
+            agg.add_mfu("moe", mfu, at(window, 30), ident("moe"))
+        (report,) = close(agg, window)
+        flags.append(job_of(report, "moe").flops_miscount)
+    assert flags == [0, 0, 0, 1]
+
+
+def test_regression_flagged_for_a_2_5x_drop_and_never_for_a_healthy_job() -> None:
+    rng = random.Random(11)
+    agg = Aggregator(AggregatorConfig(regression_factor=2.0, baseline_windows=10))
+    regressing, healthy = [], []
+    for window in range(30):
+        ofu = 0.5 if window < 15 else 0.2
+        agg.add_ofu("r", ofu, at(window, 0), at(window, 30), ident("reg"))
+        agg.add_ofu("h", 0.45 * rng.uniform(0.85, 1.15), at(window, 0), at(window, 30), ident("ok"))
+        (report,) = close(agg, window)
+        regressing.append(job_of(report, "reg").regression)
+        healthy.append(job_of(report, "ok").regression)
+    assert regressing == [0] * 15 + [1] * 15  # flagged windows stay out of the baseline
+    assert healthy == [0] * 30
+
+
+def test_regression_needs_a_baseline_first() -> None:
+    agg = Aggregator(AggregatorConfig(baseline_windows=10))  # at least 5 windows of baseline
+    flags = []
+    for window, ofu in enumerate([0.5, 0.5, 0.5, 0.5, 0.1, 0.5, 0.1]):
+        agg.add_ofu("r", ofu, at(window, 0), at(window, 30), ident("reg"))
+        (report,) = close(agg, window)
+        flags.append(job_of(report, "reg").regression)
+    # window 4 has only 4 windows behind it; by window 6 the baseline holds 6 (median 0.5)
+    assert flags == [0, 0, 0, 0, 0, 0, 1]
+
+
+def test_jobs_with_one_side_missing_are_reported() -> None:
+    agg = Aggregator(AggregatorConfig())
+    agg.add_ofu("a", 0.4, at(0, 0), at(0, 30), ident("ofu-only", name="train"))
+    agg.add_mfu("mfu-only", 0.5, at(0, 30), {names.JOB_ID: "mfu-only", names.JOB_NAME: "eval"})
+    agg.add_ofu("b", 0.3, at(0, 0), at(0, 30), ident("both"))
+    agg.add_ofu("c", 0.5, at(0, 0), at(0, 30), ident("both", host="h2"))
+    agg.add_mfu("both", 0.5, at(0, 10), ident("both"))
+    agg.add_mfu("both", 0.3, at(0, 20), ident("both"))
+    (report,) = close(agg, 0)
+    only_ofu = job_of(report, "ofu-only")
+    assert (only_ofu.status, only_ofu.ofu, only_ofu.mfu, only_ofu.gap, only_ofu.gpus) == (
+        STATUS_NO_MFU,
+        0.4,
+        None,
+        None,
+        1,
+    )
+    assert only_ofu.attributes[names.JOB_NAME] == "train"
+    assert only_ofu.attributes[names.HW_MODEL] == "NVIDIA H100 80GB HBM3"
+    only_mfu = job_of(report, "mfu-only")
+    assert (only_mfu.status, only_mfu.ofu, only_mfu.mfu, only_mfu.gap, only_mfu.gpus) == (
+        STATUS_NO_OFU,
+        None,
+        0.5,
+        None,
+        0,
+    )
+    assert dict(only_mfu.attributes) == {names.JOB_NAME: "eval"}
+    both = job_of(report, "both")
+    assert both.status == STATUS_OK
+    assert both.gpus == 2
+    assert both.ofu == pytest.approx(0.4)
+    assert both.mfu == pytest.approx(0.4)
+    assert both.gap == pytest.approx(0.0)
+
+
+def test_job_correlation_over_the_rolling_horizon() -> None:
+    config = AggregatorConfig(horizon_s=300)  # five windows
+    agg = Aggregator(config)
+    rng = random.Random(5)
+    series: list[tuple[float, float]] = []
+    correlations = []
+    for window in range(12):
+        ofu = rng.uniform(0.2, 0.6)
+        mfu = ofu * 0.9 + rng.uniform(-0.05, 0.05)
+        series.append((ofu, mfu))
+        agg.add_ofu("g", ofu, at(window, 0), at(window, 30), ident("j"))
+        agg.add_mfu("j", mfu, at(window, 30), ident("j"))
+        (report,) = close(agg, window)
+        correlations.append(job_of(report, "j").correlation)
+    assert correlations[0] is None  # one pair
+    for window in range(1, 12):
+        recent = np.array(series[max(0, window - 4) : window + 1])
+        expected = float(np.corrcoef(recent[:, 0], recent[:, 1])[0, 1])
+        assert correlations[window] == pytest.approx(expected, abs=1e-9)
+
+
+def test_fleet_correlation_and_mae_across_jobs() -> None:
+    agg = Aggregator(AggregatorConfig())
+    jobs = {"a": (0.2, 0.25), "b": (0.4, 0.38), "c": (0.5, 0.9), "d": (0.3, 0.33)}
+    for window in range(3):
+        for job_id, (ofu, mfu) in jobs.items():
+            agg.add_ofu(f"gpu-{job_id}", ofu + 0.01 * window, at(window, 0), at(window, 30), ident(job_id))
+            agg.add_mfu(job_id, mfu + 0.02 * window, at(window, 30), ident(job_id))
+        (report,) = close(agg, window)
+    means_ofu = np.array([ofu + 0.01 for ofu, _ in jobs.values()])  # mean over the three windows
+    means_mfu = np.array([mfu + 0.02 for _, mfu in jobs.values()])
+    assert report.fleet.jobs == 4
+    assert report.fleet.correlation == pytest.approx(float(np.corrcoef(means_ofu, means_mfu)[0, 1]), abs=1e-9)
+    assert report.fleet.mae == pytest.approx(float(np.mean(np.abs(means_ofu - means_mfu))), abs=1e-12)
+    assert report.fleet.abs_diff_sum == pytest.approx(float(np.sum(np.abs(means_ofu - means_mfu))), abs=1e-12)
+
+
+def test_fleet_windows_without_data_are_reported_while_the_horizon_has_pairs() -> None:
+    agg = Aggregator(AggregatorConfig(horizon_s=180, lateness_s=0, stale_after_s=600))
+    agg.add_ofu("g", 0.5, at(0, 0), at(0, 30), ident("j"))
+    agg.add_mfu("j", 0.5, at(0, 30), ident("j"))
+    reports = agg.flush(T0 + 10 * W)
+    assert [(r.start_ns - T0) // W for r in reports] == [0, 1, 2]
+    assert [r.fleet.jobs for r in reports] == [1, 1, 1]
+    assert reports[1].groups == ()
+    assert reports[1].jobs == ()
+    assert agg.flush(T0 + 20 * W) == []
+
+
+def test_close_all_closes_every_open_window() -> None:
+    agg = Aggregator(AggregatorConfig())
+    agg.add_ofu("g", 0.5, at(0, 0), at(0, 30), ident())
+    agg.add_ofu("g", 0.5, at(3, 0), at(3, 30), ident())
+    reports = agg.close_all()
+    assert [(r.start_ns - T0) // W for r in reports] == [0, 3]  # no pairs: empty windows are skipped
+    assert not agg.add_ofu("g", 0.5, at(3, 0), at(3, 40), ident())  # closed for good
+    assert agg.close_all() == []
+
+
+def test_watermark_is_the_latest_event_time() -> None:
+    agg = Aggregator(AggregatorConfig())
+    agg.add_ofu("g", 0.5, at(2, 0), at(2, 30), ident())
+    agg.add_ofu("g", 0.5, at(0, 0), at(0, 30), ident())
+    agg.add_mfu("j", 0.5, at(1, 0), ident("j"))
+    assert agg.watermark_ns == at(2, 30)
+
+
+def test_a_gpu_moving_between_jobs_counts_once_per_job() -> None:
+    agg = Aggregator(AggregatorConfig())
+    agg.add_ofu("g", 0.2, at(0, 0), at(0, 20), ident("first"))
+    agg.add_ofu("g", 0.6, at(0, 20), at(0, 40), ident("second"))
+    (report,) = close(agg, 0)
+    assert [(job.job_id, job.ofu, job.gpus) for job in report.jobs] == [("first", 0.2, 1), ("second", 0.6, 1)]
+    assert report.groups[0].gpus == 2
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="window_s"):
+        AggregatorConfig(window_s=0)
+    with pytest.raises(ValueError, match="stale_after_s"):
+        AggregatorConfig(window_s=60, lateness_s=15, stale_after_s=70)
+    with pytest.raises(ValueError, match="miscount_windows"):
+        AggregatorConfig(miscount_windows=0)
+    with pytest.raises(ValueError, match="group_keys"):
+        AggregatorConfig(group_keys=(names.QUANTILE,))
+    with pytest.raises(ValueError, match="horizon_s"):
+        AggregatorConfig(horizon_s=10)
+
+
+point = st.tuples(
+    st.integers(min_value=0, max_value=5),  # stream
+    st.floats(min_value=0.0, max_value=1.0, allow_nan=False),  # value
+    st.integers(min_value=0, max_value=4 * W - 1),  # end offset
+    st.integers(min_value=0, max_value=90 * S),  # duration
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(point, max_size=60), st.lists(st.integers(min_value=0, max_value=6 * W), max_size=4))
+def test_every_point_lands_in_exactly_one_window_or_is_late(
+    points: list[tuple[int, float, int, int]], flushes: list[int]
+) -> None:
+    config = AggregatorConfig(lateness_s=10)
+    agg = Aggregator(config)
+    accepted: list[tuple[int, float, int, int]] = []
+    flush_times = sorted(flushes)
+    reports: list[WindowReport] = []
+    for index, (stream, value, end, duration) in enumerate(points):
+        while flush_times and flush_times[0] <= index * W // 10:
+            reports += agg.flush(T0 + flush_times.pop(0))
+        if agg.add_ofu(f"s{stream}", value, T0 + end - duration, T0 + end, ident()):
+            accepted.append((stream, value, end, duration))
+    reports += agg.close_all()
+    assert agg.stats.late_points + len(accepted) == len(points)
+    expected: dict[int, dict[int, list[tuple[float, float]]]] = {}
+    for stream, value, end, duration in accepted:
+        window = (T0 + end - 1) // W * W
+        weight = max(T0 + end - max(T0 + end - duration, window), 0) or 1
+        expected.setdefault(window, {}).setdefault(stream, []).append((value, weight))
+    got = {r.start_ns: r for r in reports if r.groups}
+    assert set(got) == set(expected)
+    for window, streams in expected.items():
+        (group,) = got[window].groups
+        assert group.gpus == len(streams)
+        means = sorted(sum(v * w for v, w in pts) / sum(w for _, w in pts) for pts in streams.values())
+        assert group.ofu_sum == pytest.approx(sum(means), abs=1e-9)
+        assert group.ofu_min == pytest.approx(means[0], abs=1e-12)
+
+
+def _healthy_identity(job: str) -> Mapping[str, str]:
+    return ident(job)
+
+
+def test_reports_are_deterministic_in_order() -> None:
+    agg = Aggregator(AggregatorConfig())
+    for job in ("z", "a", "m"):
+        agg.add_ofu(f"g-{job}", 0.3, at(0, 0), at(0, 30), _healthy_identity(job))
+    (report,) = close(agg, 0)
+    assert [job.job_id for job in report.jobs] == ["a", "m", "z"]
