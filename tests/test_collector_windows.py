@@ -234,6 +234,18 @@ def test_regression_needs_a_baseline_first() -> None:
     assert flags == [0, 0, 0, 0, 0, 0, 1]
 
 
+def test_an_idle_job_near_zero_is_never_a_regression() -> None:
+    rng = random.Random(3)
+    agg = Aggregator(AggregatorConfig(regression_min_baseline=0.05))
+    flags = []
+    for window in range(30):
+        # An allocated GPU with nothing running: OFU is noise around 0.2%, often halving.
+        agg.add_ofu("idle", 0.002 * rng.uniform(0.0, 2.0), at(window, 0), at(window, 30), ident("idle"))
+        (report,) = close(agg, window)
+        flags.append(job_of(report, "idle").regression)
+    assert flags == [0] * 30
+
+
 def test_jobs_with_one_side_missing_are_reported() -> None:
     agg = Aggregator(AggregatorConfig())
     agg.add_ofu("a", 0.4, at(0, 0), at(0, 30), ident("ofu-only", name="train"))

@@ -63,6 +63,9 @@ class AggregatorConfig:
     miscount_windows: int = attrs.field(default=3, validator=_at_least(1))
     regression_factor: float = attrs.field(default=2.0, validator=_positive)
     baseline_windows: int = attrs.field(default=10, validator=_at_least(1))
+    # A job whose baseline OFU is under this does no tensor work to regress from (an idle notebook,
+    # a data-loading phase): its noise around zero must not read as a 2x drop.
+    regression_min_baseline: float = attrs.field(default=0.05, validator=_non_negative)
     group_keys: tuple[str, ...] = attrs.field(
         default=(names.HW_MODEL, names.GPU_PRECISION), converter=_as_keys, validator=_group_keys
     )

@@ -20,7 +20,8 @@ so the state stays small: the horizon is then honoured to within one block). ``f
 ``miscount_windows`` consecutive windows with both values and MFU > ratio x OFU, and falls at the first
 such window without it; windows missing either value neither extend nor break the run. ``regression`` is
 1 while window OFU < baseline / factor, the baseline being the MEDIAN (robust to one checkpoint pause) of
-the job's last ``baseline_windows`` unflagged window OFUs, once it has ``config.baseline_min_windows``.
+the job's last ``baseline_windows`` unflagged window OFUs, once it has ``config.baseline_min_windows``
+and the baseline is at least ``config.regression_min_baseline`` (an idle job has nothing to regress from).
 Flags keep their value through windows that lack the value they judge.
 
 Fleet. Pearson r across jobs of each job's horizon mean OFU vs horizon mean MFU (the means of its
@@ -450,7 +451,8 @@ class Aggregator:
             baseline = job.baseline
             flagged = False
             if len(baseline) >= config.baseline_min_windows:
-                flagged = ofu < statistics.median(baseline) / config.regression_factor
+                median = statistics.median(baseline)
+                flagged = median >= config.regression_min_baseline and ofu < median / config.regression_factor
             job.regression = int(flagged)
             if not flagged:
                 baseline.append(ofu)
