@@ -1,0 +1,217 @@
+"""``otel-ofu demo``: the embedded default, end to end on loopback.
+
+A simulated fleet (3 hosts x 8 H100s, six jobs: two healthy dense trainings, an MoE job whose framework
+over-counts FLOPs ~2x, a job that regresses 2.5x mid-run, a mixed-precision job, an allocated but idle
+GPU, plus a GPU that fails now and then) runs through the real producer, the real OTLP/gRPC transport
+and the real collector; each job's framework reports its MFU over OTLP too. Simulated time runs as
+fast as the machine allows, so half an hour of fleet time takes seconds. It ends with the fleet report:
+percentiles, each job's OFU against its reported MFU, correlations, and which jobs are flagged and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from otel_ofu import names
+from otel_ofu.attribution import build_chain
+from otel_ofu.cli_support import add_option
+from otel_ofu.clock import ManualClock
+from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
+from otel_ofu.producer.exporters import otlp_exporter
+from otel_ofu.producer.loop import Producer
+from otel_ofu.sources.simulated import SimulatedFleet
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.service import CollectorOptions, CollectorService
+from otel_ofu_collector.summary import FleetSummary, summarize
+from otel_ofu_collector.windows import WindowReport
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="run a simulated fleet through the producer, OTLP and the collector, and report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_option(parser, "--duration", type=float, default=1800.0, help="simulated seconds of fleet time")
+    add_option(parser, "--interval", type=float, default=10.0, help="simulated seconds between producer reads")
+    add_option(parser, "--window", type=float, default=60.0, help="collector window in simulated seconds")
+    add_option(parser, "--seed", type=int, default=7, help="simulation seed")
+    add_option(parser, "--html", default=None, help="also write the HTML fleet report to this path")
+    parser.set_defaults(handler=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    console = Console()
+    reports = run_demo(
+        duration_s=args.duration, interval_s=args.interval, window_s=args.window, seed=args.seed, console=console
+    )
+    summary = summarize(reports)
+    print_report(summary, console)
+    if args.html:
+        from otel_ofu_collector.html_report import write_report
+
+        write_report(reports, Path(args.html), title="otel-ofu demo fleet")
+        console.print(f"HTML report written to {args.html}")
+    return 0
+
+
+def _checked(result: MetricExportResult, what: str) -> None:
+    if result is not MetricExportResult.SUCCESS:
+        raise RuntimeError(f"the collector did not accept the {what} export")
+
+
+def run_demo(
+    *,
+    duration_s: float = 1800.0,
+    interval_s: float = 10.0,
+    window_s: float = 60.0,
+    seed: int = 7,
+    console: Console | None = None,
+) -> list[WindowReport]:
+    """Run the simulated fleet end to end and return the collector's closed windows."""
+    if duration_s <= 0 or interval_s <= 0 or window_s <= 0:
+        raise ValueError("duration, interval and window must be positive")
+    console = console or Console(quiet=True)
+    # Aligned to the window so the first window is whole.
+    window_ns = int(window_s * 1e9)
+    clock = ManualClock(start_ns=time.time_ns() // window_ns * window_ns)
+    fleet = SimulatedFleet.demo(seed=seed, clock=clock, duration_s=duration_s)
+    reports: list[WindowReport] = []
+    service = CollectorService(
+        CollectorOptions(
+            aggregator=AggregatorConfig(window_s=window_s, lateness_s=interval_s),
+            grpc_listen="127.0.0.1:0",
+            flush_interval_s=0,  # simulated time: the demo closes windows itself
+            pass_through=False,
+        ),
+        clock=clock,
+        report_listeners=[reports.extend],
+        environ={},
+    )
+    service.start()
+    endpoint = f"http://127.0.0.1:{service.ports['grpc']}"
+    # One exporter per pipeline: the producer's GPUs and the frameworks' MFU are separate clients.
+    gpu_exporter: MetricExporter = otlp_exporter(protocol="grpc", endpoint=endpoint)
+    mfu_exporter: MetricExporter = otlp_exporter(protocol="grpc", endpoint=endpoint)
+    producer = Producer(source=fleet, attribution=build_chain(clock=clock).attribute, interval_s=interval_s, clock=clock)
+    steps = int(duration_s // interval_s)
+    try:
+        with Progress(
+            TextColumn("[bold]simulated fleet"),
+            BarColumn(),
+            TextColumn("{task.fields[sim]} of fleet time, {task.fields[windows]} windows closed"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("demo", total=steps, sim="0 min", windows=0)
+            for step in range(steps):
+                start_ns = clock()
+                clock.advance(interval_s)
+                _checked(gpu_exporter.export(producer.run_once()), "GPU")
+                points = [
+                    TimedMfu(job.job_id, mfu, start_ns, clock(), {names.JOB_NAME: job.name})
+                    for job in fleet.jobs
+                    if (mfu := fleet.reported_mfu(job.job_id, start_ns, clock())) is not None
+                ]
+                if points:
+                    _checked(mfu_exporter.export(timed_mfu_metrics_data(points)), "MFU")
+                service.flush(clock())
+                progress.update(
+                    task, advance=1, sim=f"{(step + 1) * interval_s / 60:.0f} min", windows=len(reports)
+                )
+    finally:
+        service.stop()
+        producer.close()
+        gpu_exporter.shutdown()
+        mfu_exporter.shutdown()
+        fleet.close()
+    return reports
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def print_report(summary: FleetSummary, console: Console) -> None:
+    console.rule("[bold]otel-ofu demo: fleet report")
+    console.print(
+        f"{summary.windows} windows, {summary.gpus} GPUs reporting in the last one, "
+        f"{len(summary.jobs)} jobs; fleet OFU-MFU correlation r = {_number(summary.correlation)}, "
+        f"mean absolute error {_fraction(summary.mae)}"
+    )
+    groups = Table(title="Fleet OFU percentiles, last window", title_justify="left")
+    groups.add_column("GPU model")
+    groups.add_column("precision")
+    groups.add_column("GPUs", justify="right")
+    for quantile in names.QUANTILES:
+        groups.add_column(f"p{quantile * 100:g}", justify="right")
+    for group in summary.last_groups:
+        groups.add_row(
+            group.attributes.get(names.HW_MODEL, "unknown").removeprefix("NVIDIA "),
+            group.attributes.get(names.GPU_PRECISION, "unknown"),
+            str(group.gpus),
+            *(_fraction(group.quantiles.get(quantile)) for quantile in names.QUANTILES),
+        )
+    console.print(groups)
+    jobs = Table(title="Jobs: OFU (hardware) vs MFU (framework-reported), means over the run", title_justify="left")
+    for column, justify in (
+        ("job", "left"),
+        ("name", "left"),
+        ("GPUs", "right"),
+        ("OFU", "right"),
+        ("MFU", "right"),
+        ("MFU/OFU", "right"),
+        ("r", "right"),
+        ("verdict", "left"),
+    ):
+        jobs.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for job in summary.jobs:
+        ratio = job.mfu_over_ofu
+        verdict = "[green]ok"
+        if job.flagged:
+            verdict = "[red]" + " + ".join(
+                label
+                for label, windows in (("FLOP miscount", job.miscount_windows), ("regression", job.regression_windows))
+                if windows
+            )
+        elif job.mean_mfu is None:
+            verdict = "[yellow]no MFU reported"
+        jobs.add_row(
+            job.job_id,
+            job.name or "-",
+            str(job.gpus),
+            _fraction(job.mean_ofu),
+            _fraction(job.mean_mfu),
+            "-" if ratio is None else f"{ratio:.2f}x",
+            _number(job.correlation),
+            verdict,
+        )
+    console.print(jobs)
+    flagged = [job for job in summary.jobs if job.flagged]
+    if flagged:
+        console.print("[bold]Flagged jobs:")
+        for job in flagged:
+            for reason in job.reasons():
+                console.print(f"  {job.job_id} ({job.name or 'unnamed'}): {reason}")
+    else:
+        console.print("No job flagged.")
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - convenience for python -m
+    from otel_ofu.cli import main as cli_main
+
+    return cli_main(["demo", *(argv or [])])

@@ -1,0 +1,63 @@
+"""``job.mfu`` points with their own timestamps, for MFU that was measured over a known interval.
+
+The MfuReporter stamps points with the SDK's clock at collection time, which is right for live training.
+A replayed log, a simulated framework or a backfill knows when each MFU was measured instead; this builds
+the same metric as SDK ``MetricsData`` with those times, ready for any SDK metric exporter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_ofu import __version__, names
+from otel_ofu.mfu.values import check_mfu
+
+_SCOPE = InstrumentationScope(names.INSTRUMENTATION_SCOPE, __version__)
+
+
+@attrs.frozen
+class TimedMfu:
+    """One job's MFU over ``[start_ns, end_ns]``; ``attributes`` adds job.name, gpu.precision, ..."""
+
+    job_id: str
+    value: float = attrs.field(converter=check_mfu)
+    start_ns: int
+    end_ns: int
+    attributes: Mapping[str, str] = attrs.field(factory=dict)
+
+
+def timed_mfu_metrics_data(points: Sequence[TimedMfu], *, service_name: str = names.MFU_SERVICE_NAME) -> MetricsData:
+    """One resource (the reporting service), one ``job.mfu`` gauge, one point per job and interval."""
+    data_points = [
+        NumberDataPoint(
+            attributes={**point.attributes, names.JOB_ID: point.job_id},
+            start_time_unix_nano=point.start_ns,
+            time_unix_nano=point.end_ns,
+            value=point.value,
+        )
+        for point in points
+    ]
+    metric = Metric(
+        name=names.JOB_MFU.name,
+        description=names.JOB_MFU.description,
+        unit=names.JOB_MFU.unit,
+        data=Gauge(data_points=data_points),
+    )
+    resource = Resource({names.SERVICE_NAME: service_name})
+    return MetricsData(
+        resource_metrics=[
+            ResourceMetrics(resource=resource, scope_metrics=[ScopeMetrics(_SCOPE, [metric], "")], schema_url="")
+        ]
+    )
