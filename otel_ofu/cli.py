@@ -15,9 +15,8 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
-from otel_ofu.cli_support import Register, add_option
-
 import otel_ofu.commands
+from otel_ofu.cli_support import Register, add_option
 
 ENTRY_POINT_GROUP = "otel_ofu.commands"
 

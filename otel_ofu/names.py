@@ -322,6 +322,7 @@ class NvmlReturn:
     ERROR_GPU_NOT_FOUND = 28
     ERROR_UNKNOWN = 999
 
+
 # --- Job attribution: the only process-environment keys ever read ----------------------------------
 
 ENV_OFU_JOB_ID: Final = "OFU_JOB_ID"

@@ -7,6 +7,8 @@ from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import e
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.sdk.metrics.export import AggregationTemporality, ExponentialHistogram, Gauge, MetricsData
+
+from otel_ofu import names
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.encode import (
     is_merge_recomputed_metric,
@@ -16,8 +18,6 @@ from otel_ofu_collector.encode import (
 )
 from otel_ofu_collector.stats import CoMoments
 from otel_ofu_collector.windows import Aggregator, WindowReport
-
-from otel_ofu import names
 
 S = 1_000_000_000
 W = 60 * S

@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics._internal.exponential_histogram.mapping.exponent_mapping import ExponentMapping
 from opentelemetry.sdk.metrics._internal.exponential_histogram.mapping.logarithm_mapping import LogarithmMapping
+
+from otel_ofu import names
 from otel_ofu_collector.exphist import (
     MAX_SCALE,
     ExpHistogram,
@@ -19,8 +21,6 @@ from otel_ofu_collector.exphist import (
     top_index,
 )
 from otel_ofu_collector.quantiles import percentile_of_sorted, percentiles
-
-from otel_ofu import names
 
 ofu_values = st.floats(min_value=0.0, max_value=1.0, allow_nan=False, allow_subnormal=False)
 positive = st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False)

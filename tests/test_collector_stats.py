@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from otel_ofu_collector.stats import AbsDiff, CoMoments
 
 unit = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from otel_ofu import names
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.windows import (
     STATUS_NO_MFU,
@@ -18,8 +20,6 @@ from otel_ofu_collector.windows import (
     JobReport,
     WindowReport,
 )
-
-from otel_ofu import names
 
 S = 1_000_000_000
 W = 60 * S

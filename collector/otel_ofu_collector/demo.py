@@ -102,7 +102,9 @@ def run_demo(
     # One exporter per pipeline: the producer's GPUs and the frameworks' MFU are separate clients.
     gpu_exporter: MetricExporter = otlp_exporter(protocol="grpc", endpoint=endpoint)
     mfu_exporter: MetricExporter = otlp_exporter(protocol="grpc", endpoint=endpoint)
-    producer = Producer(source=fleet, attribution=build_chain(clock=clock).attribute, interval_s=interval_s, clock=clock)
+    producer = Producer(
+        source=fleet, attribution=build_chain(clock=clock).attribute, interval_s=interval_s, clock=clock
+    )
     steps = int(duration_s // interval_s)
     try:
         with Progress(
@@ -126,9 +128,7 @@ def run_demo(
                 if points:
                     _checked(mfu_exporter.export(timed_mfu_metrics_data(points)), "MFU")
                 service.flush(clock())
-                progress.update(
-                    task, advance=1, sim=f"{(step + 1) * interval_s / 60:.0f} min", windows=len(reports)
-                )
+                progress.update(task, advance=1, sim=f"{(step + 1) * interval_s / 60:.0f} min", windows=len(reports))
     finally:
         service.stop()
         producer.close()
