@@ -151,3 +151,16 @@ def test_sim_run_exports_records_and_stops_after_duration(
     lines = capture.read_text().splitlines()
     assert lines
     assert all(isinstance(json.loads(line), dict) for line in lines)
+
+
+def test_replaying_a_recorded_capture_exports_it_and_stops_at_its_end(sink: OtlpSink, tmp_path: Path) -> None:
+    capture = tmp_path / "capture.jsonl"
+    record = parse("--source", "sim", "--sim-speed", "1000", "--interval", "10", "--duration", "30")
+    record.exporter, record.record, record.quiet = "none", str(capture), True
+    assert record.handler(record) == 0
+    recorded_reads = {json.loads(line)["seq"] for line in capture.read_text().splitlines()}
+    replay = parse(
+        "--source", "replay", "--file", str(capture), "--interval", "0.01", "--export-endpoint", sink.grpc_endpoint
+    )
+    assert replay.handler(replay) == 0  # no --duration: it ends because the capture does
+    assert sink.wait_for(lambda received: len(received.requests()) >= len(recorded_reads), timeout=10)

@@ -146,6 +146,21 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "simulated seconds (--source sim)",
     )
     add_option(source, "--record", metavar="FILE", help="also append every snapshot to this JSON-lines capture file")
+    add_option(
+        source,
+        "--clock-sample-hz",
+        type=_positive,
+        default=10.0,
+        metavar="HZ",
+        help="SM clock samples per second averaged over each interval (--source nvml)",
+    )
+    add_option(
+        source,
+        "--nvml-library",
+        metavar="PATH",
+        help="NVML shared library to load instead of libnvidia-ml.so.1 (--source nvml)",
+    )
+    add_option(source, "--dcgm-address", metavar="HOST", default="localhost", help="DCGM host engine (--source dcgm)")
 
     attribution = _group(parser, "job attribution")
     add_option(attribution, "--job-id", metavar="ID", help="job.id for every GPU when nothing better is known")
@@ -234,8 +249,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 def _open_source(args: argparse.Namespace, clock: Clock) -> tuple[Source, str]:
     from otel_ofu.sources.factory import open_source
 
-    source, why = open_source(args.source, url=args.url, file=args.file, host=args.host, seed=args.seed, clock=clock)
-    return source, why
+    options: dict[str, Any] = {"clock_sample_hz": args.clock_sample_hz, "address": args.dcgm_address}
+    if args.nvml_library:
+        options["library"] = args.nvml_library
+    return open_source(
+        args.source, url=args.url, file=args.file, host=args.host, seed=args.seed, clock=clock, **options
+    )
 
 
 def _attribution(args: argparse.Namespace, source: Source) -> Any:

@@ -172,9 +172,13 @@ class Producer:
                     break
                 if now >= next_due:
                     self.run_once()
+                    if getattr(self.source, "exhausted", False):  # a replayed capture has run out
+                        log.info("source %s has no more data; stopping", getattr(self.source, "name", "?"))
+                        break
                     # Skip intervals missed while suspended rather than bursting to catch up.
                     next_due += interval_ns * max(1, (now - next_due) // interval_ns + 1)
-            self.run_once()  # the last, partial interval
+            if not getattr(self.source, "exhausted", False):
+                self.run_once()  # the last, partial interval
         finally:
             self._restore_signals(previous)
             self.close()
