@@ -59,7 +59,7 @@ def _handle(args: argparse.Namespace) -> int:
     if args.html:
         from otel_ofu_collector.html_report import write_report
 
-        write_report(reports, Path(args.html), title="otel-ofu demo fleet")
+        write_report(Path(args.html), reports, title="otel-ofu demo fleet")
         console.print(f"HTML report written to {args.html}")
     return 0
 

@@ -1,0 +1,867 @@
+"""A self-contained HTML fleet report from closed windows: the picture people decide from.
+
+One page, no network needed to open it (plotly.js is inlined once), with:
+
+- a fleet summary (span, GPUs, jobs, fleet OFU-MFU correlation and MAE, OFU percentiles of the last window);
+- the flagged jobs, each with its reason in words;
+- OFU vs reported MFU, one point per job (means over the windows that have both), beside the line MFU = OFU:
+  a framework that over-counts its FLOPs reports an MFU the tensor pipes never delivered, so its job stands
+  far above the line (the paper's picture);
+- the fleet OFU distribution per GPU model: a box per model from the run's exponential histograms merged
+  exactly (each GPU counts once per window; whiskers p5-p95), or violins of raw per-GPU samples when a
+  producer capture supplies them; and the per-model percentiles over time;
+- per-job OFU and MFU timelines with the windows a flag was up shaded;
+- every job in a table.
+
+Every string that came from the network (job names, ids, models) is HTML-escaped, in the page and in the
+plot labels alike (plotly renders a subset of HTML in labels and decodes entities, so escaped text shows
+literally); plotly's JSON encoder escapes ``<``, ``>`` and ``/`` inside the script blocks.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from otel_ofu import names
+from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
+from otel_ofu_collector.exphist import ExpHistogram
+from otel_ofu_collector.windows import WindowReport
+
+DEFAULT_TITLE: Final = "otel-ofu fleet report"
+# Beyond these the page grows without telling a person more; what is left out is said on the page.
+MAX_TIMELINE_JOBS: Final = 24
+MAX_TABLE_JOBS: Final = 200
+MAX_VIOLIN_SAMPLES: Final = 4000
+SUMMARY_QUANTILES: Final = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+FLEET_LABEL: Final = "all GPUs"
+
+MISCOUNT: Final = "miscount"
+REGRESSION: Final = "regression"
+COLOUR_HEALTHY: Final = "#1f77b4"
+COLOUR_MISCOUNT: Final = "#d62728"
+COLOUR_REGRESSION: Final = "#ff7f0e"
+COLOUR_MFU: Final = "#2ca02c"
+SHADE: Final = {MISCOUNT: "rgba(214, 39, 40, 0.16)", REGRESSION: "rgba(255, 127, 14, 0.22)"}
+SHADE_LEGEND: Final = {MISCOUNT: "rgba(214, 39, 40, 0.5)", REGRESSION: "rgba(255, 127, 14, 0.55)"}
+PLOTLY_CONFIG: Final = {"displaylogo": False, "responsive": True}
+# GPU models get colours apart from the flag colours (red, orange), the same in every figure.
+MODEL_PALETTE: Final = ("#1f77b4", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f")
+
+
+# --- what the windows say, per job --------------------------------------------------------------------
+
+
+@attrs.frozen
+class JobWindow:
+    start_ns: int
+    end_ns: int
+    ofu: float | None
+    mfu: float | None
+    correlation: float | None
+    miscount: bool
+    regression: bool
+    gpus: int
+
+
+@attrs.frozen
+class JobHistory:
+    """One job over the record: its windows in time order and its latest attributes."""
+
+    job_id: str
+    attributes: Mapping[str, str]
+    windows: tuple[JobWindow, ...]
+
+    @property
+    def name(self) -> str:
+        return self.attributes.get(names.JOB_NAME) or self.job_id
+
+    @property
+    def model(self) -> str | None:
+        return self.attributes.get(names.HW_MODEL)
+
+    @property
+    def precision(self) -> str | None:
+        return self.attributes.get(names.GPU_PRECISION)
+
+    @property
+    def pairs(self) -> list[tuple[float, float]]:
+        return [(w.ofu, w.mfu) for w in self.windows if w.ofu is not None and w.mfu is not None]
+
+    @property
+    def mean_pair(self) -> tuple[float, float] | None:
+        """Mean OFU and mean reported MFU over the windows that have both (the scatter's point)."""
+        pairs = self.pairs
+        if not pairs:
+            return None
+        return statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
+
+    @property
+    def mean_ofu(self) -> float | None:
+        values = [w.ofu for w in self.windows if w.ofu is not None]
+        return statistics.fmean(values) if values else None
+
+    @property
+    def correlation(self) -> float | None:
+        """The collector's horizon correlation in the latest window that had one."""
+        return next((w.correlation for w in reversed(self.windows) if w.correlation is not None), None)
+
+    @property
+    def gpus(self) -> int:
+        return max((w.gpus for w in self.windows), default=0)
+
+    def flagged(self, kind: str) -> list[JobWindow]:
+        return [w for w in self.windows if (w.miscount if kind == MISCOUNT else w.regression)]
+
+
+@attrs.frozen
+class Flag:
+    """A flag a job raised during the record, said in words."""
+
+    job: JobHistory
+    kind: str  # MISCOUNT | REGRESSION
+    reason: str
+    first_ns: int
+    windows: int
+    active: bool  # still up in the job's last window
+
+
+def job_histories(reports: Sequence[WindowReport]) -> list[JobHistory]:
+    """Every job of the record, in order of job id."""
+    windows: dict[str, list[JobWindow]] = {}
+    attributes: dict[str, Mapping[str, str]] = {}
+    for report in sorted(reports, key=lambda r: (r.end_ns, r.start_ns)):
+        for job in report.jobs:
+            windows.setdefault(job.job_id, []).append(
+                JobWindow(
+                    report.start_ns,
+                    report.end_ns,
+                    _finite(job.ofu),
+                    _finite(job.mfu),
+                    _finite(job.correlation),
+                    bool(job.flops_miscount),
+                    bool(job.regression),
+                    job.gpus,
+                )
+            )
+            if job.attributes:
+                attributes[job.job_id] = job.attributes
+    return [JobHistory(job_id, attributes.get(job_id, {}), tuple(windows[job_id])) for job_id in sorted(windows)]
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def format_time(time_ns: int) -> str:
+    moment = dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _plot_time(time_ns: int) -> str:
+    """A timestamp plotly's date axis reads (UTC, no zone suffix: plotly does not shift zones)."""
+    return dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _describe_miscount(job: JobHistory, flagged: list[JobWindow]) -> str:
+    pairs = [(w.ofu, w.mfu) for w in flagged if w.ofu is not None and w.mfu is not None]
+    ratio = _ratio(sum(p[1] for p in pairs), sum(p[0] for p in pairs)) if pairs else None
+    mean = job.mean_pair
+    if ratio is None and mean is not None:
+        ratio = _ratio(mean[1], mean[0])
+    size = f"{ratio:.1f}x" if ratio is not None else "far above"
+    return (
+        f"suspected FLOP miscount: reported MFU {size} its OFU for {_plural(len(flagged), 'window')} "
+        f"(from {format_time(flagged[0].start_ns)})"
+    )
+
+
+def _describe_regression(job: JobHistory, flagged: list[JobWindow]) -> str:
+    first = flagged[0]
+    before = [w.ofu for w in job.windows if w.end_ns <= first.start_ns and not w.regression and w.ofu is not None]
+    during = [w.ofu for w in flagged if w.ofu is not None]
+    when = format_time(first.start_ns)
+    if not before or not during:
+        return f"OFU regression: OFU fell below its own baseline from {when} (baseline not in this record)"
+    baseline, level = statistics.median(before), statistics.median(during)
+    factor = _ratio(baseline, level)
+    drop = f"fell {factor:.1f}x below its own baseline" if factor is not None else "fell to zero from its own baseline"
+    return (
+        f"OFU regression: OFU {drop} from {when} "
+        f"({_share(baseline)} -> {_share(level)}, {_plural(len(flagged), 'window')})"
+    )
+
+
+def _share(value: float) -> str:
+    """A fraction as a percentage with enough digits to tell small values apart."""
+    return f"{value:.1%}" if value >= 0.01 or value == 0 else f"{value * 100:.2g}%"
+
+
+def job_flags(job: JobHistory) -> list[Flag]:
+    flags = []
+    last = job.windows[-1] if job.windows else None
+    for kind, describe in ((MISCOUNT, _describe_miscount), (REGRESSION, _describe_regression)):
+        flagged = job.flagged(kind)
+        if flagged:
+            active = last is not None and (last.miscount if kind == MISCOUNT else last.regression)
+            flags.append(Flag(job, kind, describe(job, flagged), flagged[0].start_ns, len(flagged), active))
+    return flags
+
+
+# --- the fleet distribution ---------------------------------------------------------------------------
+
+
+def _model_of(attributes: Mapping[str, str]) -> str:
+    return attributes.get(names.HW_MODEL) or FLEET_LABEL
+
+
+def _merge(histograms: Sequence[ExpHistogram]) -> ExpHistogram:
+    merged = ExpHistogram()
+    for histogram in histograms:
+        merged = merged.merge(histogram, max_buckets=DEFAULT_HISTOGRAM_MAX_BUCKETS)
+    return merged
+
+
+def model_histograms(reports: Sequence[WindowReport]) -> dict[str, ExpHistogram]:
+    """Per GPU model, the per-GPU window OFU of the whole record (exact merge of the windows' histograms)."""
+    by_model: dict[str, list[ExpHistogram]] = {}
+    for report in reports:
+        for group in report.groups:
+            by_model.setdefault(_model_of(group.attributes), []).append(group.histogram)
+    return {model: _merge(histograms) for model, histograms in sorted(by_model.items())}
+
+
+def window_quantiles(report: WindowReport, model: str | None = None) -> dict[float, float] | None:
+    """Percentiles of one window for one model (None: the whole fleet); exact when a single group holds them."""
+    groups = [g for g in report.groups if model is None or _model_of(g.attributes) == model]
+    if not groups:
+        return None
+    if len(groups) == 1 and all(q in groups[0].quantiles for q in SUMMARY_QUANTILES):
+        return {q: groups[0].quantiles[q] for q in SUMMARY_QUANTILES}
+    merged = _merge([g.histogram for g in groups])
+    found = {q: merged.quantile(q) for q in SUMMARY_QUANTILES}
+    return {q: value for q, value in found.items() if value is not None} or None
+
+
+def _model_colour(models: Sequence[str], model: str) -> str:
+    return MODEL_PALETTE[models.index(model) % len(MODEL_PALETTE)]
+
+
+def _thin(values: Sequence[float], limit: int) -> list[float]:
+    """At most ``limit`` values that keep the shape: evenly spaced order statistics."""
+    ordered = sorted(v for v in values if math.isfinite(v))
+    if len(ordered) <= limit:
+        return ordered
+    step = (len(ordered) - 1) / (limit - 1)
+    return [ordered[round(i * step)] for i in range(limit)]
+
+
+# --- figures ------------------------------------------------------------------------------------------
+
+
+def _label(text: str) -> str:
+    """Text for a plot label: escaped, so plotly shows it literally instead of reading it as markup."""
+    return html.escape(text, quote=False)
+
+
+def _layout(figure: go.Figure, height: int, **extra: Any) -> None:
+    figure.update_layout(
+        template="plotly_white",
+        height=height,
+        margin={"l": 70, "r": 30, "t": 50, "b": 60},
+        font={"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 13},
+        **extra,
+    )
+
+
+def scatter_figure(jobs: Sequence[JobHistory]) -> go.Figure | None:
+    points = [(job, pair) for job in jobs if (pair := job.mean_pair) is not None]
+    if not points:
+        return None
+    top = max(0.1, *(max(pair) for _, pair in points)) * 1.1
+    top = math.ceil(top * 10) / 10
+    figure = go.Figure()
+    figure.add_trace(
+        go.Scatter(
+            x=[0, top],
+            y=[0, top],
+            mode="lines",
+            name="MFU = OFU",
+            line={"color": "#7f7f7f", "dash": "dash", "width": 1.5},
+            hoverinfo="skip",
+        )
+    )
+    categories = (
+        ("healthy", COLOUR_HEALTHY),
+        ("suspected FLOP miscount", COLOUR_MISCOUNT),
+        ("OFU regression", COLOUR_REGRESSION),
+    )
+    for title, colour in categories:
+        chosen = [(job, pair) for job, pair in points if _category(job) == title]
+        if not chosen:
+            continue
+        labelled = title != "healthy"
+        figure.add_trace(
+            go.Scatter(
+                x=[pair[0] for _, pair in chosen],
+                y=[pair[1] for _, pair in chosen],
+                mode="markers+text" if labelled else "markers",
+                name=title,
+                text=[_label(job.name) for job, _ in chosen] if labelled else None,
+                textposition="middle right",
+                textfont={"color": colour},
+                marker={"color": colour, "size": 12 if labelled else 10, "line": {"color": "white", "width": 1}},
+                customdata=[_hover(job, pair) for job, pair in chosen],
+                hovertemplate="%{customdata}<extra></extra>",
+            )
+        )
+    _layout(
+        figure,
+        520,
+        title={"text": "OFU vs reported MFU per job"},
+        xaxis={"title": {"text": "mean OFU (measured)"}, "range": [0, top], "tickformat": ".0%", "constrain": "domain"},
+        yaxis={
+            "title": {"text": "mean reported MFU"},
+            "range": [0, top],
+            "tickformat": ".0%",
+            "scaleanchor": "x",
+            "scaleratio": 1,
+        },
+        legend={"orientation": "h", "y": -0.18},
+    )
+    return figure
+
+
+def _category(job: JobHistory) -> str:
+    """The scatter's colour: a FLOP miscount outranks a regression (it is what moves the point up)."""
+    if job.flagged(MISCOUNT):
+        return "suspected FLOP miscount"
+    if job.flagged(REGRESSION):
+        return "OFU regression"
+    return "healthy"
+
+
+def _hover(job: JobHistory, pair: tuple[float, float]) -> str:
+    ratio = _ratio(pair[1], pair[0])
+    lines = [
+        f"<b>{_label(job.name)}</b> ({_label(job.job_id)})",
+        f"{_label(job.model or 'unknown model')}, {_label(job.precision or 'unknown precision')}",
+        f"OFU {pair[0]:.1%}, reported MFU {pair[1]:.1%}" + (f", MFU/OFU {ratio:.2f}" if ratio is not None else ""),
+    ]
+    if (r := job.correlation) is not None:
+        lines.append(f"r(OFU, MFU) = {r:.2f}")
+    return "<br>".join(lines)
+
+
+def distribution_figure(
+    reports: Sequence[WindowReport], ofu_samples: Mapping[str, Sequence[float]] | None
+) -> go.Figure | None:
+    figure = go.Figure()
+    if ofu_samples:
+        models = sorted(ofu_samples)
+        for model, values in sorted(ofu_samples.items()):
+            kept = _thin(values, MAX_VIOLIN_SAMPLES)
+            if kept:
+                figure.add_trace(
+                    go.Violin(
+                        y=kept,
+                        name=_label(model),
+                        line={"color": _model_colour(models, model)},
+                        box={"visible": True},
+                        meanline={"visible": True},
+                        points=False,
+                        spanmode="hard",
+                        hoverinfo="y+name",
+                    )
+                )
+        subtitle = "per-GPU OFU samples of the capture"
+    else:
+        histograms = model_histograms(reports)
+        models = sorted(histograms)
+        for model, histogram in histograms.items():
+            stats = {q: histogram.quantile(q) for q in (0.05, 0.25, 0.5, 0.75, 0.95)}
+            if any(value is None for value in stats.values()):
+                continue
+            figure.add_trace(
+                go.Box(
+                    x=[_label(model)],
+                    q1=[stats[0.25]],
+                    median=[stats[0.5]],
+                    q3=[stats[0.75]],
+                    lowerfence=[stats[0.05]],
+                    upperfence=[stats[0.95]],
+                    mean=[histogram.sum / histogram.count],
+                    name=_label(model),
+                    marker={"color": _model_colour(models, model)},
+                    boxpoints=False,
+                    hoverinfo="y+name",
+                )
+            )
+        subtitle = "per-GPU window OFU over the run; box p25-p75, whiskers p5-p95"
+    if not figure.data:
+        return None
+    _layout(
+        figure,
+        520,
+        title={"text": f"Fleet OFU by GPU model<br><sup>{subtitle}</sup>"},
+        yaxis={"title": {"text": "OFU"}, "tickformat": ".0%", "rangemode": "tozero"},
+        showlegend=False,
+    )
+    return figure
+
+
+def percentiles_figure(reports: Sequence[WindowReport]) -> go.Figure | None:
+    models = sorted({_model_of(g.attributes) for r in reports for g in r.groups})
+    if not models:
+        return None
+    figure = go.Figure()
+    for model in models:
+        colour = _model_colour(models, model)
+        times, p25, p50, p75, p5, p95 = [], [], [], [], [], []
+        for report in reports:
+            quantiles = window_quantiles(report, model)
+            if quantiles is None:
+                continue
+            times.append(_plot_time(report.end_ns))
+            p5.append(quantiles.get(0.05))
+            p25.append(quantiles.get(0.25))
+            p50.append(quantiles.get(0.5))
+            p75.append(quantiles.get(0.75))
+            p95.append(quantiles.get(0.95))
+        name = _label(model)
+        band = colour + "33"
+        figure.add_trace(
+            go.Scatter(
+                x=times, y=p25, mode="lines", line={"width": 0}, legendgroup=name, showlegend=False, hoverinfo="skip"
+            )
+        )
+        figure.add_trace(
+            go.Scatter(
+                x=times,
+                y=p75,
+                mode="lines",
+                line={"width": 0},
+                fill="tonexty",
+                fillcolor=band,
+                legendgroup=name,
+                name=f"{name} p25-p75",
+                hoverinfo="skip",
+            )
+        )
+        for values, label, dash in ((p5, "p5", "dot"), (p95, "p95", "dot"), (p50, "median", "solid")):
+            figure.add_trace(
+                go.Scatter(
+                    x=times,
+                    y=values,
+                    mode="lines",
+                    name=f"{name} {label}",
+                    legendgroup=name,
+                    showlegend=label == "median",
+                    line={"color": colour, "dash": dash, "width": 2.2 if label == "median" else 1},
+                    hovertemplate=f"{name} {label}: %{{y:.1%}}<extra></extra>",
+                )
+            )
+    _layout(
+        figure,
+        380,
+        title={
+            "text": "Fleet OFU percentiles per window<br><sup>line: median; band: p25-p75; dotted: p5 and p95; "
+            "time: window end, UTC</sup>"
+        },
+        yaxis={"title": {"text": "OFU"}, "tickformat": ".0%", "rangemode": "tozero"},
+        hovermode="x unified",
+        legend={"orientation": "h", "y": -0.2},
+    )
+    return figure
+
+
+def _runs(windows: Sequence[JobWindow], kind: str) -> list[tuple[int, int]]:
+    """Contiguous stretches of windows with the flag up, as (first start, last end)."""
+    runs: list[tuple[int, int]] = []
+    for window in windows:
+        if not (window.miscount if kind == MISCOUNT else window.regression):
+            continue
+        if runs and runs[-1][1] >= window.start_ns:
+            runs[-1] = (runs[-1][0], window.end_ns)
+        else:
+            runs.append((window.start_ns, window.end_ns))
+    return runs
+
+
+def timelines_figure(jobs: Sequence[JobHistory]) -> go.Figure | None:
+    if not jobs:
+        return None
+    titles = []
+    for job in jobs:
+        parts = [job.name if job.name == job.job_id else f"{job.name} ({job.job_id})"]
+        parts += [part for part in (job.model, job.precision) if part]
+        titles.append(_label(" - ".join(parts)))
+    rows = len(jobs)
+    spacing = min(0.12, 0.5 / rows)
+    figure = make_subplots(rows=rows, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=spacing)
+    top = max([0.1] + [v for job in jobs for w in job.windows for v in (w.ofu, w.mfu) if v is not None]) * 1.1
+    for row, job in enumerate(jobs, start=1):
+        times = [_plot_time(w.end_ns) for w in job.windows]
+        mode = "lines+markers" if len(times) <= 60 else "lines"
+        first = row == 1
+        figure.add_trace(
+            go.Scatter(
+                x=times,
+                y=[w.ofu for w in job.windows],
+                mode=mode,
+                name="OFU (measured)",
+                legendgroup="ofu",
+                showlegend=first,
+                line={"color": COLOUR_HEALTHY, "width": 2},
+                marker={"size": 4},
+                hovertemplate="OFU %{y:.1%}<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
+        if any(w.mfu is not None for w in job.windows):
+            figure.add_trace(
+                go.Scatter(
+                    x=times,
+                    y=[w.mfu for w in job.windows],
+                    mode=mode,
+                    name="MFU (reported)",
+                    legendgroup="mfu",
+                    showlegend=first,
+                    line={"color": COLOUR_MFU, "width": 2, "dash": "dash"},
+                    marker={"size": 4},
+                    hovertemplate="MFU %{y:.1%}<extra></extra>",
+                ),
+                row=row,
+                col=1,
+            )
+        for kind in (MISCOUNT, REGRESSION):
+            for start, end in _runs(job.windows, kind):
+                figure.add_vrect(
+                    x0=_plot_time(start),
+                    x1=_plot_time(end),
+                    fillcolor=SHADE[kind],
+                    line_width=0,
+                    layer="below",
+                    row=row,
+                    col=1,
+                )
+        figure.update_yaxes(range=[0, top], tickformat=".0%", row=row, col=1)
+    for kind, title in ((MISCOUNT, "FLOP-miscount flag up"), (REGRESSION, "OFU-regression flag up")):
+        if any(_runs(job.windows, kind) for job in jobs):
+            figure.add_trace(
+                go.Scatter(
+                    x=[None],
+                    y=[None],
+                    mode="markers",
+                    name=title,
+                    hoverinfo="skip",
+                    marker={"symbol": "square", "size": 14, "color": SHADE_LEGEND[kind]},
+                ),
+                row=1,
+                col=1,
+            )
+    figure.update_xaxes(title={"text": "window end (UTC)"}, row=rows, col=1)
+    height, top_margin, bottom_margin = 150 * rows + 170, 120, 60
+    # The legend sits above the first subplot's title: paper coordinates, so convert pixels.
+    legend_y = 1.0 + 34 / (height - top_margin - bottom_margin)
+    _layout(
+        figure,
+        height,
+        title={"text": "Per-job OFU and reported MFU"},
+        legend={"orientation": "h", "y": legend_y, "yanchor": "bottom", "x": 0.0, "xanchor": "left"},
+        hovermode="x unified",
+    )
+    figure.update_layout(margin={"t": top_margin, "b": bottom_margin})
+    return figure
+
+
+# --- the page -----------------------------------------------------------------------------------------
+
+_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0; color: #1d2330;
+       background: #f5f6f8; }
+main { max-width: 1320px; margin: 0 auto; padding: 24px 28px 48px; }
+h1 { font-size: 26px; margin: 0 0 4px; }
+h2 { font-size: 19px; margin: 30px 0 8px; }
+p.lead, p.note { color: #4a5468; margin: 4px 0 12px; }
+section.card { background: #fff; border: 1px solid #dde1e8; border-radius: 8px; padding: 14px 18px;
+               margin-top: 16px; }
+.stats { display: grid; grid-template-columns: repeat(auto-fit, minmax(170px, 1fr)); gap: 10px; }
+.stat { background: #fff; border: 1px solid #dde1e8; border-radius: 8px; padding: 10px 14px; }
+.stat .value { font-size: 22px; font-weight: 600; }
+.stat .label { color: #5b6476; font-size: 13px; }
+.pair { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
+@media (max-width: 1000px) { .pair { grid-template-columns: 1fr; } }
+table { border-collapse: collapse; width: 100%; font-size: 14px; }
+th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid #e4e7ec; vertical-align: top; }
+th { background: #f0f2f5; font-weight: 600; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.flag { display: inline-block; border-radius: 4px; padding: 1px 7px; font-size: 12px; font-weight: 600;
+        color: #fff; white-space: nowrap; }
+.flag.miscount { background: #d62728; }
+.flag.regression { background: #e8700c; }
+.ok { color: #2f7d32; }
+#flagged-jobs td:first-child, #all-jobs td:first-child { min-width: 120px; }
+#render-errors { background: #fdecea; color: #8a1c12; border: 1px solid #f5c2bd; border-radius: 6px;
+                 padding: 10px 14px; white-space: pre-wrap; }
+footer { color: #6b7385; font-size: 12px; margin-top: 28px; }
+"""
+
+# Before plotly.js loads: any script error (a plot that cannot draw) is shown on the page, not only in a console.
+_ERROR_HOOK = """
+window.addEventListener("error", function (event) {
+  var message = "A plot could not be drawn: " + (event.message || "unknown error");
+  var box = document.getElementById("render-errors");
+  if (box) { box.hidden = false; box.textContent += message + "\\n"; }
+  else { (window.otelOfuErrors = window.otelOfuErrors || []).push(message); }
+});
+"""
+
+_ERROR_FLUSH = """
+(function () {
+  var box = document.getElementById("render-errors");
+  var early = window.otelOfuErrors || [];
+  if (typeof Plotly === "undefined") { early.push("The plotting library did not load: no plots can be drawn."); }
+  if (early.length) { box.hidden = false; box.textContent += early.join("\\n") + "\\n"; }
+})();
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _number(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.00"
+
+
+def _figure_html(figure: go.Figure, div_id: str) -> str:
+    height = int(figure.layout.height or 450)
+    body: str = figure.to_html(
+        full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOTLY_CONFIG, default_height=f"{height}px"
+    )
+    return f'<div class="figure" id="{div_id}-figure">{body}</div>'
+
+
+def _stat(value: str, label: str) -> str:
+    return f'<div class="stat"><div class="value">{_e(value)}</div><div class="label">{_e(label)}</div></div>'
+
+
+def _summary(reports: Sequence[WindowReport], jobs: Sequence[JobHistory], flags: Sequence[Flag]) -> str:
+    last = reports[-1]
+    gpus_now = sum(g.gpus for g in last.groups)
+    gpus_peak = max(sum(g.gpus for g in r.groups) for r in reports)
+    with_mfu = sum(1 for job in jobs if job.pairs)
+    width_s = (last.end_ns - last.start_ns) / 1e9
+    flagged_jobs = len({flag.job.job_id for flag in flags})
+    cards = [
+        _stat(f"{gpus_now}", f"GPUs in the last window (peak {gpus_peak})"),
+        _stat(f"{len(jobs)}", f"jobs ({with_mfu} report MFU)"),
+        _stat(_number(last.fleet.correlation), f"fleet r(OFU, MFU) over {_plural(last.fleet.jobs, 'job')}"),
+        _stat(_percent(last.fleet.mae), "fleet MAE |OFU - MFU|"),
+        _stat(f"{flagged_jobs}", "jobs flagged"),
+    ]
+    span = (
+        f"{_plural(len(reports), 'window')} of {width_s:g} s, from {format_time(reports[0].start_ns)} "
+        f"to {format_time(last.end_ns)}"
+    )
+    header = "".join(f'<th class="num">p{round(q * 100)}</th>' for q in SUMMARY_QUANTILES)
+    rows = []
+    models = sorted({_model_of(g.attributes) for g in last.groups})
+    for model in [None, *models] if len(models) > 1 else models:
+        quantiles = window_quantiles(last, model) or {}
+        gpus = sum(g.gpus for g in last.groups if model is None or _model_of(g.attributes) == model)
+        cells = "".join(f'<td class="num">{_percent(quantiles.get(q))}</td>' for q in SUMMARY_QUANTILES)
+        rows.append(f'<tr><td>{_e(model or FLEET_LABEL)}</td><td class="num">{gpus}</td>{cells}</tr>')
+    table = (
+        f'<table class="percentiles"><thead><tr><th>GPU model</th><th class="num">GPUs</th>{header}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        if rows
+        else '<p class="note">No GPU reported OFU in the last window.</p>'
+    )
+    return (
+        f'<section class="summary"><p class="lead">{_e(span)}.</p><div class="stats">{"".join(cards)}</div>'
+        f'<section class="card"><h3>OFU percentiles of the last window</h3>{table}</section></section>'
+    )
+
+
+def _flag_badge(kind: str) -> str:
+    text = "FLOP miscount" if kind == MISCOUNT else "OFU regression"
+    return f'<span class="flag {kind}">{text}</span>'
+
+
+def _flags_table(flags: Sequence[Flag]) -> str:
+    if not flags:
+        return '<p class="note ok" id="no-flags">No job raised a flag in this record.</p>'
+    rows = []
+    for flag in flags:
+        job = flag.job
+        state = "still flagged" if flag.active else "cleared"
+        rows.append(
+            "<tr>"
+            f"<td><b>{_e(job.name)}</b><br><small>{_e(job.job_id)}</small></td>"
+            f"<td>{_e(job.model or '-')}<br><small>{_e(job.precision or '')}</small></td>"
+            f"<td>{_flag_badge(flag.kind)}</td>"
+            f'<td class="reason">{_e(flag.reason)}</td>'
+            f"<td>{state}</td>"
+            "</tr>"
+        )
+    return (
+        '<table id="flagged-jobs"><thead><tr><th>job</th><th>GPU model</th><th>flag</th><th>why</th>'
+        f"<th>at the end</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _jobs_table(jobs: Sequence[JobHistory]) -> str:
+    rows = []
+    for job in jobs[:MAX_TABLE_JOBS]:
+        pair = job.mean_pair
+        ofu = pair[0] if pair is not None else job.mean_ofu
+        mfu = pair[1] if pair is not None else None
+        ratio = _ratio(pair[1], pair[0]) if pair is not None else None
+        badges = " ".join(_flag_badge(kind) for kind in (MISCOUNT, REGRESSION) if job.flagged(kind))
+        rows.append(
+            "<tr>"
+            f"<td>{_e(job.name)}</td><td>{_e(job.job_id)}</td><td>{_e(job.model or '-')}</td>"
+            f'<td>{_e(job.precision or "-")}</td><td class="num">{job.gpus}</td>'
+            f'<td class="num">{len(job.windows)}</td><td class="num">{_percent(ofu)}</td>'
+            f'<td class="num">{_percent(mfu)}</td><td class="num">{_number(ratio)}</td>'
+            f'<td class="num">{_number(job.correlation)}</td><td>{badges or "-"}</td>'
+            "</tr>"
+        )
+    more = (
+        f'<p class="note">{len(jobs) - MAX_TABLE_JOBS} more jobs not listed.</p>' if len(jobs) > MAX_TABLE_JOBS else ""
+    )
+    return (
+        '<table id="all-jobs"><thead><tr><th>job</th><th>id</th><th>GPU model</th><th>precision</th>'
+        '<th class="num">GPUs</th><th class="num">windows</th><th class="num">mean OFU</th>'
+        '<th class="num">mean MFU</th><th class="num">MFU/OFU</th><th class="num">r</th><th>flags</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>{more}"
+    )
+
+
+def _timeline_jobs(jobs: Sequence[JobHistory]) -> list[JobHistory]:
+    """Flagged jobs first, then the rest by name, up to MAX_TIMELINE_JOBS."""
+
+    def order(job: JobHistory) -> tuple[int, str, str]:
+        return (0 if job.flagged(MISCOUNT) or job.flagged(REGRESSION) else 1, job.name, job.job_id)
+
+    return sorted(jobs, key=order)[:MAX_TIMELINE_JOBS]
+
+
+def build_report(
+    reports: Sequence[WindowReport],
+    *,
+    title: str = DEFAULT_TITLE,
+    ofu_samples: Mapping[str, Sequence[float]] | None = None,
+    generated_ns: int | None = None,
+) -> str:
+    """The whole HTML page for these windows (any order); opens offline."""
+    ordered = sorted(reports, key=lambda r: (r.end_ns, r.start_ns))
+    jobs = job_histories(ordered)
+    flags = sorted(
+        (flag for job in jobs for flag in job_flags(job)), key=lambda f: (f.kind != MISCOUNT, f.first_ns, f.job.name)
+    )
+    parts = [f"<h1>{_e(title)}</h1>"]
+    if generated_ns is not None:
+        parts.append(f'<p class="note">Generated {_e(format_time(generated_ns))} by otel-ofu.</p>')
+    parts.append('<div id="render-errors" hidden></div>')
+    if not ordered:
+        parts.append('<p class="lead" id="empty">No closed windows in this record: nothing to show yet.</p>')
+    else:
+        parts.append(_summary(ordered, jobs, flags))
+        parts.append('<h2>Flagged jobs</h2><section class="card">' + _flags_table(flags) + "</section>")
+        scatter = scatter_figure(jobs)
+        distribution = distribution_figure(ordered, ofu_samples)
+        pair = []
+        no_mfu = sum(1 for job in jobs if not job.pairs)
+        if scatter is not None:
+            note = (
+                "Each job at its mean measured OFU and mean reported MFU over the windows that have both. "
+                "A framework that counts FLOPs correctly sits near the dashed line (a little below: MFU leaves "
+                "out recomputation and padding); one that over-counts stands far above it."
+            )
+            if no_mfu:
+                note += f" {_plural(no_mfu, 'job')} without reported MFU not shown."
+            pair.append(
+                f'<section class="card">{_figure_html(scatter, "ofu-mfu-scatter")}'
+                f'<p class="note">{_e(note)}</p></section>'
+            )
+        else:
+            pair.append(
+                '<section class="card"><p class="note" id="no-mfu">No job reported MFU in this record: '
+                "no OFU-vs-MFU comparison.</p></section>"
+            )
+        if distribution is not None:
+            pair.append(f'<section class="card">{_figure_html(distribution, "ofu-distribution")}</section>')
+        parts.append('<h2>OFU against reported MFU, and the fleet</h2><div class="pair">' + "".join(pair) + "</div>")
+        percentiles = percentiles_figure(ordered)
+        if percentiles is not None:
+            parts.append(f'<section class="card">{_figure_html(percentiles, "ofu-percentiles")}</section>')
+        shown = _timeline_jobs(jobs)
+        timelines = timelines_figure(shown)
+        if timelines is not None:
+            left_out = len(jobs) - len(shown)
+            note = "Shaded: the windows a flag was up (red: FLOP miscount, orange: OFU regression)."
+            if left_out:
+                note += f" {_plural(left_out, 'more job')} not drawn; all are in the table below."
+            parts.append(
+                f'<h2>Jobs over time</h2><p class="note">{_e(note)}</p>'
+                f'<section class="card">{_figure_html(timelines, "job-timelines")}</section>'
+            )
+        parts.append('<h2>All jobs</h2><section class="card">' + _jobs_table(jobs) + "</section>")
+    parts.append(
+        "<footer>OFU: tensor pipe activity x SM clock / max clock, measured on the GPUs; MFU: as the training "
+        "framework reports it. Percentiles from exponential histograms merged exactly across windows.</footer>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{_STYLE}</style>"
+        f"<script>{_ERROR_HOOK}</script>"
+        f'<script type="text/javascript">{get_plotlyjs()}</script>'
+        f"</head><body><main>{''.join(parts)}</main><script>{_ERROR_FLUSH}</script></body></html>\n"
+    )
+
+
+def write_report(
+    path: str | Path,
+    reports: Sequence[WindowReport],
+    *,
+    title: str = DEFAULT_TITLE,
+    ofu_samples: Mapping[str, Sequence[float]] | None = None,
+    generated_ns: int | None = None,
+) -> Path:
+    """Write the page to ``path`` (replacing it whole, so a reader never sees half a page)."""
+    target = Path(path)
+    page = build_report(reports, title=title, ofu_samples=ofu_samples, generated_ns=generated_ns)
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_text(page, encoding="utf-8")
+    partial.replace(target)
+    return target

@@ -1,0 +1,198 @@
+"""Recorded collector outputs: JSON-lines round trip, garbage skipped and counted, the feed over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import attrs
+import pytest
+
+from otel_ofu import names
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.records import (
+    FORMAT_KEY,
+    FeedError,
+    ReportFeed,
+    ReportRecorder,
+    feed_url,
+    fetch_feed,
+    load_records,
+    read_records,
+    report_from_line,
+    report_to_line,
+)
+from otel_ofu_collector.windows import Aggregator, WindowReport
+
+S = 1_000_000_000
+T0 = 1_800_000_000 * S
+WINDOW_S = 60
+
+
+def fleet_reports(windows: int = 8) -> list[WindowReport]:
+    """A small fleet through the real aggregator: a healthy job, a 2x over-counting one, an idle GPU."""
+    aggregator = Aggregator(AggregatorConfig(window_s=WINDOW_S, lateness_s=0, miscount_windows=2))
+    reports: list[WindowReport] = []
+    for w in range(windows):
+        end = T0 + (w + 1) * WINDOW_S * S
+        start = end - WINDOW_S * S
+        for gpu in range(4):
+            identity = {
+                names.JOB_ID: "job-1",
+                names.JOB_NAME: "llama",
+                names.HW_MODEL: "NVIDIA H100 80GB HBM3",
+                names.GPU_PRECISION: "bf16",
+            }
+            aggregator.add_ofu(f"h100-{gpu}", 0.40 + 0.01 * gpu + 0.005 * w, start, end, identity)
+        for gpu in range(2):
+            identity = {names.JOB_ID: "job-2", names.HW_MODEL: "NVIDIA A100-SXM4-80GB", names.GPU_PRECISION: "fp16"}
+            aggregator.add_ofu(f"a100-{gpu}", 0.25 + 0.01 * gpu, start, end, identity)
+        aggregator.add_ofu("idle", 0.0, start, end, {names.HW_MODEL: "NVIDIA A100-SXM4-80GB"})
+        aggregator.add_mfu("job-1", 0.38 + 0.004 * w, end, {names.JOB_NAME: "llama"})
+        aggregator.add_mfu("job-2", 0.52, end, {})
+        reports.extend(aggregator.flush(end))
+    return reports
+
+
+def test_fleet_reports_cover_the_optional_values() -> None:
+    reports = fleet_reports()
+    jobs = [job for report in reports for job in report.jobs]
+    assert len(reports) == 8
+    assert any(job.correlation is None for job in jobs)
+    assert any(job.correlation is not None for job in jobs)
+    assert any(job.flops_miscount for job in jobs)
+    assert any(group.histogram.zero_count for report in reports for group in report.groups)
+
+
+def test_round_trip_through_a_file_is_exact(tmp_path: Path) -> None:
+    reports = fleet_reports()
+    path = tmp_path / "outputs.jsonl"
+    with ReportRecorder(path) as recorder:
+        recorder(reports[:3])
+        recorder([])
+        recorder(reports[3:])
+        assert recorder.written == len(reports)
+    assert read_records(path) == reports
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(reports)
+    first = json.loads(lines[0])
+    assert first[FORMAT_KEY] == 1
+    assert set(first) == {FORMAT_KEY, "start_ns", "end_ns", "groups", "jobs", "fleet"}
+    assert set(first["groups"][0]["quantiles"]) == {repr(q) for q in names.QUANTILES}
+
+
+def test_missing_values_are_null_never_zero() -> None:
+    report = fleet_reports(1)[0]
+    no_mfu = attrs.evolve(report.jobs[0], mfu=None, gap=None, correlation=None)
+    line = report_to_line(attrs.evolve(report, jobs=(no_mfu,)))
+    job = json.loads(line)["jobs"][0]
+    assert job["mfu"] is None
+    assert job["gap"] is None
+    assert job["correlation"] is None
+    assert report_from_line(line).jobs[0] == no_mfu
+
+
+def test_appending_after_a_restart_keeps_every_window_in_time_order(tmp_path: Path) -> None:
+    reports = fleet_reports()
+    path = tmp_path / "outputs.jsonl"
+    with ReportRecorder(path) as first:
+        first(reports[4:])
+    with ReportRecorder(path) as second:  # a shard's or a restarted collector's older windows
+        second(reports[:4])
+    assert read_records(path) == reports
+
+
+def test_garbage_lines_are_counted_and_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    reports = fleet_reports(3)
+    good = [report_to_line(report) for report in reports]
+    newer = json.loads(good[0])
+    newer[FORMAT_KEY] = 99
+    negative = json.loads(good[1])
+    negative["groups"][0]["histogram"]["counts"] = [-1]
+    path = tmp_path / "outputs.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                good[0],
+                "this is not json",
+                "",
+                '{"some": "other record"}',
+                json.dumps(newer),
+                good[1][: len(good[1]) // 2],  # a crash mid-line
+                json.dumps(negative),
+                '{"otel_ofu_report": 1, "start_ns": "soon"}',
+                "[1, 2, 3]",
+                good[2],
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    records = load_records(path)
+    assert records.reports == (reports[0], reports[2])
+    assert records.bad_lines == 7
+    assert records.first_error is not None
+    assert records.first_error.startswith(f"{path}:2: not JSON")
+    with caplog.at_level(logging.WARNING):
+        assert read_records(path) == [reports[0], reports[2]]
+    assert "skipped 7 unusable line(s)" in caplog.text
+
+
+def test_a_window_that_cannot_be_written_costs_only_itself(tmp_path: Path) -> None:
+    reports = fleet_reports(3)
+    group = reports[1].groups[0]
+    broken = attrs.evolve(reports[1], groups=(attrs.evolve(group, ofu_sum=math.nan),))
+    path = tmp_path / "outputs.jsonl"
+    with ReportRecorder(path) as recorder:
+        recorder([reports[0], broken, reports[2]])
+        assert recorder.written == 2
+    assert read_records(path) == [reports[0], reports[2]]
+
+
+def test_feed_serves_the_last_windows_over_http() -> None:
+    reports = fleet_reports()
+    feed = ReportFeed(port=0, keep=5)
+    feed.start()
+    try:
+        assert fetch_feed(feed.url, timeout=5) == []
+        feed(reports[:6])
+        feed(reports[6:])
+        assert fetch_feed(feed.url, timeout=5) == reports[-5:]
+        base = f"http://127.0.0.1:{feed.bound_port}"
+        assert fetch_feed(base, timeout=5) == reports[-5:]  # the path is implied
+        since = reports[5].end_ns
+        assert fetch_feed(f"{feed.url}?since={since}", timeout=5) == reports[6:]
+        with urllib.request.urlopen(feed.url, timeout=5) as response:
+            assert response.headers["Content-Type"].startswith("application/jsonl")
+        for path, status in (("/metrics", 404), ("/reports.jsonl?since=yesterday", 400)):
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(base + path, timeout=5)
+            assert caught.value.code == status
+            caught.value.close()
+    finally:
+        feed.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_fetching_a_feed_that_is_not_there_says_why() -> None:
+    with pytest.raises(FeedError, match=re.escape("cannot read report feed http://127.0.0.1:")):
+        fetch_feed(f"http://127.0.0.1:{_free_port()}", timeout=5)
+    with pytest.raises(FeedError, match="not an http"):
+        fetch_feed("ftp://example.invalid/x", timeout=5)
+
+
+def test_feed_url_forms() -> None:
+    assert feed_url("127.0.0.1:9465") == "http://127.0.0.1:9465/reports.jsonl"
+    assert feed_url("http://collector:9465/") == "http://collector:9465/reports.jsonl"
+    assert feed_url("https://c/otel/reports.jsonl?since=5") == "https://c/otel/reports.jsonl?since=5"
