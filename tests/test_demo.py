@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from otel_ofu.cli import main
@@ -50,8 +52,10 @@ def test_ofu_tracks_mfu_for_honest_jobs(summary: FleetSummary) -> None:
         assert 0.9 < ratio < 1.05, job
 
 
-def test_the_command_prints_the_report_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--duration", "900"]) == 0
+def test_the_command_prints_the_report_and_exits_zero(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    html = tmp_path / "report.html"
+    assert main(["demo", "--duration", "900", "--html", str(html)]) == 0
+    assert "suspected FLOP miscount" in html.read_text()
     out = capsys.readouterr().out
     assert "suspected FLOP miscount" in out
     assert "regression: OFU fell" in out

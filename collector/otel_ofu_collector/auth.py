@@ -1,0 +1,45 @@
+"""Bearer-token checks and TLS material for the receivers."""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+import attrs
+
+
+@attrs.frozen
+class BearerAuth:
+    """Accepts ``authorization: Bearer <token>`` (case-insensitive scheme), compared in constant time."""
+
+    token: str
+
+    def allows(self, header: str | None) -> bool:
+        if not header:
+            return False
+        scheme, _, credential = header.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(credential.strip().encode(), self.token.encode())
+
+
+def bearer_auth(token: str | None = None, token_file: str | None = None) -> BearerAuth | None:
+    """The configured token, from the option or the first line of a file; None when auth is off."""
+    if token_file:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+    if not token:
+        return None
+    return BearerAuth(token)
+
+
+@attrs.frozen
+class TlsFiles:
+    """Server certificate and key (PEM), and the CA that client certificates must chain to for mTLS."""
+
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    def read(self) -> tuple[bytes, bytes, bytes | None]:
+        client_ca = Path(self.client_ca).read_bytes() if self.client_ca else None
+        return Path(self.cert).read_bytes(), Path(self.key).read_bytes(), client_ca

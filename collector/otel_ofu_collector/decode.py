@@ -1,0 +1,356 @@
+"""OTLP ExportMetricsServiceRequest -> aggregator calls, plus the untouched rest for pass-through.
+
+This is the collector's hot loop: every received data point goes through ``Decoder.decode`` once. It
+reads protobuf fields directly, resolves identity once per ResourceMetrics, and builds a new identity
+mapping only for points that carry identity attributes of their own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from hashlib import blake2b
+from typing import Any, Protocol
+
+import attrs
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from otel_ofu import names
+
+_OFU = names.GPU_OFU.name
+_MFU = names.JOB_MFU.name
+_HW_ID = names.HW_ID
+_HOST = names.HOST_NAME
+_MIG = names.GPU_MIG_INSTANCE_ID
+_JOB_ID = names.JOB_ID
+_IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
+
+# Everything the producer and the MFU reporter send us: consumed here, forwarded only on request.
+INPUT_METRIC_NAMES: frozenset[str] = frozenset({spec.name for spec in names.PRODUCER_METRICS} | {_MFU})
+
+# A framework that miscounts FLOPs can legitimately report MFU above 1; beyond this it is garbage.
+DEFAULT_MAX_MFU = 10.0
+_EMPTY: Mapping[str, str] = {}
+
+
+class PointSink(Protocol):
+    """The aggregator's ingest surface (``Aggregator`` in process and shard mode)."""
+
+    def add_ofu(
+        self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str]
+    ) -> bool: ...
+
+    def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> bool: ...
+
+
+class PartialSink(Protocol):
+    """The merge tier's ingest surface (``MergeAggregator``)."""
+
+    def add_partial(self, partial: Any) -> bool: ...
+
+
+class PartialCodec(Protocol):
+    def __call__(self, request: ExportMetricsServiceRequest) -> Iterable[Any]: ...
+
+
+@attrs.frozen
+class DecodeOutcome:
+    """What one request did: points taken, points rejected (with why), and what to forward untouched."""
+
+    accepted: int
+    rejected: int
+    error_message: str
+    forward: bytes | None  # a serialized ExportMetricsServiceRequest for the downstream, or None
+
+
+def any_value_text(value: Any) -> str | None:
+    """An AnyValue as the string our identity uses; None for kinds identity cannot be (arrays, maps, bytes)."""
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        text: str = value.string_value
+        return text
+    if kind == "int_value":
+        return str(value.int_value)
+    if kind == "double_value":
+        number: float = value.double_value
+        return str(int(number)) if number.is_integer() else repr(number)
+    if kind == "bool_value":
+        return "true" if value.bool_value else "false"
+    return None
+
+
+def _identity_of(attributes: Any, base: Mapping[str, str]) -> Mapping[str, str]:
+    """``base`` overlaid with the identity attributes among ``attributes`` (data point wins over resource)."""
+    found: dict[str, str] | None = None
+    for kv in attributes:
+        key = kv.key
+        if key in _IDENTITY:
+            text = any_value_text(kv.value)
+            if text is None or text == "":
+                continue
+            if found is None:
+                found = dict(base)
+            found[key] = text
+    return base if found is None else found
+
+
+def stream_key(identity: Mapping[str, str]) -> str | None:
+    """One GPU (or MIG instance) on one host: ``host|hw.id[|mig]``; None without ``hw.id``."""
+    hw_id = identity.get(_HW_ID)
+    if not hw_id:
+        return None
+    mig = identity.get(_MIG)
+    host = identity.get(_HOST, "")
+    return f"{host}|{hw_id}|{mig}" if mig else f"{host}|{hw_id}"
+
+
+def _number(point: Any) -> float | None:
+    kind = point.WhichOneof("value")
+    if kind == "as_double":
+        number: float = point.as_double
+        return number
+    if kind == "as_int":
+        return float(point.as_int)
+    return None
+
+
+class _Rejections:
+    """Counts rejected points by reason, for partial_success and the self-metrics."""
+
+    __slots__ = ("by_reason", "total")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.by_reason: dict[str, int] = {}
+
+    def add(self, reason: str, count: int = 1) -> None:
+        self.total += count
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + count
+
+    def message(self) -> str:
+        if not self.total:
+            return ""
+        parts = "; ".join(f"{count} {reason}" for reason, count in sorted(self.by_reason.items()))
+        return f"rejected {self.total} data point(s): {parts}"
+
+
+@attrs.define
+class DecoderStats:
+    """Running totals over every request, read by the self-metrics."""
+
+    accepted: int = 0
+    rejected: int = 0
+    rejected_by_reason: dict[str, int] = attrs.field(factory=dict)
+    forwarded_requests: int = 0
+
+
+@attrs.define
+class Decoder:
+    """Routes the points of a request into the aggregator and keeps what is not ours for pass-through.
+
+    ``lock`` guards the sink, which is not thread-safe; receivers call ``decode`` from many threads.
+    In merge mode ``sink`` is None and ``partial_sink``/``partial_codec`` take the shards' partial metrics.
+    """
+
+    sink: PointSink | None
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+    pass_through: bool = True
+    forward_inputs: bool = False
+    max_mfu: float = DEFAULT_MAX_MFU
+    partial_sink: PartialSink | None = None
+    partial_codec: PartialCodec | None = None
+    is_partial: Callable[[str], bool] | None = None  # merge mode: the shards' partial state, consumed
+    is_dropped: Callable[[str], bool] | None = None  # merge mode: shard-local fleet gauges, superseded
+    stats: DecoderStats = attrs.field(factory=DecoderStats)
+    # One point stamped far in the future would drag the watermark, and with it every window, ahead of the
+    # fleet: points later than clock() + max_future_ns are rejected. None: no such check.
+    clock: Callable[[], int] | None = None
+    max_future_ns: int | None = None
+    # Producers send the same Resource every interval: its identity and stream key are looked up by the
+    # Resource's bytes instead of re-reading its attributes. Bounded; cleared when full.
+    resource_cache_size: int = 262_144
+    _resource_cache: dict[bytes, tuple[Mapping[str, str], str | None]] = attrs.field(factory=dict)
+
+    def _partial(self, name: str) -> bool:
+        return self.is_partial is not None and self.is_partial(name)
+
+    def _ours(self, name: str) -> bool:
+        if self.sink is None:
+            return self._partial(name) or (self.is_dropped is not None and self.is_dropped(name))
+        return name in INPUT_METRIC_NAMES
+
+    def decode(self, request: ExportMetricsServiceRequest, raw: bytes | None = None) -> DecodeOutcome:
+        rejections = _Rejections()
+        if self.sink is not None:
+            accepted, any_ours, any_foreign = self._ingest_points(request, rejections)
+        else:
+            accepted, any_ours, any_foreign = self._ingest_partials(request, rejections)
+        forward = self._forward(request, raw, any_ours, any_foreign)
+        stats = self.stats
+        with self.lock:
+            stats.accepted += accepted
+            stats.rejected += rejections.total
+            for reason, count in rejections.by_reason.items():
+                stats.rejected_by_reason[reason] = stats.rejected_by_reason.get(reason, 0) + count
+            if forward is not None:
+                stats.forwarded_requests += 1
+        return DecodeOutcome(accepted, rejections.total, rejections.message(), forward)
+
+    def _ingest_points(self, request: ExportMetricsServiceRequest, rejections: _Rejections) -> tuple[int, bool, bool]:
+        sink = self.sink
+        assert sink is not None
+        add_ofu = sink.add_ofu
+        add_mfu = sink.add_mfu
+        max_mfu = self.max_mfu
+        inputs = INPUT_METRIC_NAMES
+        accepted = 0
+        any_ours = False
+        any_foreign = False
+        latest = 2**64  # beyond any uint64 timestamp
+        if self.clock is not None and self.max_future_ns is not None:
+            latest = self.clock() + self.max_future_ns
+        with self.lock:
+            for rm in request.resource_metrics:
+                resource_identity: Mapping[str, str] | None = None
+                resource_key: str | None = None
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        name = metric.name
+                        if name not in inputs:
+                            any_foreign = True
+                            continue
+                        any_ours = True
+                        if name != _OFU and name != _MFU:
+                            continue  # other producer metrics: consumed, nothing to aggregate
+                        kind = metric.WhichOneof("data")
+                        if kind == "gauge":
+                            points = metric.gauge.data_points
+                        elif kind == "sum":
+                            points = metric.sum.data_points
+                        else:
+                            if kind is not None:
+                                rejections.add(f"{name} not a gauge ({kind})", len(getattr(metric, kind).data_points))
+                            continue
+                        if resource_identity is None:
+                            resource_identity, resource_key = self._resource_identity(rm.resource)
+                        if name == _OFU:
+                            for point in points:
+                                # as_double reads 0.0 when unset or when the value is as_int: only then ask which.
+                                value = point.as_double or _number(point)
+                                if value is None or not 0.0 <= value <= 1.0:  # NaN fails both comparisons
+                                    rejections.add("gpu.ofu not finite or outside [0, 1]")
+                                    continue
+                                attributes = point.attributes
+                                if attributes:
+                                    identity = _identity_of(attributes, resource_identity)
+                                    key = resource_key if identity is resource_identity else stream_key(identity)
+                                else:
+                                    identity = resource_identity
+                                    key = resource_key
+                                if key is None:
+                                    rejections.add("gpu.ofu without hw.id")
+                                    continue
+                                end_ns = point.time_unix_nano
+                                if not end_ns or end_ns > latest:
+                                    rejections.add("gpu.ofu without a timestamp or stamped in the future")
+                                    continue
+                                if add_ofu(key, value, point.start_time_unix_nano or end_ns, end_ns, identity):
+                                    accepted += 1
+                                else:
+                                    rejections.add("gpu.ofu late or beyond the collector's state bounds")
+                        else:
+                            for point in points:
+                                value = _number(point)
+                                if value is None or not 0.0 <= value <= max_mfu:
+                                    rejections.add(f"job.mfu not finite or outside [0, {max_mfu:g}]")
+                                    continue
+                                attributes = point.attributes
+                                identity = (
+                                    _identity_of(attributes, resource_identity) if attributes else resource_identity
+                                )
+                                job_id = identity.get(_JOB_ID)
+                                if not job_id:
+                                    rejections.add("job.mfu without job.id")
+                                    continue
+                                time_ns = point.time_unix_nano
+                                if not time_ns or time_ns > latest:
+                                    rejections.add("job.mfu without a timestamp or stamped in the future")
+                                    continue
+                                if add_mfu(job_id, value, time_ns, identity):
+                                    accepted += 1
+                                else:
+                                    rejections.add("job.mfu late or beyond the collector's state bounds")
+        return accepted, any_ours, any_foreign
+
+    def _resource_identity(self, resource: Any) -> tuple[Mapping[str, str], str | None]:
+        cache = self._resource_cache
+        # A 128-bit digest keys the cache: a fraction of the Resource's size, and no realistic collision.
+        blob = blake2b(resource.SerializeToString(), digest_size=16).digest()
+        found = cache.get(blob)
+        if found is None:
+            identity = _identity_of(resource.attributes, _EMPTY)
+            found = (identity, stream_key(identity))
+            if len(cache) >= self.resource_cache_size:
+                cache.clear()
+            cache[blob] = found
+        return found
+
+    def _ingest_partials(self, request: ExportMetricsServiceRequest, rejections: _Rejections) -> tuple[int, bool, bool]:
+        any_ours = False
+        any_foreign = False
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if self._ours(metric.name):
+                        any_ours = True
+                    else:
+                        any_foreign = True
+        if not any_ours or self.partial_sink is None or self.partial_codec is None:
+            return 0, any_ours, any_foreign
+        subset = _subset(request, self._partial)
+        try:
+            partials = list(self.partial_codec(subset))
+        except (ValueError, KeyError, TypeError) as error:
+            rejections.add(f"partial window outputs unreadable ({error})", 1)
+            return 0, any_ours, any_foreign
+        accepted = 0
+        with self.lock:
+            for partial in partials:
+                if self.partial_sink.add_partial(partial):
+                    accepted += 1
+                else:
+                    rejections.add("partial window late or beyond the collector's state bounds")
+        return accepted, any_ours, any_foreign
+
+    def _forward(
+        self, request: ExportMetricsServiceRequest, raw: bytes | None, any_ours: bool, any_foreign: bool
+    ) -> bytes | None:
+        if not self.pass_through:
+            return None
+        if (self.forward_inputs and self.sink is not None) or (any_foreign and not any_ours):
+            if not request.resource_metrics:
+                return None
+            return raw if raw is not None else request.SerializeToString()
+        if not any_foreign:
+            return None
+        return _subset(request, lambda name: not self._ours(name)).SerializeToString()
+
+
+def _subset(request: ExportMetricsServiceRequest, keep: Any) -> ExportMetricsServiceRequest:
+    """A copy of ``request`` with only the metrics whose name ``keep`` accepts, resources and scopes intact."""
+    out = ExportMetricsServiceRequest()
+    for rm in request.resource_metrics:
+        new_rm = None
+        for sm in rm.scope_metrics:
+            kept = [metric for metric in sm.metrics if keep(metric.name)]
+            if not kept:
+                continue
+            if new_rm is None:
+                new_rm = out.resource_metrics.add()
+                new_rm.resource.CopyFrom(rm.resource)
+                new_rm.schema_url = rm.schema_url
+            new_sm = new_rm.scope_metrics.add()
+            new_sm.scope.CopyFrom(sm.scope)
+            new_sm.schema_url = sm.schema_url
+            new_sm.metrics.extend(kept)
+    return out

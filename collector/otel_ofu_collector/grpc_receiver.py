@@ -1,0 +1,144 @@
+"""OTLP MetricsService/Export over gRPC.
+
+The method is registered with a generic handler and no request deserializer, so a malformed body
+reaches our code as bytes and is answered INVALID_ARGUMENT rather than failing inside grpc.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import attrs
+import grpc
+from google.protobuf import duration_pb2
+from google.protobuf.any_pb2 import Any as AnyProto
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
+from grpc_status import rpc_status
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+
+from otel_ofu_collector.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.decode import DecodeOutcome
+from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "opentelemetry.proto.collector.metrics.v1.MetricsService"
+EXPORT_METHOD = f"/{SERVICE_NAME}/Export"
+RETRY_INFO_TRAILER = "google.rpc.retryinfo-bin"
+
+Ingest = Callable[[ExportMetricsServiceRequest, bytes], DecodeOutcome]
+
+
+def retry_trailers(
+    code: grpc.StatusCode, message: str, retry_after_s: float
+) -> tuple[Any, tuple[tuple[str, bytes], ...]]:
+    """The status and trailing metadata of a retryable refusal: RetryInfo both in the standard
+    ``grpc-status-details-bin`` Status details and in the ``google.rpc.retryinfo-bin`` trailer
+    (the one the OpenTelemetry SDK exporters read)."""
+    seconds = int(retry_after_s)
+    retry = error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(seconds=seconds, nanos=int((retry_after_s - seconds) * 1e9))
+    )
+    detail = AnyProto()
+    detail.Pack(retry)
+    status = rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=[detail]))
+    trailers = (*tuple(status.trailing_metadata), (RETRY_INFO_TRAILER, retry.SerializeToString()))
+    return status, trailers
+
+
+@attrs.define
+class GrpcReceiver:
+    """Serves Export on ``host:port`` (port 0 picks a free one; ``port`` tells which after ``start``)."""
+
+    ingest: Ingest
+    gate: Gate
+    listen: str = "0.0.0.0:4317"
+    tls: TlsFiles | None = None
+    auth: BearerAuth | None = None
+    max_request_bytes: int = MAX_REQUEST_BYTES
+    workers: int = 0  # 0: gate.max_in_flight + a few, so overload is seen by the gate, not queued in grpc
+    port: int = 0
+    _server: grpc.Server | None = None
+
+    def start(self) -> int:
+        # grpc's own limit sits above ours so that a too-large request is refused by us as
+        # INVALID_ARGUMENT (permanent) instead of by grpc as RESOURCE_EXHAUSTED (which clients retry).
+        options = [
+            ("grpc.max_receive_message_length", 2 * self.max_request_bytes),
+            ("grpc.max_send_message_length", 4 * 1024 * 1024),
+        ]
+        workers = self.workers or self.gate.max_in_flight + 4
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"), options=options
+        )
+        handler = grpc.unary_unary_rpc_method_handler(self._export)  # bytes in, bytes out
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {"Export": handler}),))
+        if self.tls is None:
+            port = server.add_insecure_port(self.listen)
+        else:
+            cert, key, client_ca = self.tls.read()
+            credentials = grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+            )
+            port = server.add_secure_port(self.listen, credentials)
+        if port == 0:
+            raise OSError(f"cannot listen for OTLP/gRPC on {self.listen}")
+        server.start()
+        self._server = server
+        self.port = port
+        return port
+
+    def stop(self, grace: float | None = None) -> None:
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+
+    def _refuse(self, context: grpc.ServicerContext, why: str) -> None:
+        status, trailers = retry_trailers(
+            grpc.StatusCode.UNAVAILABLE,
+            "collector shutting down" if why == "shutdown" else "collector overloaded, retry later",
+            self.gate.retry_after_s,
+        )
+        context.set_trailing_metadata(trailers)
+        context.abort(status.code, status.details)
+
+    def _export(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.auth is not None:
+            metadata = dict(context.invocation_metadata())
+            header = metadata.get("authorization")
+            if not self.auth.allows(header if isinstance(header, str) else None):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        why = self.gate.enter()
+        if why is not None:
+            self._refuse(context, why)
+        try:
+            if len(raw) > self.max_request_bytes:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"request of {len(raw)} bytes exceeds the {self.max_request_bytes}-byte limit",
+                )
+            try:
+                request = ExportMetricsServiceRequest.FromString(raw)
+            except (DecodeError, RuntimeError, ValueError) as error:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportMetricsServiceRequest: {error}")
+            if self.gate.closing:
+                self._refuse(context, "shutdown")
+            try:
+                outcome = self.ingest(request, raw)
+            except Exception:  # one bad request must not take the receiver down
+                logger.exception("OTLP/gRPC request failed inside the collector")
+                context.abort(grpc.StatusCode.INTERNAL, "internal error while processing the request")
+        finally:
+            self.gate.leave()
+        response = ExportMetricsServiceResponse()
+        if outcome.rejected:
+            response.partial_success.rejected_data_points = outcome.rejected
+            response.partial_success.error_message = outcome.error_message
+        return response.SerializeToString()

@@ -1,0 +1,154 @@
+"""A Prometheus ``/metrics`` endpoint for the window outputs and the collector's own counters.
+
+It shows the gauges of the latest closed windows (quantiles, fleet.gpus, the job gauges, the fleet
+correlation and MAE) and leaves the exponential histogram out: Prometheus text has no exponential
+histogram, and the SDK's Prometheus reader fails on them. Names follow the OpenTelemetry-to-Prometheus
+convention: dots become underscores (``fleet.ofu.quantile`` -> ``fleet_ofu_quantile``), attribute keys too.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+import attrs
+from opentelemetry.sdk.metrics.export import Gauge, MetricsData, Sum
+from prometheus_client import CollectorRegistry, MetricsHandler
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from otel_ofu_collector import encode
+
+_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
+
+
+def prometheus_name(name: str) -> str:
+    cleaned = _INVALID.sub("_", name)
+    return f"_{cleaned}" if cleaned[:1].isdigit() else cleaned
+
+
+def _label(key: str) -> str:
+    cleaned = re.sub(r"[^a-zA-Z0-9_]", "_", key)
+    return f"_{cleaned}" if cleaned[:1].isdigit() else cleaned
+
+
+@attrs.frozen
+class _Series:
+    name: str
+    description: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+def gauge_series(metrics_data: MetricsData) -> list[_Series]:
+    """The gauge points of ``metrics_data`` (no histograms, no partial state) as Prometheus series."""
+    series: list[_Series] = []
+    for resource_metrics in metrics_data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if encode.is_partial_metric(metric.name) or not isinstance(metric.data, Gauge | Sum):
+                    continue
+                for point in metric.data.data_points:
+                    labels = tuple(sorted((_label(key), str(value)) for key, value in (point.attributes or {}).items()))
+                    series.append(
+                        _Series(
+                            prometheus_name(metric.name), metric.description or metric.name, labels, float(point.value)
+                        )
+                    )
+    return series
+
+
+@attrs.define(eq=False)  # the registry keys collectors by identity
+class OutputsCollector(Collector):
+    """A prometheus-client custom collector over the latest window outputs and the self-metrics."""
+
+    self_metrics: Callable[[], Mapping[str, Any]] | None = None
+    _series: list[_Series] = attrs.field(factory=list)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def update(self, metrics_data: MetricsData) -> None:
+        """Replace the shown outputs with the newest windows' (a job that stopped reporting disappears)."""
+        fresh = gauge_series(metrics_data)
+        with self._lock:
+            self._series = fresh
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        with self._lock:
+            series = list(self._series)
+        families: dict[tuple[str, tuple[str, ...]], GaugeMetricFamily] = {}
+        seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+        for item in series:
+            if (item.name, item.labels) in seen:
+                continue  # two windows closed in one flush: the first (newest) wins
+            seen.add((item.name, item.labels))
+            keys = tuple(key for key, _ in item.labels)
+            family = families.get((item.name, keys))
+            if family is None:
+                family = GaugeMetricFamily(item.name, item.description, labels=list(keys))
+                families[(item.name, keys)] = family
+            family.add_metric([value for _, value in item.labels], item.value)
+        merged: dict[str, GaugeMetricFamily] = {}
+        for (name, _keys), family in families.items():
+            if name in merged:
+                merged[name].samples.extend(family.samples)
+            else:
+                merged[name] = family
+        yield from merged.values()
+        if self.self_metrics is not None:
+            yield from _self_metric_families(self.self_metrics())
+
+
+def _self_metric_families(values: Mapping[str, Any]) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+    for name, value in values.items():
+        base = prometheus_name(name)
+        is_gauge = name.endswith(".queued")
+        if isinstance(value, Mapping):
+            label = "stream" if is_gauge else "reason"
+            family: GaugeMetricFamily | CounterMetricFamily = (
+                GaugeMetricFamily(base, name, labels=[label])
+                if is_gauge
+                else CounterMetricFamily(base, name, labels=[label])
+            )
+            for key, count in value.items():
+                family.add_metric([str(key)], float(count))
+        else:
+            family = GaugeMetricFamily(base, name) if is_gauge else CounterMetricFamily(base, name)
+            family.add_metric([], float(value))
+        yield family
+
+
+@attrs.define
+class PrometheusEndpoint:
+    """Serves ``/metrics`` from a private registry on ``host:port`` (0 picks a free port)."""
+
+    self_metrics: Callable[[], Mapping[str, Any]] | None = None
+    collector: OutputsCollector = attrs.field(init=False)
+    registry: CollectorRegistry = attrs.field(init=False, factory=lambda: CollectorRegistry(auto_describe=False))
+    port: int = 0
+    _server: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        self.collector = OutputsCollector(self.self_metrics)
+        self.registry.register(self.collector)
+
+    def update(self, metrics_data: MetricsData) -> None:
+        self.collector.update(metrics_data)
+
+    def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
+        server = ThreadingHTTPServer((host, port), MetricsHandler.factory(self.registry))
+        server.daemon_threads = True
+        threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="otel-ofu-prometheus", daemon=True
+        ).start()
+        self._server = server
+        self.port = int(server.server_address[1])
+        return self.port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

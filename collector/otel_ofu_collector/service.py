@@ -1,0 +1,341 @@
+"""The collector processor as one service: receivers -> decoder -> windows -> exporters.
+
+``CollectorService(options).start()`` listens; a timer closes due windows every ``flush_interval_s``
+(tests set it to 0 and call ``flush(now_ns)``); each batch of closed windows goes to the
+``report_listeners``, the Prometheus endpoint and the downstream OTLP receiver. ``stop`` refuses new
+requests (UNAVAILABLE with RetryInfo), closes every open window, exports it, then shuts down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from otel_ofu import names
+from otel_ofu_collector import encode
+from otel_ofu_collector.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder
+from otel_ofu_collector.export import (
+    Delivery,
+    DownstreamConfig,
+    MemoryQueue,
+    Queue,
+    SqliteSpool,
+    Transport,
+    encode_request,
+    make_transport,
+)
+from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.grpc_receiver import GrpcReceiver
+from otel_ofu_collector.http_receiver import HttpReceiver
+from otel_ofu_collector.merge import MergeAggregator
+from otel_ofu_collector.windows import Aggregator, WindowReport
+
+logger = logging.getLogger(__name__)
+
+MODES = ("process", "shard", "merge")
+ReportListener = Callable[[list[WindowReport]], None]
+
+
+def _mode(_instance: object, _attribute: object, value: str) -> None:
+    if value not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {value!r}")
+
+
+@attrs.frozen
+class CollectorOptions:
+    """Everything ``otel-ofu collector`` can be told; the defaults are the command's defaults.
+
+    ``export_endpoint`` None means: the standard ``OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`` if set, else no
+    downstream at all (outputs go to listeners and Prometheus only) - never a guessed localhost:4317,
+    which would be this collector itself.
+    """
+
+    aggregator: AggregatorConfig = attrs.field(factory=AggregatorConfig)
+    mode: str = attrs.field(default="process", validator=_mode)  # process | shard | merge
+    grpc_listen: str | None = "0.0.0.0:4317"
+    http_listen: str | None = None
+    export_endpoint: str | None = None
+    export_protocol: str | None = None  # grpc | http/protobuf; None: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc
+    prometheus_port: int | None = None
+    prometheus_host: str = "0.0.0.0"
+    pass_through: bool = True
+    forward_inputs: bool = False
+    spool_path: str | None = None
+    spool_max_bytes: int = 256 * 1024 * 1024
+    queue_max_requests: int = 1024
+    pass_through_queue_max_requests: int = 1024
+    tls: TlsFiles | None = None
+    bearer_token: str | None = None
+    max_in_flight: int = 64
+    retry_after_s: float = 1.0
+    flush_interval_s: float = 1.0  # 0: no timer, the caller calls flush()
+    max_request_bytes: int = MAX_REQUEST_BYTES
+    max_mfu: float = DEFAULT_MAX_MFU
+    resource_attributes: Mapping[str, str] = attrs.field(factory=dict)
+    # service.instance.id of the outputs: how the merge tier tells shards apart (and a retried export
+    # of one shard's window from a second copy). Unique per replica; a stable pod name is ideal.
+    instance_id: str = attrs.field(factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    max_future_skew_s: float | None = 300.0  # reject points stamped further ahead of the clock; None: off
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+
+    @property
+    def include_partials(self) -> bool:
+        return self.mode == "shard"
+
+
+def _has_downstream(options: CollectorOptions, environ: Mapping[str, str]) -> bool:
+    return bool(
+        options.export_endpoint
+        or environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+
+
+@attrs.define
+class CollectorService:
+    """One collector process. ``transport`` overrides the downstream client (tests inject fakes)."""
+
+    options: CollectorOptions = attrs.field(factory=CollectorOptions)
+    clock: Callable[[], int] = time.time_ns
+    report_listeners: list[ReportListener] = attrs.field(factory=list)
+    transport: Transport | None = None
+    environ: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
+    gate: Gate = attrs.field(init=False)
+    decoder: Decoder = attrs.field(init=False)
+    aggregator: Any = attrs.field(init=False)  # Aggregator, or MergeAggregator in merge mode
+    exports: Delivery | None = attrs.field(init=False, default=None)
+    pass_through: Delivery | None = attrs.field(init=False, default=None)
+    windows_published: int = attrs.field(init=False, default=0)
+    _grpc: GrpcReceiver | None = attrs.field(init=False, default=None)
+    _http: HttpReceiver | None = attrs.field(init=False, default=None)
+    _prometheus: Any = attrs.field(init=False, default=None)
+    _timer: threading.Thread | None = attrs.field(init=False, default=None)
+    _stop_timer: threading.Event = attrs.field(init=False, factory=threading.Event)
+    _publish_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _stopped: bool = attrs.field(init=False, default=False)
+
+    def __attrs_post_init__(self) -> None:
+        options = self.options
+        self.gate = Gate(max_in_flight=options.max_in_flight, retry_after_s=options.retry_after_s)
+        if options.mode == "merge":
+            self.aggregator = MergeAggregator(options.aggregator)
+            self.decoder = Decoder(
+                None,
+                pass_through=options.pass_through,
+                forward_inputs=options.forward_inputs,
+                partial_sink=self.aggregator,
+                partial_codec=encode.partials_from_request,
+                is_partial=encode.is_partial_metric,
+                is_dropped=encode.is_merge_recomputed_metric,
+            )
+        else:
+            self.aggregator = Aggregator(options.aggregator)
+            self.decoder = Decoder(
+                self.aggregator,
+                pass_through=options.pass_through,
+                forward_inputs=options.forward_inputs,
+                max_mfu=options.max_mfu,
+                clock=self.clock,
+                max_future_ns=None if options.max_future_skew_s is None else int(options.max_future_skew_s * 1e9),
+            )
+        transport = self.transport
+        if transport is None and _has_downstream(options, self.environ):
+            config = DownstreamConfig.resolve(options.export_endpoint, options.export_protocol, self.environ)
+            transport = make_transport(config)
+            self.transport = transport
+        if transport is not None:
+            queue: Queue = (
+                SqliteSpool(options.spool_path, options.spool_max_bytes)
+                if options.spool_path
+                else MemoryQueue(max_items=options.queue_max_requests)
+            )
+            self.exports = Delivery(
+                transport,
+                queue,
+                name="window export",
+                initial_backoff_s=options.initial_backoff_s,
+                max_backoff_s=options.max_backoff_s,
+            )
+            if options.pass_through:
+                self.pass_through = Delivery(
+                    transport,
+                    MemoryQueue(max_items=options.pass_through_queue_max_requests),
+                    name="pass-through",
+                    initial_backoff_s=options.initial_backoff_s,
+                    max_backoff_s=options.max_backoff_s,
+                )
+
+    # --- receiving ----------------------------------------------------------------------------------
+
+    def ingest(self, request: ExportMetricsServiceRequest, raw: bytes | None = None) -> DecodeOutcome:
+        """What both receivers call per request (tests and the demo may call it directly)."""
+        outcome = self.decoder.decode(request, raw)
+        if outcome.forward is not None and self.pass_through is not None:
+            self.pass_through.submit(outcome.forward)
+        return outcome
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        options = self.options
+        auth = BearerAuth(options.bearer_token) if options.bearer_token else None
+        parts = []
+        if options.grpc_listen:
+            self._grpc = GrpcReceiver(
+                self.ingest, self.gate, options.grpc_listen, options.tls, auth, options.max_request_bytes
+            )
+            port = self._grpc.start()
+            parts.append(f"grpc {options.grpc_listen.rpartition(':')[0]}:{port}")
+        if options.http_listen:
+            self._http = HttpReceiver(
+                self.ingest, self.gate, options.http_listen, options.tls, auth, options.max_request_bytes
+            )
+            port = self._http.start()
+            parts.append(f"http {options.http_listen.rpartition(':')[0]}:{port}")
+        if options.prometheus_port is not None:
+            from otel_ofu_collector.prometheus import PrometheusEndpoint
+
+            self._prometheus = PrometheusEndpoint(self.self_metrics)
+            port = self._prometheus.start(options.prometheus_host, options.prometheus_port)
+            parts.append(f"prometheus {options.prometheus_host}:{port}")
+        for delivery in (self.exports, self.pass_through):
+            if delivery is not None:
+                delivery.start()
+        if options.flush_interval_s > 0:
+            self._timer = threading.Thread(target=self._tick, name="otel-ofu-flush", daemon=True)
+            self._timer.start()
+        downstream = "none"
+        if self.exports is not None:
+            config = getattr(self.transport, "config", None)
+            downstream = getattr(config, "endpoint", type(self.transport).__name__)
+        logger.info(
+            "otel-ofu collector ready: %s (mode %s, export %s%s)",
+            " ".join(parts) or "no receivers",
+            options.mode,
+            downstream,
+            f", spool {options.spool_path}" if options.spool_path else "",
+        )
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """Bound ports by name (``grpc``, ``http``, ``prometheus``), for whichever are on."""
+        found = {}
+        if self._grpc is not None:
+            found["grpc"] = self._grpc.port
+        if self._http is not None:
+            found["http"] = self._http.port
+        if self._prometheus is not None:
+            found["prometheus"] = int(self._prometheus.port)
+        return found
+
+    def _tick(self) -> None:
+        while not self._stop_timer.wait(self.options.flush_interval_s):
+            try:
+                self.flush()
+            except Exception:  # the timer must outlive one bad flush
+                logger.exception("window flush failed")
+
+    def flush(self, now_ns: int | None = None) -> list[WindowReport]:
+        """Close every window due at ``now_ns`` (default: the later of the clock and the data's watermark)."""
+        with self.decoder.lock:
+            if now_ns is None:
+                now_ns = max(self.clock(), int(getattr(self.aggregator, "watermark_ns", 0) or 0))
+            reports: list[WindowReport] = list(self.aggregator.flush(now_ns))
+        self._publish(reports)
+        return reports
+
+    def stop(self, grace: float = 5.0) -> list[WindowReport]:
+        """Refuse new requests, let in-flight ones finish, close and export every open window, shut down."""
+        if self._stopped:
+            return []
+        self._stopped = True
+        self.gate.close()
+        deadline = time.monotonic() + grace
+        while self.gate.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stop_timer.set()
+        if self._timer is not None:
+            self._timer.join(timeout=grace)
+        with self.decoder.lock:
+            reports: list[WindowReport] = list(self.aggregator.close_all())
+        self._publish(reports)
+        remaining = max(0.5, deadline - time.monotonic())
+        for delivery in (self.exports, self.pass_through):
+            left = delivery.stop(remaining) if delivery is not None else 0
+            if delivery is not None and left:
+                logger.warning(
+                    "%s: %d request(s) not delivered at shutdown%s",
+                    delivery.name,
+                    left,
+                    " (kept in the spool)" if isinstance(delivery.queue, SqliteSpool) else "",
+                )
+        if self._grpc is not None:
+            self._grpc.stop(0)
+        if self._http is not None:
+            self._http.stop()
+        if self._prometheus is not None:
+            self._prometheus.stop()
+        return reports
+
+    # --- publishing ---------------------------------------------------------------------------------
+
+    def _resource_attributes(self) -> dict[str, str]:
+        return {
+            names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME,
+            names.SERVICE_INSTANCE_ID: self.options.instance_id,
+            **dict(self.options.resource_attributes),
+        }
+
+    def _publish(self, reports: list[WindowReport]) -> None:
+        if not reports:
+            return
+        with self._publish_lock:
+            self.windows_published += len(reports)
+            for listener in list(self.report_listeners):
+                try:
+                    listener(reports)
+                except Exception:  # a broken listener must not cost the export
+                    logger.exception("report listener failed")
+            if self.exports is None and self._prometheus is None:
+                return
+            metrics_data = encode.reports_to_metrics_data(
+                reports,
+                resource_attributes=self._resource_attributes(),
+                include_partials=self.options.include_partials,
+            )
+            if self._prometheus is not None:
+                self._prometheus.update(metrics_data)
+            if self.exports is not None:
+                self.exports.submit(encode_request(metrics_data))
+
+    def self_metrics(self) -> dict[str, Any]:
+        """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``."""
+        decoder = self.decoder.stats
+        dropped: dict[str, int] = {}
+        queued: dict[str, int] = {}
+        for stream, delivery in (("windows", self.exports), ("pass_through", self.pass_through)):
+            if delivery is not None:
+                dropped[f"{stream}_overflow"] = delivery.stats.dropped_overflow
+                dropped[f"{stream}_rejected"] = delivery.stats.dropped_rejected
+                queued[stream] = len(delivery.queue)
+        return {
+            names.COLLECTOR_POINTS_ACCEPTED.name: decoder.accepted,
+            names.COLLECTOR_POINTS_REJECTED.name: dict(decoder.rejected_by_reason),
+            names.COLLECTOR_REQUESTS_REFUSED.name: {
+                "overload": self.gate.refused_overload,
+                "shutdown": self.gate.refused_shutdown,
+            },
+            names.COLLECTOR_EXPORT_QUEUED.name: queued,
+            names.COLLECTOR_DROPPED.name: dropped,
+        }

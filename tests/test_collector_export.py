@@ -1,0 +1,194 @@
+"""Delivery to the downstream: retry with backoff, the SQLite spool across restarts, bounded drops counted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode, unused_port
+from otel_ofu_collector.export import (
+    Delivery,
+    DownstreamConfig,
+    GrpcTransport,
+    HttpTransport,
+    MemoryQueue,
+    SendOutcome,
+    SqliteSpool,
+    make_transport,
+)
+
+
+def payload(tag: str, padding: int = 0) -> bytes:
+    """A real serialized request whose resource says which one it is."""
+    request = ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add()
+    kv = rm.resource.attributes.add()
+    kv.key = "tag"
+    kv.value.string_value = tag + "." * padding
+    rm.scope_metrics.add().metrics.add(name="fleet.gpus")
+    return request.SerializeToString()
+
+
+def tags(sink: OtlpSink) -> list[str]:
+    return [r.resource_metrics[0].resource.attributes[0].value.string_value.rstrip(".") for r in sink.requests()]
+
+
+@pytest.fixture
+def sink() -> Iterator[OtlpSink]:
+    with OtlpSink.start(hold_limit_s=5) as started:
+        yield started
+
+
+def grpc_to(endpoint: str) -> GrpcTransport:
+    return GrpcTransport(DownstreamConfig.resolve(endpoint, "grpc", {}))
+
+
+def test_outage_then_recovery_delivers_everything_in_order(sink: OtlpSink) -> None:
+    delivery = Delivery(grpc_to(sink.grpc_endpoint), initial_backoff_s=0.5, max_backoff_s=4.0)
+    sink.set_mode(SinkMode.UNAVAILABLE)
+    for tag in ("w1", "w2", "w3"):
+        delivery.submit(payload(tag))
+    backoffs = []
+    for _ in range(5):
+        assert not delivery.pump()
+        backoffs.append(delivery.backoff_s)
+    assert backoffs == [0.5, 1.0, 2.0, 4.0, 4.0]  # exponential, capped
+    assert tags(sink) == []
+    sink.set_mode(SinkMode.OK)
+    assert delivery.pump()
+    assert tags(sink) == ["w1", "w2", "w3"]
+    assert delivery.stats.sent == 3
+    assert delivery.stats.dropped_overflow == delivery.stats.dropped_rejected == 0
+    assert delivery.backoff_s == 0.0
+    delivery.stop(1)
+
+
+def test_restart_resends_from_the_spool(sink: OtlpSink, tmp_path: Path) -> None:
+    spool_path = str(tmp_path / "spool" / "windows.sqlite")
+    down = Delivery(grpc_to(f"http://127.0.0.1:{unused_port()}"), SqliteSpool(spool_path))
+    for tag in ("w1", "w2"):
+        down.submit(payload(tag))
+    assert not down.pump()
+    assert down.stop(0.2) == 2  # could not deliver: kept on disk
+
+    after_restart = Delivery(grpc_to(sink.grpc_endpoint), SqliteSpool(spool_path))
+    assert len(after_restart.queue) == 2
+    after_restart.submit(payload("w3"))
+    assert after_restart.pump()
+    assert tags(sink) == ["w1", "w2", "w3"]
+    assert len(after_restart.queue) == 0
+    after_restart.stop(1)
+    assert len(SqliteSpool(spool_path)) == 0
+
+
+def test_beyond_the_spool_bound_the_oldest_are_dropped_and_counted(sink: OtlpSink, tmp_path: Path) -> None:
+    size = len(payload("w0", padding=200))
+    spool = SqliteSpool(str(tmp_path / "s.sqlite"), max_bytes=3 * size)
+    delivery = Delivery(grpc_to(f"http://127.0.0.1:{unused_port()}"), spool)
+    for index in range(5):
+        delivery.submit(payload(f"w{index}", padding=200))
+    assert not delivery.pump()
+    assert delivery.stats.dropped_overflow == 2
+    assert len(spool) == 3
+    delivery.transport = grpc_to(sink.grpc_endpoint)
+    assert delivery.pump()
+    assert tags(sink) == ["w2", "w3", "w4"]
+    delivery.stop(1)
+
+
+def test_memory_queue_bound_counts_drops() -> None:
+    queue = MemoryQueue(max_items=2)
+    assert [queue.put(payload(t)) for t in ("a", "b", "c")] == [0, 0, 1]
+    assert len(queue) == 2
+
+
+@attrs.define
+class ScriptedTransport:
+    """A downstream whose answers are scripted, for the outcomes a loopback sink cannot produce."""
+
+    answers: list[SendOutcome]
+    sent: list[bytes] = attrs.field(factory=list)
+
+    def send(self, data: bytes) -> SendOutcome:
+        outcome = self.answers.pop(0) if self.answers else SendOutcome(True)
+        if outcome.ok:
+            self.sent.append(data)
+        return outcome
+
+    def close(self) -> None:
+        return None
+
+
+def test_permanent_refusal_is_dropped_and_counted_and_retry_after_is_honoured() -> None:
+    transport = ScriptedTransport(
+        [SendOutcome(False, retryable=False, error="INVALID_ARGUMENT"), SendOutcome(False, True, 7.0, "UNAVAILABLE")]
+    )
+    delivery = Delivery(transport, initial_backoff_s=0.5)
+    delivery.submit(b"bad")
+    delivery.submit(b"good")
+    assert not delivery.pump()
+    assert delivery.stats.dropped_rejected == 1
+    assert delivery.backoff_s == 7.0
+    assert delivery.pump()
+    assert transport.sent == [b"good"]
+
+
+def test_sender_thread_retries_until_the_downstream_is_back(sink: OtlpSink) -> None:
+    delivery = Delivery(grpc_to(sink.grpc_endpoint), initial_backoff_s=0.01, max_backoff_s=0.02)
+    sink.set_mode(SinkMode.UNAVAILABLE)
+    delivery.start()
+    try:
+        delivery.submit(payload("w1"))
+        assert sink.wait_for(lambda s: s.attempts >= 3)
+        sink.set_mode(SinkMode.OK)
+        assert sink.wait_for(lambda s: len(s.received) == 1)
+        assert tags(sink) == ["w1"]
+    finally:
+        delivery.stop(1)
+
+
+def test_http_transport_with_gzip_and_headers(sink: OtlpSink) -> None:
+    config = DownstreamConfig.resolve(
+        None,
+        None,
+        {
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.http_port}",
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-honeycomb-team=abc,x-honeycomb-dataset=fleet%20ofu",
+            "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+        },
+    )
+    assert config.endpoint == sink.http_endpoint
+    transport = make_transport(config)
+    assert isinstance(transport, HttpTransport)
+    assert transport.send(payload("h1")).ok
+    assert tags(sink) == ["h1"]
+    received = sink.received[0]
+    assert received.metadata["x-honeycomb-dataset"] == "fleet ofu"
+    assert received.metadata["content-encoding"] == "gzip"
+    sink.set_mode(SinkMode.UNAVAILABLE)
+    outcome = transport.send(payload("h2"))
+    assert (outcome.ok, outcome.retryable) == (False, True)
+
+
+def test_downstream_config_from_the_standard_variables() -> None:
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://otlp.example:4317",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "dd-api-key=k",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
+    }
+    config = DownstreamConfig.resolve(None, None, env)
+    assert (config.endpoint, config.protocol, config.insecure) == ("https://otlp.example:4317", "grpc", False)
+    assert config.headers == (("dd-api-key", "k"),)
+    assert config.timeout_s == 3.0
+    metrics_only = DownstreamConfig.resolve(
+        None, "http/protobuf", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://x:4318/custom"}
+    )
+    assert metrics_only.endpoint == "http://x:4318/custom"  # used as is, per the spec
+    assert DownstreamConfig.resolve("http://y:4318", "http/protobuf", {}).endpoint == "http://y:4318/v1/metrics"
+    with pytest.raises(ValueError, match="not supported"):
+        DownstreamConfig.resolve("x", "thrift", {})

@@ -1,0 +1,347 @@
+"""The collector service end to end on loopback: producer-like OTLP in, window outputs out at a downstream."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from otel_ofu import names
+from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode
+from otel_ofu_collector import command
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.grpc_receiver import EXPORT_METHOD
+from otel_ofu_collector.service import CollectorOptions, CollectorService
+from otel_ofu_collector.windows import WindowReport
+
+S = 1_000_000_000
+W0 = 1_700_000_040 * S  # a multiple of 60 s: windows are aligned to the epoch
+WINDOW = 60 * S
+
+
+def _attr(target: Any, key: str, value: str | int) -> None:
+    kv = target.add()
+    kv.key = key
+    if isinstance(value, int):
+        kv.value.int_value = value
+    else:
+        kv.value.string_value = value
+
+
+def producer_request(
+    gpus: Mapping[str, tuple[str, float]], time_ns: int, *, host: str = "node-1", extra: str | None = None
+) -> ExportMetricsServiceRequest:
+    """{hw.id: (job.id, ofu)} in the producer's layout: one Resource per GPU."""
+    request = ExportMetricsServiceRequest()
+    for index, (hw_id, (job, value)) in enumerate(sorted(gpus.items())):
+        rm = request.resource_metrics.add()
+        for key, text in (
+            (names.SERVICE_NAME, names.PRODUCER_SERVICE_NAME),
+            (names.HOST_NAME, host),
+            (names.HW_ID, hw_id),
+            (names.HW_MODEL, "NVIDIA H100 80GB HBM3"),
+            (names.GPU_PRECISION, "bf16"),
+            (names.JOB_ID, job),
+        ):
+            _attr(rm.resource.attributes, key, text)
+        _attr(rm.resource.attributes, names.GPU_INDEX, index)
+        sm = rm.scope_metrics.add()
+        sm.scope.name = names.INSTRUMENTATION_SCOPE
+        metric = sm.metrics.add(name=names.GPU_OFU.name, unit="1")
+        metric.gauge.data_points.add(as_double=value, time_unix_nano=time_ns)
+        clock = sm.metrics.add(name=names.GPU_CLOCK_SM.name, unit="Hz")
+        clock.gauge.data_points.add(as_double=1.98e9, time_unix_nano=time_ns)
+        if extra:
+            sm.metrics.add(name=extra).gauge.data_points.add(as_int=3, time_unix_nano=time_ns)
+    return request
+
+
+def mfu_request(mfu: Mapping[str, float], time_ns: int) -> ExportMetricsServiceRequest:
+    """The MFU reporter's layout: the application's own MeterProvider, job.id on the data point."""
+    request = ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add()
+    _attr(rm.resource.attributes, names.SERVICE_NAME, "trainer")
+    metric = rm.scope_metrics.add().metrics.add(name=names.JOB_MFU.name, unit="1")
+    for job, value in mfu.items():
+        point = metric.gauge.data_points.add(as_double=value, time_unix_nano=time_ns)
+        _attr(point.attributes, names.JOB_ID, job)
+    return request
+
+
+def send(port: int, request: ExportMetricsServiceRequest) -> ExportMetricsServiceResponse:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(EXPORT_METHOD, None, None)
+        return ExportMetricsServiceResponse.FromString(call(request.SerializeToString(), timeout=10))
+
+
+def outputs(sink: OtlpSink, name: str) -> list[tuple[dict[str, str], float, int]]:
+    """(attributes, value, window end) of every gauge point of ``name`` the downstream received."""
+    found = []
+    for request in sink.requests():
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == name and metric.WhichOneof("data") == "gauge":
+                        for point in metric.gauge.data_points:
+                            attributes = {
+                                kv.key: kv.value.string_value or str(kv.value.double_value) for kv in point.attributes
+                            }
+                            value = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
+                            found.append((attributes, float(value), point.time_unix_nano))
+    return found
+
+
+def metric_names(sink: OtlpSink) -> set[str]:
+    return {m.name for r in sink.requests() for rm in r.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+
+
+def options(sink: OtlpSink | None, **overrides: Any) -> CollectorOptions:
+    settings: dict[str, Any] = {
+        "aggregator": AggregatorConfig(window_s=60.0, lateness_s=10.0, miscount_windows=2),
+        "grpc_listen": "127.0.0.1:0",
+        "export_endpoint": sink.grpc_endpoint if sink else None,
+        "flush_interval_s": 0.0,
+        "initial_backoff_s": 0.01,
+        "max_backoff_s": 0.05,
+        "instance_id": "test-1",
+    }
+    settings.update(overrides)
+    return CollectorOptions(**settings)
+
+
+@pytest.fixture
+def sink() -> Iterator[OtlpSink]:
+    with OtlpSink.start(hold_limit_s=5) as started:
+        yield started
+
+
+@pytest.fixture
+def service(sink: OtlpSink) -> Iterator[CollectorService]:
+    started = CollectorService(options(sink), environ={})
+    started.start()
+    yield started
+    started.stop(grace=2)
+
+
+def test_windows_go_downstream_with_job_correlation_and_flags(service: CollectorService, sink: OtlpSink) -> None:
+    seen: list[list[WindowReport]] = []
+    service.report_listeners.append(seen.append)
+    port = service.ports["grpc"]
+    for window in range(3):
+        t = W0 + window * WINDOW + 30 * S
+        send(port, producer_request({"GPU-1": ("dense", 0.5), "GPU-2": ("dense", 0.4), "GPU-3": ("moe", 0.2)}, t))
+        # moe's framework claims 2x its real FLOPs: flagged after miscount_windows (2) windows
+        send(port, mfu_request({"dense": 0.43 + 0.01 * window, "moe": 0.4 + 0.01 * window}, t))
+        reports = service.flush(W0 + (window + 1) * WINDOW + 10 * S)
+        assert [(r.start_ns, r.end_ns) for r in reports] == [(W0 + window * WINDOW, W0 + (window + 1) * WINDOW)]
+    assert len(seen) == 3
+    assert sink.wait_for(lambda s: len(outputs(s, names.JOB_FLOPS_MISCOUNT.name)) == 6)
+    [gpus] = [value for attrs, value, end in outputs(sink, names.FLEET_GPUS.name) if end == W0 + WINDOW]
+    assert gpus == 3.0
+    quantiles = {a[names.QUANTILE] for a, _, _ in outputs(sink, names.FLEET_OFU_QUANTILE.name)}
+    assert len(quantiles) == len(names.QUANTILES)
+    job_ofu = {(a[names.JOB_ID], end): v for a, v, end in outputs(sink, names.JOB_OFU.name)}
+    assert job_ofu[("dense", W0 + WINDOW)] == pytest.approx(0.45)
+    flags = {(a[names.JOB_ID], end): v for a, v, end in outputs(sink, names.JOB_FLOPS_MISCOUNT.name)}
+    assert flags[("moe", W0 + 3 * WINDOW)] == 1.0
+    assert flags[("dense", W0 + 3 * WINDOW)] == 0.0
+    assert {names.FLEET_OFU.name, names.JOB_OFU_MFU_GAP.name} <= metric_names(sink)
+    # our inputs were consumed, not forwarded
+    assert not metric_names(sink) & {names.GPU_OFU.name, names.GPU_CLOCK_SM.name, names.JOB_MFU.name}
+    resource = {kv.key: kv.value.string_value for kv in sink.requests()[0].resource_metrics[0].resource.attributes}
+    assert resource[names.SERVICE_NAME] == names.COLLECTOR_SERVICE_NAME
+
+
+def test_foreign_metrics_pass_through_and_rejections_are_reported(service: CollectorService, sink: OtlpSink) -> None:
+    request = producer_request({"GPU-1": ("j", 0.5), "GPU-2": ("j", 7.0)}, W0 + S, extra="node.memory.usage")
+    response = send(service.ports["grpc"], request)
+    assert response.partial_success.rejected_data_points == 1
+    assert sink.wait_for(lambda s: "node.memory.usage" in metric_names(s))
+    [forwarded] = sink.requests()
+    assert len(forwarded.resource_metrics) == 2
+    assert forwarded.resource_metrics[0].resource == request.resource_metrics[0].resource
+    assert [m.name for m in forwarded.resource_metrics[0].scope_metrics[0].metrics] == ["node.memory.usage"]
+    counters = service.self_metrics()
+    assert counters[names.COLLECTOR_POINTS_ACCEPTED.name] == 1
+    assert sum(counters[names.COLLECTOR_POINTS_REJECTED.name].values()) == 1
+
+
+def test_stop_flushes_open_windows_and_refuses_new_requests(sink: OtlpSink) -> None:
+    service = CollectorService(options(sink), environ={})
+    service.start()
+    port = service.ports["grpc"]
+    send(port, producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+    reports = service.stop(grace=2)
+    assert [r.end_ns for r in reports] == [W0 + WINDOW]
+    assert outputs(sink, names.FLEET_GPUS.name)[0][1] == 1.0  # exported before stop returned
+    with pytest.raises(grpc.RpcError):
+        send(port, producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+
+
+def test_outage_and_restart_lose_no_window(sink: OtlpSink, tmp_path: Path) -> None:
+    spool = str(tmp_path / "spool.sqlite")
+    sink.set_mode(SinkMode.UNAVAILABLE)
+    first = CollectorService(options(sink, spool_path=spool, pass_through=False), environ={})
+    first.start()
+    send(first.ports["grpc"], producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+    first.flush(W0 + WINDOW + 10 * S)
+    send(first.ports["grpc"], producer_request({"GPU-1": ("j", 0.6)}, W0 + WINDOW + S))
+    first.stop(grace=0.5)  # the downstream is still down: both windows stay in the spool
+    assert sink.received == []
+
+    sink.set_mode(SinkMode.OK)
+    second = CollectorService(options(sink, spool_path=spool, pass_through=False), environ={})
+    second.start()
+    try:
+        assert sink.wait_for(lambda s: len(outputs(s, names.FLEET_GPUS.name)) == 2)
+        assert sorted(end for _, _, end in outputs(sink, names.FLEET_GPUS.name)) == [W0 + WINDOW, W0 + 2 * WINDOW]
+    finally:
+        second.stop(grace=2)
+
+
+def test_without_a_downstream_outputs_still_reach_listeners() -> None:
+    service = CollectorService(options(None), environ={})
+    seen: list[list[WindowReport]] = []
+    service.report_listeners.append(seen.append)
+    service.start()
+    try:
+        assert service.exports is None
+        service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+        service.flush(W0 + 2 * WINDOW)
+        assert seen[0][0].groups[0].gpus == 1
+    finally:
+        service.stop(grace=1)
+
+
+def test_prometheus_endpoint_shows_gauges_not_histograms(sink: OtlpSink) -> None:
+    service = CollectorService(options(sink, prometheus_port=0, prometheus_host="127.0.0.1"), environ={})
+    service.start()
+    try:
+        service.ingest(producer_request({"GPU-1": ("j", 0.5), "GPU-2": ("j", 0.3)}, W0 + S))
+        service.ingest(mfu_request({"j": 0.35}, W0 + S))
+        service.flush(W0 + 2 * WINDOW)
+        url = f"http://127.0.0.1:{service.ports['prometheus']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        service.stop(grace=1)
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    assert "fleet_ofu" not in families
+    quantile = families["fleet_ofu_quantile"]
+    assert {sample.labels["quantile"] for sample in quantile.samples} >= {"0.5", "0.99"}
+    assert families["fleet_gpus"].samples[0].value == 2.0
+    assert families["job_ofu"].samples[0].labels["job_id"] == "j"
+    assert families["job_ofu_mfu_gap"].samples[0].value == pytest.approx(-0.05)
+    assert "otel_ofu_collector_points_accepted" in families
+
+
+def test_shards_merge_into_fleet_windows(sink: OtlpSink) -> None:
+    merge = CollectorService(options(sink, mode="merge", instance_id="merge"), environ={})
+    merge.start()
+    merge_endpoint = f"http://127.0.0.1:{merge.ports['grpc']}"
+    shards = [
+        CollectorService(
+            options(None, mode="shard", instance_id=f"shard-{i}", export_endpoint=merge_endpoint), environ={}
+        )
+        for i in range(2)
+    ]
+    try:
+        for shard in shards:
+            shard.start()
+        # jobs are split across shards as the loadbalancing exporter would (by job.id)
+        shards[0].ingest(producer_request({"GPU-1": ("a", 0.5), "GPU-2": ("a", 0.3)}, W0 + S))
+        shards[0].ingest(mfu_request({"a": 0.45}, W0 + S))
+        shards[1].ingest(producer_request({"GPU-3": ("b", 0.7)}, W0 + S, host="node-2"))
+        shards[1].ingest(mfu_request({"b": 0.6}, W0 + S))
+        for shard in shards:
+            shard.flush(W0 + WINDOW + 10 * S)
+        deadline = time.monotonic() + 10
+        while merge.decoder.stats.accepted < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # one partial window per shard, arriving over loopback
+        [merged] = merge.flush(W0 + WINDOW + 10 * S)
+        assert merged.groups[0].gpus == 3
+        assert merged.fleet.jobs == 2
+        assert sink.wait_for(
+            lambda s: len(outputs(s, names.JOB_OFU.name)) == 2 and outputs(s, names.FLEET_GPUS.name) != []
+        )
+        # one fleet-wide fleet.gpus (the merge tier's), not the shards' local ones
+        assert [v for _, v, _ in outputs(sink, names.FLEET_GPUS.name)] == [3.0]
+        assert {a[names.JOB_ID] for a, _, _ in outputs(sink, names.JOB_OFU.name)} == {"a", "b"}  # passed through
+        assert not metric_names(sink) & {spec.name for spec in names.COLLECTOR_PARTIAL_METRICS}
+    finally:
+        for shard in shards:
+            shard.stop(grace=1)
+        merge.stop(grace=2)
+
+
+def test_command_line_builds_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_OFU_MISCOUNT_RATIO", "1.8")
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["collector", "--window", "30", "--lateness", "5", "--group-by", "hw.model", "--no-pass-through",
+         "--mode", "shard", "--http-listen", "127.0.0.1:0", "--spool", "/tmp/x.sqlite"]
+    )  # fmt: skip
+    built = command.options_from_args(args)
+    assert built.aggregator.window_s == 30.0
+    assert built.aggregator.miscount_ratio == 1.8
+    assert built.aggregator.group_keys == ("hw.model",)
+    assert (built.pass_through, built.mode, built.include_partials) == (False, "shard", True)
+    assert (built.grpc_listen, built.http_listen, built.spool_path) == ("0.0.0.0:4317", "127.0.0.1:0", "/tmp/x.sqlite")
+    with pytest.raises(ValueError, match="go together"):
+        command.options_from_args(parser.parse_args(["collector", "--tls-cert", "c.pem"]))
+
+
+def test_the_command_runs_until_sigterm_and_flushes() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_EXPORTER", "OTEL_OFU"))}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "otel_ofu.cli", "collector", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        while line and "ready" not in line:
+            line = process.stderr.readline()
+        assert "otel-ofu collector ready: grpc 127.0.0.1:" in line
+        port = int(line.split("grpc 127.0.0.1:")[1].split()[0])
+        send(port, producer_request({"GPU-1": ("j", 0.5)}, time.time_ns()))
+        process.send_signal(signal.SIGTERM)
+        _, rest = process.communicate(timeout=20)
+        assert process.returncode == 0
+        assert "1 window(s) flushed" in rest
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_point_from_the_future_cannot_drag_the_windows_ahead() -> None:
+    now = [W0 + 30 * S]
+    service = CollectorService(options(None), clock=lambda: now[0], environ={})
+    far = service.ingest(producer_request({"GPU-x": ("j", 0.5)}, now[0] + 3600 * S))
+    assert far.rejected == 1
+    assert "future" in far.error_message
+    assert service.ingest(producer_request({"GPU-1": ("j", 0.5)}, now[0])).accepted == 1
+    now[0] = W0 + 75 * S
+    [report] = service.flush()  # the clock and the watermark close only the first window...
+    assert report.end_ns == W0 + WINDOW
+    # ...so the next window is still open for the fleet's points
+    assert service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 80 * S)).accepted == 1

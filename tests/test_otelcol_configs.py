@@ -1,0 +1,85 @@
+"""The shipped OpenTelemetry Collector configurations: well-formed and wired as the topology needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from otel_ofu import names
+
+OTELCOL = Path(__file__).resolve().parents[1] / "collector" / "otelcol"
+CONFIGS = sorted(OTELCOL.rglob("*.yaml"))
+KINDS = ("receivers", "processors", "exporters", "connectors")
+
+
+def load(path: Path) -> dict[str, Any]:
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def test_the_expected_configurations_ship() -> None:
+    shipped = {path.relative_to(OTELCOL).as_posix() for path in CONFIGS}
+    assert {"agent.yaml", "backend-gateway.yaml", "sharded/agent.yaml", "sharded/gateway.yaml"} <= shipped
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.relative_to(OTELCOL).as_posix())
+def test_pipelines_reference_defined_components(path: Path) -> None:
+    config = load(path)
+    pipelines = config["service"]["pipelines"]
+    assert pipelines
+    used: set[tuple[str, str]] = set()
+    for name, pipeline in pipelines.items():
+        assert name.split("/")[0] == "metrics", f"{name}: otel-ofu only moves metrics"
+        assert pipeline["receivers"], name
+        assert pipeline["exporters"], name
+        for kind in ("receivers", "processors", "exporters"):
+            for component in pipeline.get(kind, []):
+                defined = set(config.get(kind) or {}) | set(config.get("connectors") or {})
+                assert component in defined, f"{path.name}: pipeline {name} uses undefined {kind[:-1]} {component}"
+                used.add((kind, component))
+        processors = pipeline.get("processors", [])
+        if "memory_limiter" in processors:
+            assert processors[0] == "memory_limiter", f"{name}: memory_limiter must come first"
+        if "batch" in processors:
+            assert processors[-1] == "batch", f"{name}: batch must come last"
+    for kind in ("receivers", "exporters"):
+        for component in config.get(kind) or {}:
+            assert (kind, component) in used, f"{path.name}: {kind[:-1]} {component} defined but unused"
+
+
+def test_sharding_routes_by_job_id() -> None:
+    config = load(OTELCOL / "sharded" / "agent.yaml")
+    [balancer] = [spec for name, spec in config["exporters"].items() if name.split("/")[0] == "loadbalancing"]
+    assert balancer["routing_key"] == "attributes"
+    assert balancer["routing_attributes"] == [names.JOB_ID]
+    assert balancer["resolver"]
+
+
+def test_backends_are_configured_as_they_need() -> None:
+    for path in (OTELCOL / "backend-gateway.yaml", OTELCOL / "sharded" / "gateway.yaml"):
+        exporters = load(path)["exporters"]
+        assert exporters["datadog"]["metrics"]["resource_attributes_as_tags"] is True
+        honeycomb = exporters["otlp/honeycomb"]["headers"]
+        assert {"x-honeycomb-team", "x-honeycomb-dataset"} <= set(honeycomb)
+        assert "prometheus" in exporters
+        pipelines = load(path)["service"]["pipelines"]
+        # Prometheus text has no exponential histogram: fleet.ofu must not reach it
+        for pipeline in pipelines.values():
+            if "prometheus" in pipeline["exporters"]:
+                processors = set(pipeline.get("processors", []))
+                assert processors & {"filter/drop-exponential-histograms", "filter/no-fleet"}, pipeline
+
+
+def test_merge_tier_gets_every_fleet_metric_and_nothing_loops() -> None:
+    config = load(OTELCOL / "sharded" / "gateway.yaml")
+    pipelines = config["service"]["pipelines"]
+    to_merge = [p for p in pipelines.values() if "otlp/merge-tier" in p["exporters"]]
+    assert len(to_merge) == 1
+    assert "filter/only-fleet" in to_merge[0]["processors"]
+    assert "otlp/merged" not in to_merge[0]["receivers"]  # merged outputs never go back to the merge tier
+    assert all(spec.name.startswith("fleet.") for spec in names.COLLECTOR_PARTIAL_METRICS)
+    assert names.FLEET_OFU.name.startswith("fleet.")
