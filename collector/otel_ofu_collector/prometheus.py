@@ -80,9 +80,9 @@ class OutputsCollector(Collector):
             series = list(self._series)
         families: dict[tuple[str, tuple[str, ...]], GaugeMetricFamily] = {}
         seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-        for item in series:
+        for item in reversed(series):  # windows are encoded oldest first
             if (item.name, item.labels) in seen:
-                continue  # two windows closed in one flush: the first (newest) wins
+                continue  # two windows closed in one flush: the newest wins
             seen.add((item.name, item.labels))
             keys = tuple(key for key, _ in item.labels)
             family = families.get((item.name, keys))

@@ -1,0 +1,30 @@
+"""The collector's Prometheus endpoint shows the newest window when one flush closes several."""
+
+from __future__ import annotations
+
+from otel_ofu import names
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.encode import reports_to_metrics_data
+from otel_ofu_collector.prometheus import OutputsCollector
+from otel_ofu_collector.windows import Aggregator
+
+SECOND = 1_000_000_000
+
+
+def test_the_newest_window_wins_when_one_flush_closes_two() -> None:
+    aggregator = Aggregator(AggregatorConfig(window_s=60, lateness_s=0))
+    identity = {names.JOB_ID: "job-a", names.HW_MODEL: "NVIDIA H100 80GB HBM3", names.GPU_PRECISION: "bf16"}
+    for window, ofu in enumerate((0.1, 0.9)):
+        end = (window * 60 + 30) * SECOND
+        aggregator.add_ofu("gpu-0", ofu, end - 10 * SECOND, end, identity)
+    reports = aggregator.flush(200 * SECOND)
+    assert len(reports) == 2
+    collector = OutputsCollector()
+    collector.update(reports_to_metrics_data(reports, resource_attributes={}, include_partials=False))
+    job_ofu = {
+        sample.value
+        for family in collector.collect()
+        for sample in family.samples
+        if family.name == "job_ofu" and sample.labels.get("job_id") == "job-a"
+    }
+    assert job_ofu == {0.9}
