@@ -26,6 +26,7 @@ from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode
 from otel_ofu_collector import command
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.grpc_receiver import EXPORT_METHOD
+from otel_ofu_collector.records import read_records
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 from otel_ofu_collector.windows import WindowReport
 
@@ -300,6 +301,7 @@ def test_command_line_builds_the_options(monkeypatch: pytest.MonkeyPatch) -> Non
     built = command.options_from_args(args)
     assert built.aggregator.window_s == 30.0
     assert built.aggregator.miscount_ratio == 1.8
+    assert built.aggregator.regression_min_baseline == 0.05
     assert built.aggregator.group_keys == ("hw.model",)
     assert (built.pass_through, built.mode, built.include_partials) == (False, "shard", True)
     assert (built.grpc_listen, built.http_listen, built.spool_path) == ("0.0.0.0:4317", "127.0.0.1:0", "/tmp/x.sqlite")
@@ -307,10 +309,12 @@ def test_command_line_builds_the_options(monkeypatch: pytest.MonkeyPatch) -> Non
         command.options_from_args(parser.parse_args(["collector", "--tls-cert", "c.pem"]))
 
 
-def test_the_command_runs_until_sigterm_and_flushes() -> None:
+def test_the_command_runs_until_sigterm_and_flushes(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_EXPORTER", "OTEL_OFU"))}
+    records = tmp_path / "windows.jsonl"
+    argv = ["collector", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--record-outputs", str(records)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "otel_ofu.cli", "collector", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "otel_ofu.cli", *argv],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
@@ -327,6 +331,8 @@ def test_the_command_runs_until_sigterm_and_flushes() -> None:
         _, rest = process.communicate(timeout=20)
         assert process.returncode == 0
         assert "1 window(s) flushed" in rest
+        (recorded,) = read_records(records)
+        assert [job.job_id for job in recorded.jobs] == ["j"]
     finally:
         if process.poll() is None:
             process.kill()

@@ -12,6 +12,7 @@ from otel_ofu import names
 from otel_ofu.cli_support import add_flag, add_option
 from otel_ofu_collector.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.records import ReportFeed, ReportRecorder
 from otel_ofu_collector.service import MODES, CollectorOptions, CollectorService
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_option(parser, "--baseline-windows", default=10, type=int, help="windows in a job's trailing OFU baseline")
     add_option(
         parser,
+        "--regression-min-baseline",
+        default=0.05,
+        type=float,
+        help="baseline OFU under which a job is idle, not regressing",
+    )
+    add_option(
+        parser,
         "--mode",
         default="process",
         choices=list(MODES),
@@ -100,6 +108,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="service.instance.id of the outputs (unique per shard replica); default HOSTNAME-PID",
     )
+    add_option(parser, "--record-outputs", default=None, help="append every closed window to this JSON-lines file")
+    add_option(
+        parser,
+        "--report-feed-port",
+        default=None,
+        type=int,
+        help="serve recent windows at /reports.jsonl on this port (for otel-ofu report --live)",
+    )
+    add_option(parser, "--report-feed-host", default="0.0.0.0", help="address of the report feed")
     add_option(parser, "--shutdown-grace", default=10.0, type=float, help="seconds to finish up on SIGTERM")
     parser.set_defaults(handler=run)
 
@@ -116,6 +133,7 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         miscount_windows=int(args.miscount_windows),
         regression_factor=float(args.regression_factor),
         baseline_windows=int(args.baseline_windows),
+        regression_min_baseline=float(args.regression_min_baseline),
         group_keys=tuple(args.group_by),
         max_streams=int(args.max_streams),
         max_jobs=int(args.max_jobs),
@@ -150,9 +168,19 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    recorder: ReportRecorder | None = None
+    feed: ReportFeed | None = None
     try:
         options = options_from_args(args)
         service = CollectorService(options)
+        if args.record_outputs:
+            recorder = ReportRecorder(args.record_outputs)
+            service.report_listeners.append(recorder)
+        if args.report_feed_port is not None:
+            feed = ReportFeed(host=args.report_feed_host, port=int(args.report_feed_port))
+            feed.start()
+            logger.info("otel-ofu collector: report feed on %s", feed.url)
+            service.report_listeners.append(feed)
         service.start()
     except (ValueError, OSError) as error:
         logger.error("otel-ofu collector cannot start: %s", error)
@@ -168,5 +196,9 @@ def run(args: argparse.Namespace) -> int:
     while not stop.wait(0.5):
         pass
     reports = service.stop(grace=float(args.shutdown_grace))
+    if recorder is not None:
+        recorder.close()
+    if feed is not None:
+        feed.stop()
     logger.info("otel-ofu collector stopped (%d window(s) flushed on the way out)", len(reports))
     return 0
