@@ -1,0 +1,218 @@
+"""``python -m benchmarks [--quick] [--only NAME ...] [--out DIR] [--strict]``: every benchmark and study.
+
+Full mode writes ``benchmarks/results/NAME.json`` (+ plots) and rebuilds ``benchmarks/RESULTS.md`` from
+every result there. ``--quick`` (what CI runs) uses smaller sizes and writes to ``benchmarks/results/quick/``
+(gitignored), so it never overwrites the committed full results. ``--out DIR`` puts JSON, plots and
+RESULTS.md in DIR. A benchmark that raises is recorded as an error and the others still run; the exit
+code is 1 then, and with ``--strict`` also when a DESIGN.md target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, write_markdown, write_result
+
+HERE = Path(__file__).resolve().parent
+Runner = Callable[[RunContext], BenchResult]
+
+
+def _module_runner(module_name: str) -> Callable[[], Runner]:
+    def load() -> Runner:
+        module = importlib.import_module(module_name)
+        runner: Runner = module.run
+        return runner
+
+    return load
+
+
+def _adapted(module_name: str, name: str) -> Callable[[], Runner]:
+    """A benchmark another module owns, adapted to ``run(ctx) -> BenchResult``."""
+
+    def load() -> Runner:
+        module = importlib.import_module(module_name)
+        return _adapt(name, module)
+
+    return load
+
+
+def _adapt(name: str, module: Any) -> Runner:
+    adapters: dict[str, Callable[[Any, RunContext], BenchResult]] = {"producer": _producer, "collector": _collector}
+    return lambda ctx: adapters[name](module, ctx)
+
+
+def _producer(module: Any, ctx: RunContext) -> BenchResult:
+    """benchmarks/bench_producer.py's ``run(gpu_counts, exporters) -> dict`` as a BenchResult."""
+    gpus = (8, 64) if ctx.quick else (8, 64, 1000)
+    exporters = ("encode",) if ctx.quick else ("encode", "grpc")
+    data = module.run(gpu_counts=gpus, exporters=exporters)
+    target = data["target"]
+    rows = [
+        (
+            e["exporter"],
+            str(e["gpus"]),
+            str(e["points"]),
+            f"{e['ours_ms']:.3f}",
+            f"{e['floor_ms']:.3f}",
+            f"{e['ratio']:.2f}",
+        )
+        for e in data["runs"]
+    ]
+    verdicts: list[Verdict] = []
+    for e in data["runs"]:
+        if e["gpus"] != 8:
+            continue
+        verdicts.append(
+            Verdict(f"CPU per export cycle, 8 GPUs ({e['exporter']})", e["ours_ms"], target["ms_at_8_gpus"], "ms")
+        )
+        verdicts.append(Verdict(f"ours / bare SDK floor, 8 GPUs ({e['exporter']})", e["ratio"], target["ratio"], "x"))
+    return BenchResult(
+        "producer",
+        "Producer: CPU per export cycle",
+        doc_summary(module.__doc__)
+        + "\n\n`encode` serialises OTLP in memory; `grpc` exports to a receiver in a child process on loopback.",
+        tables=(
+            Table(
+                "CPU per export cycle (best of repeats)",
+                ("exporter", "GPUs", "points", "ours ms", "SDK floor ms", "ratio"),
+                rows,
+            ),
+        ),
+        verdicts=verdicts,
+        data=data,
+    )
+
+
+def _collector(module: Any, ctx: RunContext) -> BenchResult:
+    """benchmarks/bench_collector.py's results as a BenchResult; quick mode calls its parts with smaller sizes."""
+    if ctx.quick:
+        data: dict[str, Any] = dict(module.throughput(500, 40, 5000))
+        for gpus in (1_000, 10_000, 100_000):
+            data[f"close_ms_{gpus // 1000}k"] = module.close_ms(gpus)
+        data["bytes_per_stream"] = module.bytes_per_stream(10_000)
+        data["targets"] = module.TARGETS
+    else:
+        data = module.run()
+    targets = data["targets"]
+    rows = [
+        ("ingest with aggregation", f"{data['points_per_s']:,.0f} points/s"),
+        ("floor: parse + read every point once", f"{data['floor_points_per_s']:,.0f} points/s"),
+        ("ratio to floor", f"{data['ratio_to_floor']:.2f}"),
+        *((f"window close, {k}k GPUs", f"{data[f'close_ms_{k}k']:.1f} ms") for k in (1, 10, 100)),
+        ("state per GPU stream", f"{data['bytes_per_stream']:,.0f} bytes"),
+    ]
+    verdicts = (
+        Verdict(
+            "ingest points/s, one core, aggregation on",
+            data["points_per_s"],
+            targets["points_per_s"],
+            "points/s",
+            higher_is_better=True,
+        ),
+        Verdict(
+            "ingest / parse-and-touch floor",
+            data["ratio_to_floor"],
+            targets["ratio_to_floor"],
+            "x",
+            higher_is_better=True,
+        ),
+        Verdict("window close at 100k GPUs", data["close_ms_100k"], targets["close_ms_100k"], "ms"),
+        Verdict("state per GPU stream", data["bytes_per_stream"], targets["bytes_per_stream"], "bytes"),
+    )
+    return BenchResult(
+        "collector",
+        "Collector: ingest, window close, state",
+        doc_summary(module.__doc__),
+        tables=(Table("One thread (one core's CPU)", ("measure", "value"), rows),),
+        verdicts=verdicts,
+        data=data,
+    )
+
+
+# Registry order is RESULTS.md's order.
+BENCHMARKS: dict[str, Callable[[], Runner]] = {
+    "producer": _adapted("benchmarks.bench_producer", "producer"),
+    "collector": _adapted("benchmarks.bench_collector", "collector"),
+    "percentiles": _module_runner("benchmarks.bench_percentiles"),
+    "clock_sampling": _module_runner("benchmarks.studies.clock_sampling"),
+    "tile_quantization": _module_runner("benchmarks.studies.tile_quantization"),
+    "clock_domains": _module_runner("benchmarks.studies.clock_domains"),
+    "detection": _module_runner("benchmarks.studies.detection"),
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, seconds to a minute (what CI runs)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(BENCHMARKS),
+        metavar="NAME",
+        help=f"run only these: {', '.join(BENCHMARKS)}",
+    )
+    parser.add_argument("--out", type=Path, help="folder for JSON, plots and RESULTS.md (default: benchmarks/results)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a DESIGN.md target is missed")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.out is not None:
+        out_dir: Path = args.out
+        markdown = out_dir / "RESULTS.md"
+    elif args.quick:
+        out_dir = HERE / "results" / "quick"
+        markdown = out_dir / "RESULTS.md"
+    else:
+        out_dir = HERE / "results"
+        markdown = HERE / "RESULTS.md"
+    ctx = RunContext(out_dir=out_dir, quick=args.quick)
+    selected = args.only or list(BENCHMARKS)
+    failed: list[str] = []
+    missed: list[str] = []
+    started = time.perf_counter()
+    for name in selected:
+        print(f"[benchmarks] {name} ...", flush=True)
+        t0 = time.perf_counter()
+        try:
+            result = BENCHMARKS[name]()(ctx)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not exc.name.startswith("benchmarks."):
+                raise
+            print(f"[benchmarks] {name}: skipped, {exc.name} does not exist yet", flush=True)
+            continue
+        except Exception as exc:  # one broken benchmark never hides the others' results
+            traceback.print_exc()
+            failed.append(name)
+            error = f"{type(exc).__name__}: {exc}"
+            write_result(BenchResult(name, name, "did not finish"), ctx, time.perf_counter() - t0, error=error)
+            continue
+        seconds = time.perf_counter() - t0
+        write_result(result, ctx, seconds)
+        for verdict in result.verdicts:
+            state = ("met" if verdict.met else "MISSED") + (" (paper)" if verdict.source == "paper" else "")
+            print(f"    {state:14} {verdict.target}: {verdict.measured:.4g} {verdict.unit} ({verdict.margin})")
+            if not verdict.met and verdict.source == "DESIGN.md":
+                missed.append(f"{name}: {verdict.target}")
+        print(f"[benchmarks] {name} done in {seconds:.1f} s", flush=True)
+    path = write_markdown(out_dir, markdown, list(BENCHMARKS), quick=args.quick)
+    print(f"[benchmarks] {len(selected)} run in {time.perf_counter() - started:.1f} s; wrote {path}")
+    if failed:
+        print(f"[benchmarks] errors in: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    if missed and args.strict:
+        print(f"[benchmarks] missed targets: {'; '.join(missed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
