@@ -19,6 +19,7 @@ import otel_ofu.commands
 from otel_ofu.cli_support import Register, add_option
 
 ENTRY_POINT_GROUP = "otel_ofu.commands"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _registrars() -> list[Register]:
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="otel-ofu",
         description="Overall FLOP Utilization (OFU) for GPU fleets, as OpenTelemetry metrics.",
     )
-    add_option(parser, "--log-level", default="INFO", help="logging level")
+    add_option(parser, "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="logging level")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in _registrars():
         register(subparsers)
@@ -48,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -1,44 +1,248 @@
-"""Helpers every subcommand uses: options that also read an environment variable."""
+"""Helpers every subcommand uses: options that also read an environment variable, and their validators.
+
+A variable's value becomes the option's default *string*. argparse converts string defaults while it parses,
+and only for the subcommand being run, so a bad value is that command's ordinary one-line usage error (exit 2)
+instead of a traceback while the parser is built, and ``--help`` or another command never sees it. The
+conversion also checks ``choices``, which argparse by itself checks for the command line only.
+
+Variables are ``OTEL_OFU_<FLAG>`` for ``run`` (and the source options ``snapshot`` shares with it);
+every other command has its own prefix, so one command's setting never changes another's.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import os
-from collections.abc import Callable
-from typing import Any
+import re
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+from opentelemetry.sdk.environment_variables import OTEL_METRIC_EXPORT_INTERVAL
+
+log = logging.getLogger(__name__)
 
 # ``register(subparsers)`` adds one subcommand whose parser sets ``handler=fn(args) -> exit code``.
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+# An ArgumentParser or one of its argument groups: both take add_argument.
+Container = argparse._ActionsContainer
+
+PREFIX: Final = "OTEL_OFU_"
+COLLECTOR_PREFIX: Final = "OTEL_OFU_COLLECTOR_"
+DEMO_PREFIX: Final = "OTEL_OFU_DEMO_"
+MFU_PREFIX: Final = "OTEL_OFU_MFU_"
+REPORT_PREFIX: Final = "OTEL_OFU_REPORT_"
+SNAPSHOT_PREFIX: Final = "OTEL_OFU_SNAPSHOT_"
+
+DEFAULT_EXPORT_INTERVAL_S: Final = 10.0
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+_VARIABLE_IN_HELP: Final = re.compile(r"\(env ([A-Z0-9_]+)")
 
 
-def env_name(flag: str) -> str:
-    """``--export-endpoint`` -> ``OTEL_OFU_EXPORT_ENDPOINT``."""
-    return "OTEL_OFU_" + flag.lstrip("-").replace("-", "_").upper()
+def env_name(flag: str, prefix: str = PREFIX) -> str:
+    """``--export-endpoint`` -> ``OTEL_OFU_EXPORT_ENDPOINT`` (or ``<prefix>EXPORT_ENDPOINT``)."""
+    return prefix + flag.lstrip("-").replace("-", "_").upper()
+
+
+# --- validators: argparse ``type=`` functions ------------------------------------------------------------
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """A TCP port; 0 asks the system for a free one."""
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {text!r}")
+    return value
+
+
+def parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false (1/0, yes/no, on/off), got {text!r}")
+
+
+def export_interval_s(environ: Mapping[str, str] | None = None, default: float = DEFAULT_EXPORT_INTERVAL_S) -> float:
+    """``OTEL_METRIC_EXPORT_INTERVAL`` (milliseconds, as the SDK reads it) in seconds, else ``default``.
+
+    A value that is not a positive number is ignored with a warning, as the SDK does.
+    """
+    raw = (environ if environ is not None else os.environ).get(OTEL_METRIC_EXPORT_INTERVAL, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw) / 1000.0
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number of milliseconds", OTEL_METRIC_EXPORT_INTERVAL, raw)
+        return default
+    if not value > 0:
+        log.warning("ignoring %s=%r: not positive", OTEL_METRIC_EXPORT_INTERVAL, raw)
+        return default
+    return value
+
+
+# --- options with variables -----------------------------------------------------------------------------
+
+
+class _FromEnv(str):
+    """A default string read from ``variable``, so a conversion error can say where the value came from."""
+
+    variable: str
+
+    def __new__(cls, value: str, variable: str) -> _FromEnv:
+        self = super().__new__(cls, value)
+        self.variable = variable
+        return self
+
+
+def _converter(convert: Callable[[str], Any], choices: Collection[Any] | None) -> Callable[[str], Any]:
+    """``convert`` that also checks ``choices`` and names the variable when the text came from one."""
+    name = getattr(convert, "__name__", "value")
+
+    def checked(text: str) -> Any:
+        origin = f" (from {text.variable})" if isinstance(text, _FromEnv) else ""
+        try:
+            value = convert(str(text))
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentTypeError(f"{error}{origin}") from None
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"invalid {name} value: {str(text)!r}{origin}") from None
+        if choices is not None and value not in choices:
+            allowed = ", ".join(str(choice) for choice in choices)
+            raise argparse.ArgumentTypeError(f"invalid choice: {str(text)!r}{origin} (choose from {allowed})")
+        return value
+
+    checked.__name__ = name
+    return checked
 
 
 def add_option(
-    parser: argparse.ArgumentParser,
+    parser: Container,
     flag: str,
     *,
     help: str,
     default: Any = None,
     env: str | None = None,
+    prefix: str = PREFIX,
     type: Callable[[str], Any] = str,
+    choices: Sequence[Any] | None = None,
+    required: bool = False,
     **kwargs: Any,
 ) -> None:
-    """Add ``flag`` whose default comes from ``env`` (``OTEL_OFU_<FLAG>`` unless given), then ``default``.
+    """Add ``flag`` whose default comes from ``env`` (``<prefix><FLAG>`` unless given), then ``default``.
 
-    The help text names the variable and the default, so ``--help`` documents both.
+    The help text names the variable and the default, so ``--help`` documents both. A required option is
+    satisfied by its variable.
     """
-    variable = env or env_name(flag)
-    raw = os.environ.get(variable)
-    value = type(raw) if raw not in (None, "") else default
+    variable = env or env_name(flag, prefix)
+    raw = os.environ.get(variable, "")
     shown = "" if default is None else f"; default {default}"
-    parser.add_argument(flag, default=value, type=type, help=f"{help} (env {variable}{shown})", **kwargs)
+    parser.add_argument(
+        flag,
+        default=_FromEnv(raw, variable) if raw else default,
+        type=_converter(type, choices),
+        choices=choices,
+        required=required and not raw,
+        help=f"{help} (env {variable}{shown})",
+        **kwargs,
+    )
 
 
-def add_flag(parser: argparse.ArgumentParser, flag: str, *, help: str, env: str | None = None) -> None:
-    """A boolean switch, also set by its variable being ``1``/``true``/``yes``."""
-    variable = env or env_name(flag)
-    on = os.environ.get(variable, "").strip().lower() in ("1", "true", "yes", "on")
-    parser.add_argument(flag, action="store_true", default=on, help=f"{help} (env {variable})")
+class _EnvFlag(argparse.BooleanOptionalAction):
+    """``--flag``/``--no-flag`` whose default may be a variable's text, converted like any other default."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, default: Any = False, help: str | None = None):
+        # The default is set afterwards: Python 3.11 would otherwise print it into the help as well.
+        super().__init__(option_strings, dest, default=None, help=help)
+        self.default = default
+        # argparse converts a string default with ``type``; the switches themselves take no value.
+        self.type = _converter(parse_bool, None)
+
+
+def add_flag(
+    parser: Container,
+    flag: str,
+    *,
+    help: str,
+    default: bool = False,
+    env: str | None = None,
+    prefix: str = PREFIX,
+) -> None:
+    """``--flag`` and ``--no-flag``; the variable (true/false, 1/0, yes/no, on/off) sets the default."""
+    variable = env or env_name(flag, prefix)
+    raw = os.environ.get(variable, "")
+    shown = "; default on" if default else ""
+    parser.add_argument(
+        flag,
+        action=_EnvFlag,
+        default=_FromEnv(raw, variable) if raw else default,
+        help=f"{help} (env {variable}{shown})",
+    )
+
+
+@attrs.frozen
+class CommandOptions:
+    """``add_option``/``add_flag`` for one command, every variable named ``prefix`` + the flag."""
+
+    parser: Container
+    prefix: str = PREFIX
+
+    def option(self, flag: str, *, help: str, **kwargs: Any) -> None:
+        add_option(self.parser, flag, help=help, prefix=self.prefix, **kwargs)
+
+    def flag(self, flag: str, *, help: str, **kwargs: Any) -> None:
+        add_flag(self.parser, flag, help=help, prefix=self.prefix, **kwargs)
+
+    def group(self, title: str) -> CommandOptions:
+        return CommandOptions(self.parser.add_argument_group(title), self.prefix)
+
+
+def option_variables(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each option's first long flag -> the variable its help names (options without one are left out)."""
+    variables: dict[str, str] = {}
+    for action in parser._actions:
+        flags = [flag for flag in action.option_strings if flag.startswith("--")]
+        match = _VARIABLE_IN_HELP.search(action.help or "")
+        if flags and match:
+            variables[flags[0]] = match.group(1)
+    return variables

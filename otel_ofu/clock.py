@@ -20,6 +20,21 @@ def wall_clock() -> int:
     return time.time_ns()
 
 
+@attrs.frozen
+class ScaledClock:
+    """Wall time that runs ``speed`` times faster from its origin (now, unless given): a simulated fleet's clock."""
+
+    speed: float
+    origin_ns: int = attrs.field(factory=time.time_ns)
+
+    def __attrs_post_init__(self) -> None:
+        if not (math.isfinite(self.speed) and self.speed > 0):
+            raise ValueError(f"a clock's speed must be a positive number, got {self.speed!r}")
+
+    def __call__(self) -> int:
+        return self.origin_ns + int((time.time_ns() - self.origin_ns) * self.speed)
+
+
 @attrs.define
 class ManualClock:
     """A clock that moves only when told to; satisfies ``model.Clock`` by being callable."""

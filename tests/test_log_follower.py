@@ -291,7 +291,7 @@ def test_mfu_from_log_exports_job_mfu_over_otlp(tmp_path: Path, monkeypatch: pyt
     with OtlpSink.start() as sink:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.grpc_endpoint)
         monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
-        monkeypatch.setenv("OTEL_OFU_JOB_NAME", "from-env")
+        monkeypatch.setenv("OTEL_OFU_MFU_JOB_NAME", "from-env")
         args = parse(["mfu-from-log", "--file", str(log), "--job-id", "job-7", "--from-start", "--duration", "0"])
         assert args.handler(args) == 0
         assert sink.wait_for(lambda s: bool(mfu_points(s)), timeout=10.0)
@@ -304,7 +304,7 @@ def test_mfu_from_log_exports_job_mfu_over_otlp(tmp_path: Path, monkeypatch: pyt
 
 def test_mfu_from_log_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_OFU_MFU_LOG_FILE", "/var/log/train.log")
-    monkeypatch.setenv("OTEL_OFU_JOB_ID", "env-job")
+    monkeypatch.setenv("OTEL_OFU_MFU_JOB_ID", "env-job")
     args = parse(["mfu-from-log", "--pattern", r"u=(?P<mfu>\S+)", "--percent"])
     assert (args.file, args.job_id) == ("/var/log/train.log", "env-job")
     assert mfu_from_log.pattern_from_args(args).unit == "percent"
@@ -313,8 +313,21 @@ def test_mfu_from_log_options(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="exclude"):
         mfu_from_log.pattern_from_args(both)
     assert both.handler(both) == 2
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "2500")
-    assert mfu_from_log.default_interval_s() == 2.5
+
+
+def test_mfu_from_log_needs_a_file_and_a_job_from_the_command_line_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for variable in ("OTEL_OFU_MFU_LOG_FILE", "OTEL_OFU_MFU_JOB_ID", "OTEL_OFU_MFU_PERCENT"):
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(SystemExit) as exited:
+        parse(["mfu-from-log", "--file", "train.log"])
+    assert exited.value.code == 2
+    assert "--job-id" in capsys.readouterr().err
+    monkeypatch.setenv("OTEL_OFU_MFU_JOB_ID", "env-job")
+    assert parse(["mfu-from-log", "--file", "train.log"]).job_id == "env-job"
+    monkeypatch.setenv("OTEL_OFU_MFU_PERCENT", "true")
+    assert parse(["mfu-from-log", "--file", "t.log", "--no-percent"]).percent is False
 
 
 def test_mfu_from_log_says_why_it_cannot_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -6,13 +6,17 @@ import argparse
 import json
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 from otel_ofu import names
+from otel_ofu.cli_support import export_interval_s, option_variables
 from otel_ofu.commands import run
+from otel_ofu.model import Snapshot
 from otel_ofu.testing.otlp_sink import OtlpSink
 
 
@@ -47,30 +51,41 @@ def run_subparser() -> argparse.ArgumentParser:
     return sub
 
 
-def test_every_option_names_its_variable_in_help() -> None:
+def test_every_option_names_its_plain_variable_in_help() -> None:
     sub = run_subparser()
-    text = sub.format_help()
-    flags = [
-        opt for action in sub._actions for opt in action.option_strings if opt.startswith("--") and opt != "--help"
-    ]
-    assert {"--source", "--interval", "--duration", "--placement", "--record", "--sim-speed"} <= set(flags)
-    flat = re.sub(r"\s+", " ", text)
-    for flag in flags:
-        assert "env OTEL_OFU_" + flag[2:].replace("-", "_").upper() in flat, flag
+    variables = option_variables(sub)
+    assert {"--source", "--interval", "--duration", "--placement", "--record", "--sim-speed", "--quiet"} <= set(
+        variables
+    )
+    for flag, variable in variables.items():
+        assert variable == "OTEL_OFU_" + flag[2:].replace("-", "_").upper(), flag  # the deploy kit's names
+    flat = re.sub(r"\s+", " ", sub.format_help())
+    assert all(f"env {variable}" in flat for variable in variables.values())
 
 
 def test_interval_default_follows_otel_metric_export_interval(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert parse().interval == 10.0
+    assert parse().interval is None  # the handler asks OTEL_METRIC_EXPORT_INTERVAL, else 10
+    assert export_interval_s() == 10.0
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "2500")
-    assert parse().interval == 2.5
+    assert export_interval_s() == 2.5
     monkeypatch.setenv("OTEL_OFU_INTERVAL", "7")
     assert parse().interval == 7.0
     assert parse("--interval", "3").interval == 3.0
 
 
-def test_a_bad_otel_interval_falls_back_to_ten_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert run.default_interval_s({"OTEL_METRIC_EXPORT_INTERVAL": "soon"}) == 10.0
-    assert run.default_interval_s({"OTEL_METRIC_EXPORT_INTERVAL": "-5"}) == 10.0
+def test_the_handler_takes_the_interval_from_otel_metric_export_interval(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "2500")
+    args = parse("--source", "sim", "--exporter", "none", "--sim-speed", "1000", "--duration", "5")
+    assert args.handler(args) == 0
+    assert "exporting every 2.5 s" in capsys.readouterr().err
+
+
+def test_a_bad_otel_interval_falls_back_to_ten_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    assert export_interval_s({"OTEL_METRIC_EXPORT_INTERVAL": "soon"}) == 10.0
+    assert export_interval_s({"OTEL_METRIC_EXPORT_INTERVAL": "-5"}) == 10.0
+    assert "ignoring OTEL_METRIC_EXPORT_INTERVAL" in caplog.text
 
 
 def test_options_come_from_their_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,15 +105,51 @@ def test_options_come_from_their_variables(monkeypatch: pytest.MonkeyPatch) -> N
     assert parse("--placement", "datapoint").placement == "datapoint"  # the command line wins
 
 
-def test_a_bad_choice_from_a_variable_is_refused_in_one_line(
+def test_a_bad_choice_from_a_variable_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("OTEL_OFU_PLACEMENT", "everywhere")
-    args = parse("--source", "sim")
-    assert args.handler(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert "--placement 'everywhere'" in err
-    assert len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as exited:
+        parse("--source", "sim")
+    assert exited.value.code == 2
+    (error,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert "argument --placement: invalid choice: 'everywhere' (from OTEL_OFU_PLACEMENT)" in error
+    assert parse("--placement", "both").placement == "both"  # the command line wins over a bad variable
+
+
+def test_an_env_enabled_flag_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_OFU_QUIET", "yes")
+    assert parse().quiet is True
+    assert parse("--no-quiet").quiet is False
+
+
+@attrs.define
+class ClosableSource:
+    name: str = "fake"
+    closed: bool = False
+
+    def read(self) -> Snapshot:
+        return Snapshot()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_busy_prometheus_port_says_so_in_one_line_and_closes_the_source(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = ClosableSource()
+    monkeypatch.setattr(run, "_open_source", lambda args, clock: (source, "a fake source"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = parse("--source", "sim", "--exporter", "none", "--prometheus-port", str(port), "--prometheus-addr",
+                     "127.0.0.1", "--quiet")  # fmt: skip
+        assert args.handler(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"cannot serve Prometheus on 127.0.0.1:{port}" in line
+    assert source.closed
 
 
 def test_bad_calibration_and_unavailable_source_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

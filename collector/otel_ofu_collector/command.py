@@ -7,23 +7,29 @@ import logging
 import signal
 import threading
 from types import FrameType
+from typing import Any
+
+from opentelemetry.sdk.resources import OTELResourceDetector
 
 from otel_ofu import names
-from otel_ofu.cli_support import add_flag, add_option
+from otel_ofu.cli_support import (
+    COLLECTOR_PREFIX,
+    CommandOptions,
+    non_negative_float,
+    port_number,
+    positive_float,
+    positive_int,
+)
 from otel_ofu_collector.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.records import ReportFeed, ReportRecorder
-from otel_ofu_collector.service import MODES, CollectorOptions, CollectorService
+from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, MODES, CollectorOptions, CollectorService
 
 logger = logging.getLogger(__name__)
 
 
 def _group_by(text: str) -> tuple[str, ...]:
     return tuple(key.strip() for key in text.split(",") if key.strip())
-
-
-def _bool(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,92 +39,95 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Receives OTLP metrics, aggregates fleet OFU per window, correlates it with reported MFU "
         "per job, flags suspicious jobs and exports the results over OTLP and Prometheus.",
     )
-    add_option(parser, "--listen", default="0.0.0.0:4317", help="OTLP/gRPC listen address HOST:PORT ('' disables)")
-    add_option(parser, "--http-listen", default=None, help="OTLP/HTTP listen address HOST:PORT (off unless given)")
-    add_option(
-        parser,
+    # OTEL_OFU_COLLECTOR_<FLAG>: a node that runs a producer too must not have its settings read as ours.
+    options = CommandOptions(parser, COLLECTOR_PREFIX)
+    options.option("--listen", default="0.0.0.0:4317", help="OTLP/gRPC listen address HOST:PORT ('' disables)")
+    options.option("--http-listen", default=None, help="OTLP/HTTP listen address HOST:PORT (off unless given)")
+    options.option(
         "--export-endpoint",
         default=None,
         help="downstream OTLP endpoint; unset: OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT, else no downstream",
     )
-    add_option(
-        parser,
+    options.option(
         "--export-protocol",
         default=None,
         choices=["grpc", "http/protobuf"],
         help="downstream protocol; unset: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc",
     )
-    add_option(parser, "--prometheus-port", default=None, type=int, help="serve Prometheus /metrics on this port")
-    add_option(parser, "--prometheus-host", default="0.0.0.0", help="address of the Prometheus endpoint")
-    add_option(parser, "--window", default=60.0, type=float, help="window length in seconds")
-    add_option(parser, "--lateness", default=15.0, type=float, help="allowed lateness of points in seconds")
-    add_option(parser, "--horizon", default=86400.0, type=float, help="correlation horizon in seconds")
-    add_option(parser, "--miscount-ratio", default=1.5, type=float, help="MFU/OFU ratio that counts as a miscount")
-    add_option(
-        parser, "--miscount-windows", default=3, type=int, help="consecutive windows before job.flops_miscount rises"
+    options.option("--prometheus-port", default=None, type=port_number, help="serve Prometheus /metrics on this port")
+    options.option("--prometheus-host", default="0.0.0.0", help="address of the Prometheus endpoint")
+    options.option("--window", default=60.0, type=positive_float, help="window length in seconds")
+    options.option("--lateness", default=15.0, type=non_negative_float, help="allowed lateness of points in seconds")
+    options.option("--horizon", default=86400.0, type=positive_float, help="correlation horizon in seconds")
+    options.option("--miscount-ratio", default=1.5, type=positive_float, help="MFU/OFU ratio that counts as a miscount")
+    options.option(
+        "--miscount-windows",
+        default=3,
+        type=positive_int,
+        help="consecutive windows before job.flops_miscount rises",
     )
-    add_option(parser, "--regression-factor", default=2.0, type=float, help="OFU drop below baseline that flags")
-    add_option(parser, "--baseline-windows", default=10, type=int, help="windows in a job's trailing OFU baseline")
-    add_option(
-        parser,
+    options.option("--regression-factor", default=2.0, type=positive_float, help="OFU drop below baseline that flags")
+    options.option("--baseline-windows", default=10, type=positive_int, help="windows in a job's trailing OFU baseline")
+    options.option(
         "--regression-min-baseline",
         default=0.05,
-        type=float,
+        type=non_negative_float,
         help="baseline OFU under which a job is idle, not regressing",
     )
-    add_option(
-        parser,
+    options.option(
         "--mode",
         default="process",
         choices=list(MODES),
         help="process: one collector; shard: also export mergeable partials; merge: merge the shards' partials",
     )
-    add_option(
-        parser,
+    options.option(
         "--group-by",
         default=f"{names.HW_MODEL},{names.GPU_PRECISION}",
         type=_group_by,
         help="comma-separated attribute keys that group fleet percentiles",
     )
-    add_option(parser, "--max-streams", default=200_000, type=int, help="most GPU streams held at once")
-    add_option(parser, "--max-jobs", default=50_000, type=int, help="most jobs held at once")
-    add_option(parser, "--stale-after", default=600.0, type=float, help="evict a GPU or job silent this long (s)")
-    add_option(parser, "--spool", default=None, help="SQLite file that keeps undelivered window outputs")
-    add_option(parser, "--spool-max-bytes", default=256 * 1024 * 1024, type=int, help="bound of the spool")
-    add_option(
-        parser,
-        "--pass-through",
-        default=True,
-        type=_bool,
-        help="forward metrics that are not ours downstream untouched (true/false)",
+    options.option("--max-streams", default=200_000, type=positive_int, help="most GPU streams held at once")
+    options.option("--max-jobs", default=50_000, type=positive_int, help="most jobs held at once")
+    options.option("--stale-after", default=600.0, type=positive_float, help="evict a GPU or job silent this long (s)")
+    options.option("--spool", default=None, help="SQLite file that keeps undelivered window outputs")
+    options.option("--spool-max-bytes", default=256 * 1024 * 1024, type=positive_int, help="bound of the spool")
+    options.flag("--pass-through", default=True, help="forward metrics that are not ours downstream untouched")
+    options.flag("--forward-inputs", help="also forward our inputs (gpu.*, job.mfu) downstream")
+    options.option("--tls-cert", default=None, help="server certificate (PEM) for TLS")
+    options.option("--tls-key", default=None, help="server private key (PEM) for TLS")
+    options.option("--tls-client-ca", default=None, help="CA (PEM) client certificates must chain to (mTLS)")
+    options.option("--bearer-token", default=None, help="require 'authorization: Bearer <token>'")
+    options.option("--bearer-token-file", default=None, help="read the bearer token from this file")
+    options.option(
+        "--max-in-flight", default=64, type=positive_int, help="requests processed at once before UNAVAILABLE"
     )
-    parser.add_argument(
-        "--no-pass-through", dest="pass_through", action="store_false", help="same as --pass-through false"
-    )
-    add_flag(parser, "--forward-inputs", help="also forward our inputs (gpu.*, job.mfu) downstream")
-    add_option(parser, "--tls-cert", default=None, help="server certificate (PEM) for TLS")
-    add_option(parser, "--tls-key", default=None, help="server private key (PEM) for TLS")
-    add_option(parser, "--tls-client-ca", default=None, help="CA (PEM) client certificates must chain to (mTLS)")
-    add_option(parser, "--bearer-token", default=None, help="require 'authorization: Bearer <token>'")
-    add_option(parser, "--bearer-token-file", default=None, help="read the bearer token from this file")
-    add_option(parser, "--max-in-flight", default=64, type=int, help="requests processed at once before UNAVAILABLE")
-    add_option(
-        parser,
+    options.option(
         "--instance-id",
         default=None,
         help="service.instance.id of the outputs (unique per shard replica); default HOSTNAME-PID",
     )
-    add_option(parser, "--record-outputs", default=None, help="append every closed window to this JSON-lines file")
-    add_option(
-        parser,
+    options.option("--record-outputs", default=None, help="append every closed window to this JSON-lines file")
+    options.option(
         "--report-feed-port",
         default=None,
-        type=int,
+        type=port_number,
         help="serve recent windows at /reports.jsonl on this port (for otel-ofu report --live)",
     )
-    add_option(parser, "--report-feed-host", default="0.0.0.0", help="address of the report feed")
-    add_option(parser, "--shutdown-grace", default=10.0, type=float, help="seconds to finish up on SIGTERM")
+    options.option("--report-feed-host", default="0.0.0.0", help="address of the report feed")
+    options.option(
+        "--shutdown-grace",
+        default=DEFAULT_SHUTDOWN_GRACE_S,
+        type=non_negative_float,
+        help="seconds to finish up on SIGTERM",
+    )
     parser.set_defaults(handler=run)
+
+
+def environment_resource_attributes() -> dict[str, str]:
+    """``OTEL_RESOURCE_ATTRIBUTES`` as the SDK reads it, less ``service.name``: the outputs are always the
+    collector's own service (``OTEL_SERVICE_NAME`` does not rename it either)."""
+    detected = OTELResourceDetector().detect().attributes
+    return {key: str(value) for key, value in detected.items() if key != names.SERVICE_NAME}
 
 
 def options_from_args(args: argparse.Namespace) -> CollectorOptions:
@@ -146,9 +155,13 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     auth = bearer_auth(args.bearer_token, args.bearer_token_file)
-    extra = {"instance_id": args.instance_id} if args.instance_id else {}
+    resource = environment_resource_attributes()
+    # An instance id in OTEL_RESOURCE_ATTRIBUTES names this replica as well as --instance-id would.
+    instance_id: str | None = args.instance_id or resource.pop(names.SERVICE_INSTANCE_ID, None)
+    extra: dict[str, Any] = {"instance_id": instance_id} if instance_id else {}  # else the options' default
     return CollectorOptions(
         **extra,
+        resource_attributes=resource,
         aggregator=aggregator,
         mode=args.mode,
         grpc_listen=args.listen or None,

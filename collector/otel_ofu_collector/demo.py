@@ -22,7 +22,7 @@ from rich.table import Table
 
 from otel_ofu import names
 from otel_ofu.attribution import build_chain
-from otel_ofu.cli_support import add_option
+from otel_ofu.cli_support import DEMO_PREFIX, CommandOptions, positive_float
 from otel_ofu.clock import ManualClock
 from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
@@ -41,11 +41,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_option(parser, "--duration", type=float, default=1800.0, help="simulated seconds of fleet time")
-    add_option(parser, "--interval", type=float, default=10.0, help="simulated seconds between producer reads")
-    add_option(parser, "--window", type=float, default=60.0, help="collector window in simulated seconds")
-    add_option(parser, "--seed", type=int, default=7, help="simulation seed")
-    add_option(parser, "--html", default=None, help="also write the HTML fleet report to this path")
+    options = CommandOptions(parser, DEMO_PREFIX)
+    options.option("--duration", type=positive_float, default=1800.0, help="simulated seconds of fleet time")
+    options.option("--interval", type=positive_float, default=10.0, help="simulated seconds between producer reads")
+    options.option("--window", type=positive_float, default=60.0, help="collector window in simulated seconds")
+    options.option("--seed", type=int, default=7, help="simulation seed")
+    options.option("--html", default=None, help="also write the HTML fleet report to this path")
     parser.set_defaults(handler=_handle)
 
 
@@ -167,7 +168,10 @@ def print_report(summary: FleetSummary, console: Console) -> None:
             *(_fraction(group.quantiles.get(quantile)) for quantile in names.QUANTILES),
         )
     console.print(groups)
-    jobs = Table(title="Jobs: OFU (hardware) vs MFU (framework-reported), means over the run", title_justify="left")
+    jobs = Table(
+        title="Jobs: OFU (hardware) vs MFU (framework-reported), means over the windows with both",
+        title_justify="left",
+    )
     for column, justify in (
         ("job", "left"),
         ("name", "left"),
@@ -192,7 +196,7 @@ def print_report(summary: FleetSummary, console: Console) -> None:
             verdict = "[yellow]no MFU reported"
         jobs.add_row(
             job.job_id,
-            job.name or "-",
+            job.attributes.get(names.JOB_NAME) or "-",
             str(job.gpus),
             _fraction(job.mean_ofu),
             _fraction(job.mean_mfu),
@@ -206,7 +210,7 @@ def print_report(summary: FleetSummary, console: Console) -> None:
         console.print("[bold]Flagged jobs:")
         for job in flagged:
             for reason in job.reasons():
-                console.print(f"  {job.job_id} ({job.name or 'unnamed'}): {reason}")
+                console.print(f"  {job.job_id} ({job.attributes.get(names.JOB_NAME) or 'unnamed'}): {reason}")
     else:
         console.print("No job flagged.")
 

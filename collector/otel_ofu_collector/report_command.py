@@ -23,13 +23,13 @@ import attrs
 
 from otel_ofu import names, ofu_math
 from otel_ofu.attribution.hints import HintsAttributor
-from otel_ofu.cli_support import add_option
+from otel_ofu.cli_support import REPORT_PREFIX, CommandOptions, positive_float
 from otel_ofu.gpu_values import compute
 from otel_ofu.model import SourceUnavailable
 from otel_ofu.sources.capture import ReplaySource
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.html_report import DEFAULT_TITLE, job_flags, job_histories, write_report
 from otel_ofu_collector.records import FeedError, Records, fetch_records, load_records
+from otel_ofu_collector.summary import summarize
 from otel_ofu_collector.windows import Aggregator, WindowReport
 
 logger = logging.getLogger(__name__)
@@ -89,13 +89,6 @@ def replay_capture(path: str | Path, window_s: float = DEFAULT_WINDOW_S) -> Capt
     return CaptureReplay(tuple(reports), {model: tuple(values) for model, values in samples.items()}, readings, skipped)
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "report",
@@ -106,50 +99,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Give at least one of --records, --live, --capture."
         ),
     )
-    add_option(
-        parser,
+    options = CommandOptions(parser, REPORT_PREFIX)
+    options.option(
         "--records",
-        env="OTEL_OFU_REPORT_RECORDS",
         metavar="FILE",
         help="the collector's recorded outputs (JSON lines, otel-ofu collector --record-outputs)",
     )
-    add_option(
-        parser,
+    options.option(
         "--capture",
-        env="OTEL_OFU_REPORT_CAPTURE",
         metavar="FILE",
         help="a producer capture (otel-ofu run --record); alone it gives OFU only, no MFU",
     )
-    add_option(
-        parser,
-        "--live",
-        env="OTEL_OFU_REPORT_LIVE",
-        metavar="URL",
-        help="a running collector's report feed, e.g. http://collector:9465",
-    )
-    add_option(
-        parser,
-        "--out",
-        env="OTEL_OFU_REPORT_OUT",
-        metavar="PATH",
-        default=DEFAULT_OUT,
-        help="where to write the HTML page",
-    )
-    add_option(parser, "--title", env="OTEL_OFU_REPORT_TITLE", default=DEFAULT_TITLE, help="the page title")
-    add_option(
-        parser,
+    options.option("--live", metavar="URL", help="a running collector's report feed, e.g. http://collector:9465")
+    options.option("--out", metavar="PATH", default=DEFAULT_OUT, help="where to write the HTML page")
+    options.option("--title", help="the page title (default: otel-ofu fleet report)")
+    options.option(
         "--window",
-        env="OTEL_OFU_REPORT_WINDOW",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_WINDOW_S,
         metavar="SECONDS",
         help="window length when replaying a --capture",
     )
-    add_option(
-        parser,
+    options.option(
         "--timeout",
-        env="OTEL_OFU_REPORT_TIMEOUT",
-        type=_positive_float,
+        type=positive_float,
         default=10.0,
         metavar="SECONDS",
         help="how long to wait for --live",
@@ -199,9 +172,14 @@ def run(args: argparse.Namespace) -> int:
             reports = list(replay.reports)
     if not reports:
         logger.warning("no closed windows yet: the report says so and shows nothing else")
-    path = write_report(args.out, reports, title=args.title, ofu_samples=samples, generated_ns=time.time_ns())
-    jobs = job_histories(reports)
-    flagged = sorted({flag.job.name for job in jobs for flag in job_flags(job)})
+    # plotly takes ~0.1 s to import: only the command that draws pays for it.
+    from otel_ofu_collector.html_report import write_report
+
+    titled = {"title": args.title} if args.title else {}
+    path = write_report(args.out, reports, ofu_samples=samples, generated_ns=time.time_ns(), **titled)
+    summary = summarize(reports)
+    jobs = summary.jobs
+    flagged = sorted({flag.job.name for flag in summary.flags()})
     print(
         f"wrote {path} ({len(reports)} windows, {len(jobs)} jobs"
         + (f", flagged: {', '.join(flagged)}" if flagged else ", none flagged")

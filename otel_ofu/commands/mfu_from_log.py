@@ -8,46 +8,27 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 from types import FrameType
 from typing import Any
 
 from otel_ofu import names
-from otel_ofu.cli_support import add_flag, add_option
+from otel_ofu.cli_support import (
+    DEFAULT_EXPORT_INTERVAL_S,
+    MFU_PREFIX,
+    CommandOptions,
+    export_interval_s,
+    non_negative_float,
+    positive_float,
+)
 from otel_ofu.mfu.log_follower import DEFAULT_PATTERN, LogFollower, MfuPattern
 from otel_ofu.mfu.reporter import DEFAULT_STALE_AFTER_S, MfuReporter
 
 log = logging.getLogger(__name__)
 
+# The log file's variable says what it is; every other variable is OTEL_OFU_MFU_<FLAG>.
 ENV_FILE = "OTEL_OFU_MFU_LOG_FILE"
-ENV_JOB_ID = "OTEL_OFU_JOB_ID"
-DEFAULT_INTERVAL_S = 10.0
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def default_interval_s() -> float:
-    """``OTEL_METRIC_EXPORT_INTERVAL`` (milliseconds) in seconds, else 10 s."""
-    raw = os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip()
-    try:
-        value = float(raw) / 1000.0 if raw else DEFAULT_INTERVAL_S
-    except ValueError:
-        return DEFAULT_INTERVAL_S
-    return value if value > 0 else DEFAULT_INTERVAL_S
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,51 +42,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "'mfu=0.325' and 'MFU: 41%': a % sign means percent, none means a fraction."
         ),
     )
-    add_option(parser, "--file", env=ENV_FILE, required=not os.environ.get(ENV_FILE), help="the training log")
-    add_option(parser, "--job-id", env=ENV_JOB_ID, required=not os.environ.get(ENV_JOB_ID), help="job.id of the job")
-    add_option(parser, "--job-name", help="job.name of the job")
-    add_option(parser, "--precision", default="bf16", choices=names.PRECISIONS, help="gpu.precision the job trains in")
-    add_option(
-        parser,
-        "--pattern",
-        env="OTEL_OFU_MFU_PATTERN",
-        help="regex with a named group (?P<mfu>...) instead of the default pattern",
-    )
-    add_flag(parser, "--percent", env="OTEL_OFU_MFU_PERCENT", help="the pattern's value is a percent (32.5 = 0.325)")
-    add_flag(parser, "--fraction", env="OTEL_OFU_MFU_FRACTION", help="the pattern's value is a fraction (0.325)")
-    add_option(
-        parser,
+    options = CommandOptions(parser, MFU_PREFIX)
+    options.option("--file", env=ENV_FILE, required=True, help="the training log")
+    options.option("--job-id", required=True, help="job.id of the job")
+    options.option("--job-name", help="job.name of the job")
+    options.option("--precision", default="bf16", choices=names.PRECISIONS, help="gpu.precision the job trains in")
+    options.option("--pattern", help="regex with a named group (?P<mfu>...) instead of the default pattern")
+    options.flag("--percent", help="the pattern's value is a percent (32.5 = 0.325)")
+    options.flag("--fraction", help="the pattern's value is a fraction (0.325)")
+    options.option(
         "--interval",
-        type=_positive_float,
-        help=f"export interval in seconds (default: OTEL_METRIC_EXPORT_INTERVAL, else {DEFAULT_INTERVAL_S:g})",
+        type=positive_float,
+        help="export interval in seconds "
+        f"(default: OTEL_METRIC_EXPORT_INTERVAL in ms, else {DEFAULT_EXPORT_INTERVAL_S:g})",
     )
-    add_option(
-        parser,
-        "--poll-interval",
-        env="OTEL_OFU_MFU_POLL_INTERVAL",
-        type=_positive_float,
-        default=1.0,
-        help="seconds between reads of the log",
-    )
-    add_option(
-        parser,
+    options.option("--poll-interval", type=positive_float, default=1.0, help="seconds between reads of the log")
+    options.option(
         "--stale-after",
-        env="OTEL_OFU_MFU_STALE_AFTER",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_STALE_AFTER_S,
         help="stop exporting the last MFU when the log has printed none for this many seconds",
     )
-    add_option(
-        parser,
+    options.option(
         "--duration",
-        type=_non_negative_float,
+        type=non_negative_float,
         help="stop cleanly after this many seconds, flushing (default: until SIGTERM/SIGINT)",
     )
-    add_flag(
-        parser,
-        "--from-start",
-        env="OTEL_OFU_MFU_FROM_START",
-        help="read the lines already in the file too (default: only lines appended from now on)",
+    options.flag(
+        "--from-start", help="read the lines already in the file too (default: only lines appended from now on)"
     )
     parser.set_defaults(handler=run)
 
@@ -129,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             job_name=args.job_name,
             precision=args.precision,
             stale_after_s=args.stale_after,
-            export_interval_s=args.interval or default_interval_s(),
+            export_interval_s=args.interval or export_interval_s(),
         )
     except ValueError as error:
         log.error("mfu-from-log: %s", error)

@@ -6,26 +6,22 @@ import argparse
 import logging
 import os
 import sys
-import time
-from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
-import attrs
-from opentelemetry.sdk.environment_variables import OTEL_METRIC_EXPORT_INTERVAL
+from opentelemetry.sdk.metrics.export import MetricExporter
 
 from otel_ofu import names
-from otel_ofu.cli_support import add_flag, add_option
+from otel_ofu.cli_support import CommandOptions, export_interval_s, port_number, positive_float, positive_int
+from otel_ofu.clock import ScaledClock, wall_clock
 from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.model import Clock, Source, SourceUnavailable
 from otel_ofu.producer.exporters import EXPORTER_KINDS, PROTOCOLS, ExporterConfigError, build_exporter
-from otel_ofu.producer.loop import Observer, Producer, open_recorder, wall_clock
+from otel_ofu.producer.loop import Producer, open_recorder
 from otel_ofu.producer.metrics_data import MetricsDataBuilder, env_resource
 from otel_ofu.producer.prometheus import PrometheusEndpoint
+from otel_ofu.sources.factory import SOURCE_KINDS
 
 log = logging.getLogger(__name__)
-
-SOURCE_KINDS = ("auto", "nvml", "dcgm", "dcgm-exporter", "replay", "sim")
-DEFAULT_INTERVAL_S = 10.0
 
 DESCRIPTION = """\
 Read GPU counters once per interval, compute OFU per GPU, attribute each GPU to its job and export
@@ -34,7 +30,7 @@ the contract's gauges as OTLP, one Resource per GPU, one request per interval fo
 The standard OpenTelemetry variables work as usual: OTEL_EXPORTER_OTLP_ENDPOINT, _HEADERS,
 _PROTOCOL, _TIMEOUT, _COMPRESSION, _CERTIFICATE (and their _METRICS_ forms),
 OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME and
-OTEL_METRIC_EXPORT_INTERVAL (milliseconds). Every option below also has its own variable."""
+OTEL_METRIC_EXPORT_INTERVAL (milliseconds). Every option below also has its own OTEL_OFU_* variable."""
 
 EPILOG = """\
 examples:
@@ -44,64 +40,6 @@ examples:
   OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 otel-ofu run
 
 SIGTERM or SIGINT exports the last (partial) interval, then exits 0."""
-
-
-def default_interval_s(environ: Mapping[str, str] | None = None) -> float:
-    """``OTEL_METRIC_EXPORT_INTERVAL`` (milliseconds, as the SDK reads it) in seconds, else 10."""
-    raw = (environ if environ is not None else os.environ).get(OTEL_METRIC_EXPORT_INTERVAL, "").strip()
-    if raw:
-        try:
-            value = float(raw) / 1000.0
-        except ValueError:
-            log.warning("ignoring %s=%r: not a number of milliseconds", OTEL_METRIC_EXPORT_INTERVAL, raw)
-        else:
-            if value > 0:
-                return value
-            log.warning("ignoring %s=%r: not positive", OTEL_METRIC_EXPORT_INTERVAL, raw)
-    return DEFAULT_INTERVAL_S
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-# argparse checks choices on the command line only; a value from an environment variable is the default.
-_CHOICES: Mapping[str, tuple[str, ...]] = {
-    "source": SOURCE_KINDS,
-    "exporter": EXPORTER_KINDS,
-    "protocol": PROTOCOLS,
-    "placement": names.PLACEMENTS,
-    "precision": names.PRECISIONS,
-}
-
-
-def _check_choices(args: argparse.Namespace) -> str | None:
-    for key, allowed in _CHOICES.items():
-        value = getattr(args, key)
-        if value is not None and value not in allowed:
-            return f"--{key} {value!r} (from its environment variable?) is not one of {', '.join(allowed)}"
-    return None
-
-
-@attrs.frozen
-class ScaledClock:
-    """Simulated time that runs ``speed`` times faster than the wall clock, from now on."""
-
-    speed: float
-    origin_ns: int = attrs.field(factory=time.time_ns)
-
-    def __call__(self) -> int:
-        return self.origin_ns + int((time.time_ns() - self.origin_ns) * self.speed)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -116,134 +54,111 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run_command)
 
 
-def _group(parser: argparse.ArgumentParser, title: str) -> argparse.ArgumentParser:
-    # Argument groups take add_argument like a parser; cli_support only needs that.
-    return cast(argparse.ArgumentParser, parser.add_argument_group(title))
-
-
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    source = _group(parser, "source")
-    add_option(
-        source,
+    # Plain OTEL_OFU_<FLAG> variables: the deploy kit sets them, and snapshot shares the source ones.
+    options = CommandOptions(parser)
+    source = options.group("source")
+    source.option(
         "--source",
         default="auto",
         choices=SOURCE_KINDS,
         help="where the counters come from; auto picks NVML, then DCGM, and says which and why",
     )
-    add_option(source, "--url", metavar="URL", help="dcgm-exporter /metrics URL (--source dcgm-exporter)")
-    add_option(source, "--file", metavar="FILE", help="capture or dcgmi dmon file to replay (--source replay)")
-    add_option(
-        source, "--host", metavar="NAME", help="host.name of this node (default: the hostname or the source's own)"
-    )
-    add_option(source, "--seed", metavar="N", type=int, help="seed of the simulated fleet (--source sim)")
-    add_option(
-        source,
+    source.option("--url", metavar="URL", help="dcgm-exporter /metrics URL (--source dcgm-exporter)")
+    source.option("--file", metavar="FILE", help="capture or dcgmi dmon file to replay (--source replay)")
+    source.option("--host", metavar="NAME", help="host.name of this node (default: the hostname or the source's own)")
+    source.option("--seed", metavar="N", type=int, help="seed of the simulated fleet (--source sim)")
+    source.option(
         "--sim-speed",
         metavar="N",
-        type=_positive,
+        type=positive_float,
         default=1.0,
         help="simulated time runs this many times faster than wall time; --interval and --duration are "
         "simulated seconds (--source sim)",
     )
-    add_option(source, "--record", metavar="FILE", help="also append every snapshot to this JSON-lines capture file")
-    add_option(
-        source,
+    source.option("--record", metavar="FILE", help="also append every snapshot to this JSON-lines capture file")
+    source.option(
         "--clock-sample-hz",
-        type=_positive,
+        type=positive_float,
         default=10.0,
         metavar="HZ",
         help="SM clock samples per second averaged over each interval (--source nvml)",
     )
-    add_option(
-        source,
+    source.option(
         "--nvml-library",
         metavar="PATH",
         help="NVML shared library to load instead of libnvidia-ml.so.1 (--source nvml)",
     )
-    add_option(source, "--dcgm-address", metavar="HOST", default="localhost", help="DCGM host engine (--source dcgm)")
+    source.option("--dcgm-address", metavar="HOST", default="localhost", help="DCGM host engine (--source dcgm)")
 
-    attribution = _group(parser, "job attribution")
-    add_option(attribution, "--job-id", metavar="ID", help="job.id for every GPU when nothing better is known")
-    add_option(attribution, "--job-name", metavar="NAME", help="job.name for every GPU when nothing better is known")
-    add_option(attribution, "--precision", choices=names.PRECISIONS, help="gpu.precision when the job does not say")
-    add_option(
-        attribution, "--slurm-mapping-dir", metavar="DIR", help="HPC job-mapping directory (one file per GPU index)"
-    )
-    add_option(
-        attribution,
+    attribution = options.group("job attribution")
+    attribution.option("--job-id", metavar="ID", help="job.id for every GPU when nothing better is known")
+    attribution.option("--job-name", metavar="NAME", help="job.name for every GPU when nothing better is known")
+    attribution.option("--precision", choices=names.PRECISIONS, help="gpu.precision when the job does not say")
+    attribution.option("--slurm-mapping-dir", metavar="DIR", help="HPC job-mapping directory (one file per GPU index)")
+    attribution.option(
         "--kubelet-socket",
         metavar="PATH",
         help="kubelet pod-resources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock",
     )
-    add_option(attribution, "--proc-root", metavar="DIR", default="/proc", help="where the host's /proc is mounted")
-    add_option(
-        attribution,
+    attribution.option("--proc-root", metavar="DIR", default="/proc", help="where the host's /proc is mounted")
+    attribution.option(
         "--attribution-refresh",
         metavar="SECONDS",
-        type=_positive,
+        type=positive_float,
         default=30.0,
         help="seconds a GPU's attribution is reused before it is looked up again",
     )
 
-    export = _group(parser, "export")
-    add_option(export, "--exporter", default="otlp", choices=EXPORTER_KINDS, help="push exporter")
-    add_option(
-        export,
+    export = options.group("export")
+    export.option("--exporter", default="otlp", choices=EXPORTER_KINDS, help="push exporter")
+    export.option(
         "--export-endpoint",
         metavar="URL",
         help="OTLP endpoint URL (default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT the SDK reads)",
     )
-    add_option(
-        export,
+    export.option(
         "--protocol",
         choices=PROTOCOLS,
         help="OTLP transport (default: OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL, else grpc)",
     )
-    add_option(
-        export,
+    export.option(
         "--placement",
         default="resource",
         choices=names.PLACEMENTS,
         help="where identity attributes go: resource, datapoint (Datadog) or both",
     )
-    add_option(
-        export, "--prometheus-port", metavar="PORT", type=int, help="also serve Prometheus /metrics on this port (off)"
+    export.option(
+        "--prometheus-port", metavar="PORT", type=port_number, help="also serve Prometheus /metrics on this port (off)"
     )
-    add_option(
-        export, "--prometheus-addr", metavar="ADDR", default="0.0.0.0", help="address of the Prometheus endpoint"
-    )
-    add_option(
-        export,
+    export.option("--prometheus-addr", metavar="ADDR", default="0.0.0.0", help="address of the Prometheus endpoint")
+    export.option(
         "--max-queue",
         metavar="N",
-        type=_positive_int,
+        type=positive_int,
         default=4,
         help="intervals kept while the backend is down; oldest dropped",
     )
-    add_option(
-        export,
+    export.option(
         "--calibration",
         metavar="SPEC",
         help="tile-quantization factors: job:ID=F,model:KEY=F (e.g. model:H100-SXM=0.93)",
     )
 
-    timing = _group(parser, "timing")
-    add_option(
-        timing,
+    timing = options.group("timing")
+    timing.option(
         "--interval",
         metavar="SECONDS",
-        type=_positive,
-        default=default_interval_s(),
-        help="seconds between reads (default from OTEL_METRIC_EXPORT_INTERVAL in ms, else 10)",
+        type=positive_float,
+        help="seconds between reads (default: OTEL_METRIC_EXPORT_INTERVAL in ms, else 10)",
     )
-    add_option(
-        timing,
+    timing.option(
         "--duration",
         metavar="SECONDS",
-        type=_positive,
+        type=positive_float,
         help="stop cleanly after this many seconds (default: run on)",
     )
-    add_flag(timing, "--quiet", help="no startup lines on stderr")
+    timing.flag("--quiet", help="no startup lines on stderr")
 
 
 def _open_source(args: argparse.Namespace, clock: Clock) -> tuple[Source, str]:
@@ -279,15 +194,12 @@ def _say(args: argparse.Namespace, line: str) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    problem = _check_choices(args)
-    if problem:
-        print(f"otel-ofu run: {problem}", file=sys.stderr)
-        return 2
     try:
         calibration = CalibrationTable.parse(args.calibration or "")
     except ValueError as error:
         print(f"otel-ofu run: --calibration: {error}", file=sys.stderr)
         return 2
+    interval = args.interval if args.interval is not None else export_interval_s()
     speed = float(args.sim_speed) if args.source == "sim" else 1.0
     clock: Clock = ScaledClock(speed) if speed != 1.0 else wall_clock
     try:
@@ -295,44 +207,69 @@ def run_command(args: argparse.Namespace) -> int:
     except (ExporterConfigError, ValueError) as error:
         print(f"otel-ofu run: {error}", file=sys.stderr)
         return 2
-    try:
-        source, why = _open_source(args, clock)
-    except SourceUnavailable as error:
-        print(f"otel-ofu run: {error}", file=sys.stderr)
-        return 2
-    _say(args, why)
-    chain = _attribution(args, source)
+    source: Source | None = None
+    chain: Any = None
     endpoint: PrometheusEndpoint | None = None
-    observers: list[Observer] = []
-    if args.prometheus_port is not None:
-        endpoint = PrometheusEndpoint(port=args.prometheus_port, addr=args.prometheus_addr)
-        observers.append(endpoint.update)
-        _say(args, f"Prometheus /metrics on {args.prometheus_addr}:{endpoint.port}")
-
+    producer: Producer | None = None
     try:
+        try:
+            source, why = _open_source(args, clock)
+            _say(args, why)
+            chain = _attribution(args, source)
+            endpoint = _prometheus(args)
+            recorder = open_recorder(args.record) if args.record else None
+        except (SourceUnavailable, OSError) as error:
+            print(f"otel-ofu run: {error}", file=sys.stderr)
+            return 2
+        # From here the producer owns the source, the exporter and the recorder, and closes them.
         producer = Producer(
             source=source,
             attribution=chain,
             exporter=exporter,
-            interval_s=args.interval,
+            interval_s=interval,
             clock=clock,
             calibration=calibration,
             builder=MetricsDataBuilder(placement=args.placement, base=env_resource(args.host)),
-            observers=observers,
-            recorder=open_recorder(args.record) if args.record else None,
+            observers=[endpoint.update] if endpoint is not None else [],
+            recorder=recorder,
             max_queue=args.max_queue,
             time_scale=speed,
         )
         target = args.exporter if args.exporter != "otlp" else f"otlp ({_describe_otlp(args)})"
-        _say(args, f"exporting every {args.interval:g} s to {target}, placement {args.placement}")
+        _say(args, f"exporting every {interval:g} s to {target}, placement {args.placement}")
         producer.run(args.duration)
     finally:
+        if producer is None:
+            _close_unowned(source, exporter)
         if endpoint is not None:
             endpoint.close()
         close = getattr(chain, "close", None)
         if callable(close):
             close()
     return 0
+
+
+def _prometheus(args: argparse.Namespace) -> PrometheusEndpoint | None:
+    if args.prometheus_port is None:
+        return None
+    try:
+        endpoint = PrometheusEndpoint(port=args.prometheus_port, addr=args.prometheus_addr)
+    except OSError as error:  # the port is taken, or the address is not this host's
+        raise OSError(
+            f"cannot serve Prometheus on {args.prometheus_addr}:{args.prometheus_port}: {error.strerror or error}"
+        ) from error
+    _say(args, f"Prometheus /metrics on {args.prometheus_addr}:{endpoint.port}")
+    return endpoint
+
+
+def _close_unowned(source: Source | None, exporter: MetricExporter | None) -> None:
+    """What a producer that never started would have closed."""
+    try:
+        if source is not None:
+            source.close()
+    finally:
+        if exporter is not None:
+            exporter.shutdown()
 
 
 def _describe_otlp(args: argparse.Namespace) -> str:

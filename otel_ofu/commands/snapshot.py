@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_ofu import catalog, gpu_values, names, ofu_math
-from otel_ofu.cli_support import add_option
+from otel_ofu.cli_support import SNAPSHOT_PREFIX, CommandOptions, non_negative_float
 from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot, Source, SourceUnavailable
 from otel_ofu.sources.factory import SOURCE_KINDS, open_source
 
@@ -152,9 +152,6 @@ def print_table(lines: list[dict[str, Any]]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when at least one GPU gave values, 1 when none did, 2 when the source could not open."""
     kind: str = args.source
-    if args.interval is None or args.interval < 0:
-        print("otel-ofu snapshot: --interval must be a non-negative number of seconds", file=sys.stderr)
-        return 2
     try:
         calibration = gpu_values.CalibrationTable.parse(args.calibration or "")
     except ValueError as error:
@@ -196,12 +193,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_option(parser, "--source", default="auto", choices=SOURCE_KINDS, help="where GPU counters come from")
-    add_option(parser, "--url", help="dcgm-exporter /metrics URL (for --source dcgm-exporter)")
-    add_option(parser, "--file", help="capture to replay: otel-ofu JSON lines or dcgmi dmon text (--source replay)")
-    add_option(parser, "--interval", default=1.0, type=float, help="seconds between the two reads of rate sources")
-    add_option(parser, "--format", default="json", choices=FORMATS, help="output format")
-    add_option(parser, "--host", help="host.name where the source does not say (default: the source's own)")
-    add_option(parser, "--seed", type=int, help="seed of the simulated fleet (--source sim)")
-    add_option(parser, "--calibration", help="tile calibration factors, job:ID=F,model:KEY=F")
+    # The source options are run's own (plain OTEL_OFU_*: one node's settings serve both); the rest are ours.
+    source = CommandOptions(parser)
+    ours = CommandOptions(parser, SNAPSHOT_PREFIX)
+    source.option("--source", default="auto", choices=SOURCE_KINDS, help="where GPU counters come from")
+    source.option("--url", help="dcgm-exporter /metrics URL (for --source dcgm-exporter)")
+    source.option("--file", help="capture to replay: otel-ofu JSON lines or dcgmi dmon text (--source replay)")
+    source.option("--host", help="host.name where the source does not say (default: the source's own)")
+    source.option("--seed", type=int, help="seed of the simulated fleet (--source sim)")
+    source.option("--calibration", help="tile calibration factors, job:ID=F,model:KEY=F")
+    ours.option(
+        "--interval", default=1.0, type=non_negative_float, help="seconds between the two reads of rate sources"
+    )
+    ours.option("--format", default="json", choices=FORMATS, help="output format")
     parser.set_defaults(handler=run)

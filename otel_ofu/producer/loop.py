@@ -11,7 +11,6 @@ import importlib
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -21,6 +20,7 @@ import attrs
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricsData
 
 from otel_ofu import names
+from otel_ofu.clock import wall_clock
 from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.model import Clock, GpuError, Snapshot, Source
 from otel_ofu.producer.metrics_data import (
@@ -42,10 +42,6 @@ class Recorder(Protocol):
     def write(self, snapshot: Snapshot) -> None: ...
 
     def close(self) -> None: ...
-
-
-def wall_clock() -> int:
-    return time.time_ns()
 
 
 def open_recorder(path: str | Path) -> Recorder:
@@ -79,8 +75,8 @@ class Producer:
     interval_s: float = 10.0
     clock: Clock = wall_clock
     calibration: CalibrationTable = attrs.field(factory=CalibrationTable)
-    placement: str = "resource"
-    builder: MetricsDataBuilder | None = None
+    # The default builds the producer's resource from the environment; ``run`` passes its placement and host.
+    builder: MetricsDataBuilder = attrs.field(factory=MetricsDataBuilder)
     observers: Sequence[Observer] = ()
     recorder: Recorder | None = None
     max_queue: int = 4
@@ -98,8 +94,6 @@ class Producer:
             raise ValueError(f"the interval must be positive, got {self.interval_s}")
         if self.time_scale <= 0:
             raise ValueError(f"the time scale must be positive, got {self.time_scale}")
-        if self.builder is None:
-            self.builder = MetricsDataBuilder(placement=self.placement)
         self.self_metrics = SelfMetrics(start_ns=self.clock())
         if self.exporter is not None:
             self.worker = ExportWorker(self.exporter, self.self_metrics, max_queue=self.max_queue)
@@ -118,7 +112,6 @@ class Producer:
         for error in computed.errors:
             self.self_metrics.count_source_error(error.reason)
             log.debug("skipped %s: %s (%s)", error.gpu.key if error.gpu else error.gpu_key, error.message, error.reason)
-        assert self.builder is not None
         data = self.builder.build(computed, self.self_metrics.metrics(self.clock()))
         for observer in self.observers:
             try:
