@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import attrs
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
+from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode, unused_port
 from otel_ofu_collector.export import (
     Delivery,
@@ -18,6 +21,7 @@ from otel_ofu_collector.export import (
     MemoryQueue,
     SendOutcome,
     SqliteSpool,
+    configured_endpoint,
     make_transport,
 )
 
@@ -29,7 +33,7 @@ def payload(tag: str, padding: int = 0) -> bytes:
     kv = rm.resource.attributes.add()
     kv.key = "tag"
     kv.value.string_value = tag + "." * padding
-    rm.scope_metrics.add().metrics.add(name="fleet.gpus")
+    rm.scope_metrics.add().metrics.add(name=names.FLEET_GPUS.name)
     return request.SerializeToString()
 
 
@@ -192,3 +196,80 @@ def test_downstream_config_from_the_standard_variables() -> None:
     assert DownstreamConfig.resolve("http://y:4318", "http/protobuf", {}).endpoint == "http://y:4318/v1/metrics"
     with pytest.raises(ValueError, match="not supported"):
         DownstreamConfig.resolve("x", "thrift", {})
+
+
+def test_drop_counts_from_many_receiver_threads_add_up() -> None:
+    delivery = Delivery(ScriptedTransport([]), MemoryQueue(max_items=1))
+    threads, submits = 8, 2000
+
+    def hammer() -> None:
+        for _ in range(submits):
+            delivery.submit(b"x")
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: an unlocked += loses counts
+    try:
+        workers = [threading.Thread(target=hammer) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert delivery.stats.dropped_overflow == threads * submits - 1
+    assert len(delivery.queue) == 1
+
+
+@attrs.define
+class BlockingTransport:
+    """A downstream that holds a send until released, and notes what happened in which order."""
+
+    inside: threading.Event = attrs.field(factory=threading.Event)
+    release: threading.Event = attrs.field(factory=threading.Event)
+    events: list[str] = attrs.field(factory=list)
+
+    def send(self, data: bytes) -> SendOutcome:
+        self.inside.set()
+        self.release.wait(10)
+        self.events.append("sent")
+        return SendOutcome(True)
+
+    def close(self) -> None:
+        self.events.append("closed")
+
+
+def test_stop_lets_a_send_in_flight_finish_and_remove_its_request(tmp_path: Path) -> None:
+    spool_path = str(tmp_path / "spool.sqlite")
+    transport = BlockingTransport()
+    delivery = Delivery(transport, SqliteSpool(spool_path))
+    delivery.submit(payload("w1"))
+    delivery.start()
+    assert transport.inside.wait(10)
+    left: list[int] = []
+    stopper = threading.Thread(target=lambda: left.append(delivery.stop(0)))
+    stopper.start()
+    transport.release.set()
+    stopper.join(10)
+    assert transport.events == ["sent", "closed"]  # never closed under a running send
+    assert left == [0]
+    assert len(SqliteSpool(spool_path)) == 0  # its remove was not lost: no duplicate after a restart
+
+
+def test_a_sender_waking_after_stop_finds_the_delivery_closed(tmp_path: Path) -> None:
+    transport = ScriptedTransport([])
+    delivery = Delivery(transport, SqliteSpool(str(tmp_path / "spool.sqlite")))
+    delivery.stop(0)
+    assert delivery.pump()  # no ProgrammingError from the closed spool
+    assert transport.sent == []
+
+
+def test_whether_and_where_a_downstream_is_configured() -> None:
+    metrics_variable = {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": " http://m:4318/v1/metrics ", **_GENERIC}
+    assert configured_endpoint(None, {}) is None  # no downstream: never a guessed localhost
+    assert configured_endpoint("  ", {"OTEL_EXPORTER_OTLP_ENDPOINT": ""}) is None
+    assert configured_endpoint(None, _GENERIC) == "http://g:4317"
+    assert configured_endpoint(None, metrics_variable) == "http://m:4318/v1/metrics"
+    assert configured_endpoint("http://option:4317", metrics_variable) == "http://option:4317"
+
+
+_GENERIC = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://g:4317"}

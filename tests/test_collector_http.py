@@ -6,10 +6,12 @@ import gzip
 import http.client
 import json
 import math
+import socket
 import threading
 from collections.abc import Iterator, Mapping
 
 import attrs
+import grpc
 import pytest
 from google.protobuf import json_format
 from google.rpc import status_pb2  # type: ignore[import-untyped]
@@ -31,40 +33,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ofu import names
+from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request
 from otel_ofu_collector.auth import BearerAuth
 from otel_ofu_collector.decode import DecodeOutcome, Decoder
 from otel_ofu_collector.gate import Gate
 from otel_ofu_collector.http_receiver import HttpReceiver
 
-T0 = 1_700_000_000_000_000_000
-
-
-@attrs.define
-class RecordingSink:
-    ofu: list[tuple[str, float, dict[str, str]]] = attrs.field(factory=list)
-    mfu: list[tuple[str, float]] = attrs.field(factory=list)
-
-    def add_ofu(self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str]) -> bool:
-        self.ofu.append((stream_key, value, dict(identity)))
-        return True
-
-    def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> bool:
-        self.mfu.append((job_id, value))
-        return True
-
-
-def gpu_request(values: Mapping[str, float]) -> ExportMetricsServiceRequest:
-    request = ExportMetricsServiceRequest()
-    for hw_id, value in values.items():
-        rm = request.resource_metrics.add()
-        for key, text in ((names.HOST_NAME, "node-1"), (names.HW_ID, hw_id), (names.JOB_ID, "job-a")):
-            kv = rm.resource.attributes.add()
-            kv.key = key
-            kv.value.string_value = text
-        metric = rm.scope_metrics.add().metrics.add()
-        metric.name = names.GPU_OFU.name
-        metric.gauge.data_points.add(as_double=value, time_unix_nano=T0)
-    return request
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
 @attrs.define
@@ -119,7 +94,7 @@ def test_json_request_answers_in_json_with_partial_success(running: Running) -> 
     assert headers["content-type"] == "application/json"
     parsed = json.loads(reply)
     assert parsed["partialSuccess"]["rejectedDataPoints"] == "1"
-    assert [value for _, value, _ in running.sink.ofu] == [0.25]
+    assert [call[1] for call in running.sink.ofu] == [0.25]
 
 
 def test_gzip_body(running: Running) -> None:
@@ -138,16 +113,25 @@ def test_malformed_bodies_are_400_and_state_survives(running: Running) -> None:
         status, _, reply = running.post(body, headers)
         assert status == 400
         if headers.get("Content-Type") == "application/json":
-            assert "malformed" in json.loads(reply)["message"]
+            parsed = json.loads(reply)
+            assert "malformed" in parsed["message"]
+            assert parsed["code"] == INVALID_ARGUMENT
         else:
-            assert status_pb2.Status.FromString(reply).message
+            error = status_pb2.Status.FromString(reply)
+            assert (error.code, bool(error.message)) == (INVALID_ARGUMENT, True)
     assert running.sink.ofu == []
     assert running.post(gpu_request({"GPU-1": 0.1}).SerializeToString())[0] == 200
 
 
+def _code(reply: bytes) -> int:
+    return int(status_pb2.Status.FromString(reply).code)
+
+
 def test_wrong_path_and_content_type(running: Running) -> None:
-    assert running.post(b"", path="/v1/traces")[0] == 404
-    assert running.post(b"x", {"Content-Type": "text/plain"})[0] == 415
+    status, _, reply = running.post(b"", path="/v1/traces")
+    assert (status, _code(reply)) == (404, grpc.StatusCode.NOT_FOUND.value[0])
+    status, _, reply = running.post(b"x", {"Content-Type": "text/plain"})
+    assert (status, _code(reply)) == (415, INVALID_ARGUMENT)
 
 
 def test_oversized_body_is_413() -> None:
@@ -156,7 +140,8 @@ def test_oversized_body_is_413() -> None:
     receiver.start()
     try:
         server = Running(receiver, sink, Gate())
-        assert server.post(b"\x00" * 2048)[0] == 413
+        status, _, reply = server.post(b"\x00" * 2048)
+        assert (status, _code(reply)) == (413, INVALID_ARGUMENT)
         bomb = gzip.compress(b"\x00" * 100_000)
         assert server.post(bomb, {"Content-Encoding": "gzip"})[0] == 413
     finally:
@@ -167,8 +152,8 @@ def test_bearer_auth_is_401() -> None:
     server = _start(auth=BearerAuth("tok"))
     try:
         body = gpu_request({"GPU-1": 0.5}).SerializeToString()
-        status, headers, _ = server.post(body)
-        assert status == 401
+        status, headers, reply = server.post(body)
+        assert (status, _code(reply)) == (401, grpc.StatusCode.UNAUTHENTICATED.value[0])
         assert headers["www-authenticate"] == "Bearer"
         assert server.post(body, {"Authorization": "Bearer wrong"})[0] == 401
         assert server.post(body, {"Authorization": "Bearer tok"})[0] == 200
@@ -193,8 +178,9 @@ def test_overload_and_shutdown_are_503_with_retry_after() -> None:
         first = threading.Thread(target=server.post, args=(body,))
         first.start()
         assert inside.wait(10)
-        status, headers, _ = server.post(body)
+        status, headers, reply = server.post(body)
         assert (status, headers["retry-after"]) == (503, "2")
+        assert _code(reply) == grpc.StatusCode.UNAVAILABLE.value[0]
         release.set()
         first.join(10)
         server.gate.close()
@@ -224,3 +210,149 @@ def test_the_sdk_http_exporter_delivers(running: Running) -> None:
         exporter.shutdown()
     assert running.sink.ofu[0][:2] == ("h|GPU-9", 0.33)
     assert not math.isnan(running.sink.ofu[0][1])
+
+
+def test_a_failing_ingest_is_500_internal() -> None:
+    def broken(request: ExportMetricsServiceRequest, raw: bytes) -> DecodeOutcome:
+        raise RuntimeError("boom")
+
+    server = _start(ingest=broken)
+    try:
+        status, _, reply = server.post(gpu_request({"GPU-1": 0.5}).SerializeToString())
+        assert (status, _code(reply)) == (500, grpc.StatusCode.INTERNAL.value[0])
+    finally:
+        server.receiver.stop()
+
+
+# --- message framing, on a raw socket ---------------------------------------------------------------
+
+
+@attrs.frozen
+class RawReply:
+    status: int
+    body: bytes
+    closed: bool  # the server closed the connection after answering
+
+
+def _raw(port: int, data: bytes, *, half_close: bool = False) -> RawReply:
+    """Send ``data`` as is, read one response, and tell whether the server then closed the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        body = response.read()
+        return RawReply(response.status, body, sock.recv(1) == b"")
+
+
+def _head(body_headers: str, *, path: str = "/v1/metrics") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n{body_headers}\r\n".encode()
+
+
+def _chunked(body: bytes, size: int = 7) -> bytes:
+    chunks = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x;ext=1\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks) + b"0\r\nX-Trailer: t\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ("", 411),  # no framing at all: the body's end is unknown
+        ("Content-Length: -1\r\n", 400),  # rfile.read(-1) would block for ever, holding a gate slot
+        ("Content-Length: abc\r\n", 400),
+        ("Content-Length: 5, 6\r\n", 400),
+        ("Content-Length: 5\r\nContent-Length: 6\r\n", 400),
+        ("Content-Length: \u0665\r\n", 400),  # a digit to str.isdigit, not to HTTP
+        ("Transfer-Encoding: gzip, chunked\r\n", 400),
+    ],
+)
+def test_bad_framing_is_refused_and_the_connection_closed(headers: str, status: int) -> None:
+    server = _start(gate=Gate(max_in_flight=1))
+    try:
+        reply = _raw(server.receiver.port, _head(headers) + b"\x0a\x00")
+        assert (reply.status, reply.closed) == (status, True)
+        assert _code(reply.body) == INVALID_ARGUMENT
+        assert server.gate.in_flight == 0
+        assert server.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0] == 200  # the one slot is free
+        assert len(server.sink.ofu) == 1
+    finally:
+        server.receiver.stop()
+
+
+def test_a_chunked_body_is_read_and_the_connection_kept(running: Running) -> None:
+    first = gpu_request({"GPU-1": 0.5}).SerializeToString()
+    second = gpu_request({"GPU-2": 0.25}).SerializeToString()
+    chunked = _head("Transfer-Encoding: chunked\r\n") + _chunked(first)
+    then = _head(f"Content-Length: {len(second)}\r\nConnection: close\r\n") + second
+    with socket.create_connection(("127.0.0.1", running.receiver.port), timeout=10) as sock:
+        sock.sendall(chunked + then)  # one keep-alive connection: nothing of the first body may be left over
+        answers = b""
+        while chunk := sock.recv(65536):
+            answers += chunk
+    assert answers.count(b"HTTP/1.1 200 OK\r\n") == 2
+    assert [(call[0], call[1]) for call in running.sink.ofu] == [("node-1|GPU-1", 0.5), ("node-1|GPU-2", 0.25)]
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"zz\r\nabc\r\n0\r\n\r\n", 400),  # not a hex size
+        (b"3\r\nabcdef\r\n0\r\n\r\n", 400),  # a chunk longer than its size
+        (b"3\r\nabc\r\n", 400),  # ends before the last chunk
+        (b"400\r\n" + b"x" * 1024 + b"\r\n" + b"400\r\n" + b"x" * 1024 + b"\r\n0\r\n\r\n", 413),
+    ],
+)
+def test_bad_chunked_bodies_are_refused(body: bytes, status: int) -> None:
+    sink = RecordingSink()
+    gate = Gate(max_in_flight=1)
+    receiver = HttpReceiver(Decoder(sink).decode, gate, "127.0.0.1:0", max_request_bytes=1500)
+    receiver.start()
+    try:
+        reply = _raw(receiver.port, _head("Transfer-Encoding: chunked\r\n") + body, half_close=True)
+        assert (reply.status, reply.closed, _code(reply.body)) == (status, True, INVALID_ARGUMENT)
+        assert gate.in_flight == 0  # the handler has returned: the connection is closed
+        assert sink.ofu == []
+    finally:
+        receiver.stop()
+
+
+def test_a_body_shorter_than_its_length_is_400(running: Running) -> None:
+    reply = _raw(running.receiver.port, _head("Content-Length: 100\r\n") + b"\x0a\x00", half_close=True)
+    assert (reply.status, reply.closed) == (400, True)
+    assert running.gate.in_flight == 0
+    assert running.sink.ofu == []
+
+
+def test_a_stalled_body_times_out_and_frees_its_gate_slot() -> None:
+    sink = RecordingSink()
+    gate = Gate(max_in_flight=1)
+    receiver = HttpReceiver(Decoder(sink).decode, gate, "127.0.0.1:0", read_timeout_s=0.2)
+    receiver.start()
+    try:
+        with socket.create_connection(("127.0.0.1", receiver.port), timeout=10) as sock:
+            sock.sendall(_head("Content-Length: 100\r\n") + b"\x0a")  # and then nothing
+            assert sock.recv(1) == b""  # dropped without an answer after the read timeout
+        assert gate.in_flight == 0
+    finally:
+        receiver.stop()
+
+
+# --- lifecycle ------------------------------------------------------------------------------------
+
+
+def test_a_busy_port_is_one_line_oserror(running: Running) -> None:
+    listen = f"127.0.0.1:{running.receiver.port}"
+    second = HttpReceiver(Decoder(RecordingSink()).decode, Gate(), listen)
+    with pytest.raises(OSError, match=f"cannot listen for OTLP/HTTP on {listen}") as caught:
+        second.start()
+    assert "\n" not in str(caught.value)
+
+
+def test_stop_joins_the_server_thread() -> None:
+    before = set(threading.enumerate())
+    server = _start()
+    started = [thread for thread in set(threading.enumerate()) - before if thread.name == "otlp-http"]
+    server.receiver.stop()
+    assert started
+    assert not any(thread.is_alive() for thread in started)

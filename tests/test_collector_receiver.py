@@ -6,7 +6,7 @@ import datetime
 import ipaddress
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ofu import names
+from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request, set_attribute
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu_collector.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.decode import DecodeOutcome, Decoder
@@ -42,83 +43,13 @@ from otel_ofu_collector.export import Delivery, DownstreamConfig, GrpcTransport
 from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.grpc_receiver import EXPORT_METHOD, RETRY_INFO_TRAILER, GrpcReceiver
 
-T0 = 1_700_000_000_000_000_000
-
-
-@attrs.define
-class RecordingSink:
-    """A stand-in aggregator that keeps every call (the real one is tested in its own module)."""
-
-    ofu: list[tuple[str, float, int, int, dict[str, str]]] = attrs.field(factory=list)
-    mfu: list[tuple[str, float, int, dict[str, str]]] = attrs.field(factory=list)
-
-    def add_ofu(self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str]) -> bool:
-        self.ofu.append((stream_key, value, start_ns, end_ns, dict(identity)))
-        return True
-
-    def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> bool:
-        self.mfu.append((job_id, value, time_ns, dict(identity)))
-        return True
-
-
 # --- request builders ------------------------------------------------------------------------------
-
-
-def _set_attribute(target: Any, key: str, value: object) -> None:
-    kv = target.add()
-    kv.key = key
-    if isinstance(value, bool):
-        kv.value.bool_value = value
-    elif isinstance(value, int):
-        kv.value.int_value = value
-    elif isinstance(value, float):
-        kv.value.double_value = value
-    else:
-        kv.value.string_value = str(value)
-
-
-def gpu_request(
-    gpus: Mapping[str, float],
-    *,
-    host: str = "node-1",
-    job: str = "job-a",
-    time_ns: int = T0,
-    extra_metric: str | None = None,
-) -> ExportMetricsServiceRequest:
-    """The producer's layout: one Resource per GPU with identity on the resource, gpu.ofu gauges."""
-    request = ExportMetricsServiceRequest()
-    for hw_id, value in gpus.items():
-        rm = request.resource_metrics.add()
-        for key, attr in (
-            (names.SERVICE_NAME, names.PRODUCER_SERVICE_NAME),
-            (names.HOST_NAME, host),
-            (names.HW_ID, hw_id),
-            (names.HW_MODEL, "NVIDIA H100 80GB HBM3"),
-            (names.GPU_INDEX, 0),
-            (names.JOB_ID, job),
-            (names.GPU_PRECISION, "bf16"),
-        ):
-            _set_attribute(rm.resource.attributes, key, attr)
-        sm = rm.scope_metrics.add()
-        sm.scope.name = names.INSTRUMENTATION_SCOPE
-        metric = sm.metrics.add()
-        metric.name = names.GPU_OFU.name
-        metric.unit = "1"
-        point = metric.gauge.data_points.add()
-        point.as_double = value
-        point.start_time_unix_nano = time_ns - 10_000_000_000
-        point.time_unix_nano = time_ns
-        if extra_metric:
-            other = sm.metrics.add()
-            other.name = extra_metric
-            other.gauge.data_points.add(as_int=7, time_unix_nano=time_ns)
-    return request
 
 
 def foreign_request() -> ExportMetricsServiceRequest:
     request = ExportMetricsServiceRequest()
     rm = request.resource_metrics.add()
-    _set_attribute(rm.resource.attributes, names.SERVICE_NAME, "checkout")
+    set_attribute(rm.resource.attributes, names.SERVICE_NAME, "checkout")
     rm.schema_url = "https://opentelemetry.io/schemas/1.24.0"
     sm = rm.scope_metrics.add()
     sm.scope.name = "checkout.http"
@@ -130,7 +61,7 @@ def foreign_request() -> ExportMetricsServiceRequest:
     point = hist.data_points.add(count=3, sum=0.5, time_unix_nano=T0, start_time_unix_nano=T0 - 1)
     point.bucket_counts.extend([1, 2])
     point.explicit_bounds.append(0.1)
-    _set_attribute(point.attributes, "http.route", "/pay")
+    set_attribute(point.attributes, "http.route", "/pay")
     return request
 
 
@@ -226,7 +157,7 @@ def test_the_sdk_exporter_delivers_gpu_ofu(running: Running) -> None:
 
 def test_raw_stub_and_identity_on_data_point_wins(running: Running) -> None:
     request = gpu_request({"GPU-1": 0.5}, job="resource-job")
-    _set_attribute(
+    set_attribute(
         request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].attributes,
         names.JOB_ID,
         "point-job",
@@ -261,7 +192,7 @@ def test_unusable_points_counted_in_partial_success(running: Running) -> None:
 def test_mfu_points_need_job_id_and_a_sane_value(running: Running) -> None:
     request = ExportMetricsServiceRequest()
     rm = request.resource_metrics.add()
-    _set_attribute(rm.resource.attributes, names.JOB_ID, "train-7")
+    set_attribute(rm.resource.attributes, names.JOB_ID, "train-7")
     metric = rm.scope_metrics.add().metrics.add()
     metric.name = names.JOB_MFU.name
     for value in (0.45, 1.8, 11.0, -1.0, math.nan):  # 1.8: a miscounting framework, still taken
@@ -507,12 +438,14 @@ def weird_requests(draw: st.DrawFn) -> ExportMetricsServiceRequest:
     for _ in range(draw(st.integers(0, 3))):
         rm = request.resource_metrics.add()
         for key, value in draw(st.lists(st.tuples(_keys, _attr_values), max_size=4)):
-            _set_attribute(rm.resource.attributes, key, value)
+            set_attribute(rm.resource.attributes, key, value)
         for _ in range(draw(st.integers(0, 2))):
             sm = rm.scope_metrics.add()
             for _ in range(draw(st.integers(0, 3))):
                 metric = sm.metrics.add()
-                metric.name = draw(st.sampled_from([names.GPU_OFU.name, names.JOB_MFU.name, "gpu.clock.sm", "x"]))
+                metric.name = draw(
+                    st.sampled_from([names.GPU_OFU.name, names.JOB_MFU.name, names.GPU_CLOCK_SM.name, "x"])
+                )
                 kind = draw(st.sampled_from(["gauge", "sum", "histogram", "none"]))
                 if kind == "histogram":
                     metric.histogram.data_points.add(count=1, time_unix_nano=T0)
@@ -527,7 +460,7 @@ def weird_requests(draw: st.DrawFn) -> ExportMetricsServiceRequest:
                     else:
                         point.as_int = value
                     for key, attr in draw(st.lists(st.tuples(_keys, _attr_values), max_size=3)):
-                        _set_attribute(point.attributes, key, attr)
+                        set_attribute(point.attributes, key, attr)
     return request
 
 
@@ -575,3 +508,16 @@ def test_random_bytes_over_grpc_never_crash(running: Running, payload: bytes) ->
         assert len(running.sink.ofu) == before
     _export(running.target, gpu_request({"GPU-ok": 0.5}).SerializeToString())
     assert running.sink.ofu[-1][1] == 0.5
+
+
+# --- lifecycle -------------------------------------------------------------------------------------
+
+
+def test_a_busy_port_is_one_line_oserror(running: Running) -> None:
+    # Without SO_REUSEPORT off, a second receiver would bind too and the two would split the traffic.
+    second = GrpcReceiver(Decoder(RecordingSink()).decode, Gate(), running.target)
+    with pytest.raises(OSError, match=f"cannot listen for OTLP/gRPC on {running.target}") as caught:
+        second.start()
+    assert "\n" not in str(caught.value)
+    _export(running.target, gpu_request({"GPU-1": 0.5}).SerializeToString())  # the first one still serves
+    assert len(running.sink.ofu) == 1

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import grpc
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -22,12 +26,14 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_ofu import names
+from otel_ofu.testing.otlp_requests import gpu_request, mfu_request
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode
 from otel_ofu_collector import command
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.grpc_receiver import EXPORT_METHOD
+from otel_ofu_collector.export import SendOutcome
+from otel_ofu_collector.grpc_receiver import EXPORT_METHOD, GrpcReceiver
 from otel_ofu_collector.records import read_records
-from otel_ofu_collector.service import CollectorOptions, CollectorService
+from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, CollectorOptions, CollectorService
 from otel_ofu_collector.windows import WindowReport
 
 S = 1_000_000_000
@@ -35,53 +41,11 @@ W0 = 1_700_000_040 * S  # a multiple of 60 s: windows are aligned to the epoch
 WINDOW = 60 * S
 
 
-def _attr(target: Any, key: str, value: str | int) -> None:
-    kv = target.add()
-    kv.key = key
-    if isinstance(value, int):
-        kv.value.int_value = value
-    else:
-        kv.value.string_value = value
-
-
 def producer_request(
     gpus: Mapping[str, tuple[str, float]], time_ns: int, *, host: str = "node-1", extra: str | None = None
 ) -> ExportMetricsServiceRequest:
-    """{hw.id: (job.id, ofu)} in the producer's layout: one Resource per GPU."""
-    request = ExportMetricsServiceRequest()
-    for index, (hw_id, (job, value)) in enumerate(sorted(gpus.items())):
-        rm = request.resource_metrics.add()
-        for key, text in (
-            (names.SERVICE_NAME, names.PRODUCER_SERVICE_NAME),
-            (names.HOST_NAME, host),
-            (names.HW_ID, hw_id),
-            (names.HW_MODEL, "NVIDIA H100 80GB HBM3"),
-            (names.GPU_PRECISION, "bf16"),
-            (names.JOB_ID, job),
-        ):
-            _attr(rm.resource.attributes, key, text)
-        _attr(rm.resource.attributes, names.GPU_INDEX, index)
-        sm = rm.scope_metrics.add()
-        sm.scope.name = names.INSTRUMENTATION_SCOPE
-        metric = sm.metrics.add(name=names.GPU_OFU.name, unit="1")
-        metric.gauge.data_points.add(as_double=value, time_unix_nano=time_ns)
-        clock = sm.metrics.add(name=names.GPU_CLOCK_SM.name, unit="Hz")
-        clock.gauge.data_points.add(as_double=1.98e9, time_unix_nano=time_ns)
-        if extra:
-            sm.metrics.add(name=extra).gauge.data_points.add(as_int=3, time_unix_nano=time_ns)
-    return request
-
-
-def mfu_request(mfu: Mapping[str, float], time_ns: int) -> ExportMetricsServiceRequest:
-    """The MFU reporter's layout: the application's own MeterProvider, job.id on the data point."""
-    request = ExportMetricsServiceRequest()
-    rm = request.resource_metrics.add()
-    _attr(rm.resource.attributes, names.SERVICE_NAME, "trainer")
-    metric = rm.scope_metrics.add().metrics.add(name=names.JOB_MFU.name, unit="1")
-    for job, value in mfu.items():
-        point = metric.gauge.data_points.add(as_double=value, time_unix_nano=time_ns)
-        _attr(point.attributes, names.JOB_ID, job)
-    return request
+    """{hw.id: (job.id, ofu)} in the producer's layout, with its SM clock gauge (consumed, never forwarded)."""
+    return gpu_request(gpus, time_ns=time_ns, host=host, sm_clock_hz=1.98e9, extra_metric=extra)
 
 
 def send(port: int, request: ExportMetricsServiceRequest) -> ExportMetricsServiceResponse:
@@ -199,10 +163,12 @@ def test_outage_and_restart_lose_no_window(sink: OtlpSink, tmp_path: Path) -> No
     sink.set_mode(SinkMode.UNAVAILABLE)
     first = CollectorService(options(sink, spool_path=spool, pass_through=False), environ={})
     first.start()
-    send(first.ports["grpc"], producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
-    first.flush(W0 + WINDOW + 10 * S)
-    send(first.ports["grpc"], producer_request({"GPU-1": ("j", 0.6)}, W0 + WINDOW + S))
-    first.stop(grace=0.5)  # the downstream is still down: both windows stay in the spool
+    try:
+        send(first.ports["grpc"], producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+        first.flush(W0 + WINDOW + 10 * S)
+        send(first.ports["grpc"], producer_request({"GPU-1": ("j", 0.6)}, W0 + WINDOW + S))
+    finally:
+        first.stop(grace=0.5)  # the downstream is still down: both windows stay in the spool
     assert sink.received == []
 
     sink.set_mode(SinkMode.OK)
@@ -253,15 +219,16 @@ def test_prometheus_endpoint_shows_gauges_not_histograms(sink: OtlpSink) -> None
 
 def test_shards_merge_into_fleet_windows(sink: OtlpSink) -> None:
     merge = CollectorService(options(sink, mode="merge", instance_id="merge"), environ={})
-    merge.start()
-    merge_endpoint = f"http://127.0.0.1:{merge.ports['grpc']}"
-    shards = [
-        CollectorService(
-            options(None, mode="shard", instance_id=f"shard-{i}", export_endpoint=merge_endpoint), environ={}
-        )
-        for i in range(2)
-    ]
+    shards: list[CollectorService] = []
     try:
+        merge.start()
+        merge_endpoint = f"http://127.0.0.1:{merge.ports['grpc']}"
+        shards = [
+            CollectorService(
+                options(None, mode="shard", instance_id=f"shard-{i}", export_endpoint=merge_endpoint), environ={}
+            )
+            for i in range(2)
+        ]
         for shard in shards:
             shard.start()
         # jobs are split across shards as the loadbalancing exporter would (by job.id)
@@ -291,7 +258,10 @@ def test_shards_merge_into_fleet_windows(sink: OtlpSink) -> None:
 
 
 def test_command_line_builds_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OTEL_OFU_MISCOUNT_RATIO", "1.8")
+    monkeypatch.setenv("OTEL_OFU_COLLECTOR_MISCOUNT_RATIO", "1.8")
+    monkeypatch.setenv("OTEL_OFU_MISCOUNT_RATIO", "9")  # a producer's variable: not the collector's
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,service.name=mine,k8s.pod.name=c-0")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "renamed")
     parser = argparse.ArgumentParser()
     command.register(parser.add_subparsers())
     args = parser.parse_args(
@@ -305,6 +275,11 @@ def test_command_line_builds_the_options(monkeypatch: pytest.MonkeyPatch) -> Non
     assert built.aggregator.group_keys == ("hw.model",)
     assert (built.pass_through, built.mode, built.include_partials) == (False, "shard", True)
     assert (built.grpc_listen, built.http_listen, built.spool_path) == ("0.0.0.0:4317", "127.0.0.1:0", "/tmp/x.sqlite")
+    # the standard variable adds attributes; the outputs' service.name stays the collector's own
+    assert dict(built.resource_attributes) == {"deployment.environment": "prod", "k8s.pod.name": "c-0"}
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=shard-2")
+    assert command.options_from_args(args).instance_id == "shard-2"
+    assert command.options_from_args(parser.parse_args(["collector", "--instance-id", "x"])).instance_id == "x"
     with pytest.raises(ValueError, match="go together"):
         command.options_from_args(parser.parse_args(["collector", "--tls-cert", "c.pem"]))
 
@@ -347,7 +322,115 @@ def test_a_point_from_the_future_cannot_drag_the_windows_ahead() -> None:
     assert "future" in far.error_message
     assert service.ingest(producer_request({"GPU-1": ("j", 0.5)}, now[0])).accepted == 1
     now[0] = W0 + 75 * S
-    [report] = service.flush()  # the clock and the watermark close only the first window...
+    [report] = service.flush()  # the clock closes only the first window...
     assert report.end_ns == W0 + WINDOW
     # ...so the next window is still open for the fleet's points
     assert service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 80 * S)).accepted == 1
+
+
+def test_a_producer_a_minute_ahead_does_not_close_the_current_window() -> None:
+    now = [W0 + 75 * S]
+    service = CollectorService(options(None), clock=lambda: now[0], environ={})
+    service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 30 * S))
+    service.ingest(producer_request({"GPU-2": ("j", 0.5)}, W0 + 70 * S))  # the current window
+    ahead = service.ingest(producer_request({"GPU-3": ("j", 0.5)}, now[0] + 60 * S, host="fast-clock"))
+    assert ahead.accepted == 1  # well within the accepted clock skew
+    [report] = service.flush()  # the timer's path: the collector's clock decides, not the data's watermark
+    assert report.end_ns == W0 + WINDOW
+    assert service.ingest(producer_request({"GPU-2": ("j", 0.4)}, W0 + 100 * S)).accepted == 1  # still open
+
+
+@attrs.define
+class _GapProbe:
+    """Stands in for the decoder's lock. On its first release it starts a rival flush and, if the publish
+    lock is free at that point (closing and publishing are not one step), lets the rival finish inside
+    the gap, as an unlucky timer tick would."""
+
+    inner: threading.Lock
+    service: CollectorService
+    rival_now_ns: int
+    rivals: list[threading.Thread] = attrs.field(factory=list)
+
+    def __enter__(self) -> None:
+        self.inner.acquire()
+
+    def __exit__(self, *_: object) -> None:
+        self.inner.release()
+        if self.rivals:
+            return
+        rival = threading.Thread(target=self.service.flush, args=(self.rival_now_ns,))
+        self.rivals.append(rival)
+        rival.start()
+        if not self.service._publish_lock.locked():
+            rival.join()
+
+
+def test_concurrent_flushes_publish_windows_in_order() -> None:
+    service = CollectorService(options(None), environ={})
+    published: list[int] = []
+    service.report_listeners.append(lambda reports: published.extend(r.end_ns for r in reports))
+    service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 30 * S))
+    service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 90 * S))
+    probe = _GapProbe(service.decoder.lock, service, W0 + 2 * WINDOW + 10 * S)
+    service.decoder.lock = probe  # type: ignore[assignment]
+    service.flush(W0 + WINDOW + 10 * S)  # closes the first window; the rival closes the second
+    for rival in probe.rivals:
+        rival.join(10)
+    assert published == [W0 + WINDOW, W0 + 2 * WINDOW]
+
+
+@attrs.define
+class RecordingTransport:
+    sent: list[bytes] = attrs.field(factory=list)
+
+    def send(self, payload: bytes) -> SendOutcome:
+        self.sent.append(payload)
+        return SendOutcome(True)
+
+    def close(self) -> None:
+        return None
+
+
+def test_outputs_carry_the_users_resource_under_our_service_name_and_instance_id() -> None:
+    transport = RecordingTransport()
+    user = {
+        names.K8S_POD_NAME: "collector-0",
+        "deployment.environment.name": "prod",
+        names.SERVICE_NAME: "user-says",
+        names.SERVICE_INSTANCE_ID: "user-id",
+    }
+    service = CollectorService(options(None, resource_attributes=user), transport=transport, environ={})
+    service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+    service.flush(W0 + 2 * WINDOW)
+    assert service.exports is not None
+    assert service.exports.pump()
+    [payload] = transport.sent
+    resource = ExportMetricsServiceRequest.FromString(payload).resource_metrics[0].resource
+    assert {kv.key: kv.value.string_value for kv in resource.attributes} == {
+        names.K8S_POD_NAME: "collector-0",
+        "deployment.environment.name": "prod",
+        names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME,
+        names.SERVICE_INSTANCE_ID: "test-1",  # how the merge tier tells shards apart
+    }
+
+
+def test_a_busy_port_fails_start_with_one_line_and_leaves_nothing_listening() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = f"127.0.0.1:{busy.getsockname()[1]}"
+        service = CollectorService(options(None, http_listen=taken), environ={})
+        with pytest.raises(OSError, match=f"cannot listen for OTLP/HTTP on {taken}"):
+            service.start()
+    grpc_port = service.ports["grpc"]  # bound before the HTTP receiver failed: it must be released
+    again = GrpcReceiver(service.ingest, service.gate, f"127.0.0.1:{grpc_port}")
+    again.start()
+    again.stop(0)
+
+
+def test_stop_waits_as_long_as_the_command_by_default() -> None:
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers())
+    args = parser.parse_args(["collector"])
+    grace = inspect.signature(CollectorService.stop).parameters["grace"].default
+    assert grace == DEFAULT_SHUTDOWN_GRACE_S == args.shutdown_grace

@@ -310,7 +310,8 @@ def test_gauges_stay_gauges_whatever_the_preference(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("placement", names.PLACEMENTS)
 def test_placement_modes(sink: OtlpSink, placement: str) -> None:
     clock = FakeClock()
-    producer = make_producer(FakeSource(gpus=3, clock=clock), sink.grpc_endpoint, clock, placement=placement)
+    builder = MetricsDataBuilder(placement=placement)
+    producer = make_producer(FakeSource(gpus=3, clock=clock), sink.grpc_endpoint, clock, builder=builder)
     try:
         producer.run_once()
         assert sink.wait_for(lambda s: len(s.received) == 1)

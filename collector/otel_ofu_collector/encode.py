@@ -128,7 +128,11 @@ def _collect(points: _Points, report: WindowReport, include_partials: bool) -> N
 def reports_to_metrics_data(
     reports: Sequence[WindowReport], *, resource_attributes: Mapping[str, str | int], include_partials: bool
 ) -> MetricsData:
-    """One ResourceMetrics (service.name = the collector's) holding every window's outputs as points."""
+    """One ResourceMetrics holding every window's outputs as points.
+
+    ``resource_attributes`` (the user's, and the service's service.instance.id) describe the resource;
+    its service.name is always the collector's, whatever they say.
+    """
     points = _Points()
     for report in reports:
         _collect(points, report, include_partials)

@@ -62,6 +62,18 @@ def _env(environ: Mapping[str, str], name: str) -> str | None:
     return value.strip() if value and value.strip() else None
 
 
+def configured_endpoint(endpoint: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """Where a downstream is configured, as given: ``endpoint`` (an option), else the standard
+    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``; None when none is.
+
+    None means no downstream at all, never a guessed localhost (for a collector that would be itself).
+    ``DownstreamConfig.resolve`` turns a configured endpoint into the URL actually used.
+    """
+    if endpoint and endpoint.strip():
+        return endpoint.strip()
+    return _env(os.environ if environ is None else environ, "ENDPOINT")
+
+
 def _parse_headers(text: str | None) -> tuple[tuple[str, str], ...]:
     pairs = []
     for item in (text or "").split(","):
@@ -363,18 +375,25 @@ class Delivery:
     _wake: threading.Event = attrs.field(factory=threading.Event)
     _stopping: bool = False
     _thread: threading.Thread | None = None
-    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)  # held for a whole send and its remove
+    _stats_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _closed: bool = False
 
     def submit(self, payload: bytes) -> None:
         dropped = self.queue.put(payload)
         if dropped:
-            self.stats.dropped_overflow += dropped
+            # Every receiver thread submits pass-through: the count needs its own lock (``_lock`` is
+            # held for whole sends, which would stall the receivers behind a slow downstream).
+            with self._stats_lock:
+                self.stats.dropped_overflow += dropped
             logger.warning("%s queue full: dropped %d oldest request(s)", self.name, dropped)
         self._wake.set()
 
     def pump(self) -> bool:
         """Send queued requests in order until the queue is empty (True) or a retryable failure (False)."""
         with self._lock:
+            if self._closed:  # the sender thread woke after stop closed the queue and transport
+                return True
             while True:
                 head = self.queue.peek()
                 if head is None:
@@ -429,11 +448,16 @@ class Delivery:
         while time.monotonic() < deadline and len(self.queue):
             if not self.pump():
                 time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-        left = len(self.queue)
         self._stopping = True
         self._wake.set()
+        # Closing under the lock waits out a send still in flight (bounded by the transport's timeout):
+        # closing the spool under it would lose its remove, and the request would be sent again after a
+        # restart. The sender then finds the delivery closed and returns at once.
+        with self._lock:
+            left = len(self.queue)
+            self._closed = True
+            self.transport.close()
+            self.queue.close()
         if self._thread is not None:
-            self._thread.join(timeout=1.0)
-        self.transport.close()
-        self.queue.close()
+            self._thread.join()
         return left

@@ -73,6 +73,9 @@ class GrpcReceiver:
         options = [
             ("grpc.max_receive_message_length", 2 * self.max_request_bytes),
             ("grpc.max_send_message_length", 4 * 1024 * 1024),
+            # Without this a second collector on the same port binds too (SO_REUSEPORT) and the two
+            # split the traffic, each with half of every window.
+            ("grpc.so_reuseport", 0),
         ]
         workers = self.workers or self.gate.max_in_flight + 4
         server = grpc.server(
@@ -80,16 +83,20 @@ class GrpcReceiver:
         )
         handler = grpc.unary_unary_rpc_method_handler(self._export)  # bytes in, bytes out
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {"Export": handler}),))
-        if self.tls is None:
-            port = server.add_insecure_port(self.listen)
-        else:
-            cert, key, client_ca = self.tls.read()
-            credentials = grpc.ssl_server_credentials(
-                [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
-            )
-            port = server.add_secure_port(self.listen, credentials)
+        try:
+            if self.tls is None:
+                port = server.add_insecure_port(self.listen)
+            else:
+                cert, key, client_ca = self.tls.read()
+                credentials = grpc.ssl_server_credentials(
+                    [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+                )
+                port = server.add_secure_port(self.listen, credentials)
+        except RuntimeError:  # recent grpcio raises here on a busy port; older ones return 0
+            port = 0
         if port == 0:
-            raise OSError(f"cannot listen for OTLP/gRPC on {self.listen}")
+            server.stop(None)
+            raise OSError(f"cannot listen for OTLP/gRPC on {self.listen} (address in use or not available)")
         server.start()
         self._server = server
         self.port = port

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -31,6 +31,7 @@ from otel_ofu_collector.export import (
     Queue,
     SqliteSpool,
     Transport,
+    configured_endpoint,
     encode_request,
     make_transport,
 )
@@ -40,10 +41,14 @@ from otel_ofu_collector.http_receiver import HttpReceiver
 from otel_ofu_collector.merge import MergeAggregator
 from otel_ofu_collector.windows import Aggregator, WindowReport
 
+if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when the endpoint is on
+    from otel_ofu_collector.prometheus import PrometheusEndpoint
+
 logger = logging.getLogger(__name__)
 
 MODES = ("process", "shard", "merge")
 ReportListener = Callable[[list[WindowReport]], None]
+DEFAULT_SHUTDOWN_GRACE_S = 10.0  # the command's --shutdown-grace default too
 
 
 def _mode(_instance: object, _attribute: object, value: str) -> None:
@@ -81,6 +86,8 @@ class CollectorOptions:
     flush_interval_s: float = 1.0  # 0: no timer, the caller calls flush()
     max_request_bytes: int = MAX_REQUEST_BYTES
     max_mfu: float = DEFAULT_MAX_MFU
+    # The outputs' resource beyond service.name and service.instance.id (which stay ours): where this
+    # collector runs, from OTEL_RESOURCE_ATTRIBUTES (k8s.*, deployment.environment, ...).
     resource_attributes: Mapping[str, str] = attrs.field(factory=dict)
     # service.instance.id of the outputs: how the merge tier tells shards apart (and a retried export
     # of one shard's window from a second copy). Unique per replica; a stable pod name is ideal.
@@ -94,14 +101,6 @@ class CollectorOptions:
         return self.mode == "shard"
 
 
-def _has_downstream(options: CollectorOptions, environ: Mapping[str, str]) -> bool:
-    return bool(
-        options.export_endpoint
-        or environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    )
-
-
 @attrs.define
 class CollectorService:
     """One collector process. ``transport`` overrides the downstream client (tests inject fakes)."""
@@ -113,13 +112,13 @@ class CollectorService:
     environ: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
     gate: Gate = attrs.field(init=False)
     decoder: Decoder = attrs.field(init=False)
-    aggregator: Any = attrs.field(init=False)  # Aggregator, or MergeAggregator in merge mode
+    aggregator: Aggregator | MergeAggregator = attrs.field(init=False)
     exports: Delivery | None = attrs.field(init=False, default=None)
     pass_through: Delivery | None = attrs.field(init=False, default=None)
     windows_published: int = attrs.field(init=False, default=0)
     _grpc: GrpcReceiver | None = attrs.field(init=False, default=None)
     _http: HttpReceiver | None = attrs.field(init=False, default=None)
-    _prometheus: Any = attrs.field(init=False, default=None)
+    _prometheus: PrometheusEndpoint | None = attrs.field(init=False, default=None)
     _timer: threading.Thread | None = attrs.field(init=False, default=None)
     _stop_timer: threading.Event = attrs.field(init=False, factory=threading.Event)
     _publish_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
@@ -129,20 +128,22 @@ class CollectorService:
         options = self.options
         self.gate = Gate(max_in_flight=options.max_in_flight, retry_after_s=options.retry_after_s)
         if options.mode == "merge":
-            self.aggregator = MergeAggregator(options.aggregator)
+            merger = MergeAggregator(options.aggregator)
+            self.aggregator = merger
             self.decoder = Decoder(
                 None,
                 pass_through=options.pass_through,
                 forward_inputs=options.forward_inputs,
-                partial_sink=self.aggregator,
+                partial_sink=merger,
                 partial_codec=encode.partials_from_request,
                 is_partial=encode.is_partial_metric,
                 is_dropped=encode.is_merge_recomputed_metric,
             )
         else:
-            self.aggregator = Aggregator(options.aggregator)
+            aggregator = Aggregator(options.aggregator)
+            self.aggregator = aggregator
             self.decoder = Decoder(
-                self.aggregator,
+                aggregator,
                 pass_through=options.pass_through,
                 forward_inputs=options.forward_inputs,
                 max_mfu=options.max_mfu,
@@ -150,7 +151,7 @@ class CollectorService:
                 max_future_ns=None if options.max_future_skew_s is None else int(options.max_future_skew_s * 1e9),
             )
         transport = self.transport
-        if transport is None and _has_downstream(options, self.environ):
+        if transport is None and configured_endpoint(options.export_endpoint, self.environ) is not None:
             config = DownstreamConfig.resolve(options.export_endpoint, options.export_protocol, self.environ)
             transport = make_transport(config)
             self.transport = transport
@@ -188,6 +189,36 @@ class CollectorService:
     # --- lifecycle ----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Listen and start the sender threads and the flush timer; OSError when a port cannot be had
+        (then nothing is left listening)."""
+        try:
+            parts = self._listen()
+        except BaseException:
+            self._stop_listening()
+            for delivery in (self.exports, self.pass_through):
+                if delivery is not None:
+                    delivery.stop(0)  # closes the spool file; nothing was sent yet
+            raise
+        options = self.options
+        for delivery in (self.exports, self.pass_through):
+            if delivery is not None:
+                delivery.start()
+        if options.flush_interval_s > 0:
+            self._timer = threading.Thread(target=self._tick, name="otel-ofu-flush", daemon=True)
+            self._timer.start()
+        downstream = "none"
+        if self.exports is not None:
+            config = getattr(self.transport, "config", None)
+            downstream = getattr(config, "endpoint", type(self.transport).__name__)
+        logger.info(
+            "otel-ofu collector ready: %s (mode %s, export %s%s)",
+            " ".join(parts) or "no receivers",
+            options.mode,
+            downstream,
+            f", spool {options.spool_path}" if options.spool_path else "",
+        )
+
+    def _listen(self) -> list[str]:
         options = self.options
         auth = BearerAuth(options.bearer_token) if options.bearer_token else None
         parts = []
@@ -209,23 +240,15 @@ class CollectorService:
             self._prometheus = PrometheusEndpoint(self.self_metrics)
             port = self._prometheus.start(options.prometheus_host, options.prometheus_port)
             parts.append(f"prometheus {options.prometheus_host}:{port}")
-        for delivery in (self.exports, self.pass_through):
-            if delivery is not None:
-                delivery.start()
-        if options.flush_interval_s > 0:
-            self._timer = threading.Thread(target=self._tick, name="otel-ofu-flush", daemon=True)
-            self._timer.start()
-        downstream = "none"
-        if self.exports is not None:
-            config = getattr(self.transport, "config", None)
-            downstream = getattr(config, "endpoint", type(self.transport).__name__)
-        logger.info(
-            "otel-ofu collector ready: %s (mode %s, export %s%s)",
-            " ".join(parts) or "no receivers",
-            options.mode,
-            downstream,
-            f", spool {options.spool_path}" if options.spool_path else "",
-        )
+        return parts
+
+    def _stop_listening(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(0)
+        if self._http is not None:
+            self._http.stop()
+        if self._prometheus is not None:
+            self._prometheus.stop()
 
     @property
     def ports(self) -> dict[str, int]:
@@ -236,7 +259,7 @@ class CollectorService:
         if self._http is not None:
             found["http"] = self._http.port
         if self._prometheus is not None:
-            found["prometheus"] = int(self._prometheus.port)
+            found["prometheus"] = self._prometheus.port
         return found
 
     def _tick(self) -> None:
@@ -247,15 +270,19 @@ class CollectorService:
                 logger.exception("window flush failed")
 
     def flush(self, now_ns: int | None = None) -> list[WindowReport]:
-        """Close every window due at ``now_ns`` (default: the later of the clock and the data's watermark)."""
-        with self.decoder.lock:
-            if now_ns is None:
-                now_ns = max(self.clock(), int(getattr(self.aggregator, "watermark_ns", 0) or 0))
-            reports: list[WindowReport] = list(self.aggregator.flush(now_ns))
-        self._publish(reports)
+        """Close and publish every window due at ``now_ns`` (default: the collector's clock).
+
+        Never the data's watermark: one producer whose clock runs a minute ahead would close the current
+        window for the whole fleet. Closing and publishing share one lock, so a timer flush and an
+        explicit one cannot publish window N after N+1.
+        """
+        with self._publish_lock:
+            with self.decoder.lock:
+                reports = self.aggregator.flush(self.clock() if now_ns is None else now_ns)
+            self._publish(reports)
         return reports
 
-    def stop(self, grace: float = 5.0) -> list[WindowReport]:
+    def stop(self, grace: float = DEFAULT_SHUTDOWN_GRACE_S) -> list[WindowReport]:
         """Refuse new requests, let in-flight ones finish, close and export every open window, shut down."""
         if self._stopped:
             return []
@@ -267,9 +294,10 @@ class CollectorService:
         self._stop_timer.set()
         if self._timer is not None:
             self._timer.join(timeout=grace)
-        with self.decoder.lock:
-            reports: list[WindowReport] = list(self.aggregator.close_all())
-        self._publish(reports)
+        with self._publish_lock:
+            with self.decoder.lock:
+                reports = self.aggregator.close_all()
+            self._publish(reports)
         remaining = max(0.5, deadline - time.monotonic())
         for delivery in (self.exports, self.pass_through):
             left = delivery.stop(remaining) if delivery is not None else 0
@@ -280,44 +308,37 @@ class CollectorService:
                     left,
                     " (kept in the spool)" if isinstance(delivery.queue, SqliteSpool) else "",
                 )
-        if self._grpc is not None:
-            self._grpc.stop(0)
-        if self._http is not None:
-            self._http.stop()
-        if self._prometheus is not None:
-            self._prometheus.stop()
+        self._stop_listening()
         return reports
 
     # --- publishing ---------------------------------------------------------------------------------
 
     def _resource_attributes(self) -> dict[str, str]:
-        return {
-            names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME,
-            names.SERVICE_INSTANCE_ID: self.options.instance_id,
-            **dict(self.options.resource_attributes),
-        }
+        # service.instance.id stays ours whatever OTEL_RESOURCE_ATTRIBUTES says: the merge tier tells
+        # shards apart by it. (encode sets service.name, the collector's, the same way.)
+        return {**self.options.resource_attributes, names.SERVICE_INSTANCE_ID: self.options.instance_id}
 
     def _publish(self, reports: list[WindowReport]) -> None:
+        """Hand closed windows to listeners, Prometheus and the downstream; the caller holds _publish_lock."""
         if not reports:
             return
-        with self._publish_lock:
-            self.windows_published += len(reports)
-            for listener in list(self.report_listeners):
-                try:
-                    listener(reports)
-                except Exception:  # a broken listener must not cost the export
-                    logger.exception("report listener failed")
-            if self.exports is None and self._prometheus is None:
-                return
-            metrics_data = encode.reports_to_metrics_data(
-                reports,
-                resource_attributes=self._resource_attributes(),
-                include_partials=self.options.include_partials,
-            )
-            if self._prometheus is not None:
-                self._prometheus.update(metrics_data)
-            if self.exports is not None:
-                self.exports.submit(encode_request(metrics_data))
+        self.windows_published += len(reports)
+        for listener in list(self.report_listeners):
+            try:
+                listener(reports)
+            except Exception:  # a broken listener must not cost the export
+                logger.exception("report listener failed")
+        if self.exports is None and self._prometheus is None:
+            return
+        metrics_data = encode.reports_to_metrics_data(
+            reports,
+            resource_attributes=self._resource_attributes(),
+            include_partials=self.options.include_partials,
+        )
+        if self._prometheus is not None:
+            self._prometheus.update(metrics_data)
+        if self.exports is not None:
+            self.exports.submit(encode_request(metrics_data))
 
     def self_metrics(self) -> dict[str, Any]:
         """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``."""

@@ -1,0 +1,107 @@
+"""OTLP requests as our producers send them, and a recording point sink, for the collector's tests.
+
+``gpu_request`` is the producer's layout (one Resource per GPU, identity on the resource, ``gpu.ofu``
+gauges); ``mfu_request`` the MFU reporter's (the application's own resource, ``job.id`` on the point).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from otel_ofu import names
+
+T0 = 1_700_000_000_000_000_000  # a default point time (ns)
+INTERVAL_NS = 10_000_000_000  # the producer's default interval: a gauge point covers the 10 s before it
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def set_attribute(target: Any, key: str, value: object) -> None:
+    """Append ``key=value`` to a repeated KeyValue field, typed as OTLP types it (bool, int, double, string)."""
+    kv = target.add()
+    kv.key = key
+    if isinstance(value, bool):
+        kv.value.bool_value = value
+    elif isinstance(value, int):
+        kv.value.int_value = value
+    elif isinstance(value, float):
+        kv.value.double_value = value
+    else:
+        kv.value.string_value = str(value)
+
+
+def gpu_request(
+    gpus: Mapping[str, float | tuple[str, float]],
+    *,
+    host: str = "node-1",
+    job: str = "job-a",
+    time_ns: int = T0,
+    interval_ns: int = INTERVAL_NS,
+    model: str = H100,
+    precision: str = "bf16",
+    sm_clock_hz: float | None = None,
+    extra_metric: str | None = None,
+) -> ExportMetricsServiceRequest:
+    """``{hw.id: ofu}`` (every GPU on ``job``) or ``{hw.id: (job.id, ofu)}`` in the producer's layout.
+
+    ``sm_clock_hz`` adds the producer's ``gpu.clock.sm`` gauge; ``extra_metric`` a foreign gauge in the
+    same scope (what pass-through should forward).
+    """
+    request = ExportMetricsServiceRequest()
+    for index, (hw_id, given) in enumerate(gpus.items()):
+        gpu_job, value = given if isinstance(given, tuple) else (job, given)
+        rm = request.resource_metrics.add()
+        for key, attribute in (
+            (names.SERVICE_NAME, names.PRODUCER_SERVICE_NAME),
+            (names.HOST_NAME, host),
+            (names.HW_ID, hw_id),
+            (names.HW_MODEL, model),
+            (names.GPU_INDEX, index),
+            (names.JOB_ID, gpu_job),
+            (names.GPU_PRECISION, precision),
+        ):
+            set_attribute(rm.resource.attributes, key, attribute)
+        sm = rm.scope_metrics.add()
+        sm.scope.name = names.INSTRUMENTATION_SCOPE
+        metric = sm.metrics.add(name=names.GPU_OFU.name, unit=names.GPU_OFU.unit)
+        point = metric.gauge.data_points.add(as_double=value, time_unix_nano=time_ns)
+        point.start_time_unix_nano = time_ns - interval_ns
+        if sm_clock_hz is not None:
+            clock = sm.metrics.add(name=names.GPU_CLOCK_SM.name, unit=names.GPU_CLOCK_SM.unit)
+            clock.gauge.data_points.add(as_double=sm_clock_hz, time_unix_nano=time_ns)
+        if extra_metric:
+            sm.metrics.add(name=extra_metric).gauge.data_points.add(as_int=7, time_unix_nano=time_ns)
+    return request
+
+
+def mfu_request(
+    mfu: Mapping[str, float], time_ns: int = T0, *, service_name: str = "trainer"
+) -> ExportMetricsServiceRequest:
+    """``{job.id: mfu}`` in the MFU reporter's layout: the application's resource, job.id on each point."""
+    request = ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add()
+    set_attribute(rm.resource.attributes, names.SERVICE_NAME, service_name)
+    metric = rm.scope_metrics.add().metrics.add(name=names.JOB_MFU.name, unit=names.JOB_MFU.unit)
+    for job_id, value in mfu.items():
+        point = metric.gauge.data_points.add(as_double=value, time_unix_nano=time_ns)
+        set_attribute(point.attributes, names.JOB_ID, job_id)
+    return request
+
+
+@attrs.define
+class RecordingSink:
+    """A stand-in for the collector's aggregator (its PointSink) that keeps every point it is given."""
+
+    ofu: list[tuple[str, float, int, int, dict[str, str]]] = attrs.field(factory=list)
+    mfu: list[tuple[str, float, int, dict[str, str]]] = attrs.field(factory=list)
+
+    def add_ofu(self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str]) -> bool:
+        self.ofu.append((stream_key, value, start_ns, end_ns, dict(identity)))
+        return True
+
+    def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> bool:
+        self.mfu.append((job_id, value, time_ns, dict(identity)))
+        return True
