@@ -132,7 +132,7 @@ def floor(snapshots: Sequence[Snapshot], exporter: MetricExporter) -> Callable[[
         per_cycle.append(points)
     current = [0]
     reader = InMemoryMetricReader()
-    provider = MeterProvider(resource=Resource.create({"service.name": "floor"}), metric_readers=[reader])
+    provider = MeterProvider(resource=Resource.create({names.SERVICE_NAME: "floor"}), metric_readers=[reader])
     meter = provider.get_meter(names.INSTRUMENTATION_SCOPE)
 
     def callback_for(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:

@@ -28,6 +28,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from otel_ofu import names
 from otel_ofu.mfu import MfuReporter
 
 Matrix = npt.NDArray[np.float64]
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=256, help="model width")
     parser.add_argument("--hidden", type=int, default=1024, help="hidden width")
     parser.add_argument("--peak-flops", type=float, help="peak FLOP/s of the CPU (default: measured)")
-    parser.add_argument("--job-id", default=os.environ.get("OFU_JOB_ID", "example-train"), help="job.id")
+    parser.add_argument("--job-id", default=os.environ.get(names.ENV_OFU_JOB_ID, "example-train"), help="job.id")
     parser.add_argument("--job-name", default="numpy-mlp", help="job.name")
     args = parser.parse_args(argv)
     if args.steps < 1:

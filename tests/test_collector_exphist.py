@@ -106,13 +106,32 @@ def test_downscale_keeps_every_count(values: list[float], by: int) -> None:
         assert smaller.offset <= _bucket_index(value, smaller.scale) < smaller.offset + len(smaller.counts)
 
 
-@given(st.lists(ofu_values, min_size=1, max_size=30), st.integers(min_value=-10, max_value=20))
-def test_merge_accepts_a_histogram_at_any_scale(values: list[float], scale: int) -> None:
-    fine = ExpHistogram.from_values(values, max_buckets=640)
-    coarse = fine.downscale(max(0, fine.scale - scale)) if fine.counts else fine
+@given(
+    st.lists(ofu_values, max_size=30),
+    st.floats(min_value=1e-6, max_value=1.0),
+    st.integers(min_value=-10, max_value=20),
+)
+def test_merge_accepts_a_histogram_at_any_scale(values: list[float], busy: float, scale: int) -> None:
+    fine = ExpHistogram.from_values([*values, busy], max_buckets=640)
+    assert fine.counts  # at least one positive value: there is a scale to agree on
+    coarse = fine.downscale(max(0, fine.scale - scale))
     merged = fine.merge(coarse, max_buckets=640)
     assert merged.count == 2 * fine.count
-    assert merged.scale == min(fine.scale, coarse.scale) or not fine.counts
+    assert merged.zero_count == 2 * fine.zero_count
+    assert merged.scale == min(fine.scale, coarse.scale)
+
+
+@given(st.integers(min_value=1, max_value=30), st.lists(positive, min_size=1, max_size=10))
+def test_merging_all_zero_histograms_keeps_only_the_zero_bucket(zeros: int, busy: list[float]) -> None:
+    idle = ExpHistogram.from_values([0.0] * zeros, max_buckets=640)
+    assert not idle.counts
+    both_idle = idle.merge(idle, max_buckets=640)
+    assert (both_idle.count, both_idle.zero_count, both_idle.counts) == (2 * zeros, 2 * zeros, ())
+    assert both_idle.scale == MAX_SCALE  # no positive bucket: the normal form's scale
+    other = ExpHistogram.from_values(busy, max_buckets=20)
+    mixed = idle.merge(other, max_buckets=20)  # the idle one has no scale of its own: the other's wins
+    assert (mixed.scale, mixed.offset, mixed.counts) == (other.scale, other.offset, other.counts)
+    assert mixed.zero_count == zeros + other.zero_count
 
 
 def test_max_buckets_bounds_the_layout() -> None:

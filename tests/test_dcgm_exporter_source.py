@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import re
-import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from otel_ofu import gpu_values, names
 from otel_ofu.model import GpuError, GpuReading, Snapshot, SourceUnavailable
 from otel_ofu.sources.dcgm_exporter import DcgmExporterSource, normalize_url
+from otel_ofu.testing.otlp_sink import unused_port
 
 
 @attrs.define
@@ -366,10 +366,7 @@ def test_malformed_text_is_a_scrape_error(exporter: ExporterServer) -> None:
 
 
 def test_connection_refused_is_a_scrape_error() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    _only_scrape_error(read_once(f"http://127.0.0.1:{port}/metrics", timeout_s=1.0))
+    _only_scrape_error(read_once(f"http://127.0.0.1:{unused_port()}/metrics", timeout_s=1.0))
 
 
 def test_404_and_urls() -> None:

@@ -15,16 +15,11 @@ from otel_ofu import cli, names
 from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
 from otel_ofu.sources.capture import CaptureWriter
 from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.html_report import (
-    build_report,
-    format_time,
-    job_flags,
-    job_histories,
-    write_report,
-)
+from otel_ofu_collector.html_report import build_report, write_report
 from otel_ofu_collector.quantiles import percentile_of_sorted
 from otel_ofu_collector.records import ReportFeed, ReportRecorder
 from otel_ofu_collector.stats import CoMoments
+from otel_ofu_collector.summary import format_time, summarize
 from otel_ofu_collector.windows import FleetReport, GroupReport, JobReport, WindowReport
 
 S = 1_000_000_000
@@ -174,19 +169,30 @@ def test_flagged_jobs_table_says_why_in_words() -> None:
     table = page[page.index('<table id="flagged-jobs"') : page.index("</table>", page.index('id="flagged-jobs"'))]
     assert "suspected FLOP miscount: reported MFU 2.0x its OFU for 17 windows" in table
     regression_from = format_time(T0 + 11 * WINDOW)
-    assert f"OFU regression: OFU fell 2.5x below its own baseline from {regression_from}" in table
+    assert f"regression: OFU fell 2.5x below its own baseline from {regression_from}" in table
     assert "llama3-70b" not in table  # the healthy job is not flagged
     assert table.index("moe-16b") < table.index("gpt-13b")  # miscounts first
 
 
 def test_flags_described_per_job() -> None:
-    jobs = {job.job_id: job for job in job_histories(synthetic_reports())}
-    assert job_flags(jobs["job-1"]) == []
-    (miscount,) = job_flags(jobs["job-2"])
+    jobs = {job.job_id: job for job in summarize(synthetic_reports()).jobs}
+    assert jobs["job-1"].flags() == []
+    (miscount,) = jobs["job-2"].flags()
     assert (miscount.kind, miscount.windows, miscount.active) == ("miscount", 17, True)
-    (regression,) = job_flags(jobs["job-3"])
+    (regression,) = jobs["job-3"].flags()
     assert regression.first_ns == T0 + 11 * WINDOW
     assert "(40.0% -> 16.0%, 9 windows)" in regression.reason
+
+
+def test_the_page_says_what_the_summary_says() -> None:
+    """One wording for both reports: every reason the summary gives is in the page's flagged-jobs table."""
+    reports = synthetic_reports()
+    page = build_report(reports)
+    table = page[page.index('<table id="flagged-jobs"') : page.index("</table>", page.index('id="flagged-jobs"'))]
+    reasons = [reason for job in summarize(reports).jobs for reason in job.reasons()]
+    assert len(reasons) == 2
+    for reason in reasons:
+        assert html.escape(reason) in table
 
 
 def test_summary_numbers() -> None:

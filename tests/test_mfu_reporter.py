@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -10,11 +11,12 @@ import pytest
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, InMemoryMetricReader, NumberDataPoint
 
 from otel_ofu import names
 from otel_ofu.mfu import MFU_MAX, InvalidMfu, MfuReporter, otlp_metric_exporter
-from otel_ofu.mfu.reporter import own_resource
+from otel_ofu.mfu.reporter import otlp_meter_provider
+from otel_ofu.producer.metrics_data import env_resource
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -219,16 +221,27 @@ def test_shutdown_stops_reporting_but_leaves_the_apps_provider_running(
     assert [m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics] == ["app.steps"]
 
 
-def test_own_resource_names_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_own_provider_resource_names_the_service(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
-    resource = own_resource()
+    provider = otlp_meter_provider(exporter=ConsoleMetricExporter(out=io.StringIO()))
+    try:
+        resource = provider._sdk_config.resource
+    finally:
+        provider.shutdown()
     assert resource.attributes[names.SERVICE_NAME] == names.MFU_SERVICE_NAME
     assert resource.attributes["deployment.environment"] == "test"
+    assert names.HOST_NAME not in resource.attributes  # a training process is not the node's producer
+
+    def mfu_resource_service() -> object:
+        return env_resource(default_service_name=names.MFU_SERVICE_NAME, with_host=False).attributes[
+            names.SERVICE_NAME
+        ]
+
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes")
-    assert own_resource().attributes[names.SERVICE_NAME] == "from-attributes"
+    assert mfu_resource_service() == "from-attributes"
     monkeypatch.setenv("OTEL_SERVICE_NAME", "trainer")
-    assert own_resource().attributes[names.SERVICE_NAME] == "trainer"
+    assert mfu_resource_service() == "trainer"
 
 
 @pytest.mark.parametrize(
@@ -237,6 +250,9 @@ def test_own_resource_names_the_service(monkeypatch: pytest.MonkeyPatch) -> None
         ({}, GrpcExporter),
         ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, HttpExporter),
         ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"}, GrpcExporter),
+        # As for ``otel-ofu run``: any case, surrounding blanks ignored.
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "GRPC"}, GrpcExporter),
+        ({"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": " HTTP/Protobuf "}, HttpExporter),
     ],
 )
 def test_exporter_follows_the_standard_protocol_variables(

@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import re
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,6 +14,7 @@ import attrs
 import pytest
 
 from otel_ofu import names
+from otel_ofu.testing.otlp_sink import unused_port
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.records import (
     FORMAT_KEY,
@@ -179,15 +179,9 @@ def test_feed_serves_the_last_windows_over_http() -> None:
         feed.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_fetching_a_feed_that_is_not_there_says_why() -> None:
     with pytest.raises(FeedError, match=re.escape("cannot read report feed http://127.0.0.1:")):
-        fetch_feed(f"http://127.0.0.1:{_free_port()}", timeout=5)
+        fetch_feed(f"http://127.0.0.1:{unused_port()}", timeout=5)
     with pytest.raises(FeedError, match="not an http"):
         fetch_feed("ftp://example.invalid/x", timeout=5)
 

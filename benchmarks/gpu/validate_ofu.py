@@ -418,7 +418,7 @@ class _Bracket:
 
 def summarise(rows: Sequence[Row]) -> dict[str, Any]:
     measured = [r for r in rows if r.error_pp(True) is not None]
-    by_precision: dict[str, dict[str, float | int]] = {}
+    by_precision: dict[str, dict[str, float | int | None]] = {}
     for precision in PRECISIONS:
         subset = [r for r in measured if r.precision == precision]
         if subset:
@@ -431,22 +431,31 @@ def summarise(rows: Sequence[Row]) -> dict[str, Any]:
     }
 
 
-def _stats(rows: Sequence[Row]) -> dict[str, float | int]:
+def _stats(rows: Sequence[Row]) -> dict[str, float | int | None]:
     if not rows:
         return {"n": 0}
-    raw = [r.error_pp(False) or 0.0 for r in rows]
-    corrected = [r.error_pp(True) or 0.0 for r in rows]
+    # A shape without an error (no OFU or no MFU) is left out, never counted as inside the target.
+    raw = [error for r in rows if (error := r.error_pp(False)) is not None]
+    corrected = [error for r in rows if (error := r.error_pp(True)) is not None]
     return {
         "n": len(rows),
-        "mae_raw_pp": statistics.fmean(raw),
-        "mae_corrected_pp": statistics.fmean(corrected),
-        "within_2pp_raw": sum(e <= TARGET_PP for e in raw) / len(rows),
-        "within_2pp_corrected": sum(e <= TARGET_PP for e in corrected) / len(rows),
+        "mae_raw_pp": statistics.fmean(raw) if raw else None,
+        "mae_corrected_pp": statistics.fmean(corrected) if corrected else None,
+        "within_2pp_raw": _within(raw),
+        "within_2pp_corrected": _within(corrected),
     }
+
+
+def _within(errors: Sequence[float]) -> float | None:
+    return sum(e <= TARGET_PP for e in errors) / len(errors) if errors else None
 
 
 def _cell(value: float | None, scale: float = 100.0, digits: int = 2) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _share_cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def markdown(rows: Sequence[Row], summary: dict[str, Any], header: dict[str, Any]) -> str:
@@ -477,8 +486,8 @@ def markdown(rows: Sequence[Row], summary: dict[str, Any], header: dict[str, Any
         if not s.get("n"):
             continue
         lines.append(
-            f"| {label} | {s['n']} | {s['mae_raw_pp']:.2f} | {s['mae_corrected_pp']:.2f} "
-            f"| {s['within_2pp_raw']:.0%} | {s['within_2pp_corrected']:.0%} |"
+            f"| {label} | {s['n']} | {_cell(s['mae_raw_pp'], 1)} | {_cell(s['mae_corrected_pp'], 1)} "
+            f"| {_share_cell(s['within_2pp_raw'])} | {_share_cell(s['within_2pp_corrected'])} |"
         )
     share = summary["all"].get("within_2pp_corrected")
     verdict = "not measured" if share is None else ("met" if share >= TARGET_SHARE else "**missed**")

@@ -23,12 +23,10 @@ from __future__ import annotations
 import datetime as dt
 import html
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-import attrs
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
@@ -36,6 +34,16 @@ from plotly.subplots import make_subplots
 from otel_ofu import names
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.exphist import ExpHistogram
+from otel_ofu_collector.summary import (
+    MISCOUNT,
+    REGRESSION,
+    Flag,
+    JobSummary,
+    JobWindow,
+    format_time,
+    plural,
+    summarize,
+)
 from otel_ofu_collector.windows import WindowReport
 
 DEFAULT_TITLE: Final = "otel-ofu fleet report"
@@ -43,11 +51,8 @@ DEFAULT_TITLE: Final = "otel-ofu fleet report"
 MAX_TIMELINE_JOBS: Final = 24
 MAX_TABLE_JOBS: Final = 200
 MAX_VIOLIN_SAMPLES: Final = 4000
-SUMMARY_QUANTILES: Final = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 FLEET_LABEL: Final = "all GPUs"
 
-MISCOUNT: Final = "miscount"
-REGRESSION: Final = "regression"
 COLOUR_HEALTHY: Final = "#1f77b4"
 COLOUR_MISCOUNT: Final = "#d62728"
 COLOUR_REGRESSION: Final = "#ff7f0e"
@@ -59,113 +64,7 @@ PLOTLY_CONFIG: Final = {"displaylogo": False, "responsive": True}
 MODEL_PALETTE: Final = ("#1f77b4", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f")
 
 
-# --- what the windows say, per job --------------------------------------------------------------------
-
-
-@attrs.frozen
-class JobWindow:
-    start_ns: int
-    end_ns: int
-    ofu: float | None
-    mfu: float | None
-    correlation: float | None
-    miscount: bool
-    regression: bool
-    gpus: int
-
-
-@attrs.frozen
-class JobHistory:
-    """One job over the record: its windows in time order and its latest attributes."""
-
-    job_id: str
-    attributes: Mapping[str, str]
-    windows: tuple[JobWindow, ...]
-
-    @property
-    def name(self) -> str:
-        return self.attributes.get(names.JOB_NAME) or self.job_id
-
-    @property
-    def model(self) -> str | None:
-        return self.attributes.get(names.HW_MODEL)
-
-    @property
-    def precision(self) -> str | None:
-        return self.attributes.get(names.GPU_PRECISION)
-
-    @property
-    def pairs(self) -> list[tuple[float, float]]:
-        return [(w.ofu, w.mfu) for w in self.windows if w.ofu is not None and w.mfu is not None]
-
-    @property
-    def mean_pair(self) -> tuple[float, float] | None:
-        """Mean OFU and mean reported MFU over the windows that have both (the scatter's point)."""
-        pairs = self.pairs
-        if not pairs:
-            return None
-        return statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
-
-    @property
-    def mean_ofu(self) -> float | None:
-        values = [w.ofu for w in self.windows if w.ofu is not None]
-        return statistics.fmean(values) if values else None
-
-    @property
-    def correlation(self) -> float | None:
-        """The collector's horizon correlation in the latest window that had one."""
-        return next((w.correlation for w in reversed(self.windows) if w.correlation is not None), None)
-
-    @property
-    def gpus(self) -> int:
-        return max((w.gpus for w in self.windows), default=0)
-
-    def flagged(self, kind: str) -> list[JobWindow]:
-        return [w for w in self.windows if (w.miscount if kind == MISCOUNT else w.regression)]
-
-
-@attrs.frozen
-class Flag:
-    """A flag a job raised during the record, said in words."""
-
-    job: JobHistory
-    kind: str  # MISCOUNT | REGRESSION
-    reason: str
-    first_ns: int
-    windows: int
-    active: bool  # still up in the job's last window
-
-
-def job_histories(reports: Sequence[WindowReport]) -> list[JobHistory]:
-    """Every job of the record, in order of job id."""
-    windows: dict[str, list[JobWindow]] = {}
-    attributes: dict[str, Mapping[str, str]] = {}
-    for report in sorted(reports, key=lambda r: (r.end_ns, r.start_ns)):
-        for job in report.jobs:
-            windows.setdefault(job.job_id, []).append(
-                JobWindow(
-                    report.start_ns,
-                    report.end_ns,
-                    _finite(job.ofu),
-                    _finite(job.mfu),
-                    _finite(job.correlation),
-                    bool(job.flops_miscount),
-                    bool(job.regression),
-                    job.gpus,
-                )
-            )
-            if job.attributes:
-                attributes[job.job_id] = job.attributes
-    return [JobHistory(job_id, attributes.get(job_id, {}), tuple(windows[job_id])) for job_id in sorted(windows)]
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
-def format_time(time_ns: int) -> str:
-    moment = dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+# --- what the windows say, per job: summary.py condenses them and words the flags -------------------
 
 
 def _plot_time(time_ns: int) -> str:
@@ -173,57 +72,10 @@ def _plot_time(time_ns: int) -> str:
     return dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
-def _ratio(numerator: float, denominator: float) -> float | None:
-    return numerator / denominator if denominator > 0 else None
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
-
-
-def _describe_miscount(job: JobHistory, flagged: list[JobWindow]) -> str:
-    pairs = [(w.ofu, w.mfu) for w in flagged if w.ofu is not None and w.mfu is not None]
-    ratio = _ratio(sum(p[1] for p in pairs), sum(p[0] for p in pairs)) if pairs else None
-    mean = job.mean_pair
-    if ratio is None and mean is not None:
-        ratio = _ratio(mean[1], mean[0])
-    size = f"{ratio:.1f}x" if ratio is not None else "far above"
-    return (
-        f"suspected FLOP miscount: reported MFU {size} its OFU for {_plural(len(flagged), 'window')} "
-        f"(from {format_time(flagged[0].start_ns)})"
-    )
-
-
-def _describe_regression(job: JobHistory, flagged: list[JobWindow]) -> str:
-    first = flagged[0]
-    before = [w.ofu for w in job.windows if w.end_ns <= first.start_ns and not w.regression and w.ofu is not None]
-    during = [w.ofu for w in flagged if w.ofu is not None]
-    when = format_time(first.start_ns)
-    if not before or not during:
-        return f"OFU regression: OFU fell below its own baseline from {when} (baseline not in this record)"
-    baseline, level = statistics.median(before), statistics.median(during)
-    factor = _ratio(baseline, level)
-    drop = f"fell {factor:.1f}x below its own baseline" if factor is not None else "fell to zero from its own baseline"
-    return (
-        f"OFU regression: OFU {drop} from {when} "
-        f"({_share(baseline)} -> {_share(level)}, {_plural(len(flagged), 'window')})"
-    )
-
-
-def _share(value: float) -> str:
-    """A fraction as a percentage with enough digits to tell small values apart."""
-    return f"{value:.1%}" if value >= 0.01 or value == 0 else f"{value * 100:.2g}%"
-
-
-def job_flags(job: JobHistory) -> list[Flag]:
-    flags = []
-    last = job.windows[-1] if job.windows else None
-    for kind, describe in ((MISCOUNT, _describe_miscount), (REGRESSION, _describe_regression)):
-        flagged = job.flagged(kind)
-        if flagged:
-            active = last is not None and (last.miscount if kind == MISCOUNT else last.regression)
-            flags.append(Flag(job, kind, describe(job, flagged), flagged[0].start_ns, len(flagged), active))
-    return flags
+def _point(job: JobSummary) -> tuple[float, float] | None:
+    """The job's place on the scatter: mean OFU and mean reported MFU over the windows that have both."""
+    ofu, mfu = job.mean_ofu, job.mean_mfu
+    return None if ofu is None or mfu is None else (ofu, mfu)
 
 
 # --- the fleet distribution ---------------------------------------------------------------------------
@@ -254,10 +106,10 @@ def window_quantiles(report: WindowReport, model: str | None = None) -> dict[flo
     groups = [g for g in report.groups if model is None or _model_of(g.attributes) == model]
     if not groups:
         return None
-    if len(groups) == 1 and all(q in groups[0].quantiles for q in SUMMARY_QUANTILES):
-        return {q: groups[0].quantiles[q] for q in SUMMARY_QUANTILES}
+    if len(groups) == 1 and all(q in groups[0].quantiles for q in names.QUANTILES):
+        return {q: groups[0].quantiles[q] for q in names.QUANTILES}
     merged = _merge([g.histogram for g in groups])
-    found = {q: merged.quantile(q) for q in SUMMARY_QUANTILES}
+    found = {q: merged.quantile(q) for q in names.QUANTILES}
     return {q: value for q, value in found.items() if value is not None} or None
 
 
@@ -292,8 +144,8 @@ def _layout(figure: go.Figure, height: int, **extra: Any) -> None:
     )
 
 
-def scatter_figure(jobs: Sequence[JobHistory]) -> go.Figure | None:
-    points = [(job, pair) for job in jobs if (pair := job.mean_pair) is not None]
+def scatter_figure(jobs: Sequence[JobSummary]) -> go.Figure | None:
+    points = [(job, pair) for job in jobs if (pair := _point(job)) is not None]
     if not points:
         return None
     top = max(0.1, *(max(pair) for _, pair in points)) * 1.1
@@ -350,17 +202,17 @@ def scatter_figure(jobs: Sequence[JobHistory]) -> go.Figure | None:
     return figure
 
 
-def _category(job: JobHistory) -> str:
+def _category(job: JobSummary) -> str:
     """The scatter's colour: a FLOP miscount outranks a regression (it is what moves the point up)."""
-    if job.flagged(MISCOUNT):
+    if job.miscount_windows:
         return "suspected FLOP miscount"
-    if job.flagged(REGRESSION):
+    if job.regression_windows:
         return "OFU regression"
     return "healthy"
 
 
-def _hover(job: JobHistory, pair: tuple[float, float]) -> str:
-    ratio = _ratio(pair[1], pair[0])
+def _hover(job: JobSummary, pair: tuple[float, float]) -> str:
+    ratio = job.mfu_over_ofu
     lines = [
         f"<b>{_label(job.name)}</b> ({_label(job.job_id)})",
         f"{_label(job.model or 'unknown model')}, {_label(job.precision or 'unknown precision')}",
@@ -497,7 +349,7 @@ def _runs(windows: Sequence[JobWindow], kind: str) -> list[tuple[int, int]]:
     """Contiguous stretches of windows with the flag up, as (first start, last end)."""
     runs: list[tuple[int, int]] = []
     for window in windows:
-        if not (window.miscount if kind == MISCOUNT else window.regression):
+        if not window.flag_up(kind):
             continue
         if runs and runs[-1][1] >= window.start_ns:
             runs[-1] = (runs[-1][0], window.end_ns)
@@ -506,7 +358,7 @@ def _runs(windows: Sequence[JobWindow], kind: str) -> list[tuple[int, int]]:
     return runs
 
 
-def timelines_figure(jobs: Sequence[JobHistory]) -> go.Figure | None:
+def timelines_figure(jobs: Sequence[JobSummary]) -> go.Figure | None:
     if not jobs:
         return None
     titles = []
@@ -517,15 +369,15 @@ def timelines_figure(jobs: Sequence[JobHistory]) -> go.Figure | None:
     rows = len(jobs)
     spacing = min(0.12, 0.5 / rows)
     figure = make_subplots(rows=rows, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=spacing)
-    top = max([0.1] + [v for job in jobs for w in job.windows for v in (w.ofu, w.mfu) if v is not None]) * 1.1
+    top = max([0.1] + [v for job in jobs for w in job.history for v in (w.ofu, w.mfu) if v is not None]) * 1.1
     for row, job in enumerate(jobs, start=1):
-        times = [_plot_time(w.end_ns) for w in job.windows]
+        times = [_plot_time(w.end_ns) for w in job.history]
         mode = "lines+markers" if len(times) <= 60 else "lines"
         first = row == 1
         figure.add_trace(
             go.Scatter(
                 x=times,
-                y=[w.ofu for w in job.windows],
+                y=[w.ofu for w in job.history],
                 mode=mode,
                 name="OFU (measured)",
                 legendgroup="ofu",
@@ -537,11 +389,11 @@ def timelines_figure(jobs: Sequence[JobHistory]) -> go.Figure | None:
             row=row,
             col=1,
         )
-        if any(w.mfu is not None for w in job.windows):
+        if any(w.mfu is not None for w in job.history):
             figure.add_trace(
                 go.Scatter(
                     x=times,
-                    y=[w.mfu for w in job.windows],
+                    y=[w.mfu for w in job.history],
                     mode=mode,
                     name="MFU (reported)",
                     legendgroup="mfu",
@@ -554,7 +406,7 @@ def timelines_figure(jobs: Sequence[JobHistory]) -> go.Figure | None:
                 col=1,
             )
         for kind in (MISCOUNT, REGRESSION):
-            for start, end in _runs(job.windows, kind):
+            for start, end in _runs(job.history, kind):
                 figure.add_vrect(
                     x0=_plot_time(start),
                     x1=_plot_time(end),
@@ -566,7 +418,7 @@ def timelines_figure(jobs: Sequence[JobHistory]) -> go.Figure | None:
                 )
         figure.update_yaxes(range=[0, top], tickformat=".0%", row=row, col=1)
     for kind, title in ((MISCOUNT, "FLOP-miscount flag up"), (REGRESSION, "OFU-regression flag up")):
-        if any(_runs(job.windows, kind) for job in jobs):
+        if any(_runs(job.history, kind) for job in jobs):
             figure.add_trace(
                 go.Scatter(
                     x=[None],
@@ -673,31 +525,31 @@ def _stat(value: str, label: str) -> str:
     return f'<div class="stat"><div class="value">{_e(value)}</div><div class="label">{_e(label)}</div></div>'
 
 
-def _summary(reports: Sequence[WindowReport], jobs: Sequence[JobHistory], flags: Sequence[Flag]) -> str:
+def _summary(reports: Sequence[WindowReport], jobs: Sequence[JobSummary], flags: Sequence[Flag]) -> str:
     last = reports[-1]
     gpus_now = sum(g.gpus for g in last.groups)
     gpus_peak = max(sum(g.gpus for g in r.groups) for r in reports)
-    with_mfu = sum(1 for job in jobs if job.pairs)
+    with_mfu = sum(1 for job in jobs if _point(job) is not None)
     width_s = (last.end_ns - last.start_ns) / 1e9
     flagged_jobs = len({flag.job.job_id for flag in flags})
     cards = [
         _stat(f"{gpus_now}", f"GPUs in the last window (peak {gpus_peak})"),
         _stat(f"{len(jobs)}", f"jobs ({with_mfu} report MFU)"),
-        _stat(_number(last.fleet.correlation), f"fleet r(OFU, MFU) over {_plural(last.fleet.jobs, 'job')}"),
+        _stat(_number(last.fleet.correlation), f"fleet r(OFU, MFU) over {plural(last.fleet.jobs, 'job')}"),
         _stat(_percent(last.fleet.mae), "fleet MAE |OFU - MFU|"),
         _stat(f"{flagged_jobs}", "jobs flagged"),
     ]
     span = (
-        f"{_plural(len(reports), 'window')} of {width_s:g} s, from {format_time(reports[0].start_ns)} "
+        f"{plural(len(reports), 'window')} of {width_s:g} s, from {format_time(reports[0].start_ns)} "
         f"to {format_time(last.end_ns)}"
     )
-    header = "".join(f'<th class="num">p{round(q * 100)}</th>' for q in SUMMARY_QUANTILES)
+    header = "".join(f'<th class="num">p{round(q * 100)}</th>' for q in names.QUANTILES)
     rows = []
     models = sorted({_model_of(g.attributes) for g in last.groups})
     for model in [None, *models] if len(models) > 1 else models:
         quantiles = window_quantiles(last, model) or {}
         gpus = sum(g.gpus for g in last.groups if model is None or _model_of(g.attributes) == model)
-        cells = "".join(f'<td class="num">{_percent(quantiles.get(q))}</td>' for q in SUMMARY_QUANTILES)
+        cells = "".join(f'<td class="num">{_percent(quantiles.get(q))}</td>' for q in names.QUANTILES)
         rows.append(f'<tr><td>{_e(model or FLEET_LABEL)}</td><td class="num">{gpus}</td>{cells}</tr>')
     table = (
         f'<table class="percentiles"><thead><tr><th>GPU model</th><th class="num">GPUs</th>{header}</tr></thead>'
@@ -738,20 +590,16 @@ def _flags_table(flags: Sequence[Flag]) -> str:
     )
 
 
-def _jobs_table(jobs: Sequence[JobHistory]) -> str:
+def _jobs_table(jobs: Sequence[JobSummary]) -> str:
     rows = []
     for job in jobs[:MAX_TABLE_JOBS]:
-        pair = job.mean_pair
-        ofu = pair[0] if pair is not None else job.mean_ofu
-        mfu = pair[1] if pair is not None else None
-        ratio = _ratio(pair[1], pair[0]) if pair is not None else None
-        badges = " ".join(_flag_badge(kind) for kind in (MISCOUNT, REGRESSION) if job.flagged(kind))
+        badges = " ".join(_flag_badge(flag.kind) for flag in job.flags())
         rows.append(
             "<tr>"
             f"<td>{_e(job.name)}</td><td>{_e(job.job_id)}</td><td>{_e(job.model or '-')}</td>"
             f'<td>{_e(job.precision or "-")}</td><td class="num">{job.gpus}</td>'
-            f'<td class="num">{len(job.windows)}</td><td class="num">{_percent(ofu)}</td>'
-            f'<td class="num">{_percent(mfu)}</td><td class="num">{_number(ratio)}</td>'
+            f'<td class="num">{job.windows}</td><td class="num">{_percent(job.mean_ofu)}</td>'
+            f'<td class="num">{_percent(job.mean_mfu)}</td><td class="num">{_number(job.mfu_over_ofu)}</td>'
             f'<td class="num">{_number(job.correlation)}</td><td>{badges or "-"}</td>'
             "</tr>"
         )
@@ -766,11 +614,11 @@ def _jobs_table(jobs: Sequence[JobHistory]) -> str:
     )
 
 
-def _timeline_jobs(jobs: Sequence[JobHistory]) -> list[JobHistory]:
+def _timeline_jobs(jobs: Sequence[JobSummary]) -> list[JobSummary]:
     """Flagged jobs first, then the rest by name, up to MAX_TIMELINE_JOBS."""
 
-    def order(job: JobHistory) -> tuple[int, str, str]:
-        return (0 if job.flagged(MISCOUNT) or job.flagged(REGRESSION) else 1, job.name, job.job_id)
+    def order(job: JobSummary) -> tuple[int, str, str]:
+        return (0 if job.flagged else 1, job.name, job.job_id)
 
     return sorted(jobs, key=order)[:MAX_TIMELINE_JOBS]
 
@@ -784,10 +632,8 @@ def build_report(
 ) -> str:
     """The whole HTML page for these windows (any order); opens offline."""
     ordered = sorted(reports, key=lambda r: (r.end_ns, r.start_ns))
-    jobs = job_histories(ordered)
-    flags = sorted(
-        (flag for job in jobs for flag in job_flags(job)), key=lambda f: (f.kind != MISCOUNT, f.first_ns, f.job.name)
-    )
+    summary = summarize(ordered)
+    jobs, flags = summary.jobs, summary.flags()
     parts = [f"<h1>{_e(title)}</h1>"]
     if generated_ns is not None:
         parts.append(f'<p class="note">Generated {_e(format_time(generated_ns))} by otel-ofu.</p>')
@@ -800,7 +646,7 @@ def build_report(
         scatter = scatter_figure(jobs)
         distribution = distribution_figure(ordered, ofu_samples)
         pair = []
-        no_mfu = sum(1 for job in jobs if not job.pairs)
+        no_mfu = sum(1 for job in jobs if _point(job) is None)
         if scatter is not None:
             note = (
                 "Each job at its mean measured OFU and mean reported MFU over the windows that have both. "
@@ -808,7 +654,7 @@ def build_report(
                 "out recomputation and padding); one that over-counts stands far above it."
             )
             if no_mfu:
-                note += f" {_plural(no_mfu, 'job')} without reported MFU not shown."
+                note += f" {plural(no_mfu, 'job')} without reported MFU not shown."
             pair.append(
                 f'<section class="card">{_figure_html(scatter, "ofu-mfu-scatter")}'
                 f'<p class="note">{_e(note)}</p></section>'
@@ -830,7 +676,7 @@ def build_report(
             left_out = len(jobs) - len(shown)
             note = "Shaded: the windows a flag was up (red: FLOP miscount, orange: OFU regression)."
             if left_out:
-                note += f" {_plural(left_out, 'more job')} not drawn; all are in the table below."
+                note += f" {plural(left_out, 'more job')} not drawn; all are in the table below."
             parts.append(
                 f'<h2>Jobs over time</h2><p class="note">{_e(note)}</p>'
                 f'<section class="card">{_figure_html(timelines, "job-timelines")}</section>'

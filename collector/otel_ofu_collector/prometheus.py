@@ -3,12 +3,12 @@
 It shows the gauges of the latest closed windows (quantiles, fleet.gpus, the job gauges, the fleet
 correlation and MAE) and leaves the exponential histogram out: Prometheus text has no exponential
 histogram, and the SDK's Prometheus reader fails on them. Names follow the OpenTelemetry-to-Prometheus
-convention: dots become underscores (``fleet.ofu.quantile`` -> ``fleet_ofu_quantile``), attribute keys too.
+convention (``otel_ofu.prometheus_names``): dots become underscores (``fleet.ofu.quantile`` ->
+``fleet_ofu_quantile``), attribute keys too; the outputs' names get no unit suffix.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from http.server import ThreadingHTTPServer
@@ -20,19 +20,13 @@ from prometheus_client import CollectorRegistry, MetricsHandler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from otel_ofu.prometheus_names import label_name, metric_name
 from otel_ofu_collector import encode
-
-_INVALID = re.compile(r"[^a-zA-Z0-9_:]")
 
 
 def prometheus_name(name: str) -> str:
-    cleaned = _INVALID.sub("_", name)
-    return f"_{cleaned}" if cleaned[:1].isdigit() else cleaned
-
-
-def _label(key: str) -> str:
-    cleaned = re.sub(r"[^a-zA-Z0-9_]", "_", key)
-    return f"_{cleaned}" if cleaned[:1].isdigit() else cleaned
+    """The exposed name of an output or self-metric: by name alone, no unit suffix (what the dashboards query)."""
+    return metric_name(name)
 
 
 @attrs.frozen
@@ -52,7 +46,9 @@ def gauge_series(metrics_data: MetricsData) -> list[_Series]:
                 if encode.is_partial_metric(metric.name) or not isinstance(metric.data, Gauge | Sum):
                     continue
                 for point in metric.data.data_points:
-                    labels = tuple(sorted((_label(key), str(value)) for key, value in (point.attributes or {}).items()))
+                    labels = tuple(
+                        sorted((label_name(key), str(value)) for key, value in (point.attributes or {}).items())
+                    )
                     series.append(
                         _Series(
                             prometheus_name(metric.name), metric.description or metric.name, labels, float(point.value)
@@ -128,7 +124,8 @@ class PrometheusEndpoint:
     collector: OutputsCollector = attrs.field(init=False)
     registry: CollectorRegistry = attrs.field(init=False, factory=lambda: CollectorRegistry(auto_describe=False))
     port: int = 0
-    _server: Any = None
+    _server: ThreadingHTTPServer | None = attrs.field(default=None, init=False)
+    _thread: threading.Thread | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.collector = OutputsCollector(self.self_metrics)
@@ -140,15 +137,19 @@ class PrometheusEndpoint:
     def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
         server = ThreadingHTTPServer((host, port), MetricsHandler.factory(self.registry))
         server.daemon_threads = True
-        threading.Thread(
+        thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="otel-ofu-prometheus", daemon=True
-        ).start()
-        self._server = server
+        )
+        thread.start()
+        self._server, self._thread = server, thread
         self.port = int(server.server_address[1])
         return self.port
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join()

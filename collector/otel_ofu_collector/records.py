@@ -57,7 +57,8 @@ class RecordFormatError(ValueError):
 # --- encoding -----------------------------------------------------------------------------------------
 
 
-def _finite_or_none(value: float | None) -> float | None:
+def finite_or_none(value: float | None) -> float | None:
+    """The value when it is a finite number; NaN and infinities are missing values, never numbers to show."""
     return value if value is not None and math.isfinite(value) else None
 
 
@@ -89,10 +90,10 @@ def _job_to_json(job: JobReport) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
         "attributes": dict(job.attributes),
-        "ofu": _finite_or_none(job.ofu),
-        "mfu": _finite_or_none(job.mfu),
-        "gap": _finite_or_none(job.gap),
-        "correlation": _finite_or_none(job.correlation),
+        "ofu": finite_or_none(job.ofu),
+        "mfu": finite_or_none(job.mfu),
+        "gap": finite_or_none(job.gap),
+        "correlation": finite_or_none(job.correlation),
         "flops_miscount": job.flops_miscount,
         "regression": job.regression,
         "status": job.status,
@@ -103,8 +104,8 @@ def _job_to_json(job: JobReport) -> dict[str, Any]:
 def _fleet_to_json(fleet: FleetReport) -> dict[str, Any]:
     moments = fleet.comoments
     return {
-        "correlation": _finite_or_none(fleet.correlation),
-        "mae": _finite_or_none(fleet.mae),
+        "correlation": finite_or_none(fleet.correlation),
+        "mae": finite_or_none(fleet.mae),
         "jobs": fleet.jobs,
         "abs_diff_sum": fleet.abs_diff_sum,
         "comoments": {

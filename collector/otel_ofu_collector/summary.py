@@ -1,68 +1,213 @@
 """A run's window reports condensed per job and per fleet, with each flag's reason in words.
 
-Pure: window reports in, a summary out. The demo's terminal report and the HTML report read it.
+Pure: window reports in, a summary out. The one place that says why a job is flagged: the demo's terminal
+report and the HTML report both read it, so they say the same thing.
+
+- A FLOP miscount is sized by MFU / OFU over the windows the flag was up (mean MFU over mean OFU there).
+- A regression is measured against the job's own baseline: the median OFU of its unflagged windows before
+  the first regression window, against the median OFU of the regression windows.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Final
 
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.windows import GroupReport, JobReport, WindowReport
+from otel_ofu_collector.records import finite_or_none
+from otel_ofu_collector.windows import GroupReport, WindowReport
+
+MISCOUNT: Final = "miscount"
+REGRESSION: Final = "regression"
+FLAG_KINDS: Final = (MISCOUNT, REGRESSION)
+
+
+def format_time(time_ns: int) -> str:
+    moment = dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def share(value: float) -> str:
+    """A fraction as a percentage with enough digits to tell small values apart."""
+    return f"{value:.1%}" if value >= 0.01 or value == 0 else f"{value * 100:.2g}%"
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+@attrs.frozen
+class JobWindow:
+    """One job in one window; non-finite values are absent."""
+
+    start_ns: int
+    end_ns: int
+    ofu: float | None
+    mfu: float | None
+    correlation: float | None
+    miscount: bool
+    regression: bool
+    gpus: int
+
+    def flag_up(self, kind: str) -> bool:
+        return self.miscount if kind == MISCOUNT else self.regression
+
+
+@attrs.frozen
+class Flag:
+    """A flag a job raised during the record, said in words."""
+
+    job: JobSummary
+    kind: str  # MISCOUNT | REGRESSION
+    reason: str
+    first_ns: int
+    windows: int
+    active: bool  # still up in the job's last window
 
 
 @attrs.frozen
 class JobSummary:
-    """One job over the run: means of its window values, its flags and why they rose."""
+    """One job over the run: its windows in time order, its latest attributes, its flags and why they rose."""
 
     job_id: str
-    name: str | None
-    precision: str | None
-    gpus: int
-    windows: int
-    mean_ofu: float | None
-    mean_mfu: float | None
-    correlation: float | None  # the last window's Pearson r over the horizon
-    miscount_windows: int
-    regression_windows: int
-    first_miscount_ns: int | None
-    first_regression_ns: int | None
-    baseline_ofu: float | None  # mean OFU before the first regression window
-    regressed_ofu: float | None  # mean OFU over the regression windows
+    attributes: Mapping[str, str]
+    history: tuple[JobWindow, ...]
+
+    @property
+    def name(self) -> str:
+        """The job's name, else its id."""
+        return self.attributes.get(names.JOB_NAME) or self.job_id
+
+    @property
+    def model(self) -> str | None:
+        return self.attributes.get(names.HW_MODEL)
+
+    @property
+    def precision(self) -> str | None:
+        return self.attributes.get(names.GPU_PRECISION)
+
+    @property
+    def windows(self) -> int:
+        return len(self.history)
+
+    @property
+    def gpus(self) -> int:
+        return max((w.gpus for w in self.history), default=0)
+
+    @property
+    def pairs(self) -> list[tuple[float, float]]:
+        """(OFU, MFU) of the windows that have both."""
+        return [(w.ofu, w.mfu) for w in self.history if w.ofu is not None and w.mfu is not None]
+
+    @property
+    def mean_ofu(self) -> float | None:
+        """Mean OFU over the windows that also have MFU (so MFU/OFU compares like with like); for a job that
+        never reported MFU, over every window with OFU."""
+        pairs = self.pairs
+        if pairs:
+            return statistics.fmean(ofu for ofu, _ in pairs)
+        return _mean([w.ofu for w in self.history if w.ofu is not None])
+
+    @property
+    def mean_mfu(self) -> float | None:
+        """Mean reported MFU over the windows that also have OFU."""
+        return _mean([mfu for _, mfu in self.pairs])
 
     @property
     def mfu_over_ofu(self) -> float | None:
-        if self.mean_ofu is None or self.mean_mfu is None or self.mean_ofu <= 0.0:
-            return None
-        return self.mean_mfu / self.mean_ofu
+        ofu, mfu = self.mean_ofu, self.mean_mfu
+        return None if ofu is None or mfu is None else _ratio(mfu, ofu)
+
+    @property
+    def correlation(self) -> float | None:
+        """The collector's horizon correlation in the latest window that had one."""
+        return next((w.correlation for w in reversed(self.history) if w.correlation is not None), None)
+
+    def flagged_windows(self, kind: str) -> list[JobWindow]:
+        return [w for w in self.history if w.flag_up(kind)]
+
+    @property
+    def miscount_windows(self) -> int:
+        return len(self.flagged_windows(MISCOUNT))
+
+    @property
+    def regression_windows(self) -> int:
+        return len(self.flagged_windows(REGRESSION))
 
     @property
     def flagged(self) -> bool:
-        return self.miscount_windows > 0 or self.regression_windows > 0
+        return any(w.miscount or w.regression for w in self.history)
+
+    @property
+    def miscount_ratio(self) -> float | None:
+        """Mean MFU over mean OFU in the windows the miscount flag was up; the run's ratio when they lack a pair."""
+        pairs = [(w.ofu, w.mfu) for w in self.flagged_windows(MISCOUNT) if w.ofu is not None and w.mfu is not None]
+        ratio = _ratio(sum(p[1] for p in pairs), sum(p[0] for p in pairs)) if pairs else None
+        return ratio if ratio is not None else self.mfu_over_ofu
+
+    @property
+    def baseline_ofu(self) -> float | None:
+        """Median OFU of the unflagged windows that ended before the first regression window began."""
+        flagged = self.flagged_windows(REGRESSION)
+        if not flagged:
+            return None
+        first = flagged[0].start_ns
+        before = [w.ofu for w in self.history if w.end_ns <= first and not w.regression and w.ofu is not None]
+        return statistics.median(before) if before else None
+
+    @property
+    def regressed_ofu(self) -> float | None:
+        """Median OFU over the regression windows."""
+        during = [w.ofu for w in self.flagged_windows(REGRESSION) if w.ofu is not None]
+        return statistics.median(during) if during else None
+
+    def flags(self) -> list[Flag]:
+        """The flags the job raised, a FLOP miscount first; empty for a job that never was flagged."""
+        found = []
+        last = self.history[-1] if self.history else None
+        for kind in FLAG_KINDS:
+            flagged = self.flagged_windows(kind)
+            if flagged:
+                reason = self._miscount_reason(flagged) if kind == MISCOUNT else self._regression_reason(flagged)
+                active = last is not None and last.flag_up(kind)
+                found.append(Flag(self, kind, reason, flagged[0].start_ns, len(flagged), active))
+        return found
 
     def reasons(self) -> list[str]:
         """Why the job was flagged, in words; empty for a job that never was."""
-        found = []
-        ratio = self.mfu_over_ofu
-        if self.miscount_windows:
-            found.append(
-                "suspected FLOP miscount: reported MFU "
-                + (f"{ratio:.1f}x its OFU" if ratio is not None else "far above its OFU")
-                + f" (flagged in {self.miscount_windows} of {self.windows} windows)"
-            )
-        if self.regression_windows:
-            drop = (
-                self.baseline_ofu / self.regressed_ofu if self.baseline_ofu is not None and self.regressed_ofu else None
-            )
-            found.append(
-                "regression: OFU fell "
-                + (f"{drop:.1f}x below its own baseline" if drop is not None else "below its own baseline")
-                + f" (flagged in {self.regression_windows} of {self.windows} windows)"
-            )
-        return found
+        return [flag.reason for flag in self.flags()]
+
+    def _miscount_reason(self, flagged: list[JobWindow]) -> str:
+        ratio = self.miscount_ratio
+        size = f"{ratio:.1f}x" if ratio is not None else "far above"
+        return (
+            f"suspected FLOP miscount: reported MFU {size} its OFU for {plural(len(flagged), 'window')} "
+            f"(from {format_time(flagged[0].start_ns)})"
+        )
+
+    def _regression_reason(self, flagged: list[JobWindow]) -> str:
+        when = format_time(flagged[0].start_ns)
+        baseline, level = self.baseline_ofu, self.regressed_ofu
+        if baseline is None or level is None:
+            return f"regression: OFU fell below its own baseline from {when} (baseline not in this record)"
+        factor = _ratio(baseline, level)
+        drop = f"fell {factor:.1f}x below its own baseline" if factor is not None else "fell to zero from its baseline"
+        return (
+            f"regression: OFU {drop} from {when} ({share(baseline)} -> {share(level)}, "
+            f"{plural(len(flagged), 'window')})"
+        )
 
 
 @attrs.frozen
@@ -73,63 +218,47 @@ class FleetSummary:
     last_groups: tuple[GroupReport, ...]
     correlation: float | None  # the last window's fleet Pearson r over the horizon
     mae: float | None
-    jobs: tuple[JobSummary, ...]
+    jobs: tuple[JobSummary, ...]  # in order of job id
 
     @property
     def gpus(self) -> int:
         return sum(group.gpus for group in self.last_groups)
 
-
-def _mean(values: Sequence[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _summarize_job(job_id: str, entries: list[tuple[int, JobReport]]) -> JobSummary:
-    ofus = [job.ofu for _, job in entries if job.ofu is not None]
-    mfus = [job.mfu for _, job in entries if job.mfu is not None]
-    miscount = [start for start, job in entries if job.flops_miscount]
-    regression = [start for start, job in entries if job.regression]
-    first_regression = regression[0] if regression else None
-    before = [
-        job.ofu
-        for start, job in entries
-        if job.ofu is not None and first_regression is not None and start < first_regression
-    ]
-    during = [job.ofu for _, job in entries if job.ofu is not None and job.regression]
-    last = entries[-1][1]
-    return JobSummary(
-        job_id=job_id,
-        name=last.attributes.get(names.JOB_NAME),
-        precision=last.attributes.get(names.GPU_PRECISION),
-        gpus=max(job.gpus for _, job in entries),
-        windows=len(entries),
-        mean_ofu=_mean(ofus),
-        mean_mfu=_mean(mfus),
-        correlation=last.correlation,
-        miscount_windows=len(miscount),
-        regression_windows=len(regression),
-        first_miscount_ns=miscount[0] if miscount else None,
-        first_regression_ns=first_regression,
-        baseline_ofu=_mean(before),
-        regressed_ofu=_mean(during),
-    )
+    def flags(self) -> list[Flag]:
+        """Every flag of every job: FLOP miscounts first, then by when they rose and by job name."""
+        every = (flag for job in self.jobs for flag in job.flags())
+        return sorted(every, key=lambda f: (f.kind != MISCOUNT, f.first_ns, f.job.name))
 
 
 def summarize(reports: Sequence[WindowReport]) -> FleetSummary:
     """Condense window reports (in any order) into per-job and fleet figures."""
-    ordered = sorted(reports, key=lambda report: report.start_ns)
-    by_job: dict[str, list[tuple[int, JobReport]]] = {}
+    ordered = sorted(reports, key=lambda report: (report.end_ns, report.start_ns))
+    history: dict[str, list[JobWindow]] = {}
+    attributes: dict[str, Mapping[str, str]] = {}
     for report in ordered:
         for job in report.jobs:
-            by_job.setdefault(job.job_id, []).append((report.start_ns, job))
-    jobs = [_summarize_job(job_id, entries) for job_id, entries in by_job.items()]
-    last_report = ordered[-1] if ordered else None
+            history.setdefault(job.job_id, []).append(
+                JobWindow(
+                    report.start_ns,
+                    report.end_ns,
+                    finite_or_none(job.ofu),
+                    finite_or_none(job.mfu),
+                    finite_or_none(job.correlation),
+                    bool(job.flops_miscount),
+                    bool(job.regression),
+                    job.gpus,
+                )
+            )
+            if job.attributes:
+                attributes[job.job_id] = job.attributes  # the latest that said anything
+    jobs = tuple(JobSummary(job_id, attributes.get(job_id, {}), tuple(history[job_id])) for job_id in sorted(history))
+    last = ordered[-1] if ordered else None
     return FleetSummary(
         windows=len(ordered),
-        start_ns=ordered[0].start_ns if ordered else None,
-        end_ns=ordered[-1].end_ns if ordered else None,
-        last_groups=last_report.groups if last_report else (),
-        correlation=last_report.fleet.correlation if last_report else None,
-        mae=last_report.fleet.mae if last_report else None,
-        jobs=tuple(sorted(jobs, key=lambda job: job.job_id)),
+        start_ns=min(r.start_ns for r in ordered) if ordered else None,
+        end_ns=last.end_ns if last else None,
+        last_groups=last.groups if last else (),
+        correlation=finite_or_none(last.fleet.correlation) if last else None,
+        mae=finite_or_none(last.fleet.mae) if last else None,
+        jobs=jobs,
     )

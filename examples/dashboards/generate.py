@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_ofu import names
+from otel_ofu.prometheus_names import label_name, metric_name
 
 HERE = Path(__file__).resolve().parent
 JSON = dict[str, Any]
@@ -258,8 +259,8 @@ def honeycomb_board() -> JSON:
 
 
 def prometheus_name(metric: str) -> str:
-    """The collector's Prometheus exposition name for a metric: dots become underscores."""
-    return metric.replace(".", "_")
+    """The collector's Prometheus exposition name for a metric: by name alone, dots become underscores."""
+    return metric_name(metric)
 
 
 def _grafana_panel(panel_id: int, title: str, exprs: list[tuple[str, str]], kind: str = "timeseries") -> JSON:
@@ -278,7 +279,7 @@ def _grafana_panel(panel_id: int, title: str, exprs: list[tuple[str, str]], kind
 
 def grafana_dashboard() -> JSON:
     quantile = prometheus_name(names.FLEET_OFU_QUANTILE.name)
-    model, precision, job = (prometheus_name(key) for key in (names.HW_MODEL, names.GPU_PRECISION, names.JOB_ID))
+    model, precision, job = (label_name(key) for key in (names.HW_MODEL, names.GPU_PRECISION, names.JOB_ID))
     panels = [
         _grafana_panel(
             1,

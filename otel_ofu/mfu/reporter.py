@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -27,17 +26,13 @@ from types import TracebackType
 
 import attrs
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
-from opentelemetry.sdk.environment_variables import (
-    OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
-    OTEL_EXPORTER_OTLP_PROTOCOL,
-    OTEL_SERVICE_NAME,
-)
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
 from otel_ofu import __version__, catalog, names, ofu_math
 from otel_ofu.mfu.values import check_mfu
+from otel_ofu.producer.exporters import otlp_exporter
+from otel_ofu.producer.metrics_data import env_resource
 
 log = logging.getLogger(__name__)
 
@@ -46,33 +41,14 @@ DEFAULT_STALE_AFTER_S = 300.0
 
 
 def otlp_metric_exporter() -> MetricExporter:
-    """The SDK's OTLP metric exporter for the protocol the standard variables name (gRPC by default).
+    """The OTLP metric exporter the standard variables describe, built as the producer builds its own.
 
-    Endpoint, headers, TLS, compression and timeout are left to the exporter, which reads the
-    ``OTEL_EXPORTER_OTLP_*`` variables itself.
+    The protocol comes from ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL`` (any case;
+    gRPC by default); endpoint, headers, TLS, compression and timeout are left to the exporter, which reads the
+    ``OTEL_EXPORTER_OTLP_*`` variables itself. An unsupported protocol raises ``ExporterConfigError`` (a
+    ``ValueError``).
     """
-    protocol = (
-        os.environ.get(OTEL_EXPORTER_OTLP_METRICS_PROTOCOL) or os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL) or "grpc"
-    ).strip()
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
-
-        return GrpcExporter()
-    if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
-
-        return HttpExporter()
-    raise ValueError(f"OTLP protocol {protocol!r} is not supported: use grpc or http/protobuf")
-
-
-def own_resource(default_service_name: str = DEFAULT_SERVICE_NAME) -> Resource:
-    """The SDK's resource (``OTEL_RESOURCE_ATTRIBUTES`` included), named ``default_service_name`` unless the
-    environment names the service (``OTEL_SERVICE_NAME`` or ``service.name`` in the resource attributes)."""
-    resource = Resource.create()
-    from_env = OTELResourceDetector().detect().attributes
-    if os.environ.get(OTEL_SERVICE_NAME) or names.SERVICE_NAME in from_env:
-        return resource
-    return resource.merge(Resource({names.SERVICE_NAME: default_service_name}))
+    return otlp_exporter()
 
 
 def otlp_meter_provider(
@@ -86,7 +62,9 @@ def otlp_meter_provider(
     if interval_ms is not None and (not math.isfinite(interval_ms) or interval_ms <= 0):
         raise ValueError(f"export interval must be positive, got {export_interval_s!r} s")
     reader = PeriodicExportingMetricReader(exporter or otlp_metric_exporter(), export_interval_millis=interval_ms)
-    return SdkMeterProvider(metric_readers=[reader], resource=own_resource(default_service_name))
+    return SdkMeterProvider(
+        metric_readers=[reader], resource=env_resource(default_service_name=default_service_name, with_host=False)
+    )
 
 
 def _positive(label: str, value: float | None) -> float | None:

@@ -103,21 +103,26 @@ def compute_snapshot(
     return ComputedSnapshot(tuple(samples), tuple(errors))
 
 
-def env_resource(host_name: str | None = None) -> Resource:
-    """The producer's own resource: SDK defaults, ``OTEL_RESOURCE_ATTRIBUTES``/``OTEL_SERVICE_NAME``, our name.
+def env_resource(
+    host_name: str | None = None,
+    *,
+    default_service_name: str = names.PRODUCER_SERVICE_NAME,
+    with_host: bool = True,
+) -> Resource:
+    """A process's own resource: SDK defaults, ``OTEL_RESOURCE_ATTRIBUTES``/``OTEL_SERVICE_NAME``, our names.
 
-    ``service.name`` is ``otel-ofu`` unless the user set one through the standard variables.
+    ``service.name`` is ``default_service_name`` unless the user set one through the standard variables.
+    With ``with_host``, ``host.name`` is ``host_name`` (else this machine's) unless the user pinned one: a
+    container's hostname is rarely the node's.
     """
-    ours: dict[str, AttributeValue] = {names.HOST_NAME: host_name or socket.gethostname()}
-    if names.SERVICE_NAME not in OTELResourceDetector().detect().attributes:
-        ours[names.SERVICE_NAME] = names.PRODUCER_SERVICE_NAME
-    # Resource.create lets our attributes override the environment's; the host name should not, when
-    # the user has pinned one (a container's hostname is rarely the node's).
-    resource = Resource.create(ours)
     user = OTELResourceDetector().detect().attributes
-    if names.HOST_NAME in user:
-        resource = resource.merge(Resource({names.HOST_NAME: user[names.HOST_NAME]}))
-    return resource
+    ours: dict[str, AttributeValue] = {}
+    if names.SERVICE_NAME not in user:
+        ours[names.SERVICE_NAME] = default_service_name
+    if with_host and names.HOST_NAME not in user:
+        ours[names.HOST_NAME] = host_name or socket.gethostname()
+    # Resource.create lets ours override the environment's: only what the user left unset is in ``ours``.
+    return Resource.create(ours)
 
 
 class _GpuResource(Resource):

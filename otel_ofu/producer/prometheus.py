@@ -1,23 +1,12 @@
 """An optional Prometheus ``/metrics`` endpoint serving the latest interval.
 
-Prometheus has no resources, so each GPU's identity and job attribution become labels, and names
-follow the Prometheus conventions the OpenTelemetry spec uses for OTLP -> Prometheus:
-
-========================== ===================================== ===========================================
-OpenTelemetry name         Prometheus name                       rule
-========================== ===================================== ===========================================
-``gpu.ofu`` (unit ``1``)   ``gpu_ofu``                           dots -> underscores; unit ``1`` adds nothing
-``gpu.clock.sm`` (``Hz``)  ``gpu_clock_sm_hertz``                the unit spelled out as a suffix
-``gpu.flops.achieved``     ``gpu_flops_achieved_per_second``     ``{annotation}`` dropped, ``/s`` -> per_second
-``otel_ofu.source.errors`` ``otel_ofu_source_errors_total``      counters end in ``_total``
-``otel_ofu.export.duration`` ``otel_ofu_export_duration_seconds``
-``hw.id`` (attribute)      ``hw_id`` (label)                     dots -> underscores
-========================== ===================================== ===========================================
+Prometheus has no resources, so each GPU's identity and job attribution become labels. Names follow
+``otel_ofu.prometheus_names`` with the unit as a suffix: ``gpu.clock.sm`` (``Hz``) -> ``gpu_clock_sm_hertz``,
+``gpu.flops.achieved`` -> ``gpu_flops_achieved_per_second``, counters end in ``_total``; ``hw.id`` -> ``hw_id``.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator, Mapping
 
@@ -29,31 +18,12 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from otel_ofu import names
 from otel_ofu.producer.metrics_data import AttributeValue, ComputedSnapshot
 from otel_ofu.producer.self_metrics import SelfMetrics
-
-_UNIT_WORDS = {"Hz": "hertz", "s": "seconds", "By": "bytes", "%": "percent", "1": ""}
-_INVALID = re.compile(r"[^a-zA-Z0-9_]")
-
-
-def label_name(attribute: str) -> str:
-    return _INVALID.sub("_", attribute)
-
-
-def _unit_suffix(unit: str) -> str:
-    unit = re.sub(r"\{[^}]*\}", "", unit)  # annotations like {flop} carry no unit
-    numerator, _, denominator = unit.partition("/")
-    words = [_UNIT_WORDS.get(numerator, numerator)] if numerator else []
-    if denominator:
-        words.append("per_" + {"s": "second", "m": "minute", "h": "hour"}.get(denominator, denominator))
-    return "_".join(word for word in words if word)
+from otel_ofu.prometheus_names import label_name, metric_name
 
 
 def prometheus_name(spec: names.MetricSpec) -> str:
     """The Prometheus metric name of a contract metric (without the ``_total`` a counter gets)."""
-    base = _INVALID.sub("_", spec.name)
-    suffix = _unit_suffix(spec.unit)
-    if suffix and not base.endswith("_" + suffix):
-        base = f"{base}_{suffix}"
-    return base
+    return metric_name(spec.name, spec.unit)
 
 
 PROMETHEUS_NAMES: Mapping[str, str] = {
@@ -116,9 +86,12 @@ def _self_families(self_metrics: SelfMetrics) -> Iterator[Metric]:
 
 @attrs.define
 class PrometheusEndpoint:
-    """``/metrics`` on ``addr:port`` (port 0 picks a free one; ``port`` says which) with its own registry."""
+    """``/metrics`` on ``addr:port`` (port 0 picks a free one; ``port`` says which) with its own registry.
 
-    port: int = 9400
+    No default port: 9400 is dcgm-exporter's and the usual choice, 9464, may be taken; the caller says.
+    """
+
+    port: int
     addr: str = "0.0.0.0"
     collector: LatestSnapshotCollector = attrs.field(factory=LatestSnapshotCollector)
     _server: object = attrs.field(default=None, init=False)

@@ -138,12 +138,6 @@ class JobSpec:
             return False
         return int(t_s // self.switch_every_s) % 2 == 1
 
-    def precision_at(self, t_s: float) -> str:
-        if self._in_alternate(t_s):
-            assert self.alternate_precision is not None
-            return self.alternate_precision
-        return self.precision
-
     def dominant_precision(self, start_s: float, end_s: float) -> str:
         """The precision the job ran in for most of ``[start_s, end_s]``."""
         if self.switch_every_s is None or self.alternate_precision is None:
