@@ -7,8 +7,10 @@ import http.client
 import json
 import math
 import socket
+import ssl
 import threading
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import attrs
 import grpc
@@ -34,7 +36,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request
-from otel_ofu_collector.auth import BearerAuth
+from otel_ofu.testing.pki import make_pki
+from otel_ofu_collector.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.decode import DecodeOutcome, Decoder
 from otel_ofu_collector.gate import Gate
 from otel_ofu_collector.http_receiver import HttpReceiver
@@ -356,3 +359,27 @@ def test_stop_joins_the_server_thread() -> None:
     server.receiver.stop()
     assert started
     assert not any(thread.is_alive() for thread in started)
+
+
+def test_https_a_client_that_never_handshakes_blocks_no_one(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    sink = RecordingSink()
+    receiver = HttpReceiver(
+        Decoder(sink).decode, Gate(max_in_flight=4, retry_after_s=2.0), "127.0.0.1:0",
+        TlsFiles(str(pki.server_cert), str(pki.server_key)), None, read_timeout_s=30.0,
+    )  # fmt: skip
+    receiver.start()
+    silent = socket.create_connection(("127.0.0.1", receiver.port), timeout=5)  # connects, never says hello
+    try:
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        connection = http.client.HTTPSConnection("127.0.0.1", receiver.port, timeout=5, context=context)
+        connection.request(
+            "POST", "/v1/metrics", body=gpu_request({"GPU-1": 0.7}).SerializeToString(),
+            headers={"Content-Type": "application/x-protobuf"},
+        )  # fmt: skip
+        assert connection.getresponse().status == 200
+        connection.close()
+        assert [point[1] for point in sink.ofu] == [0.7]
+    finally:
+        silent.close()
+        receiver.stop()

@@ -148,7 +148,9 @@ class HttpReceiver:
             if self.tls.client_ca:
                 context.load_verify_locations(self.tls.client_ca)
                 context.verify_mode = ssl.CERT_REQUIRED
-            server.socket = context.wrap_socket(server.socket, server_side=True)
+            # The handshake runs in each connection's own thread (``_Handler.setup``), under the read timeout:
+            # done on accept, one client that connects and never completes it would stall all intake.
+            server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         self._server = server
         self.port = int(server.server_address[1])
         self._thread = threading.Thread(
@@ -174,6 +176,24 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s " + format, self.address_string(), *args)
+
+    def setup(self) -> None:
+        super().setup()  # applies the read timeout to the connection first
+        self._handshake_failed = False
+        do_handshake = getattr(self.connection, "do_handshake", None)
+        if do_handshake is None:
+            return
+        try:
+            do_handshake()
+        except OSError as error:  # ssl.SSLError and socket timeouts alike: this client only
+            logger.debug("TLS handshake with %s failed: %s", self.address_string(), error)
+            self._handshake_failed = True
+
+    def handle(self) -> None:
+        if self._handshake_failed:
+            self.close_connection = True
+            return
+        super().handle()
 
     def _reply(self, status: int, message: Message, as_json: bool, headers: dict[str, str] | None = None) -> None:
         body = json_format.MessageToJson(message).encode() if as_json else message.SerializeToString()
