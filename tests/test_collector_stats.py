@@ -86,3 +86,10 @@ def test_abs_diff_mean_and_merge(a: list[tuple[float, float]], b: list[tuple[flo
         assert merged.mean() == pytest.approx(float(np.mean([abs(x - y) for x, y in everything])), abs=1e-12)
     else:
         assert merged.mean() is None
+
+
+def test_pearson_of_vanishing_variances_is_undefined_not_a_crash() -> None:
+    # Each variance is representable, their product underflows to 0.0.
+    moments = CoMoments.of([(0.0, 0.0), (1e-83, 2e-83), (3e-83, 1e-83)])
+    r = moments.pearson()
+    assert r is None or -1.0 <= r <= 1.0

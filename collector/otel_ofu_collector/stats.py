@@ -77,8 +77,11 @@ class CoMoments:
             return None
         if not (_has_variance(self.n, self.mean_x, self.m2_x) and _has_variance(self.n, self.mean_y, self.m2_y)):
             return None
-        r = self.c_xy / math.sqrt(self.m2_x * self.m2_y)
-        return max(-1.0, min(1.0, r))
+        # Square roots taken apart: the product of two tiny variances can underflow to 0.
+        scale = math.sqrt(self.m2_x) * math.sqrt(self.m2_y)
+        if scale == 0.0:
+            return None
+        return max(-1.0, min(1.0, self.c_xy / scale))
 
 
 @attrs.frozen
