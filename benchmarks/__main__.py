@@ -97,6 +97,8 @@ def _collector(module: Any, ctx: RunContext) -> BenchResult:
         for gpus in (1_000, 10_000, 100_000):
             data[f"close_ms_{gpus // 1000}k"] = module.close_ms(gpus)
         data["bytes_per_stream"] = module.bytes_per_stream(10_000)
+        for gpus, repeats in ((1_000, 5), (10_000, 3)):
+            data[f"export_latency_{gpus // 1000}k"] = module.export_latency(gpus, repeats)
         data["targets"] = module.TARGETS
     else:
         data = module.run()
@@ -126,11 +128,30 @@ def _collector(module: Any, ctx: RunContext) -> BenchResult:
         Verdict("window close at 100k GPUs", data["close_ms_100k"], targets["close_ms_100k"], "ms"),
         Verdict("state per GPU stream", data["bytes_per_stream"], targets["bytes_per_stream"], "bytes"),
     )
+    latency_rows = [
+        (
+            f"{int(e['gpus']):,}",
+            str(int(e["repeats"])),
+            f"{e['p50_ms']:.1f}",
+            f"{e['p95_ms']:.1f}",
+            f"{e['flush_p50_ms']:.1f}",
+        )
+        for e in sorted((v for k, v in data.items() if k.startswith("export_latency_")), key=lambda e: e["gpus"])
+    ]
     return BenchResult(
         "collector",
-        "Collector: ingest, window close, state",
+        "Collector: ingest, window close, state, export latency",
         doc_summary(module.__doc__),
-        tables=(Table("One thread (one core's CPU)", ("measure", "value"), rows),),
+        tables=(
+            Table("One thread (one core's CPU)", ("measure", "value"), rows),
+            Table(
+                "End-to-end latency from window close to downstream receipt (wall time; no DESIGN.md target)",
+                ("GPUs in the window", "repeats", "p50 ms", "p95 ms", "of which flush p50 ms"),
+                latency_rows,
+                note="flush = close the window, encode its outputs, queue them; the rest is the export thread's "
+                "OTLP gRPC call to the receiver on loopback until the receiver has stored the request.",
+            ),
+        ),
         verdicts=verdicts,
         data=data,
     )

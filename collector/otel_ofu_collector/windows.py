@@ -124,6 +124,7 @@ class _Cell:
     weight: float
     profile: Profile
     last_end_ns: int
+    job_id: str | None
 
 
 @attrs.define(slots=True)
@@ -135,7 +136,9 @@ class _MfuCell:
 
 @attrs.define
 class _Window:
-    cells: dict[tuple[str, str | None], _Cell] = attrs.field(factory=dict)
+    # A stream's cell under its key; should the stream move to another job inside the window, the cell for
+    # that job under (key, job.id). One table, so that cells keep the order their first points came in.
+    cells: dict[str | tuple[str, str | None], _Cell] = attrs.field(factory=dict)
     mfu: dict[str, _MfuCell] = attrs.field(factory=dict)
 
 
@@ -223,6 +226,10 @@ class Aggregator:
     _evicted_streams: int = attrs.field(init=False, default=0)
     _evicted_jobs: int = attrs.field(init=False, default=0)
     _windows_closed: int = attrs.field(init=False, default=0)
+    # The window the last point went to, (start, start + width]: consecutive points mostly share it.
+    _last_start: int = attrs.field(init=False, default=-1)
+    _last_end: int = attrs.field(init=False, default=-1)
+    _last_window: _Window = attrs.field(init=False, factory=_Window)  # an empty stand-in while the range is void
 
     def __attrs_post_init__(self) -> None:
         config = self.config
@@ -289,8 +296,29 @@ class Aggregator:
             job.last_seen_ns = seen_ns
         return job
 
-    def add_ofu(self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str]) -> bool:
-        """One ``gpu.ofu`` point (value finite in [0, 1], checked by the caller); False when late or over a cap."""
+    def profile_of(self, identity: Mapping[str, str]) -> Profile:
+        """What the windows keep of an identity (job, group and job attribute values), interned.
+
+        ``add_ofu`` derives it from every point's identity; a caller that sends many points with one
+        unchanging identity (the decoder, per Resource) can derive it once and pass it along.
+        """
+        raw = tuple(map(identity.get, self._profile_keys))
+        return self._profiles.setdefault(raw, raw)
+
+    def add_ofu(
+        self,
+        stream_key: str,
+        value: float,
+        start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        profile: Profile | None = None,
+    ) -> bool:
+        """One ``gpu.ofu`` point (value finite in [0, 1], checked by the caller); False when late or over a cap.
+
+        ``profile``, when given, must be ``profile_of(identity)`` of this aggregator.
+        """
+        # The hot path of ingest: the common case (known stream, open window, live job) is inlined.
         if end_ns > self._watermark_ns:
             self._watermark_ns = end_ns
         streams = self._streams
@@ -301,23 +329,47 @@ class Aggregator:
             else:
                 self._rejected_streams += 1
             return False
-        window = self._open_window(end_ns)
-        if window is None:
-            return False
+        if self._last_start < end_ns <= self._last_end:
+            window_start = self._last_start
+            window = self._last_window
+        else:
+            window_start = end_ns - 1 - (end_ns - 1) % self._window_ns
+            # A window still in the table is open: closing one pops it (and forgets it as the last window).
+            found = self._windows.get(window_start)
+            if found is None:
+                found = self._open_window(end_ns)
+                if found is None:
+                    return False
+            window = found
+            self._last_start = window_start
+            self._last_end = window_start + self._window_ns
+            self._last_window = window
         if last_seen is None or end_ns > last_seen:
             streams[stream_key] = end_ns
-        job_id = identity.get(names.JOB_ID) or None  # an empty job.id names no job
+        if profile is None:
+            raw = tuple(map(identity.get, self._profile_keys))
+            profile = self._profiles.setdefault(raw, raw)
+        job_id = profile[0] or None  # job.id; an empty one names no job
         if job_id is not None:
-            self._job(job_id, end_ns)
-        raw = tuple([identity.get(key) for key in self._profile_keys])
-        profile = self._profiles.setdefault(raw, raw)
-        window_start = end_ns - 1 - (end_ns - 1) % self._window_ns
-        overlap = end_ns - max(start_ns, window_start)
+            job = self._jobs.get(job_id)
+            if job is None or not job.live:
+                self._job(job_id, end_ns)
+            elif end_ns > job.last_seen_ns:
+                job.last_seen_ns = end_ns
+        overlap = end_ns - (start_ns if start_ns > window_start else window_start)
         weight = float(overlap) if overlap > 0 else 1.0
-        cell = window.cells.get((stream_key, job_id))
+        cells = window.cells
+        cell = cells.get(stream_key)
         if cell is None:
-            window.cells[(stream_key, job_id)] = _Cell(value * weight, weight, profile, end_ns)
+            cells[stream_key] = _Cell(value * weight, weight, profile, end_ns, job_id)
         else:
+            if cell.job_id != job_id:
+                moved = (stream_key, job_id)
+                cell = cells.get(moved)
+                if cell is None:
+                    cells[moved] = _Cell(value * weight, weight, profile, end_ns, job_id)
+                    self._points_ofu += 1
+                    return True
             cell.weighted += value * weight
             cell.weight += weight
             if end_ns >= cell.last_end_ns:
@@ -376,6 +428,9 @@ class Aggregator:
         while self._next_start is not None and self._next_start + width <= limit_ns:
             start = self._next_start
             window = self._windows.pop(start, None)
+            if start == self._last_start:
+                self._last_start = self._last_end = -1
+                self._last_window = _Window()  # let the closed one go
             if window is not None or self._horizon_has_pairs(start + width):
                 reports.append(self._close(start, window or _Window()))
                 self._next_start = start + width
