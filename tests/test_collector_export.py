@@ -273,3 +273,73 @@ def test_whether_and_where_a_downstream_is_configured() -> None:
 
 
 _GENERIC = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://g:4317"}
+
+
+@attrs.define
+class FlakyTransport:
+    """Raises what no transport is meant to (a closed channel, a library bug) on its first ``failures`` sends."""
+
+    failures: int = 1
+    sent: list[bytes] = attrs.field(factory=list)
+    done: threading.Event = attrs.field(factory=threading.Event)
+    expect: int = 2
+
+    def send(self, data: bytes) -> SendOutcome:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("unforeseen")
+        self.sent.append(data)
+        if len(self.sent) >= self.expect:
+            self.done.set()
+        return SendOutcome(True)
+
+    def close(self) -> None:
+        return None
+
+
+def test_an_unexpected_error_is_retried_with_backoff_and_the_sender_thread_survives() -> None:
+    transport = FlakyTransport()
+    delivery = Delivery(transport, initial_backoff_s=0.01, max_backoff_s=0.02)
+    delivery.start()
+    try:
+        delivery.submit(b"w1")
+        delivery.submit(b"w2")
+        assert transport.done.wait(10)  # the first send raised; the thread retried and drained the queue
+        assert transport.sent == [b"w1", b"w2"]
+        assert delivery.stats.retries == 1
+        assert delivery.stats.last_error == "RuntimeError: unforeseen"
+        transport.done.clear()
+        transport.expect = 3
+        delivery.submit(b"w3")
+        assert transport.done.wait(10)  # the sender thread is still there
+    finally:
+        assert delivery.stop(1) == 0
+
+
+def test_pump_treats_an_unexpected_error_as_retryable() -> None:
+    delivery = Delivery(FlakyTransport(), initial_backoff_s=0.5)
+    delivery.submit(b"w1")
+    assert not delivery.pump()
+    assert (delivery.backoff_s, len(delivery.queue)) == (0.5, 1)  # kept at the head, backed off
+    assert delivery.pump()
+    assert len(delivery.queue) == 0
+
+
+def test_stop_leaves_a_transport_it_does_not_own_open() -> None:
+    transport = BlockingTransport()
+    transport.release.set()
+    shared = Delivery(transport, owns_transport=False)
+    shared.stop(0)
+    owner = Delivery(transport)
+    owner.stop(0)
+    assert transport.events == ["closed"]  # by its owner only
+
+
+def test_a_closed_spool_still_says_how_many_requests_it_kept(tmp_path: Path) -> None:
+    spool = SqliteSpool(str(tmp_path / "spool.sqlite"))
+    spool.put(payload("w1"))
+    spool.put(payload("w2"))
+    spool.close()
+    spool.close()
+    assert len(spool) == 2  # no ProgrammingError for a self-metrics scrape during shutdown
+    assert spool.peek() is None

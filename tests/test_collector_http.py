@@ -6,10 +6,13 @@ import gzip
 import http.client
 import json
 import math
+import select
 import socket
 import ssl
+import struct
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import attrs
@@ -333,12 +336,128 @@ def test_a_stalled_body_times_out_and_frees_its_gate_slot() -> None:
     receiver = HttpReceiver(Decoder(sink).decode, gate, "127.0.0.1:0", read_timeout_s=0.2)
     receiver.start()
     try:
-        with socket.create_connection(("127.0.0.1", receiver.port), timeout=10) as sock:
-            sock.sendall(_head("Content-Length: 100\r\n") + b"\x0a")  # and then nothing
-            assert sock.recv(1) == b""  # dropped without an answer after the read timeout
-        assert gate.in_flight == 0
+        reply = _raw(receiver.port, _head("Content-Length: 100\r\n") + b"\x0a")  # and then nothing
+        assert (reply.status, reply.closed) == (408, True)
+        assert _code(reply.body) == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+        _wait_for(lambda: gate.in_flight == 0)
     finally:
         receiver.stop()
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    """Until ``condition`` holds: the handler thread finishes just after its answer is on the wire."""
+    for _ in range(500):
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition never held")
+
+
+def _closed(sock: socket.socket) -> bool:
+    """The server closed the connection (a reset counts: it closed with our unread body in its buffer)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize("refusal", [401, 404, 503])
+def test_a_refused_request_declaring_a_huge_body_is_answered_without_reading_it(refusal: int) -> None:
+    sink = RecordingSink()
+    gate = Gate(max_in_flight=0 if refusal == 503 else 4)  # 0: every request is over the bound
+    # Were the 60 MiB read (the client sends 64 KiB of it, then waits), the read timeout would end the
+    # connection without any answer.
+    receiver = HttpReceiver(
+        Decoder(sink).decode, gate, "127.0.0.1:0", auth=BearerAuth("tok") if refusal == 401 else None,
+        read_timeout_s=3.0,
+    )  # fmt: skip
+    receiver.start()
+    try:
+        head = _head(f"Content-Length: {60 * 1024 * 1024}\r\n", path="/v1/metrics" if refusal != 404 else "/v1/x")
+        with socket.create_connection(("127.0.0.1", receiver.port), timeout=10) as sock:
+            sock.sendall(head + b"\x00" * 65536)
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            response.read()
+            assert (response.status, response.getheader("Connection")) == (refusal, "close")
+            assert _closed(sock)
+        assert sink.ofu == []
+    finally:
+        receiver.stop()
+
+
+def test_a_small_refused_body_is_read_and_the_connection_kept() -> None:
+    server = _start(auth=BearerAuth("tok"))
+    body = gpu_request({"GPU-1": 0.5}).SerializeToString()
+    refused = _head(f"Content-Length: {len(body)}\r\n") + body
+    accepted = _head(f"Authorization: Bearer tok\r\nContent-Length: {len(body)}\r\nConnection: close\r\n") + body
+    try:
+        with socket.create_connection(("127.0.0.1", server.receiver.port), timeout=10) as sock:
+            sock.sendall(refused + accepted)  # one connection: the refused body must be consumed exactly
+            answers = b""
+            while chunk := sock.recv(65536):
+                answers += chunk
+        assert answers.startswith(b"HTTP/1.1 401 ")
+        assert answers.count(b"HTTP/1.1 200 OK\r\n") == 1
+        assert [call[1] for call in server.sink.ofu] == [0.5]
+    finally:
+        server.receiver.stop()
+
+
+@pytest.mark.parametrize(
+    ("framing", "drip"),
+    [
+        ("Content-Length: 100\r\n", b"\x00" * 100),
+        ("Transfer-Encoding: chunked\r\n", b"64\r\n" + b"\x00" * 100 + b"\r\n0\r\n\r\n"),
+    ],
+    ids=["content-length", "chunked"],
+)
+def test_a_dripping_body_hits_the_overall_deadline_and_frees_its_gate_slot(framing: str, drip: bytes) -> None:
+    sink = RecordingSink()
+    gate = Gate(max_in_flight=1)
+    # Never silent for the read timeout, so only the body's overall deadline can stop it.
+    receiver = HttpReceiver(Decoder(sink).decode, gate, "127.0.0.1:0", read_timeout_s=10.0, body_deadline_s=0.5)
+    receiver.start()
+    try:
+        with socket.create_connection(("127.0.0.1", receiver.port), timeout=10) as sock:
+            sock.sendall(_head(framing))
+            for byte in drip:  # a byte every 50 ms: about 5 s for the whole body, far past the deadline
+                if select.select([sock], [], [], 0.05)[0]:
+                    break  # answered
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    break
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            assert _code(response.read()) == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+            assert (response.status, response.getheader("Connection")) == (408, "close")
+            assert _closed(sock)
+        _wait_for(lambda: gate.in_flight == 0)
+        running = Running(receiver, sink, gate)
+        assert running.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0] == 200  # the one slot is free
+    finally:
+        receiver.stop()
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "close"])
+def test_a_client_leaving_mid_body_leaves_no_traceback(capfd: pytest.CaptureFixture[str], reset: bool) -> None:
+    server = _start(gate=Gate(max_in_flight=1))
+    before = set(threading.enumerate())
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.receiver.port), timeout=10)
+        sock.sendall(_head("Content-Length: 1000\r\n") + b"\x0a\x00")
+        _wait_for(lambda: server.gate.in_flight == 1)  # the handler is reading the body
+        if reset:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        for thread in set(threading.enumerate()) - before:
+            if "process_request" in thread.name:
+                thread.join(10)
+        assert "Traceback" not in capfd.readouterr().err
+        assert server.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0] == 200
+    finally:
+        server.receiver.stop()
 
 
 # --- lifecycle ------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
-"""The collector's Prometheus endpoint shows the newest window when one flush closes several."""
+"""The collector's Prometheus endpoint: the newest window when one flush closes several; a busy port."""
 
 from __future__ import annotations
+
+import pytest
 
 from otel_ofu import names
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.encode import reports_to_metrics_data
-from otel_ofu_collector.prometheus import OutputsCollector
+from otel_ofu_collector.prometheus import OutputsCollector, PrometheusEndpoint
 from otel_ofu_collector.windows import Aggregator
 
 SECOND = 1_000_000_000
@@ -28,3 +30,14 @@ def test_the_newest_window_wins_when_one_flush_closes_two() -> None:
         if family.name == "job_ofu" and sample.labels.get("job_id") == "job-a"
     }
     assert job_ofu == {0.9}
+
+
+def test_a_busy_port_is_one_line_naming_the_address() -> None:
+    first = PrometheusEndpoint()
+    port = first.start("127.0.0.1", 0)
+    try:
+        with pytest.raises(OSError, match=f"cannot serve Prometheus metrics on 127.0.0.1:{port} ") as caught:
+            PrometheusEndpoint().start("127.0.0.1", port)
+        assert "\n" not in str(caught.value)
+    finally:
+        first.stop()

@@ -36,10 +36,12 @@ from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request, set_a
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu.testing.pki import Pki, make_pki
 from otel_ofu_collector.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.decode import DecodeOutcome, Decoder
 from otel_ofu_collector.export import Delivery, DownstreamConfig, GrpcTransport
 from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.grpc_receiver import EXPORT_METHOD, RETRY_INFO_TRAILER, GrpcReceiver
+from otel_ofu_collector.windows import Aggregator
 
 # --- request builders ------------------------------------------------------------------------------
 
@@ -448,3 +450,25 @@ def test_a_busy_port_is_one_line_oserror(running: Running) -> None:
     assert "\n" not in str(caught.value)
     _export(running.target, gpu_request({"GPU-1": 0.5}).SerializeToString())  # the first one still serves
     assert len(running.sink.ofu) == 1
+
+
+def test_the_resource_cache_stays_bounded_by_the_live_streams() -> None:
+    aggregator = Aggregator(AggregatorConfig())
+    decoder = Decoder(aggregator)
+    fleet = gpu_request({f"GPU-{i}": 0.5 for i in range(2000)})
+    assert decoder.decode(fleet, fleet.SerializeToString()).accepted == 2000
+    assert decoder.cached_resources == 2000  # a fleet's Resources all stay cached
+    bound = 2 * (aggregator.streams + aggregator.jobs) + 1024
+    for batch in range(10):  # Resources that come and go, every point refused: none becomes a live stream
+        churn = gpu_request({f"GPU-{batch}-{i}": 2.0 for i in range(1000)}, host=f"gone-{batch}")
+        assert decoder.decode(churn, churn.SerializeToString()).rejected == 1000
+        assert decoder.cached_resources <= bound
+    assert aggregator.streams == 2000
+    assert decoder.decode(fleet, fleet.SerializeToString()).accepted == 2000  # cleared, not wrong
+
+
+def test_a_sink_that_does_not_count_its_streams_gets_the_fixed_cache_bound() -> None:
+    decoder = Decoder(RecordingSink(), resource_cache_size=100)
+    request = gpu_request({f"GPU-{i}": 0.5 for i in range(250)})
+    assert decoder.decode(request, request.SerializeToString()).accepted == 250
+    assert decoder.cached_resources == 50  # cleared at 100, twice

@@ -259,7 +259,8 @@ def test_shards_merge_into_fleet_windows(sink: OtlpSink) -> None:
 
 def test_command_line_builds_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_OFU_COLLECTOR_MISCOUNT_RATIO", "1.8")
-    monkeypatch.setenv("OTEL_OFU_MISCOUNT_RATIO", "9")  # a producer's variable: not the collector's
+    monkeypatch.setenv("OTEL_OFU_COLLECTOR_HTTP_BODY_DEADLINE", "12.5")
+    monkeypatch.setenv("OTEL_OFU_MISCOUNT_RATIO", "9")  # run's prefix: no command reads it, the collector's is its own
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,service.name=mine,k8s.pod.name=c-0")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "renamed")
     parser = argparse.ArgumentParser()
@@ -272,6 +273,7 @@ def test_command_line_builds_the_options(monkeypatch: pytest.MonkeyPatch) -> Non
     assert built.aggregator.window_s == 30.0
     assert built.aggregator.miscount_ratio == 1.8
     assert built.aggregator.regression_min_baseline == 0.05
+    assert built.http_body_deadline_s == 12.5
     assert built.aggregator.group_keys == ("hw.model",)
     assert (built.pass_through, built.mode, built.include_partials) == (False, "shard", True)
     assert (built.grpc_listen, built.http_listen, built.spool_path) == ("0.0.0.0:4317", "127.0.0.1:0", "/tmp/x.sqlite")
@@ -434,3 +436,70 @@ def test_stop_waits_as_long_as_the_command_by_default() -> None:
     args = parser.parse_args(["collector"])
     grace = inspect.signature(CollectorService.stop).parameters["grace"].default
     assert grace == DEFAULT_SHUTDOWN_GRACE_S == args.shutdown_grace
+
+
+@attrs.define
+class SharedTransport:
+    """One transport for both deliveries: holds each send until released, and fails like a gRPC channel
+    would (AttributeError) when sent on after it was closed."""
+
+    inside: threading.Event = attrs.field(factory=threading.Event)
+    release: threading.Event = attrs.field(factory=threading.Event)
+    sent: threading.Event = attrs.field(factory=threading.Event)
+    events: list[str] = attrs.field(factory=list)
+    closed: bool = False
+
+    def send(self, payload: bytes) -> SendOutcome:
+        self.inside.set()
+        self.release.wait(10)
+        if self.closed:
+            raise AttributeError("'NoneType' object has no attribute 'unary_unary'")
+        self.events.append("sent")
+        self.sent.set()
+        return SendOutcome(True)
+
+    def close(self) -> None:
+        self.closed = True
+        self.events.append("closed")
+
+
+def test_stopping_the_window_export_leaves_pass_through_its_transport() -> None:
+    transport = SharedTransport()
+    service = CollectorService(options(None, grpc_listen=None), transport=transport, environ={})
+    service.start()
+    try:
+        assert service.exports is not None
+        assert service.pass_through is not None
+        service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + S, extra="node.memory.usage"))
+        assert transport.inside.wait(10)  # pass-through is mid-send
+        assert service.exports.stop(0) == 0
+        transport.release.set()
+        assert transport.sent.wait(10)
+        assert service.pass_through.stats.sent == 1
+        assert service.pass_through.stats.last_error == ""
+    finally:
+        transport.release.set()
+        service.stop(grace=1)
+    assert transport.events == ["sent", "closed"]  # closed once, by the service, after every send
+
+
+@attrs.define
+class DownTransport:
+    def send(self, payload: bytes) -> SendOutcome:
+        return SendOutcome(False, True, None, "UNAVAILABLE: down")
+
+    def close(self) -> None:
+        return None
+
+
+def test_self_metrics_after_stop_report_what_the_spool_kept(tmp_path: Path) -> None:
+    spool = str(tmp_path / "spool.sqlite")
+    service = CollectorService(
+        options(None, grpc_listen=None, spool_path=spool, pass_through=False), transport=DownTransport(), environ={}
+    )
+    service.start()
+    service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+    service.flush(W0 + 2 * WINDOW)
+    service.stop(grace=0.1)
+    # A Prometheus scrape can land between the spool closing and the endpoint stopping: no ProgrammingError.
+    assert service.self_metrics()[names.COLLECTOR_EXPORT_QUEUED.name] == {"windows": 1}

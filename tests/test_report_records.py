@@ -190,3 +190,15 @@ def test_feed_url_forms() -> None:
     assert feed_url("127.0.0.1:9465") == "http://127.0.0.1:9465/reports.jsonl"
     assert feed_url("http://collector:9465/") == "http://collector:9465/reports.jsonl"
     assert feed_url("https://c/otel/reports.jsonl?since=5") == "https://c/otel/reports.jsonl?since=5"
+
+
+def test_a_busy_feed_port_is_one_line_naming_the_address() -> None:
+    feed = ReportFeed(port=0)
+    feed.start()
+    try:
+        taken = f"127.0.0.1:{feed.bound_port}"
+        with pytest.raises(OSError, match=f"cannot serve the report feed on {re.escape(taken)} ") as caught:
+            ReportFeed(port=feed.bound_port).start()
+        assert "\n" not in str(caught.value)
+    finally:
+        feed.stop()

@@ -15,6 +15,7 @@ from otel_ofu import names
 from otel_ofu.cli_support import (
     COLLECTOR_PREFIX,
     CommandOptions,
+    address_or_off,
     non_negative_float,
     port_number,
     positive_float,
@@ -22,6 +23,7 @@ from otel_ofu.cli_support import (
 )
 from otel_ofu_collector.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.http_receiver import BODY_DEADLINE_S
 from otel_ofu_collector.records import ReportFeed, ReportRecorder
 from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, MODES, CollectorOptions, CollectorService
 
@@ -41,8 +43,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     # OTEL_OFU_COLLECTOR_<FLAG>: a node that runs a producer too must not have its settings read as ours.
     options = CommandOptions(parser, COLLECTOR_PREFIX)
-    options.option("--listen", default="0.0.0.0:4317", help="OTLP/gRPC listen address HOST:PORT ('' disables)")
-    options.option("--http-listen", default=None, help="OTLP/HTTP listen address HOST:PORT (off unless given)")
+    options.option(
+        "--listen",
+        default="0.0.0.0:4317",
+        type=address_or_off,
+        metavar="HOST:PORT",
+        help="OTLP/gRPC listen address; off (or none) turns the gRPC receiver off",
+    )
+    options.option(
+        "--http-listen",
+        default=None,
+        type=address_or_off,
+        metavar="HOST:PORT",
+        help="OTLP/HTTP listen address (no HTTP receiver unless given; off or none also says so)",
+    )
     options.option(
         "--export-endpoint",
         default=None,
@@ -100,6 +114,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.option("--bearer-token-file", default=None, help="read the bearer token from this file")
     options.option(
         "--max-in-flight", default=64, type=positive_int, help="requests processed at once before UNAVAILABLE"
+    )
+    options.option(
+        "--http-body-deadline",
+        default=BODY_DEADLINE_S,
+        type=positive_float,
+        metavar="SECONDS",
+        help="an OTLP/HTTP body not received within this is answered 408 and its connection closed",
     )
     options.option(
         "--instance-id",
@@ -177,6 +198,7 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         tls=tls,
         bearer_token=auth.token if auth else None,
         max_in_flight=int(args.max_in_flight),
+        http_body_deadline_s=float(args.http_body_deadline),
     )
 
 

@@ -230,8 +230,10 @@ class DecoderStats:
 class Decoder:
     """Routes the points of a request into the aggregator and keeps what is not ours for pass-through.
 
-    ``lock`` guards the sink, which is not thread-safe; receivers call ``decode`` from many threads.
-    In merge mode ``sink`` is None and ``partial_sink``/``partial_codec`` take the shards' partial metrics.
+    Receivers call ``decode`` from many threads: ``lock`` guards the sink (not thread-safe), the resource
+    cache and the stats. It is taken only once a request's parsing is done and its first point is due
+    for the sink. In merge mode ``sink`` is None and ``partial_sink``/``partial_codec`` take the shards'
+    partial metrics.
     """
 
     sink: PointSink | None
@@ -244,14 +246,23 @@ class Decoder:
     is_partial: Callable[[str], bool] | None = None  # merge mode: the shards' partial state, consumed
     is_dropped: Callable[[str], bool] | None = None  # merge mode: shard-local fleet gauges, superseded
     stats: DecoderStats = attrs.field(factory=DecoderStats)
-    # One point stamped far in the future would drag the watermark, and with it every window, ahead of the
-    # fleet: points later than clock() + max_future_ns are rejected. None: no such check.
+    # Windows close by the collector's clock, so a point stamped far ahead cannot close anything early; but it
+    # would open a window that sits in state until the clock gets there (then reports one stray GPU), and lift
+    # the data watermark that keeps eviction from outrunning data that lags the clock. Points later than
+    # clock() + max_future_ns are rejected. None: no such check.
     clock: Callable[[], int] | None = None
     max_future_ns: int | None = None
     # Producers send the same Resource every interval: its identity, stream key and profile are looked up by
-    # the Resource's encoding instead of re-reading its attributes. Bounded; cleared when full.
+    # the Resource's encoding instead of re-reading its attributes. Entries (about 1.3 KB each) outlive their
+    # Resources as jobs come and go, and some Resources carry no accepted point at all: the cache is cleared
+    # when it outgrows twice the sink's live streams and jobs plus 1024, and at ``resource_cache_size``.
     resource_cache_size: int = 262_144
     _resource_cache: dict[bytes, tuple[Mapping[str, str], str | None, Any]] = attrs.field(factory=dict)
+
+    @property
+    def cached_resources(self) -> int:
+        """Resources in the identity cache now."""
+        return len(self._resource_cache)
 
     def _partial(self, name: str) -> bool:
         return self.is_partial is not None and self.is_partial(name)
@@ -297,7 +308,9 @@ class Decoder:
             latest = self.clock() + self.max_future_ns
         cache = self._resource_cache
         encodings: list[bytes] | None = None  # read once, when the first of our points needs identity
-        with self.lock:
+        lock = self.lock
+        locked = False  # taken with the encodings: nothing before the first point needing them touches shared state
+        try:
             for index, rm in enumerate(request.resource_metrics):
                 resource_identity: Mapping[str, str] | None = None
                 resource_key: str | None = None
@@ -324,7 +337,9 @@ class Decoder:
                                 continue
                         if resource_identity is None:
                             if encodings is None:
-                                encodings = resource_encodings(request, raw)
+                                encodings = resource_encodings(request, raw)  # a parse, outside the lock
+                                lock.acquire()
+                                locked = True
                             cache_key = encodings[index]
                             if len(cache_key) > _INLINE_KEY_BYTES:
                                 cache_key = blake2b(cache_key, digest_size=16).digest()
@@ -381,6 +396,9 @@ class Decoder:
                                     accepted += 1
                                 else:
                                     rejections.add("job.mfu late or beyond the collector's state bounds")
+        finally:
+            if locked:
+                lock.release()
         return accepted, any_ours, any_foreign
 
     def _resource_identity(
@@ -393,10 +411,19 @@ class Decoder:
         identity = _identity_of(resource_metrics.resource.attributes, _EMPTY)
         found = (identity, stream_key(identity), None if profile_of is None else profile_of(identity))
         cache = self._resource_cache
-        if len(cache) >= self.resource_cache_size:
+        if len(cache) >= self._resource_cache_bound():
             cache.clear()
         cache[key] = found
         return found
+
+    def _resource_cache_bound(self) -> int:
+        """How many Resources the cache may hold now: twice what the sink keeps alive, plus slack."""
+        live = 0
+        for count in (getattr(self.sink, "streams", None), getattr(self.sink, "jobs", None)):
+            if not isinstance(count, int):
+                return self.resource_cache_size  # a sink that does not say: the fixed bound alone
+            live += count
+        return min(self.resource_cache_size, 2 * live + 1024)
 
     def _ingest_partials(self, request: ExportMetricsServiceRequest, rejections: _Rejections) -> tuple[int, bool, bool]:
         any_ours = False

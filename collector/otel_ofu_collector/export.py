@@ -9,7 +9,9 @@ timeout, certificate, client key and certificate, insecure) as the SDK's exporte
 
 A failed send stays at the head of its queue and is retried with exponential backoff (honouring the
 receiver's RetryInfo / Retry-After); a permanent refusal (bad request, unauthenticated) is dropped
-and counted; a full queue drops its oldest request and counts it. Nothing is dropped silently.
+and counted; a full queue drops its oldest request and counts it. Nothing is dropped silently. An
+error nobody foresaw (from the transport or the spool) is logged and retried the same way: the sender
+thread outlives it, so the queue never silently stops draining.
 """
 
 from __future__ import annotations
@@ -165,24 +167,33 @@ def _grpc_retry_delay(error: grpc.RpcError) -> float | None:
 
 @attrs.define
 class GrpcTransport:
-    """Sends serialized requests as they are (no re-encoding) with a generic unary call."""
+    """Sends serialized requests as they are (no re-encoding) with a generic unary call.
+
+    Safe to share between senders (the service's window export and pass-through): the channel is opened
+    and closed under a lock. A send after ``close`` opens a new channel.
+    """
 
     config: DownstreamConfig
     _channel: grpc.Channel | None = None
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def _call(self) -> Callable[..., bytes]:
-        if self._channel is None:
-            target = self.config.endpoint.split("://", 1)[-1].rstrip("/")
-            compression = grpc.Compression.Gzip if self.config.compression == "gzip" else None
-            if self.config.insecure:
-                self._channel = grpc.insecure_channel(target, compression=compression)
-            else:
-                credentials = grpc.ssl_channel_credentials(
-                    _read(self.config.certificate), _read(self.config.client_key), _read(self.config.client_certificate)
-                )
-                self._channel = grpc.secure_channel(target, credentials, compression=compression)
+        with self._lock:
+            if self._channel is None:
+                target = self.config.endpoint.split("://", 1)[-1].rstrip("/")
+                compression = grpc.Compression.Gzip if self.config.compression == "gzip" else None
+                if self.config.insecure:
+                    self._channel = grpc.insecure_channel(target, compression=compression)
+                else:
+                    credentials = grpc.ssl_channel_credentials(
+                        _read(self.config.certificate),
+                        _read(self.config.client_key),
+                        _read(self.config.client_certificate),
+                    )
+                    self._channel = grpc.secure_channel(target, credentials, compression=compression)
+            channel = self._channel
         # No serializers: the payload is already a serialized ExportMetricsServiceRequest.
-        call: Callable[..., bytes] = self._channel.unary_unary(EXPORT_METHOD, None, None)
+        call: Callable[..., bytes] = channel.unary_unary(EXPORT_METHOD, None, None)
         return call
 
     def send(self, payload: bytes) -> SendOutcome:
@@ -195,9 +206,10 @@ class GrpcTransport:
         return SendOutcome(True)
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        with self._lock:
+            channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
 
 
 @attrs.define
@@ -302,6 +314,7 @@ class SqliteSpool:
     max_bytes: int = 256 * 1024 * 1024
     _db: sqlite3.Connection = attrs.field(init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    _left: int | None = None  # once closed: how many requests it kept for the next start
 
     def __attrs_post_init__(self) -> None:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -332,20 +345,28 @@ class SqliteSpool:
 
     def peek(self) -> tuple[int, bytes] | None:
         with self._lock:
+            if self._left is not None:
+                return None
             row = self._db.execute("SELECT id, payload FROM spool ORDER BY id LIMIT 1").fetchone()
         return None if row is None else (int(row[0]), bytes(row[1]))
 
     def remove(self, entry_id: int) -> None:
         with self._lock:
-            self._db.execute("DELETE FROM spool WHERE id = ?", (entry_id,))
+            if self._left is None:
+                self._db.execute("DELETE FROM spool WHERE id = ?", (entry_id,))
 
     def __len__(self) -> int:
+        # A scrape of the self-metrics may come while the service shuts down, after the spool closed.
         with self._lock:
+            if self._left is not None:
+                return self._left
             return int(self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0])
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._left is None:
+                self._left = int(self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0])
+                self._db.close()
 
 
 @attrs.define
@@ -362,6 +383,8 @@ class Delivery:
     """One downstream stream of requests: a bounded queue, a sender thread, backoff between failures.
 
     Tests drive it without the thread: ``submit`` then ``pump`` (sends until empty or a failure).
+    ``stop`` closes the transport only when the delivery owns it: one shared with another delivery (the
+    service's export and pass-through) is closed by its owner once both have stopped.
     """
 
     transport: Transport
@@ -371,6 +394,7 @@ class Delivery:
     max_backoff_s: float = 30.0
     sleep: Callable[[float], object] | None = None  # None: wait on the wake-up event (interruptible)
     stats: DeliveryStats = attrs.field(factory=DeliveryStats)
+    owns_transport: bool = True
     _backoff_s: float = 0.0
     _wake: threading.Event = attrs.field(factory=threading.Event)
     _stopping: bool = False
@@ -394,33 +418,45 @@ class Delivery:
         with self._lock:
             if self._closed:  # the sender thread woke after stop closed the queue and transport
                 return True
-            while True:
-                head = self.queue.peek()
-                if head is None:
-                    self._backoff_s = 0.0
-                    return True
-                entry_id, payload = head
-                outcome = self.transport.send(payload)
-                if outcome.ok:
-                    self.queue.remove(entry_id)
-                    self.stats.sent += 1
-                    self._backoff_s = 0.0
-                    continue
-                self.stats.last_error = outcome.error
-                if not outcome.retryable:
-                    self.queue.remove(entry_id)
-                    self.stats.dropped_rejected += 1
-                    logger.error("%s: downstream refused a request permanently (%s); dropped", self.name, outcome.error)
-                    continue
-                self.stats.retries += 1
-                base = self._backoff_s * 2 if self._backoff_s else self.initial_backoff_s
-                self._backoff_s = min(self.max_backoff_s, base)
-                if outcome.retry_after_s is not None:
-                    self._backoff_s = min(self.max_backoff_s, max(self._backoff_s, outcome.retry_after_s))
-                logger.warning(
-                    "%s: downstream failed (%s); retrying in %.1fs", self.name, outcome.error, self._backoff_s
+            try:
+                return self._drain()
+            except Exception as error:  # unforeseen (a closed channel, sqlite3.Error): retried, never fatal
+                self.stats.last_error = f"{type(error).__name__}: {error}"
+                self._back_off(None)
+                logger.error(
+                    "%s: sending failed unexpectedly; retrying in %.1fs", self.name, self._backoff_s, exc_info=True
                 )
                 return False
+
+    def _drain(self) -> bool:
+        while True:
+            head = self.queue.peek()
+            if head is None:
+                self._backoff_s = 0.0
+                return True
+            entry_id, payload = head
+            outcome = self.transport.send(payload)
+            if outcome.ok:
+                self.queue.remove(entry_id)
+                self.stats.sent += 1
+                self._backoff_s = 0.0
+                continue
+            self.stats.last_error = outcome.error
+            if not outcome.retryable:
+                self.queue.remove(entry_id)
+                self.stats.dropped_rejected += 1
+                logger.error("%s: downstream refused a request permanently (%s); dropped", self.name, outcome.error)
+                continue
+            self._back_off(outcome.retry_after_s)
+            logger.warning("%s: downstream failed (%s); retrying in %.1fs", self.name, outcome.error, self._backoff_s)
+            return False
+
+    def _back_off(self, retry_after_s: float | None) -> None:
+        self.stats.retries += 1
+        base = self._backoff_s * 2 if self._backoff_s else self.initial_backoff_s
+        self._backoff_s = min(self.max_backoff_s, base)
+        if retry_after_s is not None:
+            self._backoff_s = min(self.max_backoff_s, max(self._backoff_s, retry_after_s))
 
     @property
     def backoff_s(self) -> float:
@@ -456,7 +492,8 @@ class Delivery:
         with self._lock:
             left = len(self.queue)
             self._closed = True
-            self.transport.close()
+            if self.owns_transport:
+                self.transport.close()
             self.queue.close()
         if self._thread is not None:
             self._thread.join()

@@ -7,6 +7,11 @@ a google.rpc.Status whose code is the gRPC equivalent of the HTTP status.
 
 The body is framed by Content-Length or by chunked transfer encoding, parsed strictly: no framing is 411,
 a bad one 400, and either closes the connection, since the next request's start is then unknown.
+
+A body must arrive within one overall deadline (408 and the connection closed after it), not merely
+without long silences: a client dripping a byte now and then would otherwise hold its gate slot for
+ever. A request refused before its body is read (401, 404, 415, 503) has a small body read and
+discarded, so the connection stays usable; a larger one is not read at all and the connection closes.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ import io
 import logging
 import math
 import re
+import socket
+import sys
 import threading
+import time
 import zlib
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import attrs
 import grpc
@@ -42,6 +50,9 @@ METRICS_PATH = "/v1/metrics"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 READ_TIMEOUT_S = 30.0
+BODY_DEADLINE_S = 60.0  # a whole body, 64 MiB at about 1 MB/s; READ_TIMEOUT_S still bounds each silence
+SKIP_MAX_BYTES = 1024 * 1024  # the most read and discarded of a body refused before it was read
+_PIECE = 1024 * 1024  # the most one read asks for: the deadline is checked between reads
 _MAX_LINE = 1024  # a chunk-size or trailer line; real ones are a few bytes
 _MAX_TRAILERS = 64
 _DIGITS = re.compile(r"[0-9]+")
@@ -50,6 +61,7 @@ _GRPC_CODES = {  # the OTLP/HTTP error body is a google.rpc.Status: its code is 
     HTTPStatus.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
     HTTPStatus.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
     HTTPStatus.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    HTTPStatus.REQUEST_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     HTTPStatus.LENGTH_REQUIRED: grpc.StatusCode.INVALID_ARGUMENT,
     HTTPStatus.REQUEST_ENTITY_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
     HTTPStatus.UNSUPPORTED_MEDIA_TYPE: grpc.StatusCode.INVALID_ARGUMENT,
@@ -74,11 +86,72 @@ class _BadFraming(Exception):
         self.message = message
 
 
-def _read_chunked(rfile: io.BufferedIOBase, limit: int) -> bytes:
+class _BodyReader:
+    """Reads one request body under an overall deadline: the socket's timeout is set to what is left of it
+    before every single recv, so no pace of dripping bytes outlasts it. TimeoutError once it has passed.
+
+    Reads go through the handler's buffered ``rfile`` (which may already hold the body's start) with
+    ``read1`` and ``peek``, each at most one recv.
+    """
+
+    __slots__ = ("_connection", "_deadline", "_idle_s", "_rfile")
+
+    def __init__(self, rfile: io.BufferedReader, connection: socket.socket, deadline_s: float, idle_s: float) -> None:
+        self._rfile = rfile
+        self._connection = connection
+        self._deadline = time.monotonic() + deadline_s
+        self._idle_s = idle_s
+
+    def _arm(self) -> None:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("request body deadline passed")
+        self._connection.settimeout(min(remaining, self._idle_s))
+
+    def read(self, size: int) -> bytes:
+        """``size`` bytes, fewer only when the client closed first."""
+        pieces = []
+        left = size
+        while left > 0:
+            self._arm()
+            piece = self._rfile.read1(min(left, _PIECE))
+            if not piece:
+                break
+            pieces.append(piece)
+            left -= len(piece)
+        return b"".join(pieces)
+
+    def skip(self, size: int) -> int:
+        """Read and discard ``size`` bytes; how many there were before the client closed."""
+        done = 0
+        while done < size:
+            self._arm()
+            piece = self._rfile.read1(min(size - done, 64 * 1024))
+            if not piece:
+                break
+            done += len(piece)
+        return done
+
+    def readline(self, limit: int) -> bytes:
+        """A line with its newline, or at most ``limit`` bytes of one (or what came before the client closed)."""
+        line = bytearray()
+        while len(line) < limit:
+            self._arm()
+            ahead = self._rfile.peek(1)[: limit - len(line)]  # buffered bytes, or one recv for more
+            if not ahead:
+                break
+            end = ahead.find(b"\n")
+            line += self._rfile.read(end + 1 if end >= 0 else len(ahead))  # all buffered: no recv
+            if end >= 0:
+                break
+        return bytes(line)
+
+
+def _read_chunked(reader: _BodyReader, limit: int) -> bytes:
     """A chunked body (RFC 9112 7.1) of at most ``limit`` bytes; extensions and trailers are skipped."""
     body = bytearray()
     while True:
-        line = rfile.readline(_MAX_LINE + 1)
+        line = reader.readline(_MAX_LINE + 1)
         size_text = line.split(b";", 1)[0].strip()
         if not line.endswith(b"\n") or not _HEX.fullmatch(size_text):
             raise _BadFraming(HTTPStatus.BAD_REQUEST, "malformed chunk size line")
@@ -87,12 +160,12 @@ def _read_chunked(rfile: io.BufferedIOBase, limit: int) -> bytes:
             break
         if len(body) + size > limit:
             raise _TooLarge
-        chunk = rfile.read(size)
-        if len(chunk) < size or rfile.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n"):
+        chunk = reader.read(size)
+        if len(chunk) < size or reader.readline(_MAX_LINE + 1) not in (b"\r\n", b"\n"):
             raise _BadFraming(HTTPStatus.BAD_REQUEST, "chunked body ended early or a chunk overran its size")
         body += chunk
     for _ in range(_MAX_TRAILERS):
-        line = rfile.readline(_MAX_LINE + 1)
+        line = reader.readline(_MAX_LINE + 1)
         if line in (b"\r\n", b"\n"):
             return bytes(body)
         if not line.endswith(b"\n"):
@@ -119,9 +192,11 @@ class HttpReceiver:
     tls: TlsFiles | None = None
     auth: BearerAuth | None = None
     max_request_bytes: int = MAX_REQUEST_BYTES
-    # A client silent this long mid-request (or idle on a keep-alive connection) is dropped, so a
-    # stalled body cannot hold one of the gate's slots for ever.
+    # A client silent this long mid-request (or idle on a keep-alive connection) is dropped.
     read_timeout_s: float = READ_TIMEOUT_S
+    # A body not complete this long after its headers is answered 408 however steadily it drips: the
+    # request holds one of the gate's slots meanwhile.
+    body_deadline_s: float = BODY_DEADLINE_S
     port: int = 0
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -136,10 +211,9 @@ class HttpReceiver:
             timeout = receiver.read_timeout_s
 
         try:
-            server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)), Handler)
+            server = _Server((host.strip("[]") or "0.0.0.0", int(port)), Handler)
         except OSError as error:
             raise OSError(f"cannot listen for OTLP/HTTP on {self.listen} ({error.strerror or error})") from error
-        server.daemon_threads = True
         if self.tls is not None:
             import ssl
 
@@ -167,6 +241,19 @@ class HttpReceiver:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback on stderr for any error; a client that hangs up or goes silent
+        # mid-request is routine for a server, and only that client's concern.
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            logger.debug("OTLP/HTTP client %s: %s", client_address, error)
+        else:
+            logger.error("OTLP/HTTP connection from %s failed", client_address, exc_info=True)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -197,13 +284,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, message: Message, as_json: bool, headers: dict[str, str] | None = None) -> None:
         body = json_format.MessageToJson(message).encode() if as_json else message.SerializeToString()
-        self.send_response(status)
-        self.send_header("Content-Type", JSON if as_json else PROTOBUF)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", JSON if as_json else PROTOBUF)
+            self.send_header("Content-Length", str(len(body)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            if self.close_connection:  # tell the client, which may still be sending a body we will not read
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError as error:  # the client is gone: nobody to answer
+            logger.debug("OTLP/HTTP client %s left before its answer: %s", self.address_string(), error)
+            self.close_connection = True
 
     def _error(self, status: HTTPStatus, message: str, as_json: bool, headers: dict[str, str] | None = None) -> None:
         self._reply(int(status), status_pb2.Status(code=grpc_code(status), message=message), as_json, headers)
@@ -225,12 +318,25 @@ class _Handler(BaseHTTPRequestHandler):
             raise _BadFraming(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {self.headers.get('Content-Length')!r}")
         return int(text)
 
+    def _body_reader(self) -> _BodyReader:
+        return _BodyReader(
+            cast(io.BufferedReader, self.rfile), self.connection, self.owner.body_deadline_s, self.owner.read_timeout_s
+        )
+
     def _skip_body(self, length: int | None) -> None:
-        """Before an early refusal: read a small declared body so the connection stays usable, else close it."""
-        if length is not None and length <= self.owner.max_request_bytes:
-            self.rfile.read(length)
-        else:
+        """Before an early refusal: read and discard a small declared body so the connection stays usable;
+        a larger or chunked one is not read at all (the connection closes), so refusing costs next to nothing."""
+        if length is None or length > min(SKIP_MAX_BYTES, self.owner.max_request_bytes):
             self.close_connection = True
+            return
+        try:
+            if self._body_reader().skip(length) < length:
+                self.close_connection = True
+        except OSError as error:  # the deadline (TimeoutError) or the client gone: answer if we can, then close
+            logger.debug("OTLP/HTTP client %s: body not skipped: %s", self.address_string(), error)
+            self.close_connection = True
+        finally:
+            self.connection.settimeout(self.owner.read_timeout_s)
 
     def do_POST(self) -> None:
         owner = self.owner
@@ -275,20 +381,34 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _read_body(self, length: int | None, as_json: bool) -> bytes | None:
         """The whole body, or None after answering why not (the connection then closes)."""
-        limit = self.owner.max_request_bytes
+        owner = self.owner
+        limit = owner.max_request_bytes
+        reader = self._body_reader()
         try:
             if length is None:
-                return _read_chunked(self.rfile, limit)
-            body = self.rfile.read(length)
+                return _read_chunked(reader, limit)
+            body = reader.read(length)
             if len(body) < length:
                 raise _BadFraming(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
             return body
+        except TimeoutError:
+            self.close_connection = True
+            self._error(
+                HTTPStatus.REQUEST_TIMEOUT,
+                f"body not received within {owner.body_deadline_s:g} s (or silent for {owner.read_timeout_s:g} s)",
+                as_json,
+            )
+        except OSError as error:  # the client hung up mid-body (reset, TLS EOF): nobody to answer
+            logger.debug("OTLP/HTTP client %s left mid-body: %s", self.address_string(), error)
+            self.close_connection = True
         except _TooLarge:
             self.close_connection = True
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body exceeds {limit} bytes", as_json)
         except _BadFraming as bad:
             self.close_connection = True
             self._error(bad.status, bad.message, as_json)
+        finally:
+            self.connection.settimeout(owner.read_timeout_s)  # back to the keep-alive idle timeout
         return None
 
     def _export(self, body: bytes, as_json: bool) -> None:

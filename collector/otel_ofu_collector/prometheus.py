@@ -135,7 +135,12 @@ class PrometheusEndpoint:
         self.collector.update(metrics_data)
 
     def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
-        server = ThreadingHTTPServer((host, port), MetricsHandler.factory(self.registry))
+        """Bind and serve; OSError (one line, naming the address) when the port cannot be had."""
+        try:
+            server = ThreadingHTTPServer((host, port), MetricsHandler.factory(self.registry))
+        except OSError as error:
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            raise OSError(f"cannot serve Prometheus metrics on {address} ({error.strerror or error})") from error
         server.daemon_threads = True
         thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="otel-ofu-prometheus", daemon=True

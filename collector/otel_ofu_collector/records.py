@@ -407,7 +407,12 @@ class ReportFeed:
             pass
 
         Handler.feed = feed
-        server = ThreadingHTTPServer((self.host.strip("[]") or "0.0.0.0", self.port), Handler)
+        host = self.host.strip("[]") or "0.0.0.0"
+        try:
+            server = ThreadingHTTPServer((host, self.port), Handler)
+        except OSError as error:
+            address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+            raise OSError(f"cannot serve the report feed on {address} ({error.strerror or error})") from error
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="otel-ofu-report-feed", daemon=True)

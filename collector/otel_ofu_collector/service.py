@@ -37,7 +37,7 @@ from otel_ofu_collector.export import (
 )
 from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.grpc_receiver import GrpcReceiver
-from otel_ofu_collector.http_receiver import HttpReceiver
+from otel_ofu_collector.http_receiver import BODY_DEADLINE_S, HttpReceiver
 from otel_ofu_collector.merge import MergeAggregator
 from otel_ofu_collector.windows import Aggregator, WindowReport
 
@@ -82,6 +82,7 @@ class CollectorOptions:
     tls: TlsFiles | None = None
     bearer_token: str | None = None
     max_in_flight: int = 64
+    http_body_deadline_s: float = BODY_DEADLINE_S
     retry_after_s: float = 1.0
     flush_interval_s: float = 1.0  # 0: no timer, the caller calls flush()
     max_request_bytes: int = MAX_REQUEST_BYTES
@@ -103,7 +104,11 @@ class CollectorOptions:
 
 @attrs.define
 class CollectorService:
-    """One collector process. ``transport`` overrides the downstream client (tests inject fakes)."""
+    """One collector process. ``transport`` overrides the downstream client (tests inject fakes).
+
+    The window export and pass-through share the one transport; the service owns it and closes it once
+    both have stopped, so neither can close it under the other's send.
+    """
 
     options: CollectorOptions = attrs.field(factory=CollectorOptions)
     clock: Callable[[], int] = time.time_ns
@@ -167,6 +172,7 @@ class CollectorService:
                 name="window export",
                 initial_backoff_s=options.initial_backoff_s,
                 max_backoff_s=options.max_backoff_s,
+                owns_transport=False,
             )
             if options.pass_through:
                 self.pass_through = Delivery(
@@ -175,6 +181,7 @@ class CollectorService:
                     name="pass-through",
                     initial_backoff_s=options.initial_backoff_s,
                     max_backoff_s=options.max_backoff_s,
+                    owns_transport=False,
                 )
 
     # --- receiving ----------------------------------------------------------------------------------
@@ -198,6 +205,7 @@ class CollectorService:
             for delivery in (self.exports, self.pass_through):
                 if delivery is not None:
                     delivery.stop(0)  # closes the spool file; nothing was sent yet
+            self._close_transport()
             raise
         options = self.options
         for delivery in (self.exports, self.pass_through):
@@ -230,7 +238,13 @@ class CollectorService:
             parts.append(f"grpc {options.grpc_listen.rpartition(':')[0]}:{port}")
         if options.http_listen:
             self._http = HttpReceiver(
-                self.ingest, self.gate, options.http_listen, options.tls, auth, options.max_request_bytes
+                self.ingest,
+                self.gate,
+                options.http_listen,
+                options.tls,
+                auth,
+                options.max_request_bytes,
+                body_deadline_s=options.http_body_deadline_s,
             )
             port = self._http.start()
             parts.append(f"http {options.http_listen.rpartition(':')[0]}:{port}")
@@ -308,8 +322,13 @@ class CollectorService:
                     left,
                     " (kept in the spool)" if isinstance(delivery.queue, SqliteSpool) else "",
                 )
+        self._close_transport()  # only now: until both deliveries stopped, either may be mid-send
         self._stop_listening()
         return reports
+
+    def _close_transport(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     # --- publishing ---------------------------------------------------------------------------------
 
