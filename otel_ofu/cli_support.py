@@ -39,6 +39,8 @@ SNAPSHOT_PREFIX: Final = "OTEL_OFU_SNAPSHOT_"
 DEFAULT_EXPORT_INTERVAL_S: Final = 10.0
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"0", "false", "no", "off"})
+# An empty variable reads as unset, so a listener is turned off by a word instead.
+OFF_WORDS: Final = frozenset({"off", "none"})
 _VARIABLE_IN_HELP: Final = re.compile(r"\(env ([A-Z0-9_]+)")
 
 
@@ -91,6 +93,12 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {text!r}")
     return value
+
+
+def address_or_off(text: str) -> str | None:
+    """A listen address as given (HOST:PORT), or None for ``off``, ``none`` (any case) or nothing: turned off."""
+    address = text.strip()
+    return None if not address or address.lower() in OFF_WORDS else address
 
 
 def parse_bool(text: str) -> bool:

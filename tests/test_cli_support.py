@@ -20,6 +20,7 @@ from otel_ofu.cli_support import (
     CommandOptions,
     add_flag,
     add_option,
+    address_or_off,
     export_interval_s,
     non_negative_float,
     option_variables,
@@ -202,6 +203,53 @@ def test_each_command_has_its_own_variables() -> None:
             assert len(flags) == 1, (variable, where)
             assert flags <= SHARED_SOURCE_OPTIONS, (variable, where)
     assert users[f"{PREFIX}SOURCE"] == {("run", "--source"), ("snapshot", "--source")}
+
+
+def test_shared_options_read_the_same_in_both_commands_help() -> None:
+    commands = subcommands()
+
+    def metavars(command: str) -> dict[str, object]:
+        return {
+            flag: action.metavar
+            for action in commands[command]._actions
+            for flag in action.option_strings
+            if flag in SHARED_SOURCE_OPTIONS
+        }
+
+    assert metavars("run") == metavars("snapshot")
+    assert set(metavars("run")) == SHARED_SOURCE_OPTIONS
+
+
+def test_help_is_plain_text() -> None:
+    for command, parser in subcommands().items():
+        text = parser.format_help()
+        assert "``" not in text, command  # reStructuredText belongs in docstrings, not in --help
+        assert "option_strings" not in text, command  # a bare % in a help string breaks its formatting
+
+
+@pytest.mark.parametrize(("text", "expected"), [("0.0.0.0:4317", "0.0.0.0:4317"), ("off", None), (" None ", None),
+                                                ("OFF", None), ("", None), ("[::1]:4317", "[::1]:4317")])  # fmt: skip
+def test_a_listen_address_or_off(text: str, expected: str | None) -> None:
+    assert address_or_off(text) == expected
+
+
+def test_a_variable_turns_the_collector_listeners_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from otel_ofu_collector import command
+
+    def parse(*argv: str) -> argparse.Namespace:
+        return cli.build_parser().parse_args(["collector", *argv])  # built now: defaults read the variables
+
+    assert parse().listen == "0.0.0.0:4317"
+    assert parse("--listen", "none").listen is None
+    monkeypatch.setenv("OTEL_OFU_COLLECTOR_LISTEN", "")  # empty reads as unset: the default stays
+    assert parse().listen == "0.0.0.0:4317"
+    monkeypatch.setenv("OTEL_OFU_COLLECTOR_LISTEN", "off")
+    monkeypatch.setenv("OTEL_OFU_COLLECTOR_HTTP_LISTEN", "127.0.0.1:0")
+    built = command.options_from_args(parse())
+    assert (built.grpc_listen, built.http_listen) == (None, "127.0.0.1:0")
+    assert parse("--listen", "127.0.0.1:0").listen == "127.0.0.1:0"  # the command line wins
+    monkeypatch.setenv("OTEL_OFU_COLLECTOR_HTTP_LISTEN", "Off")
+    assert parse().http_listen is None
 
 
 def test_the_global_log_level_is_checked(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -162,4 +162,4 @@ def test_grafana_exprs_use_only_contract_names() -> None:
             identifiers = set(re.findall(r"[a-z][a-z0-9_]*", re.sub(r'"[^"]*"', "", target["expr"])))
             identifiers -= {"avg", "sum", "on", "by", "max", "min"}
             assert identifiers, target
-            assert identifiers <= prometheus_names | label_names, (identifiers - prometheus_names - label_names)
+            assert identifiers <= prometheus_names | label_names, identifiers - prometheus_names - label_names

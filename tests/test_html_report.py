@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from otel_ofu import cli, names
@@ -204,6 +206,42 @@ def test_summary_numbers() -> None:
     assert ">9.0%</div>" in summary  # fleet MAE
     assert "OFU percentiles of the last window" in summary
     assert summary.count("<tr>") == 1 + 3  # header, the fleet, two models
+
+
+def _summary_section(page: str) -> str:
+    return page[page.index('<section class="summary">') : page.index("<h2>Flagged jobs</h2>")]
+
+
+def test_summary_shows_an_undefined_fleet_correlation_as_absent_not_nan() -> None:
+    reports = synthetic_reports(4)
+    nan_fleet = FleetReport(correlation=math.nan, mae=math.inf, jobs=0, comoments=CoMoments(), abs_diff_sum=0.0)
+    last = attrs.evolve(reports[-1], fleet=nan_fleet)
+    page = build_report([*reports[:-1], last])
+    summary = _summary_section(page)
+    assert "nan" not in summary.lower()
+    assert "inf" not in summary.lower()
+    assert '<div class="value">-</div><div class="label">fleet r(OFU, MFU) over 0 jobs</div>' in summary
+    assert '<div class="value">-</div><div class="label">fleet MAE |OFU - MFU|</div>' in summary
+
+
+def test_summary_takes_the_fleet_figures_from_the_fleet_summary() -> None:
+    # The peak is over every window, the rest is the last window's: a fleet that shrank says both.
+    reports = synthetic_reports(3)
+    shrunk = attrs.evolve(reports[-1], groups=reports[-1].groups[:1])
+    reports = [*reports[:-1], shrunk]
+    summary = _summary_section(build_report(list(reversed(reports))))  # any order
+    assert '<div class="value">4</div><div class="label">GPUs in the last window (peak 8)</div>' in summary
+    assert '>0.35</div><div class="label">fleet r(OFU, MFU) over 3 jobs</div>' in summary
+    assert f"3 windows of 60 s, from {format_time(T0)} to {format_time(T0 + 3 * WINDOW)}" in summary
+
+
+def test_a_given_summary_is_the_one_the_page_uses() -> None:
+    reports = synthetic_reports(5)
+    summary = summarize(reports)
+    page = build_report(reports, summary=summary, generated_ns=T0)
+    assert page == build_report(reports, generated_ns=T0)
+    other = build_report(reports, summary=summarize(reports[:2]), generated_ns=T0)
+    assert "2 windows of 60 s" in _summary_section(other)  # not computed again behind the caller's back
 
 
 def test_hostile_job_names_are_escaped_everywhere() -> None:

@@ -305,20 +305,37 @@ def test_mfu_from_log_exports_job_mfu_over_otlp(tmp_path: Path, monkeypatch: pyt
 def test_mfu_from_log_options(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_OFU_MFU_LOG_FILE", "/var/log/train.log")
     monkeypatch.setenv("OTEL_OFU_MFU_JOB_ID", "env-job")
-    args = parse(["mfu-from-log", "--pattern", r"u=(?P<mfu>\S+)", "--percent"])
+    args = parse(["mfu-from-log", "--pattern", r"u=(?P<mfu>\S+)", "--unit", "percent"])
     assert (args.file, args.job_id) == ("/var/log/train.log", "env-job")
-    assert mfu_from_log.pattern_from_args(args).unit == "percent"
+    custom = mfu_from_log.pattern_from_args(args)
+    assert (custom.regex.pattern, custom.unit) == (r"u=(?P<mfu>\S+)", "percent")
+    assert parse_mfu("u=40", custom) == pytest.approx(0.4)
     assert mfu_from_log.pattern_from_args(parse(["mfu-from-log"])) is DEFAULT_PATTERN
-    both = parse(["mfu-from-log", "--percent", "--fraction"])
-    with pytest.raises(ValueError, match="exclude"):
-        mfu_from_log.pattern_from_args(both)
-    assert both.handler(both) == 2
+    forced = mfu_from_log.pattern_from_args(parse(["mfu-from-log", "--unit", "fraction"]))
+    assert (forced.regex, forced.unit) == (DEFAULT_PATTERN.regex, "fraction")
+    assert parse_mfu("MFU 0.325%", forced) == pytest.approx(0.325)  # the % sign no longer decides
+    monkeypatch.setenv("OTEL_OFU_MFU_UNIT", "percent")
+    assert mfu_from_log.pattern_from_args(parse(["mfu-from-log", "--pattern", "(?P<mfu>x)"])).unit == "percent"
+    assert parse(["mfu-from-log", "--unit", "auto"]).unit == "auto"  # the command line overrides the variable
+    no_group = parse(["mfu-from-log", "--pattern", "mfu=(\\S+)", "--file", "t.log", "--job-id", "j"])
+    assert no_group.handler(no_group) == 2  # a pattern without (?P<mfu>...) is a usage error, said in one line
+
+
+def test_mfu_from_log_unit_is_one_of_three(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse(["mfu-from-log", "--unit", "percentage"])
+    assert exited.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+    monkeypatch.setenv("OTEL_OFU_MFU_UNIT", "ratio")
+    with pytest.raises(SystemExit):
+        parse(["mfu-from-log", "--file", "t.log", "--job-id", "j"])
+    assert "OTEL_OFU_MFU_UNIT" in capsys.readouterr().err
 
 
 def test_mfu_from_log_needs_a_file_and_a_job_from_the_command_line_or_the_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for variable in ("OTEL_OFU_MFU_LOG_FILE", "OTEL_OFU_MFU_JOB_ID", "OTEL_OFU_MFU_PERCENT"):
+    for variable in ("OTEL_OFU_MFU_LOG_FILE", "OTEL_OFU_MFU_JOB_ID", "OTEL_OFU_MFU_FROM_START"):
         monkeypatch.delenv(variable, raising=False)
     with pytest.raises(SystemExit) as exited:
         parse(["mfu-from-log", "--file", "train.log"])
@@ -326,8 +343,8 @@ def test_mfu_from_log_needs_a_file_and_a_job_from_the_command_line_or_the_enviro
     assert "--job-id" in capsys.readouterr().err
     monkeypatch.setenv("OTEL_OFU_MFU_JOB_ID", "env-job")
     assert parse(["mfu-from-log", "--file", "train.log"]).job_id == "env-job"
-    monkeypatch.setenv("OTEL_OFU_MFU_PERCENT", "true")
-    assert parse(["mfu-from-log", "--file", "t.log", "--no-percent"]).percent is False
+    monkeypatch.setenv("OTEL_OFU_MFU_FROM_START", "true")
+    assert parse(["mfu-from-log", "--file", "t.log", "--no-from-start"]).from_start is False
 
 
 def test_mfu_from_log_says_why_it_cannot_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

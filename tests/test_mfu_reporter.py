@@ -234,9 +234,7 @@ def test_own_provider_resource_names_the_service(monkeypatch: pytest.MonkeyPatch
     assert names.HOST_NAME not in resource.attributes  # a training process is not the node's producer
 
     def mfu_resource_service() -> object:
-        return env_resource(default_service_name=names.MFU_SERVICE_NAME, with_host=False).attributes[
-            names.SERVICE_NAME
-        ]
+        return env_resource(default_service_name=names.MFU_SERVICE_NAME, with_host=False).attributes[names.SERVICE_NAME]
 
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes")
     assert mfu_resource_service() == "from-attributes"

@@ -9,6 +9,7 @@ import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import attrs
 import pytest
@@ -150,6 +151,41 @@ def test_a_busy_prometheus_port_says_so_in_one_line_and_closes_the_source(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert f"cannot serve Prometheus on 127.0.0.1:{port}" in line
     assert source.closed
+
+
+@attrs.define
+class ClosableRecorder:
+    closed: bool = False
+
+    def write(self, snapshot: Snapshot) -> None:
+        raise AssertionError("nothing runs: the producer was never built")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_producer_that_cannot_be_built_closes_the_recorder_and_the_source(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    source, recorder = ClosableSource(), ClosableRecorder()
+    opened: list[str] = []
+
+    def open_recorder(path: str) -> ClosableRecorder:
+        opened.append(path)
+        return recorder
+
+    def refuse(**settings: object) -> NoReturn:
+        raise RuntimeError("the producer refuses its settings")
+
+    monkeypatch.setattr(run, "_open_source", lambda args, clock: (source, "a fake source"))
+    monkeypatch.setattr(run, "open_recorder", open_recorder)
+    monkeypatch.setattr(run, "Producer", refuse)
+    capture = str(tmp_path / "capture.jsonl")
+    args = parse("--source", "sim", "--exporter", "none", "--record", capture, "--quiet")
+    with pytest.raises(RuntimeError, match="refuses"):
+        args.handler(args)
+    assert opened == [capture]
+    assert (recorder.closed, source.closed) == (True, True)
 
 
 def test_bad_calibration_and_unavailable_source_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 
 from otel_ofu import names
@@ -35,9 +36,7 @@ def _job(ofu: float | None, mfu: float | None, *, miscount: bool = False, regres
 def _reports(jobs: list[JobReport]) -> list[WindowReport]:
     group = GroupReport({names.HW_MODEL: "H100"}, 2, {}, ExpHistogram(), 0.0, 0.0, 0.0)
     fleet = FleetReport(correlation=None, mae=None, jobs=0, comoments=CoMoments(), abs_diff_sum=0.0)
-    return [
-        WindowReport(T0 + i * WINDOW, T0 + (i + 1) * WINDOW, (group,), (job,), fleet) for i, job in enumerate(jobs)
-    ]
+    return [WindowReport(T0 + i * WINDOW, T0 + (i + 1) * WINDOW, (group,), (job,), fleet) for i, job in enumerate(jobs)]
 
 
 def test_miscount_is_sized_over_the_flagged_windows_not_the_whole_run() -> None:
@@ -103,5 +102,17 @@ def test_fleet_orders_flags_miscount_first_and_reads_reports_in_any_order() -> N
     summary = summarize(list(reversed(reports)))
     assert (summary.windows, summary.start_ns, summary.end_ns, summary.gpus) == (2, T0, T0 + 2 * WINDOW, 2)
     assert [flag.kind for flag in summary.flags()] == [MISCOUNT, REGRESSION]
+    assert (summary.peak_gpus, summary.last_width_ns, summary.fleet_jobs) == (2, WINDOW, 0)
     empty = summarize([])
     assert (empty.windows, empty.start_ns, empty.jobs, empty.flags()) == (0, None, (), [])
+    assert (empty.gpus, empty.peak_gpus, empty.last_width_ns, empty.fleet_jobs) == (0, 0, None, 0)
+
+
+def test_fleet_figures_are_the_last_windows_and_non_finite_ones_are_absent() -> None:
+    reports = _reports([_job(0.4, 0.4), _job(0.3, 0.3)])
+    defined = FleetReport(correlation=0.5, mae=0.02, jobs=7, comoments=CoMoments(), abs_diff_sum=0.14)
+    undefined = FleetReport(correlation=math.nan, mae=math.nan, jobs=1, comoments=CoMoments(), abs_diff_sum=0.0)
+    summary = summarize([attrs.evolve(reports[0], fleet=defined), attrs.evolve(reports[1], fleet=undefined)])
+    assert (summary.correlation, summary.mae, summary.fleet_jobs) == (None, None, 1)
+    summary = summarize([attrs.evolve(reports[0], fleet=undefined), attrs.evolve(reports[1], fleet=defined)])
+    assert (summary.correlation, summary.mae, summary.fleet_jobs) == (0.5, 0.02, 7)

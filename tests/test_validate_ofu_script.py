@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import subprocess
@@ -86,10 +87,36 @@ def test_summary_and_markdown_table(finished: tuple[dict[str, Any], str]) -> Non
     share = summary["all"]["within_2pp_corrected"]
     assert 0.0 <= share <= 1.0
     assert summary["all"]["mae_corrected_pp"] < summary["all"]["mae_raw_pp"]
+    measured = len(data["rows"])
+    assert (summary["all"]["n_raw"], summary["all"]["n_corrected"]) == (measured, measured)
     assert "| precision | shapes | M x N x K |" in text
     assert "within 2 pp corrected" in text
+    assert f"| all | {measured} | {measured} | {measured} |" in text
     assert "DESIGN.md target" in text
     assert "dry run" in text
+
+
+def test_each_mae_and_share_says_how_many_shapes_it_is_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    script = importlib.import_module(MODULE)
+    full = script.Row("bf16", "aligned", (256, 256, 256), mfu=0.50, ofu=0.51, factor=1.0)
+    uncorrected = script.Row("bf16", "unaligned", (200, 300, 250), mfu=0.40, ofu=0.45)  # no tile factor
+    no_mfu = script.Row("bf16", "small", (64, 64, 64), ofu=0.2, factor=0.9)
+    skipped = script.Row("fp8", "small", (64, 64, 64), skipped="no fp8 here")
+    rows = [full, uncorrected, no_mfu, skipped]
+    summary = script.summarise(rows)
+    assert (summary["shapes_measured"], summary["shapes_skipped"]) == (1, 3)
+    stats = summary["all"]  # over the three shapes that ran, each figure saying how many it is over
+    assert (stats["n"], stats["n_raw"], stats["n_corrected"]) == (3, 2, 1)
+    assert stats["mae_raw_pp"] == pytest.approx((1.0 + 5.0) / 2)
+    assert stats["within_2pp_raw"] == 0.5
+    assert (stats["mae_corrected_pp"], stats["within_2pp_corrected"]) == (pytest.approx(1.0), 1.0)
+    assert set(summary["by_precision"]) == {"bf16"}
+    header = {"mode": "dry run", "device": "cpu", "meter": "fake", "host": "h", "seconds": 0.1, "dry_run": True}
+    text = script.markdown(rows, summary, header)
+    assert "1 shapes measured, 3 without a corrected error" in text
+    assert "| all | 3 | 2 | 1 | 3.00 | 1.00 | 50% | 100% |" in text
+    assert "of shapes: met (100% of 1)" in text
 
 
 def test_without_a_gpu_it_says_to_use_the_dry_run(tmp_path: Path) -> None:

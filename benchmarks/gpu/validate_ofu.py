@@ -417,28 +417,33 @@ class _Bracket:
 
 
 def summarise(rows: Sequence[Row]) -> dict[str, Any]:
-    measured = [r for r in rows if r.error_pp(True) is not None]
+    ran = [r for r in rows if r.skipped is None]
+    measured = [r for r in ran if r.error_pp(True) is not None]
     by_precision: dict[str, dict[str, float | int | None]] = {}
     for precision in PRECISIONS:
-        subset = [r for r in measured if r.precision == precision]
+        subset = [r for r in ran if r.precision == precision]
         if subset:
             by_precision[precision] = _stats(subset)
     return {
         "shapes_measured": len(measured),
         "shapes_skipped": len(rows) - len(measured),
-        "all": _stats(measured),
+        "all": _stats(ran),
         "by_precision": by_precision,
     }
 
 
 def _stats(rows: Sequence[Row]) -> dict[str, float | int | None]:
+    """Over the shapes that ran: ``n`` of them, ``n_raw``/``n_corrected`` with an error, the MAE and shares."""
     if not rows:
         return {"n": 0}
-    # A shape without an error (no OFU or no MFU) is left out, never counted as inside the target.
+    # A shape without an error (no OFU or no MFU) is left out, never counted as inside the target; the counts
+    # say how many shapes each MAE and share is over.
     raw = [error for r in rows if (error := r.error_pp(False)) is not None]
     corrected = [error for r in rows if (error := r.error_pp(True)) is not None]
     return {
         "n": len(rows),
+        "n_raw": len(raw),
+        "n_corrected": len(corrected),
         "mae_raw_pp": statistics.fmean(raw) if raw else None,
         "mae_corrected_pp": statistics.fmean(corrected) if corrected else None,
         "within_2pp_raw": _within(raw),
@@ -480,14 +485,23 @@ def markdown(rows: Sequence[Row], summary: dict[str, Any], header: dict[str, Any
             f"| {_cell(r.factor, 1, 3)} | {_cell(r.ofu_corrected)} | {_cell(r.error_pp(False), 1)} "
             f"| {_cell(r.error_pp(True), 1)} |"
         )
-    lines += ["", "| precision | n | MAE raw pp | MAE corrected pp | within 2 pp raw | within 2 pp corrected |"]
-    lines.append("|---|---|---|---|---|---|")
+    lines += [
+        "",
+        f"{summary['shapes_measured']} shapes measured, {summary['shapes_skipped']} without a corrected error "
+        "(skipped, or no OFU, MFU or tile factor). n: shapes run; n raw, n corrected: the shapes each MAE and "
+        "share is over.",
+        "",
+        "| precision | n | n raw | n corrected | MAE raw pp | MAE corrected pp | within 2 pp raw "
+        "| within 2 pp corrected |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for label, s in [*summary["by_precision"].items(), ("all", summary["all"])]:
         if not s.get("n"):
             continue
         lines.append(
-            f"| {label} | {s['n']} | {_cell(s['mae_raw_pp'], 1)} | {_cell(s['mae_corrected_pp'], 1)} "
-            f"| {_share_cell(s['within_2pp_raw'])} | {_share_cell(s['within_2pp_corrected'])} |"
+            f"| {label} | {s['n']} | {s['n_raw']} | {s['n_corrected']} | {_cell(s['mae_raw_pp'], 1)} "
+            f"| {_cell(s['mae_corrected_pp'], 1)} | {_share_cell(s['within_2pp_raw'])} "
+            f"| {_share_cell(s['within_2pp_corrected'])} |"
         )
     share = summary["all"].get("within_2pp_corrected")
     verdict = "not measured" if share is None else ("met" if share >= TARGET_SHARE else "**missed**")
@@ -495,7 +509,7 @@ def markdown(rows: Sequence[Row], summary: dict[str, Any], header: dict[str, Any
         "",
         f"DESIGN.md target: OFU within {TARGET_PP:g} pp of MFU after tile correction for >= {TARGET_SHARE:.0%} "
         f"of shapes: {verdict}"
-        + (f" ({share:.0%})" if share is not None else "")
+        + (f" ({share:.0%} of {summary['all']['n_corrected']})" if share is not None else "")
         + (" - dry run: this tests the script, it is not a GPU measurement." if header["dry_run"] else "."),
     ]
     return "\n".join(lines) + "\n"

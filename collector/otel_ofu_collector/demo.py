@@ -33,20 +33,40 @@ from otel_ofu_collector.service import CollectorOptions, CollectorService
 from otel_ofu_collector.summary import FleetSummary, summarize
 from otel_ofu_collector.windows import WindowReport
 
+DESCRIPTION = """\
+The embedded default, end to end on loopback.
+
+A simulated fleet (3 hosts x 8 H100s, six jobs: two healthy dense trainings, an MoE job whose framework
+over-counts FLOPs ~2x, a job that regresses 2.5x mid-run, a mixed-precision job, an allocated but idle
+GPU, plus a GPU that fails now and then) runs through the real producer, the real OTLP/gRPC transport
+and the real collector; each job's framework reports its MFU over OTLP too. Simulated time runs as
+fast as the machine allows, so half an hour of fleet time takes seconds. It ends with the fleet report:
+percentiles, each job's OFU against its reported MFU, correlations, and which jobs are flagged and why."""
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run a simulated fleet through the producer, OTLP and the collector, and report",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     options = CommandOptions(parser, DEMO_PREFIX)
-    options.option("--duration", type=positive_float, default=1800.0, help="simulated seconds of fleet time")
-    options.option("--interval", type=positive_float, default=10.0, help="simulated seconds between producer reads")
-    options.option("--window", type=positive_float, default=60.0, help="collector window in simulated seconds")
-    options.option("--seed", type=int, default=7, help="simulation seed")
-    options.option("--html", default=None, help="also write the HTML fleet report to this path")
+    options.option(
+        "--duration", metavar="SECONDS", type=positive_float, default=1800.0, help="simulated seconds of fleet time"
+    )
+    options.option(
+        "--interval",
+        metavar="SECONDS",
+        type=positive_float,
+        default=10.0,
+        help="simulated seconds between producer reads",
+    )
+    options.option(
+        "--window", metavar="SECONDS", type=positive_float, default=60.0, help="collector window in simulated seconds"
+    )
+    options.option("--seed", metavar="N", type=int, default=7, help="simulation seed")
+    options.option("--html", metavar="PATH", default=None, help="also write the HTML fleet report to this path")
     parser.set_defaults(handler=_handle)
 
 

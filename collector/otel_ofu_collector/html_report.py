@@ -38,13 +38,14 @@ from otel_ofu_collector.summary import (
     MISCOUNT,
     REGRESSION,
     Flag,
+    FleetSummary,
     JobSummary,
     JobWindow,
     format_time,
     plural,
     summarize,
 )
-from otel_ofu_collector.windows import WindowReport
+from otel_ofu_collector.windows import GroupReport, WindowReport
 
 DEFAULT_TITLE: Final = "otel-ofu fleet report"
 # Beyond these the page grows without telling a person more; what is left out is said on the page.
@@ -103,7 +104,12 @@ def model_histograms(reports: Sequence[WindowReport]) -> dict[str, ExpHistogram]
 
 def window_quantiles(report: WindowReport, model: str | None = None) -> dict[float, float] | None:
     """Percentiles of one window for one model (None: the whole fleet); exact when a single group holds them."""
-    groups = [g for g in report.groups if model is None or _model_of(g.attributes) == model]
+    return group_quantiles(report.groups, model)
+
+
+def group_quantiles(groups: Sequence[GroupReport], model: str | None = None) -> dict[float, float] | None:
+    """Percentiles of one window's groups for one model (None: all of them)."""
+    groups = [g for g in groups if model is None or _model_of(g.attributes) == model]
     if not groups:
         return None
     if len(groups) == 1 and all(q in groups[0].quantiles for q in names.QUANTILES):
@@ -525,30 +531,32 @@ def _stat(value: str, label: str) -> str:
     return f'<div class="stat"><div class="value">{_e(value)}</div><div class="label">{_e(label)}</div></div>'
 
 
-def _summary(reports: Sequence[WindowReport], jobs: Sequence[JobSummary], flags: Sequence[Flag]) -> str:
-    last = reports[-1]
-    gpus_now = sum(g.gpus for g in last.groups)
-    gpus_peak = max(sum(g.gpus for g in r.groups) for r in reports)
+def _summary(summary: FleetSummary, flags: Sequence[Flag]) -> str:
+    """The span, the fleet's figures (as ``summarize`` says them: a non-finite one is absent) and the last
+    window's percentiles."""
+    assert summary.start_ns is not None
+    assert summary.end_ns is not None
+    assert summary.last_width_ns is not None
+    jobs, last_groups = summary.jobs, summary.last_groups
     with_mfu = sum(1 for job in jobs if _point(job) is not None)
-    width_s = (last.end_ns - last.start_ns) / 1e9
     flagged_jobs = len({flag.job.job_id for flag in flags})
     cards = [
-        _stat(f"{gpus_now}", f"GPUs in the last window (peak {gpus_peak})"),
+        _stat(f"{summary.gpus}", f"GPUs in the last window (peak {summary.peak_gpus})"),
         _stat(f"{len(jobs)}", f"jobs ({with_mfu} report MFU)"),
-        _stat(_number(last.fleet.correlation), f"fleet r(OFU, MFU) over {plural(last.fleet.jobs, 'job')}"),
-        _stat(_percent(last.fleet.mae), "fleet MAE |OFU - MFU|"),
+        _stat(_number(summary.correlation), f"fleet r(OFU, MFU) over {plural(summary.fleet_jobs, 'job')}"),
+        _stat(_percent(summary.mae), "fleet MAE |OFU - MFU|"),
         _stat(f"{flagged_jobs}", "jobs flagged"),
     ]
     span = (
-        f"{plural(len(reports), 'window')} of {width_s:g} s, from {format_time(reports[0].start_ns)} "
-        f"to {format_time(last.end_ns)}"
+        f"{plural(summary.windows, 'window')} of {summary.last_width_ns / 1e9:g} s, "
+        f"from {format_time(summary.start_ns)} to {format_time(summary.end_ns)}"
     )
     header = "".join(f'<th class="num">p{round(q * 100)}</th>' for q in names.QUANTILES)
     rows = []
-    models = sorted({_model_of(g.attributes) for g in last.groups})
+    models = sorted({_model_of(g.attributes) for g in last_groups})
     for model in [None, *models] if len(models) > 1 else models:
-        quantiles = window_quantiles(last, model) or {}
-        gpus = sum(g.gpus for g in last.groups if model is None or _model_of(g.attributes) == model)
+        quantiles = group_quantiles(last_groups, model) or {}
+        gpus = sum(g.gpus for g in last_groups if model is None or _model_of(g.attributes) == model)
         cells = "".join(f'<td class="num">{_percent(quantiles.get(q))}</td>' for q in names.QUANTILES)
         rows.append(f'<tr><td>{_e(model or FLEET_LABEL)}</td><td class="num">{gpus}</td>{cells}</tr>')
     table = (
@@ -629,10 +637,15 @@ def build_report(
     title: str = DEFAULT_TITLE,
     ofu_samples: Mapping[str, Sequence[float]] | None = None,
     generated_ns: int | None = None,
+    summary: FleetSummary | None = None,
 ) -> str:
-    """The whole HTML page for these windows (any order); opens offline."""
+    """The whole HTML page for these windows (any order); opens offline.
+
+    ``summary``, when the caller has it already, must be ``summarize(reports)``.
+    """
     ordered = sorted(reports, key=lambda r: (r.end_ns, r.start_ns))
-    summary = summarize(ordered)
+    if summary is None:
+        summary = summarize(ordered)
     jobs, flags = summary.jobs, summary.flags()
     parts = [f"<h1>{_e(title)}</h1>"]
     if generated_ns is not None:
@@ -641,7 +654,7 @@ def build_report(
     if not ordered:
         parts.append('<p class="lead" id="empty">No closed windows in this record: nothing to show yet.</p>')
     else:
-        parts.append(_summary(ordered, jobs, flags))
+        parts.append(_summary(summary, flags))
         parts.append('<h2>Flagged jobs</h2><section class="card">' + _flags_table(flags) + "</section>")
         scatter = scatter_figure(jobs)
         distribution = distribution_figure(ordered, ofu_samples)
@@ -703,10 +716,11 @@ def write_report(
     title: str = DEFAULT_TITLE,
     ofu_samples: Mapping[str, Sequence[float]] | None = None,
     generated_ns: int | None = None,
+    summary: FleetSummary | None = None,
 ) -> Path:
     """Write the page to ``path`` (replacing it whole, so a reader never sees half a page)."""
     target = Path(path)
-    page = build_report(reports, title=title, ofu_samples=ofu_samples, generated_ns=generated_ns)
+    page = build_report(reports, title=title, ofu_samples=ofu_samples, generated_ns=generated_ns, summary=summary)
     partial = target.with_name(f".{target.name}.partial")
     partial.write_text(page, encoding="utf-8")
     partial.replace(target)

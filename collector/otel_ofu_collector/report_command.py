@@ -176,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
     from otel_ofu_collector.html_report import write_report
 
     titled = {"title": args.title} if args.title else {}
-    path = write_report(args.out, reports, ofu_samples=samples, generated_ns=time.time_ns(), **titled)
     summary = summarize(reports)
+    path = write_report(args.out, reports, ofu_samples=samples, generated_ns=time.time_ns(), summary=summary, **titled)
     jobs = summary.jobs
     flagged = sorted({flag.job.name for flag in summary.flags()})
     print(

@@ -216,9 +216,12 @@ class FleetSummary:
     start_ns: int | None
     end_ns: int | None
     last_groups: tuple[GroupReport, ...]
-    correlation: float | None  # the last window's fleet Pearson r over the horizon
+    correlation: float | None  # the last window's fleet Pearson r over the horizon; non-finite values are absent
     mae: float | None
     jobs: tuple[JobSummary, ...]  # in order of job id
+    fleet_jobs: int = 0  # jobs with an (OFU, MFU) pair behind the last window's correlation and MAE
+    peak_gpus: int = 0  # the most GPUs any one window held
+    last_width_ns: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -261,4 +264,7 @@ def summarize(reports: Sequence[WindowReport]) -> FleetSummary:
         correlation=finite_or_none(last.fleet.correlation) if last else None,
         mae=finite_or_none(last.fleet.mae) if last else None,
         jobs=jobs,
+        fleet_jobs=last.fleet.jobs if last else 0,
+        peak_gpus=max((sum(group.gpus for group in r.groups) for r in ordered), default=0),
+        last_width_ns=last.end_ns - last.start_ns if last else None,
     )

@@ -121,9 +121,7 @@ def datadog_dashboard() -> JSON:
                 percentile_queries,
                 [{"formula": query["name"], "alias": query["name"]} for query in percentile_queries],
             ),
-            _dd_timeseries(
-                "Median OFU by GPU model and precision", [_dd_query("q", by_group)], [{"formula": "q"}]
-            ),
+            _dd_timeseries("Median OFU by GPU model and precision", [_dd_query("q", by_group)], [{"formula": "q"}]),
             _dd_timeseries(
                 "Per job: OFU vs reported MFU",
                 [_dd_query("ofu", job_ofu), _dd_query("gap", job_gap)],
@@ -297,8 +295,7 @@ def grafana_dashboard() -> JSON:
             [
                 (prometheus_name(names.JOB_OFU.name), f"OFU {{{{{job}}}}}"),
                 (
-                    f"{prometheus_name(names.JOB_OFU.name)} + on({job}) "
-                    f"{prometheus_name(names.JOB_OFU_MFU_GAP.name)}",
+                    f"{prometheus_name(names.JOB_OFU.name)} + on({job}) {prometheus_name(names.JOB_OFU_MFU_GAP.name)}",
                     f"MFU {{{{{job}}}}}",
                 ),
             ],

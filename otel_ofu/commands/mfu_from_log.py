@@ -22,7 +22,7 @@ from otel_ofu.cli_support import (
     non_negative_float,
     positive_float,
 )
-from otel_ofu.mfu.log_follower import DEFAULT_PATTERN, LogFollower, MfuPattern
+from otel_ofu.mfu.log_follower import DEFAULT_PATTERN, UNITS, LogFollower, MfuPattern
 from otel_ofu.mfu.reporter import DEFAULT_STALE_AFTER_S, MfuReporter
 
 log = logging.getLogger(__name__)
@@ -39,32 +39,44 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Follow a training log like tail -F (appends, rotation, truncation, junk lines) and export the MFU "
             "found in it as the OpenTelemetry gauge job.mfu with job.id, over OTLP as the standard "
             "OTEL_EXPORTER_OTLP_* variables say. The default pattern reads 'MFU 32.5%', 'mfu: 0.325', "
-            "'mfu=0.325' and 'MFU: 41%': a % sign means percent, none means a fraction."
+            "'mfu=0.325' and 'MFU: 41%': a % sign means percent, none means a fraction (see --unit)."
         ),
     )
     options = CommandOptions(parser, MFU_PREFIX)
-    options.option("--file", env=ENV_FILE, required=True, help="the training log")
-    options.option("--job-id", required=True, help="job.id of the job")
-    options.option("--job-name", help="job.name of the job")
+    options.option("--file", metavar="FILE", env=ENV_FILE, required=True, help="the training log")
+    options.option("--job-id", metavar="ID", required=True, help="job.id of the job")
+    options.option("--job-name", metavar="NAME", help="job.name of the job")
     options.option("--precision", default="bf16", choices=names.PRECISIONS, help="gpu.precision the job trains in")
-    options.option("--pattern", help="regex with a named group (?P<mfu>...) instead of the default pattern")
-    options.flag("--percent", help="the pattern's value is a percent (32.5 = 0.325)")
-    options.flag("--fraction", help="the pattern's value is a fraction (0.325)")
+    options.option(
+        "--pattern", metavar="REGEX", help="regex with a named group (?P<mfu>...) instead of the default pattern"
+    )
+    options.option(
+        "--unit",
+        default="auto",
+        choices=UNITS,
+        help="what the matched value is: percent (32.5 = 0.325), fraction (0.325), or auto: percent when a %% "
+        "sign follows it",
+    )
     options.option(
         "--interval",
+        metavar="SECONDS",
         type=positive_float,
         help="export interval in seconds "
         f"(default: OTEL_METRIC_EXPORT_INTERVAL in ms, else {DEFAULT_EXPORT_INTERVAL_S:g})",
     )
-    options.option("--poll-interval", type=positive_float, default=1.0, help="seconds between reads of the log")
+    options.option(
+        "--poll-interval", metavar="SECONDS", type=positive_float, default=1.0, help="seconds between reads of the log"
+    )
     options.option(
         "--stale-after",
+        metavar="SECONDS",
         type=positive_float,
         default=DEFAULT_STALE_AFTER_S,
         help="stop exporting the last MFU when the log has printed none for this many seconds",
     )
     options.option(
         "--duration",
+        metavar="SECONDS",
         type=non_negative_float,
         help="stop cleanly after this many seconds, flushing (default: until SIGTERM/SIGINT)",
     )
@@ -75,14 +87,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def pattern_from_args(args: argparse.Namespace) -> MfuPattern:
-    if args.percent and args.fraction:
-        raise ValueError("--percent and --fraction exclude each other")
-    percent: bool | None = True if args.percent else (False if args.fraction else None)
+    unit: str = args.unit
     if args.pattern:
-        return MfuPattern.compile(args.pattern, percent=percent)
-    if percent is None:
-        return DEFAULT_PATTERN
-    return MfuPattern(DEFAULT_PATTERN.regex, "percent" if percent else "fraction")
+        return MfuPattern(MfuPattern.compile(args.pattern).regex, unit)
+    return DEFAULT_PATTERN if unit == DEFAULT_PATTERN.unit else MfuPattern(DEFAULT_PATTERN.regex, unit)
 
 
 def run(args: argparse.Namespace) -> int:

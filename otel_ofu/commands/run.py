@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -16,7 +17,7 @@ from otel_ofu.clock import ScaledClock, wall_clock
 from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.model import Clock, Source, SourceUnavailable
 from otel_ofu.producer.exporters import EXPORTER_KINDS, PROTOCOLS, ExporterConfigError, build_exporter
-from otel_ofu.producer.loop import Producer, open_recorder
+from otel_ofu.producer.loop import Producer, Recorder, open_recorder
 from otel_ofu.producer.metrics_data import MetricsDataBuilder, env_resource
 from otel_ofu.producer.prometheus import PrometheusEndpoint
 from otel_ofu.sources.factory import SOURCE_KINDS
@@ -210,6 +211,7 @@ def run_command(args: argparse.Namespace) -> int:
     source: Source | None = None
     chain: Any = None
     endpoint: PrometheusEndpoint | None = None
+    recorder: Recorder | None = None
     producer: Producer | None = None
     try:
         try:
@@ -240,7 +242,7 @@ def run_command(args: argparse.Namespace) -> int:
         producer.run(args.duration)
     finally:
         if producer is None:
-            _close_unowned(source, exporter)
+            _close_unowned(source, exporter, recorder)
         if endpoint is not None:
             endpoint.close()
         close = getattr(chain, "close", None)
@@ -262,14 +264,15 @@ def _prometheus(args: argparse.Namespace) -> PrometheusEndpoint | None:
     return endpoint
 
 
-def _close_unowned(source: Source | None, exporter: MetricExporter | None) -> None:
-    """What a producer that never started would have closed."""
-    try:
-        if source is not None:
-            source.close()
-    finally:
+def _close_unowned(source: Source | None, exporter: MetricExporter | None, recorder: Recorder | None) -> None:
+    """What a producer that was never built would have closed: each one, even when closing another fails."""
+    with contextlib.ExitStack() as closing:
         if exporter is not None:
-            exporter.shutdown()
+            closing.callback(exporter.shutdown)
+        if source is not None:
+            closing.callback(source.close)
+        if recorder is not None:
+            closing.callback(recorder.close)
 
 
 def _describe_otlp(args: argparse.Namespace) -> str:

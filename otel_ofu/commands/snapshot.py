@@ -21,6 +21,15 @@ from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot, Source, 
 from otel_ofu.sources.factory import SOURCE_KINDS, open_source
 
 FORMATS = ("json", "table")
+DESCRIPTION = """\
+Read a source once and print one JSON object per GPU per line (or a table: --format table).
+
+Keys are the contract's names (hw.id, gpu.tensor.active, gpu.ofu, ...). A value that is not known is
+absent, never 0; a GPU that could not be read is a line with error and reason. Sources whose values are
+rates over an interval (NVML, DCGM, the simulator) are read twice, --interval apart, and the second read
+is printed.
+
+Exit status: 0 when at least one GPU gave its OFU, 1 when none did, 2 when the source could not open."""
 # Kinds whose first read only opens the interval.
 INTERVAL_KINDS = frozenset({"auto", "nvml", "dcgm", "sim"})
 
@@ -190,20 +199,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "snapshot",
         help="read a source once and print one JSON object per GPU",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # The source options are run's own (plain OTEL_OFU_*: one node's settings serve both); the rest are ours.
     source = CommandOptions(parser)
     ours = CommandOptions(parser, SNAPSHOT_PREFIX)
     source.option("--source", default="auto", choices=SOURCE_KINDS, help="where GPU counters come from")
-    source.option("--url", help="dcgm-exporter /metrics URL (for --source dcgm-exporter)")
-    source.option("--file", help="capture to replay: otel-ofu JSON lines or dcgmi dmon text (--source replay)")
-    source.option("--host", help="host.name where the source does not say (default: the source's own)")
-    source.option("--seed", type=int, help="seed of the simulated fleet (--source sim)")
-    source.option("--calibration", help="tile calibration factors, job:ID=F,model:KEY=F")
+    # Metavars as run's: the same option reads the same in both commands' help.
+    source.option("--url", metavar="URL", help="dcgm-exporter /metrics URL (for --source dcgm-exporter)")
+    source.option(
+        "--file", metavar="FILE", help="capture to replay: otel-ofu JSON lines or dcgmi dmon text (--source replay)"
+    )
+    source.option("--host", metavar="NAME", help="host.name where the source does not say (default: the source's own)")
+    source.option("--seed", metavar="N", type=int, help="seed of the simulated fleet (--source sim)")
+    source.option("--calibration", metavar="SPEC", help="tile calibration factors, job:ID=F,model:KEY=F")
     ours.option(
-        "--interval", default=1.0, type=non_negative_float, help="seconds between the two reads of rate sources"
+        "--interval",
+        metavar="SECONDS",
+        default=1.0,
+        type=non_negative_float,
+        help="seconds between the two reads of rate sources",
     )
     ours.option("--format", default="json", choices=FORMATS, help="output format")
     parser.set_defaults(handler=run)
