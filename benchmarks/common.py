@@ -23,7 +23,6 @@ from typing import Any
 
 import attrs
 
-RESULTS_MD = "RESULTS.md"
 JSON_SCHEMA = 1
 
 

@@ -150,6 +150,9 @@ COLLECTOR_POINTS_REJECTED: Final = MetricSpec(
 COLLECTOR_REQUESTS_REFUSED: Final = MetricSpec(
     "otel_ofu_collector.requests.refused", "{request}", "sum", "Requests refused UNAVAILABLE, by reason"
 )
+COLLECTOR_REQUESTS_FORWARDED: Final = MetricSpec(
+    "otel_ofu_collector.requests.forwarded", "{request}", "sum", "Requests passed through to the downstream"
+)
 COLLECTOR_EXPORT_QUEUED: Final = MetricSpec(
     "otel_ofu_collector.export.queued", "{request}", "gauge", "Requests waiting for the downstream, by stream"
 )
@@ -160,6 +163,7 @@ COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_POINTS_ACCEPTED,
     COLLECTOR_POINTS_REJECTED,
     COLLECTOR_REQUESTS_REFUSED,
+    COLLECTOR_REQUESTS_FORWARDED,
     COLLECTOR_EXPORT_QUEUED,
     COLLECTOR_DROPPED,
 )

@@ -144,6 +144,7 @@ def test_foreign_metrics_pass_through_and_rejections_are_reported(service: Colle
     counters = service.self_metrics()
     assert counters[names.COLLECTOR_POINTS_ACCEPTED.name] == 1
     assert sum(counters[names.COLLECTOR_POINTS_REJECTED.name].values()) == 1
+    assert counters[names.COLLECTOR_REQUESTS_FORWARDED.name] == 1
 
 
 def test_stop_flushes_open_windows_and_refuses_new_requests(sink: OtlpSink) -> None:
@@ -214,7 +215,10 @@ def test_prometheus_endpoint_shows_gauges_not_histograms(sink: OtlpSink) -> None
     assert families["fleet_gpus"].samples[0].value == 2.0
     assert families["job_ofu"].samples[0].labels["job_id"] == "j"
     assert families["job_ofu_mfu_gap"].samples[0].value == pytest.approx(-0.05)
-    assert "otel_ofu_collector_points_accepted" in families
+    # Each self-metric is exposed with its kind from the vocabulary: sums as counters, the queue as a gauge.
+    assert families["otel_ofu_collector_points_accepted"].type == "counter"
+    assert families["otel_ofu_collector_requests_forwarded"].type == "counter"
+    assert families["otel_ofu_collector_export_queued"].type == "gauge"
 
 
 def test_shards_merge_into_fleet_windows(sink: OtlpSink) -> None:

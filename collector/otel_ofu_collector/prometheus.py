@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, MetricsHandler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from otel_ofu import names
 from otel_ofu.prometheus_names import label_name, metric_name
 from otel_ofu_collector import encode
 
@@ -97,10 +98,13 @@ class OutputsCollector(Collector):
             yield from _self_metric_families(self.self_metrics())
 
 
+_SELF_METRIC_KINDS: Mapping[str, str] = {spec.name: spec.kind for spec in names.COLLECTOR_SELF_METRICS}
+
+
 def _self_metric_families(values: Mapping[str, Any]) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
     for name, value in values.items():
         base = prometheus_name(name)
-        is_gauge = name.endswith(".queued")
+        is_gauge = _SELF_METRIC_KINDS.get(name) == "gauge"
         if isinstance(value, Mapping):
             label = "stream" if is_gauge else "reason"
             family: GaugeMetricFamily | CounterMetricFamily = (

@@ -120,7 +120,6 @@ class CollectorService:
     aggregator: Aggregator | MergeAggregator = attrs.field(init=False)
     exports: Delivery | None = attrs.field(init=False, default=None)
     pass_through: Delivery | None = attrs.field(init=False, default=None)
-    windows_published: int = attrs.field(init=False, default=0)
     _grpc: GrpcReceiver | None = attrs.field(init=False, default=None)
     _http: HttpReceiver | None = attrs.field(init=False, default=None)
     _prometheus: PrometheusEndpoint | None = attrs.field(init=False, default=None)
@@ -341,7 +340,6 @@ class CollectorService:
         """Hand closed windows to listeners, Prometheus and the downstream; the caller holds _publish_lock."""
         if not reports:
             return
-        self.windows_published += len(reports)
         for listener in list(self.report_listeners):
             try:
                 listener(reports)
@@ -376,6 +374,7 @@ class CollectorService:
                 "overload": self.gate.refused_overload,
                 "shutdown": self.gate.refused_shutdown,
             },
+            names.COLLECTOR_REQUESTS_FORWARDED.name: decoder.forwarded_requests,
             names.COLLECTOR_EXPORT_QUEUED.name: queued,
             names.COLLECTOR_DROPPED.name: dropped,
         }
