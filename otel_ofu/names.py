@@ -168,6 +168,11 @@ COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_DROPPED,
 )
 
+# The largest job.mfu accepted, by the reporter and the collector alike: a framework that over-counts FLOPs
+# can claim more than 1 (the paper's MoE case counted ~3x), but beyond a 4x over-count of a fully busy GPU
+# the value is a unit mistake (a percent sent as a fraction), not a miscount.
+MFU_MAX: Final = 4.0
+
 # --- Attribute keys ---------------------------------------------------------------------------------
 
 SERVICE_NAME: Final = "service.name"

@@ -40,8 +40,8 @@ INPUT_METRIC_NAMES: frozenset[str] = frozenset({spec.name for spec in names.PROD
 # a longer one by a 128-bit digest of it: a key never holds more than this, and no collision is realistic.
 _INLINE_KEY_BYTES = 384
 
-# A framework that miscounts FLOPs can legitimately report MFU above 1; beyond this it is garbage.
-DEFAULT_MAX_MFU = 10.0
+# The same bound the MFU reporter applies: one vocabulary, so a value one side takes the other does not drop.
+DEFAULT_MAX_MFU = names.MFU_MAX
 _EMPTY: Mapping[str, str] = {}
 
 

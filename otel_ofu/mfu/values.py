@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 
-# Covers a 4x FLOP over-count of a fully busy GPU; anything larger is a unit mistake, not a miscount.
-MFU_MAX = 4.0
+from otel_ofu.names import MFU_MAX as MFU_MAX  # re-exported: the reporter's public bound
 
 
 class InvalidMfu(ValueError):
