@@ -290,7 +290,7 @@ def render_markdown(
         "# Benchmark and study results",
         "",
         f"Reproduce every number here with `{command}` (`make bench`; CI runs `make bench-quick`).",
-        "Targets are the project's (docs/design.md); each is measured against its floor or ground truth in the same run.",
+        "Each target (docs/design.md) is measured against its floor or ground truth in the same run.",
         "Rows marked *paper* compare with the OFU paper's published figures and are not contract targets.",
         "",
         "## Machines",
