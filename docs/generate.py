@@ -18,6 +18,7 @@ import inspect
 import io
 import re
 import sys
+import textwrap
 import tokenize
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,9 +32,9 @@ HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference.md"
 
 _SECTION = re.compile(r"^# -{3,}\s*(?P<title>.*?)\s*-*$")
-# An attribute key: a dotted lower-case name (``hw.id``), or one of the bare keys the vocabulary declares.
+# An attribute key: a dotted lower-case name (``hw.id``), or one of the vocabulary's bare keys.
 _ATTRIBUTE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)+")
-_BARE_ATTRIBUTES = {"quantile", "reason"}
+_BARE_ATTRIBUTES = {names.QUANTILE, names.ERROR_REASON}
 
 
 @attrs.frozen
@@ -74,13 +75,8 @@ def entries(module: ModuleType) -> Iterator[Entry]:
     headers = sorted((number, m["title"]) for number, line in enumerate(lines, 1) if (m := _SECTION.match(line)))
     group, previous_end, previous_section = "", -1, ""
     for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name = node.targets[0].id
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            name = node.target.id
-        elif isinstance(node, ast.ClassDef):
-            name = node.name
-        else:
+        name = node.name if isinstance(node, ast.ClassDef) else _target(node)
+        if name is None or not hasattr(module, name):
             continue
         section = next((title for number, title in reversed(headers) if number < node.lineno), "General")
         end = node.end_lineno or node.lineno
@@ -126,16 +122,26 @@ def _is_value_set(entry: Entry) -> bool:
     return isinstance(value, tuple) and bool(value) and all(isinstance(item, str | float) for item in value)
 
 
+def _target(node: ast.stmt) -> str | None:
+    """The name an assignment (plain or annotated, with a value) binds, or None."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    if isinstance(node, ast.AnnAssign) and node.value is not None and isinstance(node.target, ast.Name):
+        return node.target.id
+    return None
+
+
 def _members(cls: type) -> list[tuple[str, object, str]]:
-    """A vocabulary class's constants: (name, value, comment on its line), in source order."""
-    source = inspect.getsource(cls)
+    """A vocabulary class's constants but ``ALL``: (name, value, comment on its line), in source order."""
+    source = textwrap.dedent(inspect.getsource(cls))
     comments = _comments(source)
     body = ast.parse(source).body[0]
     assert isinstance(body, ast.ClassDef)
-    members = []
+    members: list[tuple[str, object, str]] = []
     for node in body.body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id != "ALL":
-            members.append((node.targets[0].id, getattr(cls, node.targets[0].id), comments.get(node.lineno, "")))
+        name = _target(node)
+        if name is not None and name != "ALL" and hasattr(cls, name):
+            members.append((name, getattr(cls, name), comments.get(node.lineno, "")))
     return members
 
 

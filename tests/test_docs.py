@@ -91,7 +91,7 @@ DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: Final = 156
 class LossCause:
     """Values of ``ofu.loss.cause``."""
 
-    IDLE = "idle"  # no tensor activity all window
+    IDLE: Final = "idle"  # no tensor activity all window
     CLOCK = "clock"
     ALL = (IDLE, CLOCK)
 '''
