@@ -118,7 +118,9 @@ def test_the_generator_picks_up_names_added_later(tmp_path: Path) -> None:
 # --- Nothing in the project points at files outside it -------------------------------------------------
 
 # Spelled in pieces so that this file does not match itself.
-OUTSIDE = re.compile("|".join(re.escape(part) for part in ("DESIGN" + ".md", "PAPER" + ".md", "../" + "shared")))
+OUTSIDE = re.compile(
+    "|".join(re.escape(part) for part in ("DESIGN" + ".md", "PAPER" + ".md", "../" + "shared", "/work/" + "shared"))
+)
 
 
 def _tracked_files() -> list[Path]:
