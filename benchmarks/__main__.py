@@ -4,7 +4,7 @@ Full mode writes ``benchmarks/results/NAME.json`` (+ plots) and rebuilds ``bench
 every result there. ``--quick`` (what CI runs) uses smaller sizes and writes to ``benchmarks/results/quick/``
 (gitignored), so it never overwrites the committed full results. ``--out DIR`` puts JSON, plots and
 RESULTS.md in DIR. A benchmark that raises is recorded as an error and the others still run; the exit
-code is 1 then, and with ``--strict`` also when a DESIGN.md target is missed.
+code is 1 then, and with ``--strict`` also when a target is missed.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def _collector(module: Any, ctx: RunContext) -> BenchResult:
         tables=(
             Table("One thread (one core's CPU)", ("measure", "value"), rows),
             Table(
-                "End-to-end latency from window close to downstream receipt (wall time; no DESIGN.md target)",
+                "End-to-end latency from window close to downstream receipt (wall time; no target)",
                 ("GPUs in the window", "repeats", "p50 ms", "p95 ms", "of which flush p50 ms"),
                 latency_rows,
                 note="flush = close the window, encode its outputs, queue them; the rest is the export thread's "
@@ -180,7 +180,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"run only these: {', '.join(BENCHMARKS)}",
     )
     parser.add_argument("--out", type=Path, help="folder for JSON, plots and RESULTS.md (default: benchmarks/results)")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a DESIGN.md target is missed")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     return parser.parse_args(argv)
 
 
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for verdict in result.verdicts:
             state = ("met" if verdict.met else "MISSED") + (" (paper)" if verdict.source == "paper" else "")
             print(f"    {state:14} {verdict.target}: {verdict.measured:.4g} {verdict.unit} ({verdict.margin})")
-            if not verdict.met and verdict.source == "DESIGN.md":
+            if not verdict.met and verdict.source == "target":
                 missed.append(f"{name}: {verdict.target}")
         print(f"[benchmarks] {name} done in {seconds:.1f} s", flush=True)
     path = write_markdown(out_dir, markdown, list(BENCHMARKS), quick=args.quick)

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_collector.py [--gpus-per-request 1000] [--requests 200] [--fleet 20000]
 
-DESIGN.md targets: >= 200k data points/s on one core with aggregation on, >= 0.5x the floor (parse each
+Targets: >= 200k data points/s on one core with aggregation on, >= 0.5x the floor (parse each
 request and read every point's value and identity once, nothing else) measured in the same run; closing a
 window of 100k GPUs in < 250 ms; < 2 KiB of state per GPU stream. All but the export latency runs in this
 one thread, so CPU time is one core's time.
@@ -31,7 +31,7 @@ Where the ingest time goes (py-spy at 500 Hz on this workload, share of samples)
 Window close: 1k / 10k / 100k GPUs after one point each. State: tracemalloc growth (aggregator plus the
 decoder's resource cache) per GPU stream after one window of 100k GPUs. Export latency: wall time from
 ``flush(now)`` closing a window of N GPUs in a ``CollectorService`` to a real OTLP gRPC receiver on loopback
-holding its outputs, p50/p95 over repeats (no DESIGN.md target: a measurement).
+holding its outputs, p50/p95 over repeats (no target: a measurement).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Two exporters: ``encode`` serialises the OTLP request in memory, exactly the CPU
 before the network; ``grpc`` is the real gRPC exporter to a receiver in a child process on loopback
 (so the receiver's CPU is not counted).
 
-DESIGN.md target: <= 2 ms per cycle at 8 GPUs and <= 1.3x the floor.
+Target: <= 2 ms per cycle at 8 GPUs and <= 1.3x the floor.
 Run: ``python -m benchmarks.bench_producer [--gpus 8,64,1000] [--exporter encode,grpc]``.
 """
 

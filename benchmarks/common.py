@@ -2,7 +2,7 @@
 
 A benchmark module exposes ``run(ctx: RunContext) -> BenchResult``. ``RunContext`` says where files go and
 whether the run is the quick one; the result carries the tables for RESULTS.md, the verdicts against the
-DESIGN.md targets (measured in the same run as their floors) and free-form JSON data. RESULTS.md is
+targets (measured in the same run as their floors) and free-form JSON data. RESULTS.md is
 rebuilt from every ``*.json`` in the results folder, so ``--only NAME`` refreshes one section and keeps
 the others.
 """
@@ -38,12 +38,12 @@ class RunContext:
 class Verdict:
     """A measured value against a target limit: met or missed, and by how much."""
 
-    target: str  # the target as DESIGN.md (or the paper) states it
+    target: str  # the target as docs/design.md (or the paper) states it
     measured: float
     limit: float
     unit: str = ""
     higher_is_better: bool = False
-    source: str = "DESIGN.md"  # "DESIGN.md" targets are the contract; "paper" rows are comparisons
+    source: str = "target"  # "target" rows are the project's targets; "paper" rows are comparisons
 
     @property
     def met(self) -> bool:
@@ -259,7 +259,7 @@ def load_results(results_dir: Path, order: Sequence[str]) -> list[dict[str, Any]
 
 
 def gpu_validation_row(results_dir: Path) -> str:
-    """The DESIGN.md GPU target's row: from ``gpu/validate_ofu.json`` when a GPU run left one, else "not measured"."""
+    """The GPU target's row: from ``gpu/validate_ofu.json`` when a GPU run left one, else "not measured"."""
     target = "controlled GEMMs on a Hopper GPU: OFU within 2 pp of MFU after tile correction, share of shapes"
     path = results_dir / "gpu" / "validate_ofu.json"
     try:
@@ -290,8 +290,8 @@ def render_markdown(
         "# Benchmark and study results",
         "",
         f"Reproduce every number here with `{command}` (`make bench`; CI runs `make bench-quick`).",
-        "Targets are DESIGN.md's; each is measured against its floor or ground truth in the same run.",
-        "Rows marked *paper* compare with PAPER.md's figures and are not contract targets.",
+        "Each target (docs/design.md) is measured against its floor or ground truth in the same run.",
+        "Rows marked *paper* compare with the OFU paper's published figures and are not contract targets.",
         "",
         "## Machines",
         "",

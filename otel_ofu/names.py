@@ -1,7 +1,7 @@
 """The one vocabulary of otel-ofu: every metric name, unit, attribute key and counter id.
 
 Everything that names a metric, an attribute or a hardware field imports it from here: the producer,
-the collector, the dashboards, the docs checks and the tests. DESIGN.md is the contract these follow.
+the collector, the dashboards, the docs checks and the tests. docs/reference.md is generated from it.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def require() -> Callable[[bool, str], None]:
 
 @pytest.fixture
 def shared_fixtures() -> Path:
-    """The real dcgm-exporter and dcgmi output in ../shared/fixtures (copied into tests/data if absent)."""
+    """The real dcgm-exporter and dcgmi output in tests/data."""
     local = Path(__file__).parent / "data"
     if (local / "dcgm_exporter_h100_mig_k8s_issue512.prom").exists():
         return local

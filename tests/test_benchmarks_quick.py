@@ -67,7 +67,7 @@ def test_percentiles_json_has_a_design_verdict_with_its_margin(
     assert data["error"] is None
     assert {"platform", "cpu", "cores", "python"} <= data["machine"].keys()
     [verdict] = data["verdicts"]
-    assert verdict["source"] == "DESIGN.md"
+    assert verdict["source"] == "target"
     assert verdict["limit"] == 1.0
     assert verdict["unit"] == "%"
     assert verdict["met"] == (verdict["measured"] <= 1.0)

@@ -1,7 +1,7 @@
 """The decoder's resource cache keys Resources by their encoding read from the request's raw bytes.
 
 Checked against a reference decode written here: it reads every point's identity from the attributes
-themselves, the data point's first and the Resource's second (DESIGN.md), with no cache and no
+themselves, the data point's first and the Resource's second (as the collector does), with no cache and no
 re-encoding. The same requests go through the real Decoder into a real Aggregator (raw bytes with a cache
 that keeps clearing and one that never does, and no raw bytes) and through the reference into another
 real Aggregator; flushed at the same times, all of them close exactly the same windows.

@@ -181,7 +181,7 @@ def test_quantiles_within_the_relative_error_bound(distribution: object, max_buc
 
 
 def test_default_buckets_meet_the_one_percent_target_over_ofu_range() -> None:
-    # 640 buckets keep scale 6 (bound 0.54%) for OFU in [0.001, 1]: the DESIGN.md 1% target.
+    # 640 buckets keep scale 6 (bound 0.54%) for OFU in [0.001, 1]: the 1% target.
     values = [0.001, 1.0, *np.linspace(0.001, 1.0, 1000).tolist()]
     histogram = ExpHistogram.from_values(values, max_buckets=640)
     assert histogram.scale >= 6

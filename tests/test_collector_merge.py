@@ -222,7 +222,7 @@ def test_late_partials_are_refused_and_counted() -> None:
 
 
 def test_merged_quantiles_meet_the_design_target_with_default_buckets() -> None:
-    """DESIGN.md: percentiles from merged histograms within 1% (relative) of exact."""
+    """Target: percentiles from merged histograms within 1% (relative) of exact."""
     config = AggregatorConfig(horizon_s=300)
     single, parts = run(fleet_points(9, windows=4, jobs=40), config, 8)
     merged = merge_all(parts, config)

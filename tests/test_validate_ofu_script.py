@@ -92,7 +92,7 @@ def test_summary_and_markdown_table(finished: tuple[dict[str, Any], str]) -> Non
     assert "| precision | shapes | M x N x K |" in text
     assert "within 2 pp corrected" in text
     assert f"| all | {measured} | {measured} | {measured} |" in text
-    assert "DESIGN.md target" in text
+    assert "Target: OFU within" in text
     assert "dry run" in text
 
 

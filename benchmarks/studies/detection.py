@@ -7,7 +7,7 @@ reading turned into ``gpu.ofu`` by ``gpu_values.compute`` (point-sampled clock, 
 the points, with each job's reported MFU per interval, go through the collector's ``Aggregator``
 (60 s windows) once per threshold setting. A job counts as detected when its flag rose in any window
 (a regression only at or after its injected onset); a false positive is a flag on a job without that
-fault. DESIGN.md target: every miscount >= 1.5x and every regression >= 2x flagged, and no healthy job,
+fault. Target: every miscount >= 1.5x and every regression >= 2x flagged, and no healthy job,
 at the default thresholds (``--miscount-ratio 1.5``, ``--regression-factor 2.0``).
 
 Note on the miscount threshold: it compares reported MFU with OFU, and a healthy job's true MFU is below

@@ -11,7 +11,7 @@ from otel_ofu import names
 
 NS_PER_S = 1_000_000_000
 
-# 64 buckets per power of two (scale 6) keep a histogram quantile within 0.55% of exact (DESIGN.md asks for 1%);
+# 64 buckets per power of two (scale 6) keep a histogram quantile within 0.55% of exact (the target is 1%);
 # 1280 buckets hold that scale over twenty powers of two, OFU from 1e-6 to 1: a fleet's lowest non-zero OFU
 # (a GPU that ran one kernel in a window) reaches 1e-4, and 640 buckets (OFU down to 0.001) measured 1.08%
 # on a heavy-tailed fleet. The histogram is per group and window, not per GPU, so the size costs little.

@@ -1,4 +1,4 @@
-"""Window reports as OpenTelemetry SDK MetricsData (the DESIGN.md collector outputs), and shards' partial
+"""Window reports as OpenTelemetry SDK MetricsData (the collector outputs of docs/reference.md), and shards' partial
 state read back from OTLP for the merge tier.
 
 Every point spans its window: start = window start, time = window end (the OTLP encoder keeps the start only

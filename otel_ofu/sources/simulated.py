@@ -496,7 +496,7 @@ class SimulatedFleet:
         average_clock: bool = False,
         report_max_clock: bool = True,
     ) -> SimulatedFleet:
-        """The DESIGN.md demo fleet: 3 hosts x 8 H100 SXM, six jobs, one flaky GPU.
+        """The demo fleet: 3 hosts x 8 H100 SXM, six jobs, one flaky GPU.
 
         ``job-1001``/``job-1002`` healthy dense, ``job-1003`` MoE over-counting ~2x, ``job-1004`` regresses
         2.5x at 40% of ``duration_s``, ``job-1005`` switches bf16 <-> fp8 every 3 minutes, ``job-1006`` an

@@ -15,7 +15,7 @@ query API) until Prometheus has scraped it, and checks through PromQL against th
   before, and the fleet median OFU per group and every job's OFU match the truth.
 
 Ground truth is the simulator's own OFU of the readings that were sent (``GpuReading.truth_ofu``, exact
-TPA x mean clock, which no real GPU gives), aggregated as DESIGN.md says: per GPU the time-weighted mean
+TPA x mean clock, which no real GPU gives), aggregated as the collector does it: per GPU the time-weighted mean
 in the window, the group median over GPUs, the job mean over its GPUs.
 """
 
@@ -93,7 +93,7 @@ class WindowTruth:
 
 
 def window_truth(snapshots: Sequence[Snapshot], start_ns: int, end_ns: int) -> WindowTruth:
-    """DESIGN.md's window aggregation applied to the true OFU of the readings that were sent."""
+    """The collector's window aggregation applied to the true OFU of the readings that were sent."""
     per_gpu: dict[str, list[GpuReading]] = defaultdict(list)
     for snapshot in snapshots:
         for reading in snapshot.readings:
