@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-SHARED_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-
 
 def _require(available: bool, reason: str) -> None:
     """Skip with a reason when something a test needs is missing; under CI=true that is a failure."""
@@ -28,8 +26,4 @@ def require() -> Callable[[bool, str], None]:
 @pytest.fixture
 def shared_fixtures() -> Path:
     """The real dcgm-exporter and dcgmi output in tests/data."""
-    local = Path(__file__).parent / "data"
-    if (local / "dcgm_exporter_h100_mig_k8s_issue512.prom").exists():
-        return local
-    _require(SHARED_FIXTURES.is_dir(), f"shared fixtures not found at {SHARED_FIXTURES}")
-    return SHARED_FIXTURES
+    return Path(__file__).parent / "data"
