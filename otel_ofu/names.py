@@ -123,7 +123,7 @@ JOB_FLOPS_PER_JOULE: Final = MetricSpec(
     "job.flops_per_joule", "{flop}/J", "gauge", "Achieved FLOPs per joule, where the dense peak is known"
 )
 # Cost is in the configured currency: the unit is its code as an annotation ({USD}, {EUR}); COST_UNIT stands
-# for it in the vocabulary. Both are absent unless prices per GPU-hour are given.
+# for it in the vocabulary. The cost metrics are absent unless prices per GPU-hour are given.
 COST_UNIT: Final = "{currency}"
 JOB_COST: Final = MetricSpec("job.cost", COST_UNIT, "sum", "GPU-time x price per GPU-hour in the window")
 JOB_COST_LOST: Final = MetricSpec(
