@@ -108,6 +108,75 @@ COLLECTOR_METRICS: Final = (
 
 QUANTILES: Final = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
+# --- Collector outputs: where OFU is lost and what it costs ---------------------------------------
+# Per job per closed window, with fleet totals per window; sums are deltas (one window's worth), so shards'
+# outputs add. A job's loss splits 1 - OFU by cause: OFU + the three causes of job.ofu.loss = 1.
+
+JOB_GPUS: Final = MetricSpec("job.gpus", "{gpu}", "gauge", "GPUs attributed to the job in the window")
+JOB_GPU_TIME: Final = MetricSpec("job.gpu_time", "s", "sum", "GPU-seconds attributed to the job in the window")
+JOB_OFU_LOSS: Final = MetricSpec(
+    "job.ofu.loss", "1", "gauge", "The job's 1 - OFU split by cause (idle, clock, tensor); OFU + the causes = 1"
+)
+JOB_GPU_TIME_LOST: Final = MetricSpec("job.gpu_time.lost", "s", "sum", "GPU-seconds lost in the window, by cause")
+JOB_ENERGY: Final = MetricSpec("job.energy", "J", "sum", "Energy of the job's GPUs in the window")
+JOB_FLOPS_PER_JOULE: Final = MetricSpec(
+    "job.flops_per_joule", "{flop}/J", "gauge", "Achieved FLOPs per joule, where the dense peak is known"
+)
+# Cost is in the configured currency: the unit is its code as an annotation ({USD}, {EUR}); COST_UNIT stands
+# for it in the vocabulary. The cost metrics are absent unless prices per GPU-hour are given.
+COST_UNIT: Final = "{currency}"
+JOB_COST: Final = MetricSpec("job.cost", COST_UNIT, "sum", "GPU-time x price per GPU-hour in the window")
+JOB_COST_LOST: Final = MetricSpec(
+    "job.cost.lost", COST_UNIT, "sum", "Cost of the lost GPU-time in the window, by cause"
+)
+JOB_EMISSIONS: Final = MetricSpec(
+    "job.emissions", "kg", "sum", "Energy x PUE x grid intensity (kg CO2e) in the window, where intensity is given"
+)
+FLEET_GPU_TIME_LOST: Final = MetricSpec("fleet.gpu_time.lost", "s", "sum", "GPU-seconds the fleet lost, by cause")
+FLEET_ENERGY: Final = MetricSpec("fleet.energy", "J", "sum", "Energy of the fleet's GPUs in the window")
+FLEET_COST_LOST: Final = MetricSpec("fleet.cost.lost", COST_UNIT, "sum", "Cost of the fleet's lost GPU-time, by cause")
+# Flags on the loss: absent when they cannot be assessed. gpu.straggler is on the GPU's identity with job.id,
+# emitted only for GPUs flagged within the horizon (1 while flagged, one 0 when cleared).
+GPU_STRAGGLER: Final = MetricSpec(
+    "gpu.straggler", "1", "gauge", "1 while the GPU's OFU stays below its job's median by the straggler factor, else 0"
+)
+JOB_GPUS_IDLE: Final = MetricSpec(
+    "job.gpus.idle", "{gpu}", "gauge", "GPUs attributed to the job with no tensor activity for the idle windows"
+)
+
+COLLECTOR_LOSS_METRICS: Final = (
+    JOB_GPUS,
+    JOB_GPU_TIME,
+    JOB_OFU_LOSS,
+    JOB_GPU_TIME_LOST,
+    JOB_ENERGY,
+    JOB_FLOPS_PER_JOULE,
+    JOB_COST,
+    JOB_COST_LOST,
+    JOB_EMISSIONS,
+    FLEET_GPU_TIME_LOST,
+    FLEET_ENERGY,
+    FLEET_COST_LOST,
+    GPU_STRAGGLER,
+    JOB_GPUS_IDLE,
+)
+
+OFU_LOSS_CAUSE: Final = "ofu.loss.cause"
+
+
+class OfuLossCause:
+    """Values of ``ofu.loss.cause``: where a job's 1 - OFU went."""
+
+    IDLE = "idle"  # attributed GPUs with no tensor activity all window
+    CLOCK = "clock"  # TPA x (1 - f/f_max): the SM clock held below its max
+    TENSOR = "tensor"  # 1 - TPA on working GPUs
+
+    ALL = (IDLE, CLOCK, TENSOR)
+
+
+# The throttle reason a straggler carries when throttling explains it (the producer's gpu.throttle attribute).
+GPU_THROTTLE_REASON: Final = "gpu.throttle.reason"
+
 # --- Collector partial state (merge mode) ------------------------------------------------------------
 # A shard replica also exports its fleet co-moments over the horizon (one value per job: its mean OFU and
 # mean MFU) so that a merge-tier collector can combine shards exactly. Gauges without attributes, one

@@ -6,6 +6,9 @@ import copy
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -28,7 +31,10 @@ def _load_generator() -> ModuleType:
 
 generate = _load_generator()
 
-METRIC_NAMES = {spec.name for spec in (*names.PRODUCER_METRICS, *names.COLLECTOR_METRICS, names.JOB_MFU)}
+METRIC_NAMES = {
+    spec.name
+    for spec in (*names.PRODUCER_METRICS, *names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS, names.JOB_MFU)
+}
 ATTRIBUTE_KEYS = {
     value
     for key, value in vars(names).items()
@@ -125,7 +131,12 @@ HONEYCOMB_FILTER_OPS = {
 def test_honeycomb_query_specs_follow_the_documented_shape(query_name: str) -> None:
     spec = json.loads((DASHBOARDS / "honeycomb-queries.json").read_text())[query_name]
     assert set(spec) <= HONEYCOMB_KEYS
-    columns = METRIC_NAMES | ATTRIBUTE_KEYS
+    calculated = {field["name"]: field["expression"] for field in spec.get("calculated_fields", [])}
+    for expression in calculated.values():  # query-scoped calculated fields read contract columns ($name)
+        referenced = re.findall(r"\$([\w.]+)", expression)
+        assert referenced, expression
+        assert set(referenced) <= METRIC_NAMES | ATTRIBUTE_KEYS, expression
+    columns = METRIC_NAMES | ATTRIBUTE_KEYS | set(calculated)
     for calculation in spec["calculations"]:
         assert calculation["op"] in HONEYCOMB_OPS
         assert calculation.get("column") in columns
@@ -160,6 +171,61 @@ def test_grafana_exprs_use_only_contract_names() -> None:
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
             identifiers = set(re.findall(r"[a-z][a-z0-9_]*", re.sub(r'"[^"]*"', "", target["expr"])))
-            identifiers -= {"avg", "sum", "on", "by", "max", "min"}
+            identifiers -= {"avg", "sum", "on", "by", "max", "min", "group_left"}
             assert identifiers, target
             assert identifiers <= prometheus_names | label_names, identifiers - prometheus_names - label_names
+
+
+def test_grafana_has_job_model_and_host_variables_that_filter_the_panels() -> None:
+    dashboard = json.loads((DASHBOARDS / "grafana.json").read_text())
+    variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
+    assert {"datasource", "job", "model", "host"} <= set(variables)
+    for name, label in (("job", names.JOB_ID), ("model", names.HW_MODEL), ("host", names.HOST_NAME)):
+        variable = variables[name]
+        assert variable["type"] == "query"
+        assert generate.prometheus_name(label) in variable["definition"]
+        assert variable["includeAll"]
+        assert variable["allValue"] == ".*"  # "All" also keeps series that lack the label
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    job_label = generate.prometheus_name(names.JOB_ID)
+    for metric in (names.JOB_OFU, names.JOB_OFU_LOSS, names.JOB_COST_LOST, names.GPU_STRAGGLER):
+        uses = [expr for expr in exprs if generate.prometheus_name(metric.name) + "{" in expr]
+        assert uses, metric.name
+        assert all(f'{job_label}=~"$job"' in expr for expr in uses), uses
+    assert any('host_name=~"$host"' in expr for expr in exprs)
+
+
+def test_grafana_shows_where_ofu_is_lost_and_what_it_costs() -> None:
+    text = (DASHBOARDS / "grafana.json").read_text()
+    for spec in (
+        names.JOB_OFU_LOSS,
+        names.FLEET_GPU_TIME_LOST,
+        names.FLEET_COST_LOST,
+        names.JOB_COST_LOST,
+        names.FLEET_ENERGY,
+        names.JOB_FLOPS_PER_JOULE,
+        names.GPU_STRAGGLER,
+        names.JOB_GPUS_IDLE,
+    ):
+        assert generate.prometheus_name(spec.name) in text, spec.name
+
+
+def test_grafana_exprs_parse_as_promql(tmp_path: Path, require: Callable[[bool, str], None]) -> None:
+    """promtool parses every panel's expression (template variables given their "All" value)."""
+    promtool = shutil.which("promtool")
+    require(promtool is not None, "promtool (Debian package prometheus) is not installed")
+    assert promtool is not None
+    dashboard = json.loads((DASHBOARDS / "grafana.json").read_text())
+    rules = [
+        {
+            "record": f"otel_ofu:grafana_panel_{panel['id']}_{target['refId']}",
+            "expr": re.sub(r"\$\w+", ".*", target["expr"]),
+        }
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+    ]
+    path = tmp_path / "grafana-exprs.yaml"
+    path.write_text(json.dumps({"groups": [{"name": "grafana", "rules": rules}]}))  # JSON is YAML
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout

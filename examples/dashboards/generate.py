@@ -44,28 +44,33 @@ def _dd_query(name: str, query: str, aggregator: str | None = None) -> JSON:
     return definition
 
 
-def _dd_timeseries(title: str, queries: list[JSON], formulas: list[JSON]) -> JSON:
+def _dd_timeseries(title: str, queries: list[JSON], formulas: list[JSON], display_type: str = "line") -> JSON:
     return {
         "definition": {
             "type": "timeseries",
             "title": title,
             "show_legend": True,
             "requests": [
-                {"queries": queries, "formulas": formulas, "response_format": "timeseries", "display_type": "line"}
+                {
+                    "queries": queries,
+                    "formulas": formulas,
+                    "response_format": "timeseries",
+                    "display_type": display_type,
+                }
             ],
         }
     }
 
 
-def _dd_toplist(title: str, query: str, formula_alias: str) -> JSON:
+def _dd_toplist(title: str, query: str, formula_alias: str, aggregator: str = "last", formula: str = "q") -> JSON:
     return {
         "definition": {
             "type": "toplist",
             "title": title,
             "requests": [
                 {
-                    "queries": [_dd_query("q", query, aggregator="last")],
-                    "formulas": [{"formula": "q", "alias": formula_alias}],
+                    "queries": [_dd_query("q", query, aggregator=aggregator)],
+                    "formulas": [{"formula": formula, "alias": formula_alias}],
                     "response_format": "scalar",
                 }
             ],
@@ -88,6 +93,79 @@ def _dd_query_value(title: str, query: str) -> JSON:
             ],
         }
     }
+
+
+SECONDS_PER_HOUR = 3600
+JOULES_PER_KWH = 3_600_000
+
+
+def _dd_loss_widgets() -> list[JSON]:
+    """Where OFU is lost and what it costs: the collector's loss outputs (sums arrive as Datadog counts)."""
+    cause, job = names.OFU_LOSS_CAUSE, names.JOB_ID
+    per_gpu = f"{{{names.HOST_NAME},{names.HW_ID},{job},{names.GPU_THROTTLE_REASON}}}"
+    return [
+        _dd_timeseries(
+            "Per job: OFU lost by cause (idle, clock, tensor)",
+            [_dd_query("q", f"avg:{names.JOB_OFU_LOSS.name}{_dd_scope()} by {{{job},{cause}}}")],
+            [{"formula": "q"}],
+            display_type="bars",
+        ),
+        _dd_timeseries(
+            "Fleet GPU-hours lost by cause",
+            [_dd_query("q", f"sum:{names.FLEET_GPU_TIME_LOST.name}{{*}} by {{{cause}}}.as_count()")],
+            [{"formula": f"q / {SECONDS_PER_HOUR}", "alias": "GPU-hours lost"}],
+            display_type="bars",
+        ),
+        _dd_timeseries(
+            "Fleet cost of lost GPU-time by cause",
+            [_dd_query("q", f"sum:{names.FLEET_COST_LOST.name}{{*}} by {{{cause}}}.as_count()")],
+            [{"formula": "q", "alias": "cost lost"}],
+            display_type="bars",
+        ),
+        _dd_toplist(
+            "Jobs by cost of lost GPU-time",
+            f"sum:{names.JOB_COST_LOST.name}{_dd_scope()} by {{{job}}}.as_count()",
+            "cost lost",
+            aggregator="sum",
+        ),
+        _dd_toplist(
+            "Jobs by GPU-hours lost",
+            f"sum:{names.JOB_GPU_TIME_LOST.name}{_dd_scope()} by {{{job}}}.as_count()",
+            "GPU-hours lost",
+            aggregator="sum",
+            formula=f"q / {SECONDS_PER_HOUR}",
+        ),
+        _dd_timeseries(
+            "Fleet energy (kWh)",
+            [_dd_query("q", f"sum:{names.FLEET_ENERGY.name}{{*}}.as_count()")],
+            [{"formula": f"q / {JOULES_PER_KWH}", "alias": "kWh"}],
+            display_type="bars",
+        ),
+        _dd_toplist(
+            "Per job FLOPs per joule",
+            f"avg:{names.JOB_FLOPS_PER_JOULE.name}{_dd_scope()} by {{{job}}}",
+            "FLOP/J",
+            aggregator="avg",
+        ),
+        _dd_toplist(
+            "Per job emissions (kg CO2e)",
+            f"sum:{names.JOB_EMISSIONS.name}{_dd_scope()} by {{{job}}}.as_count()",
+            "kg CO2e",
+            aggregator="sum",
+        ),
+        _dd_toplist(
+            "Straggler GPUs (with the throttle reason when throttling explains it)",
+            f"max:{names.GPU_STRAGGLER.name}{_dd_scope()} by {per_gpu}",
+            "straggler flag",
+            aggregator="max",
+        ),
+        _dd_toplist(
+            "Idle GPUs per job (allocated, no tensor activity)",
+            f"max:{names.JOB_GPUS_IDLE.name}{_dd_scope()} by {{{job}}}",
+            "idle GPUs",
+            aggregator="last",
+        ),
+    ]
 
 
 def datadog_dashboard() -> JSON:
@@ -168,6 +246,7 @@ def datadog_dashboard() -> JSON:
                     ],
                 }
             },
+            *_dd_loss_widgets(),
         ],
     }
 
@@ -238,6 +317,79 @@ def honeycomb_queries() -> dict[str, JSON]:
             "breakdowns": [names.HOST_NAME, names.HW_ID, names.JOB_ID],
             "time_range": 3600,
         },
+        **_honeycomb_loss_queries(),
+    }
+
+
+def _honeycomb_loss_queries() -> dict[str, JSON]:
+    """Where OFU is lost and what it costs. Sums are per-window deltas, so SUM over time adds windows."""
+    cause, job = names.OFU_LOSS_CAUSE, names.JOB_ID
+    return {
+        "job-ofu-loss-by-cause": {
+            "calculations": [{"op": "AVG", "column": names.JOB_OFU_LOSS.name}],
+            "filters": [{"column": names.JOB_OFU_LOSS.name, "op": "exists"}],
+            "breakdowns": [job, cause],
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+            "granularity": 300,
+        },
+        "fleet-gpu-hours-lost-by-cause": {
+            "calculated_fields": [
+                {"name": "gpu_hours_lost", "expression": f"DIV(${names.FLEET_GPU_TIME_LOST.name}, {SECONDS_PER_HOUR})"}
+            ],
+            "calculations": [{"op": "SUM", "column": "gpu_hours_lost"}],
+            "filters": [{"column": names.FLEET_GPU_TIME_LOST.name, "op": "exists"}],
+            "breakdowns": [cause],
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+            "granularity": 3600,
+        },
+        "fleet-cost-lost-by-cause": {
+            "calculations": [{"op": "SUM", "column": names.FLEET_COST_LOST.name}],
+            "filters": [{"column": names.FLEET_COST_LOST.name, "op": "exists"}],
+            "breakdowns": [cause],
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+            "granularity": 3600,
+        },
+        "jobs-by-cost-lost": {
+            "calculations": [
+                {"op": "SUM", "column": names.JOB_COST_LOST.name},
+                {"op": "SUM", "column": names.JOB_GPU_TIME_LOST.name},
+            ],
+            "filters": [{"column": names.JOB_GPU_TIME_LOST.name, "op": "exists"}],
+            "breakdowns": [job, cause],
+            "orders": [{"op": "SUM", "column": names.JOB_COST_LOST.name, "order": "descending"}],
+            "limit": 50,
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+        },
+        "fleet-energy": {
+            "calculated_fields": [
+                {"name": "energy_kwh", "expression": f"DIV(${names.FLEET_ENERGY.name}, {JOULES_PER_KWH})"}
+            ],
+            "calculations": [{"op": "SUM", "column": "energy_kwh"}],
+            "filters": [{"column": names.FLEET_ENERGY.name, "op": "exists"}],
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+            "granularity": 3600,
+        },
+        "job-flops-per-joule": {
+            "calculations": [
+                {"op": "AVG", "column": names.JOB_FLOPS_PER_JOULE.name},
+                {"op": "SUM", "column": names.JOB_EMISSIONS.name},
+            ],
+            "filters": [{"column": names.JOB_FLOPS_PER_JOULE.name, "op": "exists"}],
+            "breakdowns": [job, names.HW_MODEL],
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+        },
+        "straggler-gpus": {
+            "calculations": [{"op": "MAX", "column": names.GPU_STRAGGLER.name}],
+            "filters": [{"column": names.GPU_STRAGGLER.name, "op": "=", "value": 1}],
+            "breakdowns": [names.HOST_NAME, names.HW_ID, job, names.GPU_THROTTLE_REASON],
+            "time_range": 3600,
+        },
+        "idle-gpus-per-job": {
+            "calculations": [{"op": "MAX", "column": names.JOB_GPUS_IDLE.name}],
+            "filters": [{"column": names.JOB_GPUS_IDLE.name, "op": ">", "value": 0}],
+            "breakdowns": [job, names.JOB_NAME],
+            "time_range": 3600,
+        },
     }
 
 
@@ -261,51 +413,122 @@ def prometheus_name(metric: str) -> str:
     return metric_name(metric)
 
 
-def _grafana_panel(panel_id: int, title: str, exprs: list[tuple[str, str]], kind: str = "timeseries") -> JSON:
+# Template variables: (variable, label it filters, the query listing its values). A job output carries job_id
+# (and hw_model, gpu_precision where known); a GPU-level output carries host_name too. "All" is ".*", which
+# also matches series without the label, so an unset variable hides nothing.
+GRAFANA_VARIABLES = (
+    ("job", names.JOB_ID, f"label_values({metric_name(names.JOB_OFU.name)}, {label_name(names.JOB_ID)})"),
+    ("model", names.HW_MODEL, f"label_values({metric_name(names.FLEET_GPUS.name)}, {label_name(names.HW_MODEL)})"),
+    (
+        "precision",
+        names.GPU_PRECISION,
+        f"label_values({metric_name(names.FLEET_GPUS.name)}, {label_name(names.GPU_PRECISION)})",
+    ),
+    ("host", names.HOST_NAME, f"label_values({label_name(names.HOST_NAME)})"),
+)
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def _grafana_selector(*keys: str, extra: str = "") -> str:
+    """A label selector filtering ``keys`` by their template variables (plus ``extra`` matchers)."""
+    by_key = {key: variable for variable, key, _ in GRAFANA_VARIABLES}
+    matchers = [f'{label_name(key)}=~"${by_key[key]}"' for key in keys] + ([extra] if extra else [])
+    return "{" + ",".join(matchers) + "}"
+
+
+def _grafana_variable(variable: str, key: str, query: str) -> JSON:
     return {
+        "name": variable,
+        "label": key,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "definition": query,
+        "query": {"query": query, "refId": f"{variable}-values"},
+        "refresh": 2,  # on time range change: jobs come and go
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+    }
+
+
+def _grafana_panel(
+    panel_id: int, title: str, exprs: list[tuple[str, str]], kind: str = "timeseries", unit: str | None = None
+) -> JSON:
+    panel: JSON = {
         "id": panel_id,
         "type": kind,
         "title": title,
-        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "datasource": DATASOURCE,
         "gridPos": {"h": 8, "w": 12, "x": 12 * ((panel_id - 1) % 2), "y": 8 * ((panel_id - 1) // 2)},
         "targets": [
             {"refId": chr(ord("A") + index), "expr": expr, "legendFormat": legend}
             for index, (expr, legend) in enumerate(exprs)
         ],
     }
+    if unit is not None:
+        panel["fieldConfig"] = {"defaults": {"unit": unit}, "overrides": []}
+    return panel
 
 
 def grafana_dashboard() -> JSON:
-    quantile = prometheus_name(names.FLEET_OFU_QUANTILE.name)
-    model, precision, job = (label_name(key) for key in (names.HW_MODEL, names.GPU_PRECISION, names.JOB_ID))
+    model, precision, job, cause, host, hw_id, reason = (
+        label_name(key)
+        for key in (
+            names.HW_MODEL,
+            names.GPU_PRECISION,
+            names.JOB_ID,
+            names.OFU_LOSS_CAUSE,
+            names.HOST_NAME,
+            names.HW_ID,
+            names.GPU_THROTTLE_REASON,
+        )
+    )
+    group = _grafana_selector(names.HW_MODEL, names.GPU_PRECISION)
+    per_job = _grafana_selector(names.JOB_ID, names.HW_MODEL, names.GPU_PRECISION)
+    per_gpu = _grafana_selector(names.JOB_ID, names.HW_MODEL, names.GPU_PRECISION, names.HOST_NAME)
+
+    def series(spec: names.MetricSpec, selector: str = per_job) -> str:
+        return f"{prometheus_name(spec.name)}{selector}"
+
+    def at_quantile(q: str) -> str:
+        matcher = f'{names.QUANTILE}="{q}"'
+        return prometheus_name(names.FLEET_OFU_QUANTILE.name) + _grafana_selector(
+            names.HW_MODEL, names.GPU_PRECISION, extra=matcher
+        )
+
+    # The collector shows each window's sums as gauges holding that window's value. Cost lost per hour needs
+    # no window length: cost lost / GPU-seconds x GPUs is cost per second.
+    cost_per_hour = (
+        f"sum by ({job}) ({series(names.JOB_COST_LOST)}) / sum by ({job}) ({series(names.JOB_GPU_TIME)})"
+        f" * sum by ({job}) ({series(names.JOB_GPUS)}) * {SECONDS_PER_HOUR}"
+    )
     panels = [
         _grafana_panel(
             1,
             "Fleet OFU percentiles",
-            [(f'avg({quantile}{{{names.QUANTILE}="{q}"}})', f"p{int(q * 100)}") for q in (0.05, 0.5, 0.95)],
+            [(f"avg({at_quantile(str(q))})", f"p{int(q * 100)}") for q in (0.05, 0.5, 0.95)],
         ),
         _grafana_panel(
             2,
             "Median OFU by model and precision",
-            [(f'{quantile}{{{names.QUANTILE}="0.5"}}', f"{{{{{model}}}}} {{{{{precision}}}}}")],
+            [(at_quantile("0.5"), f"{{{{{model}}}}} {{{{{precision}}}}}")],
         ),
         _grafana_panel(
             3,
             "Per job: OFU vs reported MFU",
             [
-                (prometheus_name(names.JOB_OFU.name), f"OFU {{{{{job}}}}}"),
-                (
-                    f"{prometheus_name(names.JOB_OFU.name)} + on({job}) {prometheus_name(names.JOB_OFU_MFU_GAP.name)}",
-                    f"MFU {{{{{job}}}}}",
-                ),
+                (series(names.JOB_OFU), f"OFU {{{{{job}}}}}"),
+                (f"{series(names.JOB_OFU)} + on({job}) {series(names.JOB_OFU_MFU_GAP)}", f"MFU {{{{{job}}}}}"),
             ],
         ),
         _grafana_panel(
             4,
             "Flagged jobs",
             [
-                (f"{prometheus_name(names.JOB_FLOPS_MISCOUNT.name)} == 1", f"miscount {{{{{job}}}}}"),
-                (f"{prometheus_name(names.JOB_OFU_REGRESSION.name)} == 1", f"regression {{{{{job}}}}}"),
+                (f"{series(names.JOB_FLOPS_MISCOUNT)} == 1", f"miscount {{{{{job}}}}}"),
+                (f"{series(names.JOB_OFU_REGRESSION)} == 1", f"regression {{{{{job}}}}}"),
             ],
             kind="table",
         ),
@@ -318,7 +541,66 @@ def grafana_dashboard() -> JSON:
             ],
             kind="stat",
         ),
-        _grafana_panel(6, "GPUs reporting", [(f"sum({prometheus_name(names.FLEET_GPUS.name)})", "GPUs")], kind="stat"),
+        _grafana_panel(6, "GPUs reporting", [(f"sum({series(names.FLEET_GPUS, group)})", "GPUs")], kind="stat"),
+        # Where OFU is lost, and what it costs.
+        _grafana_panel(
+            7,
+            "Per job: OFU lost by cause",
+            [(series(names.JOB_OFU_LOSS), f"{{{{{job}}}}} {{{{{cause}}}}}")],
+            unit="percentunit",
+        ),
+        _grafana_panel(
+            8,
+            "GPUs' worth lost by cause (loss x GPUs)",
+            [
+                (
+                    f"sum by ({cause}) ({series(names.JOB_OFU_LOSS)} * on({job}) group_left() "
+                    f"sum by ({job}) ({series(names.JOB_GPUS)}))",
+                    f"{{{{{cause}}}}}",
+                )
+            ],
+        ),
+        _grafana_panel(
+            9,
+            "Fleet GPU-hours lost per window, by cause",
+            [
+                (
+                    f"sum by ({cause}) ({prometheus_name(names.FLEET_GPU_TIME_LOST.name)}) / {SECONDS_PER_HOUR}",
+                    f"{{{{{cause}}}}}",
+                )
+            ],
+        ),
+        _grafana_panel(
+            10,
+            "Fleet cost lost per window, by cause",
+            [(f"sum by ({cause}) ({prometheus_name(names.FLEET_COST_LOST.name)})", f"{{{{{cause}}}}}")],
+        ),
+        _grafana_panel(11, "Per job: cost lost per hour", [(cost_per_hour, f"{{{{{job}}}}}")]),
+        _grafana_panel(
+            12,
+            "Energy per window (kWh) and FLOPs per joule",
+            [
+                (f"sum({prometheus_name(names.FLEET_ENERGY.name)}) / {JOULES_PER_KWH}", "fleet kWh"),
+                (series(names.JOB_FLOPS_PER_JOULE), f"FLOP/J {{{{{job}}}}}"),
+            ],
+        ),
+        _grafana_panel(
+            13,
+            "Straggler GPUs",
+            [
+                (
+                    f"{series(names.GPU_STRAGGLER, per_gpu)} == 1",
+                    f"{{{{{host}}}}} {{{{{hw_id}}}}} {{{{{job}}}}} {{{{{reason}}}}}",
+                )
+            ],
+            kind="table",
+        ),
+        _grafana_panel(
+            14,
+            "Idle GPUs per job (allocated, no tensor activity)",
+            [(f"{series(names.JOB_GPUS_IDLE)} > 0", f"{{{{{job}}}}}")],
+            kind="table",
+        ),
     ]
     return {
         "title": "otel-ofu: fleet FLOP utilization",
@@ -327,7 +609,10 @@ def grafana_dashboard() -> JSON:
         "tags": ["gpu", "ofu", "opentelemetry"],
         "time": {"from": "now-6h", "to": "now"},
         "templating": {
-            "list": [{"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"}]
+            "list": [
+                {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
+                *(_grafana_variable(variable, key, query) for variable, key, query in GRAFANA_VARIABLES),
+            ]
         },
         "panels": panels,
     }

@@ -1,0 +1,147 @@
+"""The shipped Prometheus alerting rules in a real Prometheus scraping the real collector's /metrics.
+
+promtool's unit tests (tests/test_alerts.py) prove the rules' logic on synthetic series; this proves
+the series are the ones the collector really exposes, with the labels the rules join on. A collector
+closes three windows in which job ``moe`` reports twice the FLOPs its GPUs execute, ``dense`` reports
+honestly and ``no-mfu`` reports no MFU at all (a flag that cannot be assessed); then a producer keeps
+sending points the collector must reject. Prometheus (Debian's binary, loopback, 1 s scrapes and
+evaluations) must hold exactly two alerts pending: the miscount for ``moe`` (neither ``dense``, flagged
+0, nor ``no-mfu``) and the collector's rejected points; every rule must evaluate without error.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from otel_ofu import names
+from otel_ofu.prometheus_names import label_name
+from otel_ofu.testing.otlp_requests import gpu_request, mfu_request
+from otel_ofu.testing.otlp_sink import unused_port
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.service import CollectorOptions, CollectorService
+
+StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]
+
+RULES = Path(__file__).resolve().parents[2] / "examples" / "alerts" / "prometheus-rules.yaml"
+S = 1_000_000_000
+W0 = 1_700_000_040 * S  # a multiple of 60 s: windows are aligned to the epoch
+WINDOW = 60 * S
+WAIT_S = 30.0  # bounded poll for scrapes and rule evaluations at 1 s
+
+
+def _get(base: str, path: str, **params: str) -> Any:
+    url = f"{base}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body = json.load(response)
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def _wait_for(condition: Callable[[], Any], what: str) -> Any:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.2)
+    pytest.fail(f"{what} within {WAIT_S:g} s")
+
+
+@pytest.fixture
+def collector() -> Iterator[CollectorService]:
+    options = CollectorOptions(
+        aggregator=AggregatorConfig(window_s=60.0, lateness_s=10.0, miscount_windows=2),
+        grpc_listen="127.0.0.1:0",
+        prometheus_port=0,
+        prometheus_host="127.0.0.1",
+        flush_interval_s=0.0,  # the test closes windows by flushing at simulated times
+    )
+    service = CollectorService(options, environ={})
+    service.start()
+    yield service
+    service.stop(grace=1.0)
+
+
+def test_shipped_rules_alert_on_the_real_collector_series(
+    prometheus_binary: Path, start_process: StartProcess, collector: CollectorService, tmp_path: Path
+) -> None:
+    for window in range(3):
+        t = W0 + window * WINDOW + 30 * S
+        gpus = {"GPU-1": ("dense", 0.5), "GPU-2": ("dense", 0.4), "GPU-3": ("moe", 0.2), "GPU-4": ("no-mfu", 0.3)}
+        collector.ingest(gpu_request(gpus, time_ns=t))
+        collector.ingest(mfu_request({"dense": 0.45, "moe": 0.4}, t))  # moe claims 2x its OFU
+        collector.flush(W0 + (window + 1) * WINDOW + 10 * S)
+
+    rules = tmp_path / "otel-ofu-rules.yaml"
+    shutil.copy(RULES, rules)
+    port = unused_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+        f"rule_files:\n  - {rules}\n"
+        "scrape_configs:\n  - job_name: otel-ofu-collector\n    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{collector.ports['prometheus']}']\n"
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"{base}/-/ready", timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    start_process(
+        [
+            str(prometheus_binary),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        "prometheus",
+        ready,
+    )
+    accepted = "otel_ofu_collector_points_accepted_total"
+    _wait_for(lambda: _get(base, "/api/v1/query", query=accepted)["result"], f"no scrape of {accepted}")
+    # Then a producer keeps sending points the collector cannot use (non-finite OFU): rejected and counted.
+    # The rejected counter's series appears with its first rejection, so rate() sees the ones after it.
+    rejected = "otel_ofu_collector_points_rejected_total"
+    bad = gpu_request({"GPU-7": float("nan"), "GPU-8": float("inf")}, time_ns=W0 + 4 * WINDOW)
+    assert collector.ingest(bad).rejected == 2
+    _wait_for(lambda: _get(base, "/api/v1/query", query=rejected)["result"], f"no scrape of {rejected}")
+    assert collector.ingest(bad).rejected == 2
+
+    job, instance = label_name(names.JOB_ID), "instance"
+    expected = {
+        ("OfuFlopsMiscount", "moe"),
+        ("OfuCollectorRejectingPoints", f"127.0.0.1:{collector.ports['prometheus']}"),
+    }
+
+    def active() -> set[tuple[str, str]]:
+        alerts = _get(base, "/api/v1/alerts")["alerts"]
+        return {
+            (alert["labels"]["alertname"], alert["labels"].get(job) or alert["labels"].get(instance, ""))
+            for alert in alerts
+        }
+
+    _wait_for(lambda: active() >= expected, f"alerts {sorted(expected)} not active")
+    assert active() == expected  # not dense (flag 0), not no-mfu (flag absent), no collector down/no windows
+
+    groups = _get(base, "/api/v1/rules")["groups"]
+    evaluated = [rule for group in groups for rule in group["rules"]]
+    assert len(evaluated) == sum(1 for line in RULES.read_text().splitlines() if line.lstrip().startswith("- alert:"))
+    assert all(rule["health"] == "ok" for rule in evaluated), [(r["name"], r.get("lastError")) for r in evaluated]
+    states = {rule["name"]: rule["state"] for rule in evaluated}
+    assert states["OfuFlopsMiscount"] == "pending"  # for: 15m has not elapsed
+    assert states["OfuRegression"] == states["OfuCollectorNoWindows"] == states["OfuCollectorDown"] == "inactive"
