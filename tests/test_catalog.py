@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
 import pytest
 
 from otel_ofu import catalog, names
+from otel_ofu.model import GpuIdentity, GpuReading
+from otel_ofu.sources.max_clock import MaxClockTable
 
 # Device names exactly as NVML (nvmlDeviceGetName) and dcgm-exporter's modelName label print them.
 KNOWN_NAMES = [
@@ -130,3 +137,59 @@ def test_blackwell_board_clock_is_not_invented() -> None:
     assert catalog.B200.boost_clock_hz is None
     assert catalog.GB200.boost_clock_hz is None
     assert catalog.B200.peak("fp4") == pytest.approx(2 * catalog.B200.peak_flops["fp8"])
+
+
+# --model and --max-sm-clock: a dcgmi dmon capture names no model and, here, has no max clock (SMMAX).
+DMON_NO_MAX_CLOCK = """\
+dcgmi dmon -e 1004,100 -d 1000
+#Entity    TENSO        SMCLK
+ID
+GPU 0      0.500        1300
+GPU 1      0.250        1200
+"""
+
+
+def snapshot_lines(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[dict[str, Any]], str]:
+    from otel_ofu import cli
+
+    code = cli.main(["snapshot", *argv])
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines() if line.strip()], err
+
+
+def test_a_dmon_replay_names_its_model_and_a_table_gives_an_unknown_models_max_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capture = tmp_path / "dmon.txt"
+    capture.write_text(DMON_NO_MAX_CLOCK)
+    replay = ["--source", "replay", "--file", str(capture)]
+    code, lines, _ = snapshot_lines(replay, capsys)
+    assert code == 1  # model "unknown", no max clock: no OFU at all
+    assert {line[names.HW_MODEL] for line in lines} == {"unknown"}
+    assert not any(names.GPU_OFU.name in line for line in lines)
+    # --model: the catalog knows an H100's board clock (1980 MHz), so OFU comes.
+    code, lines, _ = snapshot_lines([*replay, "--model", "NVIDIA H100 80GB HBM3"], capsys)
+    assert code == 0
+    assert lines[0][names.HW_MODEL] == "NVIDIA H100 80GB HBM3"
+    assert lines[0][names.GPU_CLOCK_SM_MAX.name] == pytest.approx(1980e6)
+    # A model the catalog lacks gets its max clock (MHz) from --max-sm-clock, or from its variable.
+    monkeypatch.setenv("OTEL_OFU_MAX_SM_CLOCK", "nvidia a800 80gb pcie=1410, Other GPU=1000")
+    code, lines, _ = snapshot_lines([*replay, "--model", "NVIDIA A800 80GB PCIe"], capsys)
+    assert code == 0
+    first = lines[0]
+    assert first[names.GPU_CLOCK_SM_MAX.name] == pytest.approx(1410e6)
+    assert first[names.GPU_OFU_RAW.name] == pytest.approx(0.5 * 1300 / 1410)
+
+
+def test_a_device_reported_max_clock_is_never_overridden_and_bad_tables_say_why() -> None:
+    table = MaxClockTable.parse("NVIDIA X=1500")
+    gpu = GpuIdentity(uuid="GPU-1", model="NVIDIA X", index=0, host="h")
+    own = GpuReading(gpu=gpu, start_ns=0, end_ns=1, tensor_active=0.5, sm_clock_hz=1e9, max_sm_clock_hz=1.7e9)
+    assert table.fill(own).max_sm_clock_hz == 1.7e9
+    assert table.fill(attrs.evolve(own, max_sm_clock_hz=None)).max_sm_clock_hz == 1.5e9
+    other = attrs.evolve(own, gpu=attrs.evolve(gpu, model="NVIDIA Y"), max_sm_clock_hz=None)
+    assert table.fill(other).max_sm_clock_hz is None
+    for text, message in (("NVIDIA X", "MODEL=MHZ"), ("=1500", "MODEL=MHZ"), ("X=fast", "not a number"),
+                          ("X=1.5", "not plausible"), ("X=1500000000", "not plausible")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            MaxClockTable.parse(text)

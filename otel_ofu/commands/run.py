@@ -22,6 +22,7 @@ from otel_ofu.producer.loop import Producer, Recorder, open_recorder
 from otel_ofu.producer.metrics_data import MetricsDataBuilder, env_resource
 from otel_ofu.producer.prometheus import PrometheusEndpoint
 from otel_ofu.sources.factory import SOURCE_KINDS
+from otel_ofu.sources.max_clock import max_clock_option, with_max_clocks
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,18 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="NVML shared library to load instead of libnvidia-ml.so.1 (--source nvml)",
     )
     source.option("--dcgm-address", metavar="HOST", default="localhost", help="DCGM host engine (--source dcgm)")
+    source.option(
+        "--model",
+        metavar="NAME",
+        help="hw.model of a dcgmi dmon replay, which prints no device names (e.g. 'NVIDIA H100 80GB HBM3')",
+    )
+    source.option(
+        "--max-sm-clock",
+        metavar="MODEL=MHZ,...",
+        type=max_clock_option,
+        help="max SM clock in MHz of models whose source reports none (e.g. 'NVIDIA A800 80GB PCIe=1410'); "
+        "never overrides the device's own",
+    )
 
     attribution = options.group("job attribution")
     attribution.option("--job-id", metavar="ID", help="job.id for every GPU when nothing better is known")
@@ -181,9 +194,12 @@ def _open_source(args: argparse.Namespace, clock: Clock) -> tuple[Source, str]:
     options: dict[str, Any] = {"clock_sample_hz": args.clock_sample_hz, "address": args.dcgm_address}
     if args.nvml_library:
         options["library"] = args.nvml_library
-    return open_source(
+    if args.model:
+        options["model"] = args.model
+    source, why = open_source(
         args.source, url=args.url, file=args.file, host=args.host, seed=args.seed, clock=clock, **options
     )
+    return with_max_clocks(source, args.max_sm_clock), why
 
 
 def _attribution(args: argparse.Namespace, source: Source) -> Any:
