@@ -286,3 +286,8 @@ def test_a_jobset_worker_joins_its_jobs_mfu_with_no_environment_variable(
     # The training script names its job as its JobSet: <namespace>/<name>, and the two join.
     assert mfu_reporters_job_id("research/llama-pretrain") == first[names.JOB_ID]
     assert api.requests[0][0] == "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a"
+
+
+def test_the_pod_list_without_the_kubelet_socket_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="needs --kubelet-socket"):
+        build_chain(k8s_pods_url="https://127.0.0.1:6443", k8s_node_name="node-a")

@@ -194,6 +194,8 @@ def build_chain(
     if len(set(order)) != len(order):
         raise ValueError(f"attribution order names a link twice: {', '.join(order)}")
 
+    if k8s_pods_url is not None and kubelet_socket is None:
+        raise ValueError("--k8s-pods-url needs --kubelet-socket: PodResources says which pod holds which GPU")
     pods = (
         None
         if k8s_pods_url is None
