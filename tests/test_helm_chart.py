@@ -289,6 +289,9 @@ def test_the_sharded_agent_routes_to_the_headless_shards(helm: str) -> None:
     assert env_of(pod_spec(shards)["containers"][0])["OTEL_OFU_COLLECTOR_MODE"] == "shard"
     assert shards["spec"]["replicas"] == 3
     assert agent["service"]["pipelines"]["metrics"]["exporters"] == ["loadbalancing/otel-ofu-shards"]
+    # The agent routes by job.id on the data points: the producers put it there too.
+    (daemonset,) = of_kind(documents, "DaemonSet")
+    assert env_of(pod_spec(daemonset)["containers"][0])["OTEL_OFU_PLACEMENT"] == "both"
     (agent_deployment,) = [w for w in workloads(documents) if w["metadata"]["name"].endswith("-agent")]
     mounted = pod_spec(agent_deployment)["volumes"][0]["configMap"]["name"]
     assert mounted == config_map["metadata"]["name"]
