@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstalled whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit system-deps bench bench-quick clean
+.PHONY: demo test lint typecheck unit system-deps bench bench-quick clean helm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ demo: $(STAMP)
 system-deps:
 	bash tests/setup/install-system-deps.sh
 
+# The real helm CLI for the chart tests (tests/test_helm_chart.py), built from its Go module once.
+helm:
+	@command -v helm >/dev/null 2>&1 || bash tests/setup/build-helm.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
@@ -29,7 +33,7 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest
 
-test: $(STAMP) system-deps lint typecheck unit bench-quick
+test: $(STAMP) system-deps helm lint typecheck unit bench-quick
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

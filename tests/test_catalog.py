@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
 import pytest
 
 from otel_ofu import catalog, names
+from otel_ofu.model import GpuIdentity, GpuReading
+from otel_ofu.sources.max_clock import MaxClockTable
 
 # Device names exactly as NVML (nvmlDeviceGetName) and dcgm-exporter's modelName label print them.
 KNOWN_NAMES = [
@@ -23,9 +30,19 @@ KNOWN_NAMES = [
     ("NVIDIA L4", "L4"),
     ("NVIDIA B200", "B200"),
     ("NVIDIA GB200", "GB200"),
+    ("Tesla V100-SXM2-16GB", "V100-SXM2"),
+    ("Tesla V100-SXM2-32GB", "V100-SXM2"),
+    ("Tesla V100-PCIE-32GB", "V100-PCIe"),
+    ("Tesla T4", "T4"),
+    ("NVIDIA A40", "A40"),
+    ("NVIDIA L40", "L40"),
+    ("NVIDIA H20", "H20"),
+    ("NVIDIA B300", "B300"),
+    ("NVIDIA GB300", "GB300"),
 ]
 
-UNKNOWN_NAMES = ["NVIDIA L40", "NVIDIA TITAN V", "NVIDIA A30", "NVIDIA A10G", "Tesla V100-SXM2-16GB", ""]
+# No source for their figures was found: they stay unknown (--max-sm-clock gives them a max clock).
+UNKNOWN_NAMES = ["NVIDIA TITAN V", "NVIDIA A30", "NVIDIA A10G", "NVIDIA A10", "Tesla V100S-PCIE-32GB", ""]
 
 # Dense FP16/BF16 tensor FLOP per clock per SM of each architecture (Ampere 2048 on A100, Hopper 4096,
 # Ada 1024, Blackwell 8192): tensor clock x SMs x rate must give the datasheet's dense peak.
@@ -41,6 +58,9 @@ DENSE_FP16_FLOP_PER_CLOCK_PER_SM = {
     "L4": 1024,
     "B200": 8192,
     "GB200": 8192,
+    "V100-SXM2": 1024,  # Volta: 8 tensor cores x 64 FMA x 2
+    "V100-PCIe": 1024,
+    "T4": 1024,  # Turing: the same 8 x 64 FMA per SM
 }
 
 
@@ -79,7 +99,8 @@ def test_fp16_equals_bf16(spec: catalog.GpuSpec) -> None:
 def test_fp8_is_twice_bf16_where_present(spec: catalog.GpuSpec) -> None:
     fp8, bf16 = spec.peak("fp8"), spec.peak("bf16")
     if fp8 is None:
-        assert spec.key.startswith("A100")  # Ampere has no FP8 tensor cores
+        # Volta, Turing and Ampere have no FP8 tensor cores; no source gives the H20's.
+        assert spec.key.startswith(("A100", "A40", "V100", "T4", "H20"))
         return
     assert bf16 is not None
     assert fp8 == pytest.approx(2 * bf16, rel=0.02)  # L40S prints 362 / 733
@@ -87,7 +108,7 @@ def test_fp8_is_twice_bf16_where_present(spec: catalog.GpuSpec) -> None:
 
 @pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
 def test_peaks_are_known_precisions_and_positive(spec: catalog.GpuSpec) -> None:
-    assert spec.sm_count > 0
+    assert spec.sm_count is None or spec.sm_count > 0
     assert spec.peak_flops
     for precision, flops in spec.peak_flops.items():
         assert precision in names.PRECISIONS
@@ -99,7 +120,12 @@ def test_peaks_are_known_precisions_and_positive(spec: catalog.GpuSpec) -> None:
 
 @pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
 def test_tensor_clock_x_sms_x_rate_is_the_bf16_peak(spec: catalog.GpuSpec) -> None:
+    if spec.key not in DENSE_FP16_FLOP_PER_CLOCK_PER_SM:
+        # No per-SM rate or clock from a source: the tensor clock stays unknown, never guessed.
+        assert spec.tensor_clock_hz is None
+        return
     assert spec.tensor_clock_hz is not None
+    assert spec.sm_count is not None
     bf16 = spec.peak("bf16")
     assert bf16 is not None
     derived = spec.tensor_clock_hz * spec.sm_count * DENSE_FP16_FLOP_PER_CLOCK_PER_SM[spec.key]
@@ -130,3 +156,59 @@ def test_blackwell_board_clock_is_not_invented() -> None:
     assert catalog.B200.boost_clock_hz is None
     assert catalog.GB200.boost_clock_hz is None
     assert catalog.B200.peak("fp4") == pytest.approx(2 * catalog.B200.peak_flops["fp8"])
+
+
+# --model and --max-sm-clock: a dcgmi dmon capture names no model and, here, has no max clock (SMMAX).
+DMON_NO_MAX_CLOCK = """\
+dcgmi dmon -e 1004,100 -d 1000
+#Entity    TENSO        SMCLK
+ID
+GPU 0      0.500        1300
+GPU 1      0.250        1200
+"""
+
+
+def snapshot_lines(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[dict[str, Any]], str]:
+    from otel_ofu import cli
+
+    code = cli.main(["snapshot", *argv])
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines() if line.strip()], err
+
+
+def test_a_dmon_replay_names_its_model_and_a_table_gives_an_unknown_models_max_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    capture = tmp_path / "dmon.txt"
+    capture.write_text(DMON_NO_MAX_CLOCK)
+    replay = ["--source", "replay", "--file", str(capture)]
+    code, lines, _ = snapshot_lines(replay, capsys)
+    assert code == 1  # model "unknown", no max clock: no OFU at all
+    assert {line[names.HW_MODEL] for line in lines} == {"unknown"}
+    assert not any(names.GPU_OFU.name in line for line in lines)
+    # --model: the catalog knows an H100's board clock (1980 MHz), so OFU comes.
+    code, lines, _ = snapshot_lines([*replay, "--model", "NVIDIA H100 80GB HBM3"], capsys)
+    assert code == 0
+    assert lines[0][names.HW_MODEL] == "NVIDIA H100 80GB HBM3"
+    assert lines[0][names.GPU_CLOCK_SM_MAX.name] == pytest.approx(1980e6)
+    # A model the catalog lacks gets its max clock (MHz) from --max-sm-clock, or from its variable.
+    monkeypatch.setenv("OTEL_OFU_MAX_SM_CLOCK", "nvidia a800 80gb pcie=1410, Other GPU=1000")
+    code, lines, _ = snapshot_lines([*replay, "--model", "NVIDIA A800 80GB PCIe"], capsys)
+    assert code == 0
+    first = lines[0]
+    assert first[names.GPU_CLOCK_SM_MAX.name] == pytest.approx(1410e6)
+    assert first[names.GPU_OFU_RAW.name] == pytest.approx(0.5 * 1300 / 1410)
+
+
+def test_a_device_reported_max_clock_is_never_overridden_and_bad_tables_say_why() -> None:
+    table = MaxClockTable.parse("NVIDIA X=1500")
+    gpu = GpuIdentity(uuid="GPU-1", model="NVIDIA X", index=0, host="h")
+    own = GpuReading(gpu=gpu, start_ns=0, end_ns=1, tensor_active=0.5, sm_clock_hz=1e9, max_sm_clock_hz=1.7e9)
+    assert table.fill(own).max_sm_clock_hz == 1.7e9
+    assert table.fill(attrs.evolve(own, max_sm_clock_hz=None)).max_sm_clock_hz == 1.5e9
+    other = attrs.evolve(own, gpu=attrs.evolve(gpu, model="NVIDIA Y"), max_sm_clock_hz=None)
+    assert table.fill(other).max_sm_clock_hz is None
+    for text, message in (("NVIDIA X", "MODEL=MHZ"), ("=1500", "MODEL=MHZ"), ("X=fast", "not a number"),
+                          ("X=1.5", "not plausible"), ("X=1500000000", "not plausible")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            MaxClockTable.parse(text)

@@ -31,7 +31,9 @@ from otel_ofu.cli_support import (
 )
 
 # The options run and snapshot share on purpose: one node's source settings serve both.
-SHARED_SOURCE_OPTIONS = frozenset({"--source", "--url", "--file", "--host", "--seed", "--calibration"})
+SHARED_SOURCE_OPTIONS = frozenset(
+    {"--source", "--url", "--file", "--host", "--seed", "--calibration", "--model", "--max-sm-clock"}
+)
 COMMAND_PREFIXES = {
     "collector": COLLECTOR_PREFIX,
     "demo": DEMO_PREFIX,

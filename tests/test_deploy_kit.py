@@ -90,7 +90,7 @@ def test_daemonset_sets_only_run_options_and_mounts_what_they_name(monkeypatch: 
     container = daemonset_container()
     environment = {item["name"]: item["value"] for item in container["env"] if "value" in item}
     from_fields = {item["name"] for item in container["env"] if "valueFrom" in item}
-    assert from_fields <= run_variables() | {"NVIDIA_VISIBLE_DEVICES"}
+    assert from_fields <= run_variables() | {"NVIDIA_VISIBLE_DEVICES", "NODE_NAME"}  # NODE_NAME: downward API
     check_settings(environment, list(container["args"]), monkeypatch)
     mounts = {mount["mountPath"]: mount for mount in container["volumeMounts"]}
     socket = Path(environment["OTEL_OFU_KUBELET_SOCKET"])

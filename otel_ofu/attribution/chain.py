@@ -30,7 +30,7 @@ from typing import Final
 import attrs
 
 from otel_ofu import names
-from otel_ofu.attribution import hints, kubernetes, process_env, slurm_mapping, static
+from otel_ofu.attribution import hints, kubernetes, kubernetes_pods, process_env, slurm_mapping, static
 from otel_ofu.attribution.base import ATTRIBUTE_KEYS, UNKNOWN_PRECISION, Attributor
 from otel_ofu.model import Clock, GpuIdentity
 
@@ -172,6 +172,11 @@ def build_chain(
     pids_for: process_env.PidsFor | None = None,
     slurm_mapping_dir: str | Path | None = None,
     kubelet_socket: str | Path | None = None,
+    k8s_pods_url: str | None = None,
+    k8s_node_name: str | None = None,
+    k8s_token_file: str | None = kubernetes_pods.DEFAULT_TOKEN_FILE,
+    k8s_ca_file: str | None = kubernetes_pods.DEFAULT_CA_FILE,
+    k8s_job_label: str | None = None,
     order: Sequence[str] = DEFAULT_ORDER,
     refresh_s: float = DEFAULT_REFRESH_S,
     clock: Clock = time.monotonic_ns,
@@ -180,12 +185,28 @@ def build_chain(
 
     A link without its configuration is left out: process_env without ``pids_for``, slurm_mapping without
     a directory, kubernetes without a socket, static without any value. hints is always there.
+    ``k8s_pods_url`` (an API server base URL or a kubelet ``.../pods`` URL) adds the pods' UIDs and jobs
+    to the kubernetes link; the pod list is reused for ``refresh_s``.
     """
     unknown = [name for name in order if name not in LINK_NAMES]
     if unknown:
         raise ValueError(f"unknown attribution link(s) {', '.join(unknown)}; known: {', '.join(LINK_NAMES)}")
     if len(set(order)) != len(order):
         raise ValueError(f"attribution order names a link twice: {', '.join(order)}")
+
+    if k8s_pods_url is not None and kubelet_socket is None:
+        raise ValueError("--k8s-pods-url needs --kubelet-socket: PodResources says which pod holds which GPU")
+    pods = (
+        None
+        if k8s_pods_url is None
+        else kubernetes_pods.PodDirectory(
+            url=kubernetes_pods.pods_url(k8s_pods_url, k8s_node_name),
+            token_file=k8s_token_file,
+            ca_file=k8s_ca_file,
+            refresh_s=refresh_s,
+            clock=clock,
+        )
+    )
 
     def make_static() -> Attributor | None:
         link = static.StaticAttributor(job_id=static_job_id, job_name=static_job_name, precision=static_precision)
@@ -202,7 +223,9 @@ def build_chain(
         kubernetes.LINK_NAME: lambda: (
             None
             if kubelet_socket is None
-            else kubernetes.KubernetesAttributor(socket_path=str(kubelet_socket), clock=clock)
+            else kubernetes.KubernetesAttributor(
+                socket_path=str(kubelet_socket), clock=clock, pods=pods, job_label=k8s_job_label
+            )
         ),
         static.LINK_NAME: make_static,
     }

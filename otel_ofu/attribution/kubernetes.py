@@ -3,8 +3,14 @@
 ``v1.PodResourcesLister/List`` on the kubelet's unix socket lists every container's allocated devices.
 The NVIDIA device plugin names them by GPU UUID (``GPU-...``), MIG UUID (``MIG-...``, or the old
 ``MIG-GPU-<uuid>/<gi>/<ci>``), with a ``::<n>`` replica suffix under time-slicing, or by index when it
-runs with ``deviceIDStrategy=index``. The API gives no pod UID, so ``k8s.pod.uid`` stays absent. Where
-several pods share a GPU (time-slicing), the first listed wins.
+runs with ``deviceIDStrategy=index``. Where several pods share a GPU (time-slicing), the first listed
+gives the ``k8s.*`` attributes.
+
+PodResources gives no pod UID and no job. With a ``PodDirectory`` (the node's pods from the API server
+or the kubelet, ``kubernetes_pods``), the pod's UID and its job (from its workload's standard labels and
+owners) are added: ``job.id`` ``<namespace>/<workload>``, ``job.name``, ``job.scheduler=kubernetes``.
+Pods of different jobs sharing one GPU leave its job unknown. When the pod list cannot be had, the
+pod attributes still come, without the job.
 
 One List answers for every GPU of the node, so a result is reused for ``reuse_s`` while the chain
 refreshes the GPUs one by one.
@@ -26,11 +32,12 @@ tests/test_kubernetes_attribution.py checks that the committed descriptor matche
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 import attrs
 import grpc
@@ -38,7 +45,10 @@ import grpc
 from otel_ofu import names
 from otel_ofu.attribution import podresources_pb2, podresources_pb2_grpc
 from otel_ofu.attribution.base import AttributionError
+from otel_ofu.attribution.kubernetes_pods import PodDirectory, PodMeta, shared_workload
 from otel_ofu.model import Clock, GpuIdentity
+
+log = logging.getLogger(__name__)
 
 LINK_NAME: Final = "kubernetes"
 DEFAULT_KUBELET_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -70,32 +80,46 @@ class PodContainer:
         return attributes
 
 
+Owners = tuple[PodContainer, ...]  # every pod holding a device, in listing order
+
+
 @attrs.frozen
 class DeviceOwners:
     """A List answer indexed the ways a GPU can be looked up."""
 
-    by_id: Mapping[str, PodContainer]  # lower-case GPU or MIG UUID
-    by_legacy_mig: Mapping[tuple[str, int], PodContainer]  # (lower-case GPU UUID, GPU instance id)
-    by_index: Mapping[int, PodContainer]  # whole GPUs under deviceIDStrategy=index
+    by_id: Mapping[str, Owners]  # lower-case GPU or MIG UUID
+    by_legacy_mig: Mapping[tuple[str, int], Owners]  # (lower-case GPU UUID, GPU instance id)
+    by_index: Mapping[int, Owners]  # whole GPUs under deviceIDStrategy=index
 
-    def owner_of(self, gpu: GpuIdentity) -> PodContainer | None:
+    def owners_of(self, gpu: GpuIdentity) -> Owners:
+        """The pods holding ``gpu``, first listed first; empty when none does."""
         if gpu.mig_instance_id is not None:
             mig_uuid = gpu.hints.get(names.HINT_MIG_UUID)
-            if mig_uuid and (owner := self.by_id.get(mig_uuid.lower())) is not None:
-                return owner
-            if (owner := self.by_legacy_mig.get((gpu.uuid.lower(), gpu.mig_instance_id))) is not None:
-                return owner
+            if mig_uuid and (owners := self.by_id.get(mig_uuid.lower())):
+                return owners
+            if owners := self.by_legacy_mig.get((gpu.uuid.lower(), gpu.mig_instance_id)):
+                return owners
         # A whole-GPU allocation also owns every MIG instance on it.
-        if (owner := self.by_id.get(gpu.uuid.lower())) is not None:
-            return owner
-        return self.by_index.get(gpu.index)
+        if owners := self.by_id.get(gpu.uuid.lower()):
+            return owners
+        return self.by_index.get(gpu.index, ())
+
+    def owner_of(self, gpu: GpuIdentity) -> PodContainer | None:
+        owners = self.owners_of(gpu)
+        return owners[0] if owners else None
+
+
+def _add(index: dict[Any, list[PodContainer]], key: object, owner: PodContainer) -> None:
+    owners = index.setdefault(key, [])
+    if owner not in owners:
+        owners.append(owner)
 
 
 def index_devices(response: podresources_pb2.ListPodResourcesResponse) -> DeviceOwners:
-    """Index every allocated device of a List answer; the first pod listed for a device wins."""
-    by_id: dict[str, PodContainer] = {}
-    by_legacy_mig: dict[tuple[str, int], PodContainer] = {}
-    by_index: dict[int, PodContainer] = {}
+    """Index every allocated device of a List answer, keeping every pod that holds it, in listing order."""
+    by_id: dict[Any, list[PodContainer]] = {}
+    by_legacy_mig: dict[Any, list[PodContainer]] = {}
+    by_index: dict[Any, list[PodContainer]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             owner = PodContainer(pod=pod.name, namespace=pod.namespace, container=container.name)
@@ -104,12 +128,16 @@ def index_devices(response: podresources_pb2.ListPodResourcesResponse) -> Device
                 for raw_id in devices.device_ids:
                     device_id = _REPLICA_SUFFIX.sub("", raw_id.strip())
                     if nvidia and device_id.isdigit():
-                        by_index.setdefault(int(device_id), owner)
+                        _add(by_index, int(device_id), owner)
                         continue
-                    by_id.setdefault(device_id.lower(), owner)
+                    _add(by_id, device_id.lower(), owner)
                     if (legacy := _LEGACY_MIG.match(device_id)) is not None:
-                        by_legacy_mig.setdefault((legacy.group(1).lower(), int(legacy.group(2))), owner)
-    return DeviceOwners(by_id=by_id, by_legacy_mig=by_legacy_mig, by_index=by_index)
+                        _add(by_legacy_mig, (legacy.group(1).lower(), int(legacy.group(2))), owner)
+
+    def frozen(index: dict[Any, list[PodContainer]]) -> dict[Any, Owners]:
+        return {key: tuple(owners) for key, owners in index.items()}
+
+    return DeviceOwners(by_id=frozen(by_id), by_legacy_mig=frozen(by_legacy_mig), by_index=frozen(by_index))
 
 
 def _path_text(path: str | os.PathLike[str]) -> str:
@@ -124,6 +152,9 @@ class KubernetesAttributor:
     timeout_s: float = 2.0
     reuse_s: float = 1.0
     clock: Clock = time.monotonic_ns
+    # The node's pods (API server or kubelet) for the pod UID and job; None: pod attributes only.
+    pods: PodDirectory | None = None
+    job_label: str | None = None  # --k8s-job-label: a label naming the job, before the standard ones
     name: str = attrs.field(default=LINK_NAME, init=False)
     _channel: grpc.Channel | None = attrs.field(default=None, init=False, repr=False)
     _owners: DeviceOwners | None = attrs.field(default=None, init=False, repr=False)
@@ -131,8 +162,25 @@ class KubernetesAttributor:
     _listed_ns: int | None = attrs.field(default=None, init=False, repr=False)
 
     def attribute(self, gpu: GpuIdentity) -> Mapping[str, str]:
-        owner = self._current_owners().owner_of(gpu)
-        return {} if owner is None else owner.attributes()
+        owners = self._current_owners().owners_of(gpu)
+        if not owners:
+            return {}
+        attributes = owners[0].attributes()
+        if self.pods is None:
+            return attributes
+        try:
+            metas = [self.pods.get(owner.namespace, owner.pod) for owner in owners]
+        except AttributionError as error:
+            # Logged by the directory when the list fails; the pod attributes still hold.
+            log.debug("GPU %s: no pod metadata (%s), job unknown", gpu.key, error)
+            return attributes
+        first: PodMeta | None = metas[0]
+        if first is not None and first.uid:
+            attributes[names.K8S_POD_UID] = first.uid
+        workload = shared_workload(metas, self.job_label)
+        if workload is not None:
+            attributes.update(workload.attributes())
+        return attributes
 
     def list_pod_resources(self) -> podresources_pb2.ListPodResourcesResponse:
         """One List call; a clear one-line AttributionError when the kubelet does not answer."""

@@ -12,6 +12,7 @@ from typing import Any
 from opentelemetry.sdk.metrics.export import MetricExporter
 
 from otel_ofu import names
+from otel_ofu.attribution.kubernetes_pods import DEFAULT_CA_FILE, DEFAULT_TOKEN_FILE, resolve_pods_url
 from otel_ofu.cli_support import CommandOptions, export_interval_s, port_number, positive_float, positive_int
 from otel_ofu.clock import ScaledClock, wall_clock
 from otel_ofu.gpu_values import CalibrationTable
@@ -21,6 +22,7 @@ from otel_ofu.producer.loop import Producer, Recorder, open_recorder
 from otel_ofu.producer.metrics_data import MetricsDataBuilder, env_resource
 from otel_ofu.producer.prometheus import PrometheusEndpoint
 from otel_ofu.sources.factory import SOURCE_KINDS
+from otel_ofu.sources.max_clock import max_clock_option, with_max_clocks
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,18 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="NVML shared library to load instead of libnvidia-ml.so.1 (--source nvml)",
     )
     source.option("--dcgm-address", metavar="HOST", default="localhost", help="DCGM host engine (--source dcgm)")
+    source.option(
+        "--model",
+        metavar="NAME",
+        help="hw.model of a dcgmi dmon replay, which prints no device names (e.g. 'NVIDIA H100 80GB HBM3')",
+    )
+    source.option(
+        "--max-sm-clock",
+        metavar="MODEL=MHZ,...",
+        type=max_clock_option,
+        help="max SM clock in MHz of models whose source reports none (e.g. 'NVIDIA A800 80GB PCIe=1410'); "
+        "never overrides the device's own",
+    )
 
     attribution = options.group("job attribution")
     attribution.option("--job-id", metavar="ID", help="job.id for every GPU when nothing better is known")
@@ -102,6 +116,18 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="kubelet pod-resources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock",
     )
+    attribution.option(
+        "--k8s-pods-url",
+        metavar="URL",
+        help="where the node's pods are listed, for each pod's job (its workload's labels and owners): an API "
+        "server URL, a kubelet .../pods URL, or auto (the in-cluster API server); off by default",
+    )
+    attribution.option(
+        "--k8s-node-name", metavar="NAME", help="this node's Kubernetes name (default: NODE_NAME, else --host)"
+    )
+    attribution.option("--k8s-token-file", metavar="FILE", default=DEFAULT_TOKEN_FILE, help="bearer token file")
+    attribution.option("--k8s-ca-file", metavar="FILE", default=DEFAULT_CA_FILE, help="CA file of the pods URL")
+    attribution.option("--k8s-job-label", metavar="KEY", help="pod label naming the job, before the standard ones")
     attribution.option("--proc-root", metavar="DIR", default="/proc", help="where the host's /proc is mounted")
     attribution.option(
         "--attribution-refresh",
@@ -168,9 +194,12 @@ def _open_source(args: argparse.Namespace, clock: Clock) -> tuple[Source, str]:
     options: dict[str, Any] = {"clock_sample_hz": args.clock_sample_hz, "address": args.dcgm_address}
     if args.nvml_library:
         options["library"] = args.nvml_library
-    return open_source(
+    if args.model:
+        options["model"] = args.model
+    source, why = open_source(
         args.source, url=args.url, file=args.file, host=args.host, seed=args.seed, clock=clock, **options
     )
+    return with_max_clocks(source, args.max_sm_clock), why
 
 
 def _attribution(args: argparse.Namespace, source: Source) -> Any:
@@ -185,6 +214,11 @@ def _attribution(args: argparse.Namespace, source: Source) -> Any:
         pids_for=pids_for if callable(pids_for) else None,
         slurm_mapping_dir=args.slurm_mapping_dir,
         kubelet_socket=args.kubelet_socket,
+        k8s_pods_url=resolve_pods_url(args.k8s_pods_url),
+        k8s_node_name=args.k8s_node_name or os.environ.get("NODE_NAME") or args.host,
+        k8s_token_file=args.k8s_token_file or None,
+        k8s_ca_file=args.k8s_ca_file or None,
+        k8s_job_label=args.k8s_job_label,
         refresh_s=args.attribution_refresh,
     )
 
@@ -220,7 +254,7 @@ def run_command(args: argparse.Namespace) -> int:
             chain = _attribution(args, source)
             endpoint = _prometheus(args)
             recorder = open_recorder(args.record) if args.record else None
-        except (SourceUnavailable, OSError) as error:
+        except (SourceUnavailable, OSError, ValueError) as error:  # ValueError: a bad --k8s-pods-url
             print(f"otel-ofu run: {error}", file=sys.stderr)
             return 2
         # From here the producer owns the source, the exporter and the recorder, and closes them.

@@ -19,6 +19,7 @@ from otel_ofu import catalog, gpu_values, names, ofu_math
 from otel_ofu.cli_support import SNAPSHOT_PREFIX, CommandOptions, non_negative_float
 from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot, Source, SourceUnavailable
 from otel_ofu.sources.factory import SOURCE_KINDS, open_source
+from otel_ofu.sources.max_clock import max_clock_option, with_max_clocks
 
 FORMATS = ("json", "table")
 DESCRIPTION = """\
@@ -176,7 +177,11 @@ def run(args: argparse.Namespace) -> int:
         clock = manual
         wait = lambda: manual.advance(args.interval or 1.0)  # noqa: E731
     try:
-        source, why = open_source(kind, url=args.url, file=args.file, host=args.host, seed=args.seed, clock=clock)
+        source, why = open_source(
+            kind, url=args.url, file=args.file, host=args.host, seed=args.seed, clock=clock,
+            **({"model": args.model} if args.model else {}),
+        )  # fmt: skip
+        source = with_max_clocks(source, args.max_sm_clock)
     except SourceUnavailable as error:
         print(f"otel-ofu snapshot: {error}", file=sys.stderr)
         return 2
@@ -213,6 +218,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     source.option("--host", metavar="NAME", help="host.name where the source does not say (default: the source's own)")
     source.option("--seed", metavar="N", type=int, help="seed of the simulated fleet (--source sim)")
+    source.option("--model", metavar="NAME", help="hw.model of a dcgmi dmon replay (it prints no device names)")
+    source.option(
+        "--max-sm-clock",
+        metavar="MODEL=MHZ,...",
+        type=max_clock_option,
+        help="max SM clock in MHz of models whose source reports none; never overrides the device's own",
+    )
     source.option("--calibration", metavar="SPEC", help="tile calibration factors, job:ID=F,model:KEY=F")
     ours.option(
         "--interval",

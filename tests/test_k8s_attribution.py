@@ -1,0 +1,293 @@
+"""A GPU in a pod joins its job with no change to the pod: PodResources (real gRPC on a unix socket) says
+which pod holds the GPU, the node's pods (a real HTTPS API server on 127.0.0.1) say which job the pod is."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import attrs
+import grpc
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from otel_ofu import names
+from otel_ofu.attribution import build_chain
+from otel_ofu.attribution import podresources_pb2_grpc as pb_grpc
+from otel_ofu.attribution.kubernetes import KubernetesAttributor
+from otel_ofu.attribution.kubernetes_pods import PodDirectory, pods_url
+from otel_ofu.attribution.podresources_pb2 import (
+    ContainerDevices,
+    ContainerResources,
+    ListPodResourcesRequest,
+    ListPodResourcesResponse,
+    PodResources,
+)
+from otel_ofu.commands import run
+from otel_ofu.mfu import MfuReporter
+from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
+from otel_ofu.sources.capture import CaptureWriter
+from otel_ofu.testing.fake_kubernetes import FakeApiServer, jobset_pod, owner, pod, serve
+from otel_ofu.testing.otlp_sink import OtlpSink
+from otel_ofu.testing.pki import Pki, make_pki
+
+GPU0 = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
+GPU1 = "GPU-1b2c3d4e-0000-1111-2222-333344445555"
+GPU2 = "GPU-99999999-8888-7777-6666-555544443333"
+MIG_A = "MIG-5a8cdc4a-0e6b-5f39-8e5c-5d52d8ec4a2f"
+MIG_B = "MIG-7f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
+S = 1_000_000_000
+
+
+@attrs.define
+class FakeClock:
+    now: int = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@attrs.define
+class Kubelet(pb_grpc.PodResourcesListerServicer):
+    response: ListPodResourcesResponse = attrs.field(factory=ListPodResourcesResponse)
+
+    def List(self, request: ListPodResourcesRequest, context: grpc.ServicerContext) -> ListPodResourcesResponse:  # noqa: N802
+        return self.response
+
+
+def allocation(name: str, namespace: str, resource: str, device_ids: Sequence[str]) -> PodResources:
+    devices = ContainerDevices(resource_name=resource, device_ids=list(device_ids))
+    return PodResources(
+        name=name, namespace=namespace, containers=[ContainerResources(name="trainer", devices=[devices])]
+    )
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    short = Path(tempfile.mkdtemp(prefix="ofu-k8s-"))  # AF_UNIX paths are limited to 107 bytes
+    try:
+        yield short / "kubelet.sock"
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(socket_path: Path) -> Iterator[Kubelet]:
+    fake = Kubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_PodResourcesListerServicer_to_server(fake, server)
+    server.add_insecure_port(f"unix://{socket_path}")
+    server.start()
+    try:
+        yield fake
+    finally:
+        server.stop(grace=None).wait()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture
+def service_account(tmp_path: Path) -> Path:
+    """The files /var/run/secrets/kubernetes.io/serviceaccount holds (token, CA), at a test path."""
+    directory = tmp_path / "serviceaccount"
+    directory.mkdir()
+    (directory / "token").write_text("sa-token")
+    return directory
+
+
+@pytest.fixture
+def api(pki: Pki, service_account: Path) -> Iterator[FakeApiServer]:
+    shutil.copy(pki.ca, service_account / "ca.crt")
+    with serve(FakeApiServer(token="sa-token"), pki) as served:
+        yield served
+
+
+def gpu(uuid: str, index: int, *, mig: int | None = None, mig_uuid: str | None = None) -> GpuIdentity:
+    hints = {} if mig_uuid is None else {names.HINT_MIG_UUID: mig_uuid}
+    return GpuIdentity(
+        uuid=uuid, model="NVIDIA H100 80GB HBM3", index=index, host="node-a", mig_instance_id=mig, hints=hints
+    )
+
+
+def link(socket_path: Path, api: FakeApiServer, service_account: Path, **kwargs: Any) -> KubernetesAttributor:
+    pods = PodDirectory(
+        url=pods_url(api.url, "node-a"),
+        token_file=str(service_account / "token"),
+        ca_file=str(service_account / "ca.crt"),
+        clock=FakeClock(),
+    )
+    return KubernetesAttributor(socket_path=socket_path, clock=FakeClock(), pods=pods, **kwargs)
+
+
+def test_mig_instances_and_time_sliced_gpus_get_their_pods_jobs(
+    kubelet: Kubelet, api: FakeApiServer, socket_path: Path, service_account: Path
+) -> None:
+    worker = jobset_pod("llama", "workers", 0, 0)
+    api.pods = [
+        worker,
+        pod("bert-worker-0", "nlp", labels={"training.kubeflow.org/job-name": "bert"},
+            owners=[owner("kubeflow.org/v1", "PyTorchJob", "bert", "pt-1")]),
+        pod("eval-a", "ml", labels={"batch.kubernetes.io/job-name": "eval-a"}),
+        pod("eval-b", "ml", labels={"batch.kubernetes.io/job-name": "eval-b"}),
+        pod("sweep-1", "ml", labels={"volcano.sh/job-name": "sweep"}),
+        pod("sweep-2", "ml", labels={"volcano.sh/job-name": "sweep"}),
+        pod("notebook", "ml"),
+    ]  # fmt: skip
+    kubelet.response = ListPodResourcesResponse(
+        pod_resources=[
+            allocation(worker["metadata"]["name"], "ml", "nvidia.com/gpu", [GPU0]),
+            allocation("bert-worker-0", "nlp", "nvidia.com/mig-1g.10gb", [MIG_A]),
+            allocation("notebook", "ml", "nvidia.com/mig-1g.10gb", [MIG_B]),
+            # Time-slicing: two pods of different jobs on GPU1, two pods of one job on GPU2.
+            allocation("eval-a", "ml", "nvidia.com/gpu", [f"{GPU1}::0"]),
+            allocation("eval-b", "ml", "nvidia.com/gpu", [f"{GPU1}::1"]),
+            allocation("sweep-1", "ml", "nvidia.com/gpu", [f"{GPU2}::0"]),
+            allocation("sweep-2", "ml", "nvidia.com/gpu", [f"{GPU2}::3"]),
+        ]
+    )
+    attributor = link(socket_path, api, service_account)
+    try:
+        assert attributor.attribute(gpu(GPU0, 0)) == {
+            names.JOB_ID: "ml/llama",
+            names.JOB_NAME: "llama",
+            names.JOB_SCHEDULER: "kubernetes",
+            names.K8S_POD_NAME: worker["metadata"]["name"],
+            names.K8S_NAMESPACE_NAME: "ml",
+            names.K8S_CONTAINER_NAME: "trainer",
+            names.K8S_POD_UID: worker["metadata"]["uid"],
+        }
+        bert = attributor.attribute(gpu("GPU-host-of-mig", 3, mig=1, mig_uuid=MIG_A))
+        assert (bert[names.JOB_ID], bert[names.K8S_POD_NAME]) == ("nlp/bert", "bert-worker-0")
+        notebook = attributor.attribute(gpu("GPU-host-of-mig", 3, mig=2, mig_uuid=MIG_B))
+        assert notebook[names.K8S_POD_NAME] == "notebook"
+        assert names.JOB_ID not in notebook
+        shared = attributor.attribute(gpu(GPU1, 1))
+        assert shared[names.K8S_POD_NAME] == "eval-a"  # first listed gives the pod
+        assert names.JOB_ID not in shared  # two jobs on one GPU: neither is its job
+        assert attributor.attribute(gpu(GPU2, 2))[names.JOB_ID] == "ml/sweep"  # one job on both slices
+        assert api.requests
+        assert all(auth == "Bearer sa-token" for _path, auth in api.requests)
+    finally:
+        attributor.close()
+
+
+def test_without_the_pod_list_the_pod_still_comes_and_the_chain_falls_back(
+    kubelet: Kubelet, api: FakeApiServer, socket_path: Path, service_account: Path
+) -> None:
+    kubelet.response = ListPodResourcesResponse(pod_resources=[allocation("p", "n", "nvidia.com/gpu", [GPU0])])
+    api.status = 403
+    chain = build_chain(
+        kubelet_socket=socket_path,
+        k8s_pods_url=api.url,
+        k8s_node_name="node-a",
+        k8s_token_file=str(service_account / "token"),
+        k8s_ca_file=str(service_account / "ca.crt"),
+        static_job_id="node-default",
+    )
+    try:
+        attributes = chain.attribute(gpu(GPU0, 0))
+        assert attributes[names.K8S_POD_NAME] == "p"
+        assert (attributes[names.JOB_ID], attributes[names.JOB_SCHEDULER]) == ("node-default", "static")
+    finally:
+        chain.close()
+
+
+def mfu_reporters_job_id(job_id: str) -> str:
+    """The job.id the MFU reporter of that job exports (read back from its real SDK pipeline)."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    reporter = MfuReporter(job_id, meter_provider=provider)
+    reporter.report(0.41)
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = [
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == names.JOB_MFU.name
+        for point in metric.data.data_points
+    ]
+    reporter.shutdown()
+    provider.shutdown()
+    attributes = points[0].attributes
+    assert attributes is not None
+    return str(attributes[names.JOB_ID])
+
+
+def test_a_jobset_worker_joins_its_jobs_mfu_with_no_environment_variable(
+    kubelet: Kubelet,
+    api: FakeApiServer,
+    socket_path: Path,
+    service_account: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for key in list(os.environ):
+        if key.startswith(("OTEL_", "OFU_")):
+            monkeypatch.delenv(key)
+    worker = jobset_pod("llama-pretrain", "workers", 1, 0, namespace="research")
+    api.pods = [worker, pod("other-node", "research", node="node-b", labels={"volcano.sh/job-name": "x"})]
+    kubelet.response = ListPodResourcesResponse(
+        pod_resources=[allocation(worker["metadata"]["name"], "research", "nvidia.com/gpu", [GPU0])]
+    )
+    capture = tmp_path / "capture.jsonl"
+    identity = GpuIdentity(uuid=GPU0, model="NVIDIA H100 80GB HBM3", index=0, host="node-a")
+    with CaptureWriter(capture) as writer:
+        for seq in range(2):
+            start = (1_700_000_000 + seq * 10) * S
+            writer.write(
+                Snapshot(
+                    readings=(
+                        GpuReading(
+                            gpu=identity,
+                            start_ns=start,
+                            end_ns=start + 10 * S,
+                            tensor_active=0.5,
+                            sm_clock_hz=1.755e9,
+                            max_sm_clock_hz=1.98e9,
+                        ),
+                    )
+                )
+            )
+    parser = argparse.ArgumentParser(prog="otel-ofu")
+    run.register(parser.add_subparsers(dest="command", required=True))
+    with OtlpSink.start() as sink:
+        args = parser.parse_args(
+            ["run", "--source", "replay", "--file", str(capture), "--interval", "0.01", "--quiet",
+             "--export-endpoint", sink.grpc_endpoint, "--kubelet-socket", str(socket_path),
+             "--k8s-pods-url", api.url, "--k8s-node-name", "node-a",
+             "--k8s-token-file", str(service_account / "token"), "--k8s-ca-file", str(service_account / "ca.crt")]
+        )  # fmt: skip
+        assert args.handler(args) == 0
+        assert sink.wait_for(lambda received: len(received.requests()) >= 1, timeout=10)
+        resources = [
+            {item.key: item.value.string_value for item in rm.resource.attributes}
+            for request in sink.requests()
+            for rm in request.resource_metrics
+            if any(item.key == names.HW_ID for item in rm.resource.attributes)
+        ]
+    assert resources
+    assert {attributes[names.JOB_ID] for attributes in resources} == {"research/llama-pretrain"}
+    first = resources[0]
+    assert first[names.JOB_NAME] == "llama-pretrain"
+    assert first[names.JOB_SCHEDULER] == "kubernetes"
+    assert first[names.K8S_POD_UID] == worker["metadata"]["uid"]
+    # The training script names its job as its JobSet: <namespace>/<name>, and the two join.
+    assert mfu_reporters_job_id("research/llama-pretrain") == first[names.JOB_ID]
+    assert api.requests[0][0] == "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a"
+
+
+def test_the_pod_list_without_the_kubelet_socket_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="needs --kubelet-socket"):
+        build_chain(k8s_pods_url="https://127.0.0.1:6443", k8s_node_name="node-a")
