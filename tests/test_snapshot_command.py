@@ -153,7 +153,8 @@ def test_replay_of_dcgmi_text(shared_fixtures: Path, capsys: pytest.CaptureFixtu
     path = shared_fixtures / "dcgmi_dmon_issue151_mig.txt"
     code, lines, output = run_snapshot(["--source", "replay", "--file", str(path)], capsys)
     assert code == 1
-    assert "DcgmiDmonSource" in output
+    assert "replay: dcgmi dmon output" in output
+    assert "Source" not in output  # the user reads what the file is, never a class name
     assert [line[names.GPU_MIG_INSTANCE_ID] for line in lines] == [21, 22, 29, 30, 31, 28, 35]
     assert all("SM clock" in line["error"] for line in lines)
 
@@ -213,7 +214,7 @@ def test_replay_tells_captures_from_dcgmi_text(tmp_path: Path, shared_fixtures: 
     source.close()
     source, why = open_source("replay", file=shared_fixtures / "dcgmi_dmon_issue244_multiplex.txt")
     assert isinstance(source, DcgmiDmonSource)
-    assert "DcgmiDmonSource" in why
+    assert "dcgmi dmon output" in why
     source.close()
     other = tmp_path / "notes.txt"
     other.write_text("hello\n")
