@@ -15,6 +15,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
+from typing import NoReturn
 
 import otel_ofu
 import otel_ofu.commands
@@ -35,14 +36,25 @@ def _registrars() -> list[Register]:
     return registrars
 
 
+class Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line (exit 2) that points at ``--help``, not the whole usage block:
+    the collector's usage alone is thirty lines, and the error is what the user has to read."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="otel-ofu",
         description="Overall FLOP Utilization (OFU) for GPU fleets, as OpenTelemetry metrics.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {otel_ofu.__version__}")
     add_option(parser, "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="logging level")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Every command's parser is a Parser too (one-line errors); typed as the plain kind the registrars take.
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser
+    )
     for register in _registrars():
         register(subparsers)
     for command in subparsers.choices.values():

@@ -168,13 +168,36 @@ def test_sim_reads_an_interval_without_sleeping(capsys: pytest.CaptureFixture[st
     assert {line[names.JOB_ID] for line in read} >= {"job-1001", "job-1003"}
 
 
+def test_a_url_that_is_not_one_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["snapshot", "--source", "dcgm-exporter", "--url", "ftp://x"])
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--url" in line
+    assert "http://" in line
+
+
+def test_dcgm_exporter_blank_tensor_keeps_the_clock_beside_the_error(
+    page: tuple[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, state = page
+    state["body"] = H100_PAGE.replace("} 0.5", "} 140737488355328.0")  # DCGM's blank sentinel for TPA
+    code, lines, _ = run_snapshot(["--source", "dcgm-exporter", "--url", url], capsys)
+    assert code == 1
+    (line,) = lines
+    assert line[names.ERROR_REASON] == names.ErrorReason.NO_VALUE
+    assert "tensor pipe activity" in line["error"]
+    assert line[names.GPU_CLOCK_SM.name] == 1755e6  # what the exporter did give stays
+    assert names.GPU_TENSOR_ACTIVE.name not in line
+    assert names.GPU_OFU.name not in line
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--source", "dcgm-exporter"], "needs --url"),
         (["--source", "replay"], "needs --file"),
         (["--source", "replay", "--file", "/nonexistent/trace.jsonl"], "cannot open capture"),
-        (["--source", "dcgm-exporter", "--url", "ftp://x"], "HOST:9400"),
         (["--source", "sim", "--calibration", "bogus"], "job:ID=FACTOR"),
     ],
 )

@@ -100,26 +100,36 @@ def _fmt(value: Any, scale: float = 1.0, pattern: str = "{:.3f}") -> str:
     return "" if value is None else pattern.format(value / scale)
 
 
+_GPU_WIDTH = 16
+
+
 def print_table(lines: list[dict[str, Any]], console: Any = None) -> None:
     """The lines as a table that reads at 80 columns: numbers never wrap, each error is a note below it."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="otel-ofu snapshot", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("GPU", overflow="fold")
-    table.add_column("model", overflow="fold")
-    for column in ("TPA", "SM MHz", "max MHz", "OFU", "TFLOP/s"):
-        table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
-    table.add_column("job", overflow="fold")
+    table = Table(title="otel-ofu snapshot", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False)
+    # Numbers never shrink; at 80 columns a long host, model or job name is cut short with an ellipsis
+    # (the JSON output has it in full). A GPU without OFU shows the number of its note in the OFU column.
+    table.add_column("GPU", overflow="ellipsis", min_width=8, max_width=_GPU_WIDTH)
+    table.add_column("model", overflow="ellipsis", min_width=8, max_width=10)
+    for column, width in (("TPA", 5), ("SM MHz", 6), ("max MHz", 7), ("OFU", 5), ("TFLOP/s", 7)):
+        table.add_column(column, justify="right", no_wrap=True, min_width=width)
+    table.add_column("job", overflow="ellipsis", min_width=8, max_width=10)
     notes: list[str] = []
     for line in lines:
-        gpu = f"{line.get(names.HOST_NAME, '')}/{line.get(names.GPU_INDEX, line.get('gpu_key', ''))}"
+        where = f"/{line.get(names.GPU_INDEX, line.get('gpu_key', ''))}"
         if names.GPU_MIG_INSTANCE_ID in line:
-            gpu += f":{line[names.GPU_MIG_INSTANCE_ID]}"
+            where += f":{line[names.GPU_MIG_INSTANCE_ID]}"
+        host = str(line.get(names.HOST_NAME, ""))
+        # A long host name is cut, never the GPU index after it.
+        room = max(4, _GPU_WIDTH - len(where))
+        gpu = (host if len(host) <= room else host[: room - 1] + "…") + where
+        ofu = _fmt(line.get(names.GPU_OFU.name))
         if "error" in line:
             notes.append(f"[{len(notes) + 1}] {gpu}: {line[names.ERROR_REASON]}: {line['error']}")
-            gpu += f" [{len(notes)}]"
+            ofu = ofu or f"[{len(notes)}]"
         model = str(line.get(names.HW_MODEL, ""))
         spec = catalog.lookup(model)
         table.add_row(
@@ -128,7 +138,7 @@ def print_table(lines: list[dict[str, Any]], console: Any = None) -> None:
             _fmt(line.get(names.GPU_TENSOR_ACTIVE.name)),
             _fmt(line.get(names.GPU_CLOCK_SM.name), 1e6, "{:.0f}"),
             _fmt(line.get(names.GPU_CLOCK_SM_MAX.name), 1e6, "{:.0f}"),
-            _fmt(line.get(names.GPU_OFU.name)),
+            ofu,
             _fmt(line.get(names.GPU_FLOPS_ACHIEVED.name), 1e12, "{:.1f}"),
             str(line.get(names.JOB_ID, "")),
         )

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from otel_ofu.cli_support import CommandOptions, positive_float
+from otel_ofu.cli_support import CommandOptions, positive_float, url_or_host_port
 from otel_ofu.model import Clock, Source, SourceUnavailable
 
 SOURCE_KINDS = ("auto", "nvml", "dcgm", "dcgm-exporter", "replay", "sim")
@@ -28,7 +28,9 @@ def add_source_options(options: CommandOptions) -> None:
         choices=SOURCE_KINDS,
         help="where the counters come from; auto picks NVML, then DCGM, and says which and why",
     )
-    options.option("--url", metavar="URL", help="dcgm-exporter /metrics URL (--source dcgm-exporter)")
+    options.option(
+        "--url", metavar="URL", type=url_or_host_port, help="dcgm-exporter /metrics URL (--source dcgm-exporter)"
+    )
     options.option(
         "--file", metavar="FILE", help="capture to replay: otel-ofu JSON lines or dcgmi dmon text (--source replay)"
     )
