@@ -281,6 +281,25 @@ def test_nvml_against_the_fake_library(
     assert names.GPU_TENSOR_ACTIVE.name not in no_gpm
 
 
+def test_snapshot_takes_runs_nvml_library_option(
+    require: Callable[[bool, str], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    require(fake_nvml.compiler() is not None, "gcc not found: the fake NVML library is built from C source")
+    fake = FakeNvml.build()
+    busy = fake.add_gpu("NVIDIA H100 80GB HBM3", sm_clock_mhz=1755)
+    fake.set_tensor_util(busy, 50.0)
+    argv = ["--source", "nvml", "--nvml-library", str(fake.path), "--interval", "0.05", "--clock-sample-hz", "50"]
+    try:
+        code, lines, _ = run_snapshot(argv, capsys)  # the library is the option's, not installed by the test
+    finally:
+        fake.uninstall()
+        fake.reset()
+    assert code == 0
+    (line,) = lines
+    assert line[names.HW_ID] == fake.uuid_of(busy)
+    assert line[names.GPU_TENSOR_ACTIVE.name] == pytest.approx(0.5)
+
+
 def test_console_script(shared_fixtures: Path) -> None:
     script = Path(sys.executable).with_name("otel-ofu")
     if not script.exists():
