@@ -152,9 +152,19 @@ def test_a_listener_port_out_of_range_is_a_usage_error(option: str, capsys: pyte
     assert "70000" in line
 
 
-def test_a_collector_export_endpoint_that_is_no_url_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    line = usage_error(["collector", "--export-endpoint", "not a url"], capsys)
-    assert "--export-endpoint" in line
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["collector", "--export-endpoint", "not a url"],
+        ["run", "--export-endpoint", "not a url"],
+        ["report", "--live", "http://collector:99999"],
+        ["snapshot", "--source", "dcgm-exporter", "--url", "node-7:9400x"],
+    ],
+)
+def test_an_endpoint_that_is_no_url_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    line = usage_error(argv, capsys)
+    option = next(arg for arg in argv if arg.startswith("--") and arg != "--source")
+    assert f"argument {option}" in line
 
 
 @pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"])

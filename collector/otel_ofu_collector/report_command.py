@@ -21,7 +21,7 @@ from pathlib import Path
 
 import attrs
 
-from otel_ofu.cli_support import REPORT_PREFIX, CommandOptions, output_path, positive_float
+from otel_ofu.cli_support import REPORT_PREFIX, CommandOptions, output_path, positive_float, url_or_host_port
 from otel_ofu.gpu_samples import compute_snapshot
 from otel_ofu.model import SourceUnavailable
 from otel_ofu.sources.capture import ReplaySource
@@ -103,7 +103,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="a producer capture (otel-ofu run --record); alone it gives OFU only, no MFU",
     )
-    options.option("--live", metavar="URL", help="a running collector's report feed, e.g. http://collector:9465")
+    options.option(
+        "--live",
+        metavar="URL",
+        type=url_or_host_port,
+        help="a running collector's report feed, e.g. http://collector:9465",
+    )
     options.option("--out", metavar="PATH", default=DEFAULT_OUT, type=output_path, help="where to write the HTML page")
     options.option("--title", help="the page title (default: otel-ofu fleet report)")
     options.option(
