@@ -292,6 +292,17 @@ def test_run_names_the_prometheus_host_as_the_collector_does(capsys: pytest.Capt
     assert "--prometheus-addr" not in help_text
 
 
+def test_runs_old_prometheus_variable_still_counts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_OFU_PROMETHEUS_ADDR", "127.0.0.3")
+    assert cli.build_parser().parse_args(["run"]).prometheus_host == "127.0.0.3"
+    monkeypatch.setenv("OTEL_OFU_PROMETHEUS_HOST", "127.0.0.4")  # the new name wins
+    assert cli.build_parser().parse_args(["run"]).prometheus_host == "127.0.0.4"
+    assert cli.main(["run", "--calibration", "bad"]) == 2  # stops before anything starts
+    assert "OTEL_OFU_PROMETHEUS_ADDR is deprecated, use OTEL_OFU_PROMETHEUS_HOST" in capsys.readouterr().err
+
+
 def test_the_snapshot_table_reads_at_80_columns() -> None:
     long_host = GpuIdentity(uuid="GPU-2", model="NVIDIA H100 80GB HBM3", index=7, host="a-very-long-node-name-01")
     lines = [

@@ -15,6 +15,7 @@ from otel_ofu import names
 from otel_ofu.cli_support import (
     CommandOptions,
     add_deprecated_alias,
+    env_name,
     export_interval_s,
     output_path,
     port_number,
@@ -51,6 +52,9 @@ examples:
   OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 otel-ofu run
 
 SIGTERM or SIGINT exports the last (partial) interval, then exits 0."""
+
+
+LEGACY_PROMETHEUS_VARIABLE = env_name("--prometheus-addr")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -129,6 +133,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     # --prometheus-host as the collector spells it; --prometheus-addr was run's own name, kept working.
     export.option("--prometheus-host", metavar="HOST", default="0.0.0.0", help="address of the Prometheus endpoint")
     add_deprecated_alias(export.parser, "--prometheus-addr", "--prometheus-host", dest="prometheus_host")
+    # ... and its variable: a unit file that set it must not silently fall back to every address.
+    legacy = os.environ.get(LEGACY_PROMETHEUS_VARIABLE, "").strip()
+    if legacy and not os.environ.get(env_name("--prometheus-host")):
+        parser.set_defaults(prometheus_host=legacy)
     export.option(
         "--max-queue",
         metavar="N",
@@ -180,6 +188,11 @@ def _say(args: argparse.Namespace, line: str) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if os.environ.get(LEGACY_PROMETHEUS_VARIABLE, "").strip():
+        print(
+            f"otel-ofu run: {LEGACY_PROMETHEUS_VARIABLE} is deprecated, use {env_name('--prometheus-host')}",
+            file=sys.stderr,
+        )
     try:
         calibration = CalibrationTable.parse(args.calibration or "")
     except ValueError as error:
