@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -65,23 +66,21 @@ def snapshot_lines(
     reading, and of the source as a whole, follow as lines of their own.
     """
     computed = compute_snapshot(snapshot, attribution=attribution, calibration=calibration)
-    samples, partial = list(computed.samples), list(computed.partial)
+    # Each reading became a sample or a partial one, both kept in reading order: merged back in that order.
+    samples, partial = deque(computed.samples), deque(computed.partial)
     lines: list[dict[str, Any]] = []
     explained: set[str] = set()
     for reading in snapshot.readings:
-        key = reading.gpu.key
-        if samples and samples[0].gpu == reading.gpu and samples[0].start_ns == reading.start_ns:
-            sample = samples.pop(0)
+        if samples and (samples[0].gpu, samples[0].start_ns) == (reading.gpu, reading.start_ns):
+            sample = samples.popleft()
             line = _line(sample.gpu, sample.attributes)
             line.update(sample.values.as_metrics())
-        elif partial and partial[0].gpu == reading.gpu and partial[0].start_ns == reading.start_ns:
-            failed = partial.pop(0)
+        else:
+            failed = partial.popleft()
             line = _line(failed.gpu, failed.attributes)
             line.update(failed.known)
-            line.update(_error_fields(computed.errors_of(key)))
-            explained.add(key)
-        else:  # not reached: every reading is a sample or a partial one
-            continue
+            line.update(_error_fields(computed.errors_of(failed.gpu.key)))
+            explained.add(failed.gpu.key)
         lines.append(line)
     unexplained = (error for error in computed.errors if error.gpu is None or error.gpu.key not in explained)
     lines.extend(error_line(error, attribution) for error in unexplained)
