@@ -10,13 +10,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
+from typing import NoReturn
 
+import otel_ofu
 import otel_ofu.commands
-from otel_ofu.cli_support import Register, add_option
+from otel_ofu.cli_support import Register, add_option, env_name
 
 ENTRY_POINT_GROUP = "otel_ofu.commands"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -33,15 +36,36 @@ def _registrars() -> list[Register]:
     return registrars
 
 
+class Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line (exit 2) that points at ``--help``, not the whole usage block:
+    the collector's usage alone is thirty lines, and the error is what the user has to read."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="otel-ofu",
         description="Overall FLOP Utilization (OFU) for GPU fleets, as OpenTelemetry metrics.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {otel_ofu.__version__}")
     add_option(parser, "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="logging level")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Every command's parser is a Parser too (one-line errors); typed as the plain kind the registrars take.
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser] = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser
+    )
     for register in _registrars():
         register(subparsers)
+    for command in subparsers.choices.values():
+        # Also after the command (otel-ofu run --log-level debug); given there it wins, else the top's stays.
+        command.add_argument(
+            "--log-level",
+            type=str.upper,
+            choices=LOG_LEVELS,
+            default=argparse.SUPPRESS,
+            help=f"logging level (env {env_name('--log-level')}; default INFO)",
+        )
     return parser
 
 
@@ -54,7 +78,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     handler = args.handler
-    result: int = handler(args)
+    try:
+        result: int = handler(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (otel-ofu snapshot | head): stop quietly, as the Python docs advise, and
+        # point stdout at /dev/null so the interpreter's own flush at exit does not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     return result
 
 

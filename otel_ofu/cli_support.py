@@ -16,7 +16,10 @@ import logging
 import math
 import os
 import re
+import sys
+import urllib.parse
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import attrs
@@ -87,18 +90,81 @@ def positive_int(text: str) -> int:
     return value
 
 
-def port_number(text: str) -> int:
-    """A TCP port; 0 asks the system for a free one."""
-    value = _int(text)
+def _is_off(text: str) -> bool:
+    word = text.strip()
+    return not word or word.lower() in OFF_WORDS
+
+
+def _port(text: str, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what} must be a port number 0-65535, got {text!r}") from None
     if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0-65535, got {text!r}")
+        raise argparse.ArgumentTypeError(f"{what} must be a port number 0-65535, got {text!r}")
     return value
 
 
-def address_or_off(text: str) -> str | None:
-    """A listen address as given (HOST:PORT), or None for ``off``, ``none`` (any case) or nothing: turned off."""
+def port_number(text: str) -> int | None:
+    """A listener's TCP port (0 asks the system for a free one), or None for ``off``/``none``: no listener."""
+    if _is_off(text):
+        return None
+    return _port(text.strip(), "the port")
+
+
+def host_port(text: str) -> str:
+    """``HOST:PORT`` (``[::1]:4317`` for IPv6; an empty host is every address), as given, once it is valid."""
     address = text.strip()
-    return None if not address or address.lower() in OFF_WORDS else address
+    host, colon, port = address.rpartition(":")
+    if not colon or not port:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (an IPv6 host in brackets, [::1]:4317), got {text!r}")
+    if any(char.isspace() or char in "/?#@" for char in host):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    _port(port, f"the port of {address!r}")
+    return address
+
+
+def address_or_off(text: str) -> str | None:
+    """A listen address (HOST:PORT, checked), or None for ``off``, ``none`` (any case) or nothing: turned off."""
+    return None if _is_off(text) else host_port(text)
+
+
+def url(text: str) -> str:
+    """An http(s) URL with a host (and a valid port, if it has one), as given."""
+    address = text.strip()
+    parts = urllib.parse.urlsplit(address)
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(char.isspace() for char in address):
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {text!r}")
+    try:
+        parts.port  # noqa: B018 - urllib checks the port only when asked for it
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"the port of {text!r} must be a number 0-65535") from None
+    return address
+
+
+def url_or_host_port(text: str) -> str:
+    """An http(s) URL, or ``HOST:PORT`` where the scheme is implied (a gRPC endpoint, a scrape target)."""
+    if "://" in text:
+        return url(text)
+    try:
+        return host_port(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a URL (http://HOST:PORT/...) or HOST:PORT, got {text!r}") from None
+
+
+def output_path(text: str) -> str:
+    """A file to write: its folder must exist (checked now, so a typo fails before any work is done)."""
+    path = Path(text).expanduser()
+    parent = path.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: the folder {str(parent)!r} does not exist")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: it is a folder")
+    if not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: the folder {str(parent)!r} is not writable")
+    return text
 
 
 def parse_bool(text: str) -> bool:
@@ -243,6 +309,25 @@ class CommandOptions:
 
     def group(self, title: str) -> CommandOptions:
         return CommandOptions(self.parser.add_argument_group(title), self.prefix)
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling of an option: still works, says its new name on stderr, hidden from ``--help``."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str = "", **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: Any = None
+    ) -> None:
+        print(f"{parser.prog}: {option} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_alias(parser: Container, old: str, new: str, *, dest: str, **kwargs: Any) -> None:
+    """``old`` sets ``dest`` like ``new`` does (pass the same ``type``), with a deprecation line."""
+    parser.add_argument(old, dest=dest, action=_Deprecated, new=new, **kwargs)
 
 
 def option_variables(parser: argparse.ArgumentParser) -> dict[str, str]:

@@ -122,8 +122,12 @@ def test_every_fixture_parses_and_incomplete_gpus_are_errors_not_zeros(
     assert len(files) == 4
     for path in files:
         snapshot = read_once(exporter.serve(path.read_text(), f"/{path.stem}"))
-        # None of the published samples has both TPA and the SM clock for a GPU.
-        assert snapshot.readings == (), path.name
+        # None of the published samples has both TPA and the SM clock for a GPU: each is an error, and
+        # what a GPU did publish stays as its reading beside the error, never a 0 for the rest.
+        failed = {error.gpu.key for error in snapshot.errors if error.gpu is not None}
+        for reading in snapshot.readings:
+            assert reading.gpu.key in failed, path.name
+            assert reading.tensor_active is None or reading.sm_clock_hz is None, path.name
         assert snapshot.errors, path.name
         for error in snapshot.errors:
             assert error.reason == names.ErrorReason.NO_VALUE
@@ -256,10 +260,17 @@ def test_blank_sentinels_and_nan_are_no_value(
         for line in _h100_complete(shared_fixtures)
     ]
     snapshot = read_once(exporter.serve("\n".join(lines) + "\n"))
-    assert snapshot.readings == ()
     (error,) = snapshot.errors
     assert error.reason == names.ErrorReason.NO_VALUE
     assert "blank sentinel or NaN" in error.message
+    # The field that was read stays beside the error: a blank TPA does not cost the GPU its clock.
+    (reading,) = snapshot.readings
+    assert reading.gpu == error.gpu
+    if metric == names.DCGM_EXPORTER_TENSOR_ACTIVE:
+        assert (reading.tensor_active, reading.sm_clock_hz) == (None, 1755e6)
+    else:
+        assert reading.sm_clock_hz is None
+        assert reading.tensor_active is not None
 
 
 def test_hpc_job_and_pod_uid_hints(exporter: ExporterServer, shared_fixtures: Path) -> None:

@@ -262,7 +262,9 @@ def test_reads_fields_blank_sentinels_and_missing_values(bindings: tuple[Path, d
     assert state["watched"] == (100, 113, 1004, 1002, 1005)  # no 1084/1086 before DCGM 4.6
     assert state["update_us"] == 1_000_000
     snapshot = source.read()
-    (reading,) = snapshot.readings
+    reading, blank = snapshot.readings
+    # GPU 1's blank TPA is no value, and its clock, which DCGM did give, stays beside the error.
+    assert (blank.gpu.uuid, blank.tensor_active, blank.sm_clock_hz) == ("GPU-1111", None, 1755e6)
     assert reading.gpu.uuid == "GPU-0000"
     assert (reading.gpu.model, reading.gpu.host, reading.gpu.index) == ("NVIDIA H100 80GB HBM3", "node-3", 0)
     assert (reading.tensor_active, reading.sm_clock_hz, reading.max_sm_clock_hz) == (0.5, 1755e6, 1980e6)
@@ -303,7 +305,7 @@ def test_profiling_refused_still_reads_clocks_and_says_why(bindings: tuple[Path,
     source = DcgmSource.open(clock=Ticks(), paths=[path])
     assert state["watched"] == (100, 113)
     snapshot = source.read()
-    assert snapshot.readings == ()
+    assert [(r.tensor_active, r.sm_clock_hz) for r in snapshot.readings] == [(None, 1410e6)] * 2  # clocks kept
     assert len(snapshot.errors) == 2
     assert all("Profiling is not supported" in e.message for e in snapshot.errors)
     source.close()

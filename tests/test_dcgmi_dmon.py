@@ -30,7 +30,9 @@ def replay(path: Path, **kwargs: object) -> list[Snapshot]:
 
 def test_mig_capture_one_block_of_gpu_instances(shared_fixtures: Path) -> None:
     (snapshot,) = replay(shared_fixtures / "dcgmi_dmon_issue151_mig.txt")
-    assert snapshot.readings == ()  # -e 1001,1002,1003,1004 has no SM clock: no OFU, and no 0 either
+    # -e 1001,1002,1003,1004 has no SM clock: no OFU, and no 0 either; what dmon did print stays.
+    assert all(reading.sm_clock_hz is None for reading in snapshot.readings)
+    assert [r.gpu.mig_instance_id for r in snapshot.readings] == [21, 22, 29, 30, 31, 28, 35]
     ids = [error.gpu.mig_instance_id for error in snapshot.errors if error.gpu is not None]
     assert ids == [21, 22, 29, 30, 31, 28, 35]
     for error in snapshot.errors:
@@ -100,9 +102,11 @@ def test_blocks_are_spaced_by_the_delay(tmp_path: Path) -> None:
     assert gpu1.max_sm_clock_hz is None
     assert gpu0.gpu.host == "node-7"
     assert gpu0.gpu.model == "NVIDIA H100 80GB HBM3"
-    (reading,) = second.readings
+    reading, kept = second.readings
     assert reading.start_ns == T0 + 500_000_000
-    (error,) = second.errors  # the blank sentinel is no value, not 9.2e18
+    # GPU 1's blank TPA is no value, not 9.2e18; its clock and SM activity stay beside the error.
+    assert (kept.gpu.index, kept.tensor_active, kept.sm_clock_hz, kept.sm_active) == (1, None, 1980e6, 0.4)
+    (error,) = second.errors
     assert isinstance(error, GpuError)
     assert error.gpu is not None
     assert error.gpu.index == 1

@@ -140,12 +140,12 @@ def test_a_busy_prometheus_port_says_so_in_one_line_and_closes_the_source(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = ClosableSource()
-    monkeypatch.setattr(run, "_open_source", lambda args, clock: (source, "a fake source"))
+    monkeypatch.setattr(run, "open_from_args", lambda args, clock: (source, "a fake source"))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        args = parse("--source", "sim", "--exporter", "none", "--prometheus-port", str(port), "--prometheus-addr",
+        args = parse("--source", "sim", "--exporter", "none", "--prometheus-port", str(port), "--prometheus-host",
                      "127.0.0.1", "--quiet")  # fmt: skip
         assert args.handler(args) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
@@ -177,7 +177,7 @@ def test_a_producer_that_cannot_be_built_closes_the_recorder_and_the_source(
     def refuse(**settings: object) -> NoReturn:
         raise RuntimeError("the producer refuses its settings")
 
-    monkeypatch.setattr(run, "_open_source", lambda args, clock: (source, "a fake source"))
+    monkeypatch.setattr(run, "open_from_args", lambda args, clock: (source, "a fake source"))
     monkeypatch.setattr(run, "open_recorder", open_recorder)
     monkeypatch.setattr(run, "Producer", refuse)
     capture = str(tmp_path / "capture.jsonl")

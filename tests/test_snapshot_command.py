@@ -153,7 +153,8 @@ def test_replay_of_dcgmi_text(shared_fixtures: Path, capsys: pytest.CaptureFixtu
     path = shared_fixtures / "dcgmi_dmon_issue151_mig.txt"
     code, lines, output = run_snapshot(["--source", "replay", "--file", str(path)], capsys)
     assert code == 1
-    assert "DcgmiDmonSource" in output
+    assert "replay: dcgmi dmon output" in output
+    assert "Source" not in output  # the user reads what the file is, never a class name
     assert [line[names.GPU_MIG_INSTANCE_ID] for line in lines] == [21, 22, 29, 30, 31, 28, 35]
     assert all("SM clock" in line["error"] for line in lines)
 
@@ -167,13 +168,36 @@ def test_sim_reads_an_interval_without_sleeping(capsys: pytest.CaptureFixture[st
     assert {line[names.JOB_ID] for line in read} >= {"job-1001", "job-1003"}
 
 
+def test_a_url_that_is_not_one_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["snapshot", "--source", "dcgm-exporter", "--url", "ftp://x"])
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--url" in line
+    assert "http://" in line
+
+
+def test_dcgm_exporter_blank_tensor_keeps_the_clock_beside_the_error(
+    page: tuple[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, state = page
+    state["body"] = H100_PAGE.replace("} 0.5", "} 140737488355328.0")  # DCGM's blank sentinel for TPA
+    code, lines, _ = run_snapshot(["--source", "dcgm-exporter", "--url", url], capsys)
+    assert code == 1
+    (line,) = lines
+    assert line[names.ERROR_REASON] == names.ErrorReason.NO_VALUE
+    assert "tensor pipe activity" in line["error"]
+    assert line[names.GPU_CLOCK_SM.name] == 1755e6  # what the exporter did give stays
+    assert names.GPU_TENSOR_ACTIVE.name not in line
+    assert names.GPU_OFU.name not in line
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--source", "dcgm-exporter"], "needs --url"),
         (["--source", "replay"], "needs --file"),
         (["--source", "replay", "--file", "/nonexistent/trace.jsonl"], "cannot open capture"),
-        (["--source", "dcgm-exporter", "--url", "ftp://x"], "HOST:9400"),
         (["--source", "sim", "--calibration", "bogus"], "job:ID=FACTOR"),
     ],
 )
@@ -213,7 +237,7 @@ def test_replay_tells_captures_from_dcgmi_text(tmp_path: Path, shared_fixtures: 
     source.close()
     source, why = open_source("replay", file=shared_fixtures / "dcgmi_dmon_issue244_multiplex.txt")
     assert isinstance(source, DcgmiDmonSource)
-    assert "DcgmiDmonSource" in why
+    assert "dcgmi dmon output" in why
     source.close()
     other = tmp_path / "notes.txt"
     other.write_text("hello\n")
@@ -255,6 +279,25 @@ def test_nvml_against_the_fake_library(
     assert no_gpm[names.GPU_CLOCK_SM.name] == pytest.approx(1980e6)
     assert names.GPU_OFU.name not in no_gpm
     assert names.GPU_TENSOR_ACTIVE.name not in no_gpm
+
+
+def test_snapshot_takes_runs_nvml_library_option(
+    require: Callable[[bool, str], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    require(fake_nvml.compiler() is not None, "gcc not found: the fake NVML library is built from C source")
+    fake = FakeNvml.build()
+    busy = fake.add_gpu("NVIDIA H100 80GB HBM3", sm_clock_mhz=1755)
+    fake.set_tensor_util(busy, 50.0)
+    argv = ["--source", "nvml", "--nvml-library", str(fake.path), "--interval", "0.05", "--clock-sample-hz", "50"]
+    try:
+        code, lines, _ = run_snapshot(argv, capsys)  # the library is the option's, not installed by the test
+    finally:
+        fake.uninstall()
+        fake.reset()
+    assert code == 0
+    (line,) = lines
+    assert line[names.HW_ID] == fake.uuid_of(busy)
+    assert line[names.GPU_TENSOR_ACTIVE.name] == pytest.approx(0.5)
 
 
 def test_console_script(shared_fixtures: Path) -> None:

@@ -20,6 +20,7 @@ from otel_ofu.cli_support import (
     port_number,
     positive_float,
     positive_int,
+    url_or_host_port,
 )
 from otel_ofu_collector.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.config import AggregatorConfig
@@ -60,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.option(
         "--export-endpoint",
         default=None,
+        type=url_or_host_port,
         help="downstream OTLP endpoint; unset: OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT, else no downstream",
     )
     options.option(

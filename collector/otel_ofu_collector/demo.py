@@ -22,7 +22,7 @@ from rich.table import Table
 
 from otel_ofu import names
 from otel_ofu.attribution import build_chain
-from otel_ofu.cli_support import DEMO_PREFIX, CommandOptions, positive_float
+from otel_ofu.cli_support import DEMO_PREFIX, CommandOptions, output_path, positive_float
 from otel_ofu.clock import ManualClock
 from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--window", metavar="SECONDS", type=positive_float, default=60.0, help="collector window in simulated seconds"
     )
     options.option("--seed", metavar="N", type=int, default=7, help="simulation seed")
-    options.option("--html", metavar="PATH", default=None, help="also write the HTML fleet report to this path")
+    options.option("--html", metavar="PATH", type=output_path, help="also write the HTML fleet report to this path")
     parser.set_defaults(handler=_handle)
 
 

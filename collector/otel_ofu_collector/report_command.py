@@ -21,10 +21,8 @@ from pathlib import Path
 
 import attrs
 
-from otel_ofu import names, ofu_math
-from otel_ofu.attribution.hints import HintsAttributor
-from otel_ofu.cli_support import REPORT_PREFIX, CommandOptions, positive_float
-from otel_ofu.gpu_values import compute
+from otel_ofu.cli_support import REPORT_PREFIX, CommandOptions, output_path, positive_float, url_or_host_port
+from otel_ofu.gpu_samples import compute_snapshot
 from otel_ofu.model import SourceUnavailable
 from otel_ofu.sources.capture import ReplaySource
 from otel_ofu_collector.config import AggregatorConfig
@@ -59,7 +57,6 @@ def replay_capture(path: str | Path, window_s: float = DEFAULT_WINDOW_S) -> Capt
         stale_after_s=max(_STALE_FLOOR_S, 3 * window_s),
     )
     aggregator = Aggregator(config)
-    attributor = HintsAttributor()
     samples: dict[str, list[float]] = {}
     reports: list[WindowReport] = []
     readings = skipped = 0
@@ -69,18 +66,14 @@ def replay_capture(path: str | Path, window_s: float = DEFAULT_WINDOW_S) -> Capt
             snapshot = source.read()
             if source.exhausted:
                 break
-            for reading in snapshot.readings:
-                attributes = dict(attributor.attribute(reading.gpu))
-                try:
-                    values = compute(reading, precision=attributes.get(names.GPU_PRECISION))
-                except ofu_math.InvalidReading:
-                    skipped += 1
-                    continue
+            computed = compute_snapshot(snapshot)  # the producer's own rule: hints, identity, calibration
+            skipped += len(computed.partial)
+            for sample in computed.samples:
                 readings += 1
-                gpu = reading.gpu
-                identity = {names.HW_ID: gpu.uuid, names.HW_MODEL: gpu.model, names.HOST_NAME: gpu.host, **attributes}
-                aggregator.add_ofu(gpu.key, values.ofu, reading.start_ns, reading.end_ns, identity)
-                samples.setdefault(gpu.model, []).append(values.ofu)
+                gpu, ofu = sample.gpu, sample.values.ofu
+                identity = {key: str(value) for key, value in sample.attributes.items()}
+                aggregator.add_ofu(gpu.key, ofu, sample.start_ns, sample.end_ns, identity)
+                samples.setdefault(gpu.model, []).append(ofu)
             reports.extend(aggregator.flush(aggregator.watermark_ns))
         reports.extend(aggregator.close_all())
         skipped += source.bad_lines
@@ -110,8 +103,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="a producer capture (otel-ofu run --record); alone it gives OFU only, no MFU",
     )
-    options.option("--live", metavar="URL", help="a running collector's report feed, e.g. http://collector:9465")
-    options.option("--out", metavar="PATH", default=DEFAULT_OUT, help="where to write the HTML page")
+    options.option(
+        "--live",
+        metavar="URL",
+        type=url_or_host_port,
+        help="a running collector's report feed, e.g. http://collector:9465",
+    )
+    options.option("--out", metavar="PATH", default=DEFAULT_OUT, type=output_path, help="where to write the HTML page")
     options.option("--title", help="the page title (default: otel-ofu fleet report)")
     options.option(
         "--window",

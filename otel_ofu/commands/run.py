@@ -13,7 +13,17 @@ from opentelemetry.sdk.metrics.export import MetricExporter
 
 from otel_ofu import names
 from otel_ofu.attribution.kubernetes_pods import DEFAULT_CA_FILE, DEFAULT_TOKEN_FILE, resolve_pods_url
-from otel_ofu.cli_support import CommandOptions, export_interval_s, port_number, positive_float, positive_int
+from otel_ofu.cli_support import (
+    CommandOptions,
+    add_deprecated_alias,
+    env_name,
+    export_interval_s,
+    output_path,
+    port_number,
+    positive_float,
+    positive_int,
+    url_or_host_port,
+)
 from otel_ofu.clock import ScaledClock, wall_clock
 from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.model import Clock, Source, SourceUnavailable
@@ -21,8 +31,8 @@ from otel_ofu.producer.exporters import EXPORTER_KINDS, PROTOCOLS, ExporterConfi
 from otel_ofu.producer.loop import Producer, Recorder, open_recorder
 from otel_ofu.producer.metrics_data import MetricsDataBuilder, env_resource
 from otel_ofu.producer.prometheus import PrometheusEndpoint
-from otel_ofu.sources.factory import SOURCE_KINDS
-from otel_ofu.sources.max_clock import max_clock_option, with_max_clocks
+from otel_ofu.sources import ListsProcesses
+from otel_ofu.sources.factory import add_source_options, open_from_args
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,9 @@ examples:
 SIGTERM or SIGINT exports the last (partial) interval, then exits 0."""
 
 
+LEGACY_PROMETHEUS_VARIABLE = env_name("--prometheus-addr")
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "run",
@@ -61,16 +74,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     # Plain OTEL_OFU_<FLAG> variables: the deploy kit sets them, and snapshot shares the source ones.
     options = CommandOptions(parser)
     source = options.group("source")
-    source.option(
-        "--source",
-        default="auto",
-        choices=SOURCE_KINDS,
-        help="where the counters come from; auto picks NVML, then DCGM, and says which and why",
-    )
-    source.option("--url", metavar="URL", help="dcgm-exporter /metrics URL (--source dcgm-exporter)")
-    source.option("--file", metavar="FILE", help="capture or dcgmi dmon file to replay (--source replay)")
-    source.option("--host", metavar="NAME", help="host.name of this node (default: the hostname or the source's own)")
-    source.option("--seed", metavar="N", type=int, help="seed of the simulated fleet (--source sim)")
+    add_source_options(source)
     source.option(
         "--sim-speed",
         metavar="N",
@@ -79,31 +83,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="simulated time runs this many times faster than wall time; --interval and --duration are "
         "simulated seconds (--source sim)",
     )
-    source.option("--record", metavar="FILE", help="also append every snapshot to this JSON-lines capture file")
     source.option(
-        "--clock-sample-hz",
-        type=positive_float,
-        default=10.0,
-        metavar="HZ",
-        help="SM clock samples per second averaged over each interval (--source nvml)",
-    )
-    source.option(
-        "--nvml-library",
-        metavar="PATH",
-        help="NVML shared library to load instead of libnvidia-ml.so.1 (--source nvml)",
-    )
-    source.option("--dcgm-address", metavar="HOST", default="localhost", help="DCGM host engine (--source dcgm)")
-    source.option(
-        "--model",
-        metavar="NAME",
-        help="hw.model of a dcgmi dmon replay, which prints no device names (e.g. 'NVIDIA H100 80GB HBM3')",
-    )
-    source.option(
-        "--max-sm-clock",
-        metavar="MODEL=MHZ,...",
-        type=max_clock_option,
-        help="max SM clock in MHz of models whose source reports none (e.g. 'NVIDIA A800 80GB PCIe=1410'); "
-        "never overrides the device's own",
+        "--record", metavar="FILE", type=output_path, help="also append every snapshot to this JSON-lines capture file"
     )
 
     attribution = options.group("job attribution")
@@ -142,6 +123,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     export.option(
         "--export-endpoint",
         metavar="URL",
+        type=url_or_host_port,
         help="OTLP endpoint URL (default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT the SDK reads)",
     )
     export.option(
@@ -156,9 +138,18 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="where identity attributes go: resource, datapoint (Datadog) or both",
     )
     export.option(
-        "--prometheus-port", metavar="PORT", type=port_number, help="also serve Prometheus /metrics on this port (off)"
+        "--prometheus-port",
+        metavar="PORT",
+        type=port_number,
+        help="also serve Prometheus /metrics on this port; off (or none) for no endpoint (default off)",
     )
-    export.option("--prometheus-addr", metavar="ADDR", default="0.0.0.0", help="address of the Prometheus endpoint")
+    # --prometheus-host as the collector spells it; --prometheus-addr was run's own name, kept working.
+    export.option("--prometheus-host", metavar="HOST", default="0.0.0.0", help="address of the Prometheus endpoint")
+    add_deprecated_alias(export.parser, "--prometheus-addr", "--prometheus-host", dest="prometheus_host")
+    # ... and its variable: a unit file that set it must not silently fall back to every address.
+    legacy = os.environ.get(LEGACY_PROMETHEUS_VARIABLE, "").strip()
+    if legacy and not os.environ.get(env_name("--prometheus-host")):
+        parser.set_defaults(prometheus_host=legacy)
     export.option(
         "--max-queue",
         metavar="N",
@@ -188,30 +179,16 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     timing.flag("--quiet", help="no startup lines on stderr")
 
 
-def _open_source(args: argparse.Namespace, clock: Clock) -> tuple[Source, str]:
-    from otel_ofu.sources.factory import open_source
-
-    options: dict[str, Any] = {"clock_sample_hz": args.clock_sample_hz, "address": args.dcgm_address}
-    if args.nvml_library:
-        options["library"] = args.nvml_library
-    if args.model:
-        options["model"] = args.model
-    source, why = open_source(
-        args.source, url=args.url, file=args.file, host=args.host, seed=args.seed, clock=clock, **options
-    )
-    return with_max_clocks(source, args.max_sm_clock), why
-
-
 def _attribution(args: argparse.Namespace, source: Source) -> Any:
     from otel_ofu.attribution import build_chain
 
-    pids_for = getattr(source, "compute_pids", None)  # sources that can list a GPU's processes (NVML)
     return build_chain(
         static_job_id=args.job_id,
         static_job_name=args.job_name,
         static_precision=args.precision,
         proc_root=args.proc_root,
-        pids_for=pids_for if callable(pids_for) else None,
+        # Only a source that can list a GPU's processes (NVML) makes process attribution possible.
+        pids_for=source.compute_pids if isinstance(source, ListsProcesses) else None,
         slurm_mapping_dir=args.slurm_mapping_dir,
         kubelet_socket=args.kubelet_socket,
         k8s_pods_url=resolve_pods_url(args.k8s_pods_url),
@@ -229,6 +206,11 @@ def _say(args: argparse.Namespace, line: str) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if os.environ.get(LEGACY_PROMETHEUS_VARIABLE, "").strip():
+        print(
+            f"otel-ofu run: {LEGACY_PROMETHEUS_VARIABLE} is deprecated, use {env_name('--prometheus-host')}",
+            file=sys.stderr,
+        )
     try:
         calibration = CalibrationTable.parse(args.calibration or "")
     except ValueError as error:
@@ -249,7 +231,7 @@ def run_command(args: argparse.Namespace) -> int:
     producer: Producer | None = None
     try:
         try:
-            source, why = _open_source(args, clock)
+            source, why = open_from_args(args, clock)
             _say(args, why)
             chain = _attribution(args, source)
             endpoint = _prometheus(args)
@@ -289,12 +271,12 @@ def _prometheus(args: argparse.Namespace) -> PrometheusEndpoint | None:
     if args.prometheus_port is None:
         return None
     try:
-        endpoint = PrometheusEndpoint(port=args.prometheus_port, addr=args.prometheus_addr)
+        endpoint = PrometheusEndpoint(port=args.prometheus_port, addr=args.prometheus_host)
     except OSError as error:  # the port is taken, or the address is not this host's
         raise OSError(
-            f"cannot serve Prometheus on {args.prometheus_addr}:{args.prometheus_port}: {error.strerror or error}"
+            f"cannot serve Prometheus on {args.prometheus_host}:{args.prometheus_port}: {error.strerror or error}"
         ) from error
-    _say(args, f"Prometheus /metrics on {args.prometheus_addr}:{endpoint.port}")
+    _say(args, f"Prometheus /metrics on {args.prometheus_host}:{endpoint.port}")
     return endpoint
 
 

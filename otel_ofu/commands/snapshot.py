@@ -12,14 +12,15 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from otel_ofu import catalog, gpu_values, names, ofu_math
+from otel_ofu import catalog, gpu_values, names
 from otel_ofu.cli_support import SNAPSHOT_PREFIX, CommandOptions, non_negative_float
-from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot, Source, SourceUnavailable
-from otel_ofu.sources.factory import SOURCE_KINDS, open_source
-from otel_ofu.sources.max_clock import max_clock_option, with_max_clocks
+from otel_ofu.gpu_samples import Attribution, attributes_of, compute_snapshot, hints_attribution
+from otel_ofu.model import GpuError, GpuIdentity, Snapshot, Source, SourceUnavailable
+from otel_ofu.sources.factory import add_source_options, open_from_args
 
 FORMATS = ("json", "table")
 DESCRIPTION = """\
@@ -35,83 +36,54 @@ Exit status: 0 when at least one GPU gave its OFU, 1 when none did, 2 when the s
 INTERVAL_KINDS = frozenset({"auto", "nvml", "dcgm", "sim"})
 
 
-def _identity(gpu: GpuIdentity) -> dict[str, Any]:
-    attributes: dict[str, Any] = dict(gpu.resource_attributes())
-    for key, value in gpu.hints.items():
-        attributes.setdefault(key, value)
-    return attributes
-
-
-def _known_raw_values(reading: GpuReading) -> dict[str, float]:
-    """The reading's own values that are valid on their own, for a GPU whose OFU cannot be had."""
-    checks = (
-        (names.GPU_TENSOR_ACTIVE.name, reading.tensor_active, ofu_math.check_fraction),
-        (names.GPU_CLOCK_SM.name, reading.sm_clock_hz, ofu_math.check_clock),
-        (names.GPU_CLOCK_SM_MAX.name, reading.max_sm_clock_hz, ofu_math.check_clock),
-        (names.GPU_SM_ACTIVE.name, reading.sm_active, ofu_math.check_fraction),
-        (names.GPU_DRAM_ACTIVE.name, reading.dram_active, ofu_math.check_fraction),
-    )
-    known: dict[str, float] = {}
-    for name, value, check in checks:
-        if value is None:
-            continue
-        try:
-            known[name] = check(name, value)
-        except ofu_math.InvalidReading:
-            continue
-    return known
-
-
-def reading_line(
-    reading: GpuReading, calibration: gpu_values.CalibrationTable, source_errors: list[GpuError] | None = None
-) -> dict[str, Any]:
-    """The JSON object of one reading: identity, then every known value, or ``error``/``reason``.
-
-    When OFU cannot be had, the values that are valid on their own (a clock without GPM, say) stay,
-    and the source's own errors for this GPU, if any, say why; they are the cause, compute's is the effect.
-    """
-    line = _identity(reading.gpu)
-    precision = reading.gpu.hints.get(names.GPU_PRECISION)
-    try:
-        factor = calibration.factor(reading.gpu.model, reading.gpu.hints.get(names.JOB_ID))
-        values = gpu_values.compute(reading, precision=precision, calibration=factor)
-    except ofu_math.InvalidReading as error:
-        line.update(_known_raw_values(reading))
-        if source_errors:
-            line["error"] = "; ".join(e.message for e in source_errors)
-            line[names.ERROR_REASON] = source_errors[0].reason
-        else:
-            line["error"] = str(error)
-            line[names.ERROR_REASON] = error.reason
-        return line
-    line.update(values.as_metrics())
+def _line(gpu: GpuIdentity, attributes: Mapping[str, Any]) -> dict[str, Any]:
+    line: dict[str, Any] = dict(gpu.resource_attributes())  # identity first: it reads best that way
+    line.update(attributes)
     return line
 
 
-def error_line(error: GpuError) -> dict[str, Any]:
-    line: dict[str, Any] = _identity(error.gpu) if error.gpu is not None else {}
+def _error_fields(errors: Sequence[GpuError]) -> dict[str, Any]:
+    return {"error": "; ".join(error.message for error in errors), names.ERROR_REASON: errors[0].reason}
+
+
+def error_line(error: GpuError, attribution: Attribution = hints_attribution) -> dict[str, Any]:
+    line: dict[str, Any] = {} if error.gpu is None else _line(error.gpu, attributes_of(error.gpu, attribution))
     if error.gpu is None and error.gpu_key is not None:
         line["gpu_key"] = error.gpu_key
-    line["error"] = error.message
-    line[names.ERROR_REASON] = error.reason
+    line.update(_error_fields([error]))
     return line
 
 
-def snapshot_lines(snapshot: Snapshot, calibration: gpu_values.CalibrationTable | None = None) -> list[dict[str, Any]]:
-    """One object per GPU: a GPU with both a reading and errors (clocks but no TPA) is one line."""
-    table = calibration or gpu_values.CalibrationTable()
-    errors_by_gpu: dict[str, list[GpuError]] = {}
-    for error in snapshot.errors:
-        if error.gpu is not None:
-            errors_by_gpu.setdefault(error.gpu.key, []).append(error)
-    lines = []
-    merged: set[str] = set()
+def snapshot_lines(
+    snapshot: Snapshot,
+    calibration: gpu_values.CalibrationTable | None = None,
+    attribution: Attribution = hints_attribution,
+) -> list[dict[str, Any]]:
+    """One object per GPU, in the source's order, by the rule ``run`` exports with (``compute_snapshot``).
+
+    A GPU without OFU keeps the values it did give beside ``error``: the source's own errors for it, when
+    it has any (they are the cause, the failed computation is the effect). Errors of GPUs that gave no
+    reading, and of the source as a whole, follow as lines of their own.
+    """
+    computed = compute_snapshot(snapshot, attribution=attribution, calibration=calibration)
+    # Each reading became a sample or a partial one, both kept in reading order: merged back in that order.
+    samples, partial = deque(computed.samples), deque(computed.partial)
+    lines: list[dict[str, Any]] = []
+    explained: set[str] = set()
     for reading in snapshot.readings:
-        line = reading_line(reading, table, errors_by_gpu.get(reading.gpu.key))
-        if "error" in line:
-            merged.add(reading.gpu.key)
+        if samples and (samples[0].gpu, samples[0].start_ns) == (reading.gpu, reading.start_ns):
+            sample = samples.popleft()
+            line = _line(sample.gpu, sample.attributes)
+            line.update(sample.values.as_metrics())
+        else:
+            failed = partial.popleft()
+            line = _line(failed.gpu, failed.attributes)
+            line.update(failed.known)
+            line.update(_error_fields(computed.errors_of(failed.gpu.key)))
+            explained.add(failed.gpu.key)
         lines.append(line)
-    lines.extend(error_line(e) for e in snapshot.errors if e.gpu is None or e.gpu.key not in merged)
+    unexplained = (error for error in computed.errors if error.gpu is None or error.gpu.key not in explained)
+    lines.extend(error_line(error, attribution) for error in unexplained)
     return lines
 
 
@@ -127,22 +99,36 @@ def _fmt(value: Any, scale: float = 1.0, pattern: str = "{:.3f}") -> str:
     return "" if value is None else pattern.format(value / scale)
 
 
-def print_table(lines: list[dict[str, Any]]) -> None:
+_GPU_WIDTH = 16
+
+
+def print_table(lines: list[dict[str, Any]], console: Any = None) -> None:
+    """The lines as a table that reads at 80 columns: numbers never wrap, each error is a note below it."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="otel-ofu snapshot", box=box.SIMPLE_HEAD)
-    for column in ("GPU", "model", "TPA", "SM MHz", "max MHz", "OFU", "TFLOP/s", "job", "error"):
-        # Numbers never shrink; names wrap when the terminal is narrow.
-        if column in ("TPA", "SM MHz", "max MHz", "OFU", "TFLOP/s"):
-            table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
-        else:
-            table.add_column(column, overflow="fold")
+    table = Table(title="otel-ofu snapshot", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False)
+    # Numbers never shrink; at 80 columns a long host, model or job name is cut short with an ellipsis
+    # (the JSON output has it in full). A GPU without OFU shows the number of its note in the OFU column.
+    table.add_column("GPU", overflow="ellipsis", min_width=8, max_width=_GPU_WIDTH)
+    table.add_column("model", overflow="ellipsis", min_width=8, max_width=10)
+    for column, width in (("TPA", 5), ("SM MHz", 6), ("max MHz", 7), ("OFU", 5), ("TFLOP/s", 7)):
+        table.add_column(column, justify="right", no_wrap=True, min_width=width)
+    table.add_column("job", overflow="ellipsis", min_width=8, max_width=10)
+    notes: list[str] = []
     for line in lines:
-        gpu = f"{line.get(names.HOST_NAME, '')}/{line.get(names.GPU_INDEX, line.get('gpu_key', ''))}"
+        where = f"/{line.get(names.GPU_INDEX, line.get('gpu_key', ''))}"
         if names.GPU_MIG_INSTANCE_ID in line:
-            gpu += f":{line[names.GPU_MIG_INSTANCE_ID]}"
+            where += f":{line[names.GPU_MIG_INSTANCE_ID]}"
+        host = str(line.get(names.HOST_NAME, ""))
+        # A long host name is cut, never the GPU index after it.
+        room = max(4, _GPU_WIDTH - len(where))
+        gpu = (host if len(host) <= room else host[: room - 1] + "…") + where
+        ofu = _fmt(line.get(names.GPU_OFU.name))
+        if "error" in line:
+            notes.append(f"[{len(notes) + 1}] {gpu}: {line[names.ERROR_REASON]}: {line['error']}")
+            ofu = ofu or f"[{len(notes)}]"
         model = str(line.get(names.HW_MODEL, ""))
         spec = catalog.lookup(model)
         table.add_row(
@@ -151,12 +137,14 @@ def print_table(lines: list[dict[str, Any]]) -> None:
             _fmt(line.get(names.GPU_TENSOR_ACTIVE.name)),
             _fmt(line.get(names.GPU_CLOCK_SM.name), 1e6, "{:.0f}"),
             _fmt(line.get(names.GPU_CLOCK_SM_MAX.name), 1e6, "{:.0f}"),
-            _fmt(line.get(names.GPU_OFU.name)),
+            ofu,
             _fmt(line.get(names.GPU_FLOPS_ACHIEVED.name), 1e12, "{:.1f}"),
             str(line.get(names.JOB_ID, "")),
-            f"{line[names.ERROR_REASON]}: {line['error']}" if "error" in line else "",
         )
-    Console().print(table)
+    out = console if console is not None else Console()
+    out.print(table)
+    for note in notes:
+        out.print(note, markup=False, highlight=False, overflow="fold")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,11 +165,7 @@ def run(args: argparse.Namespace) -> int:
         clock = manual
         wait = lambda: manual.advance(args.interval or 1.0)  # noqa: E731
     try:
-        source, why = open_source(
-            kind, url=args.url, file=args.file, host=args.host, seed=args.seed, clock=clock,
-            **({"model": args.model} if args.model else {}),
-        )  # fmt: skip
-        source = with_max_clocks(source, args.max_sm_clock)
+        source, why = open_from_args(args, clock)
     except SourceUnavailable as error:
         print(f"otel-ofu snapshot: {error}", file=sys.stderr)
         return 2
@@ -208,24 +192,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # The source options are run's own (plain OTEL_OFU_*: one node's settings serve both); the rest are ours.
-    source = CommandOptions(parser)
+    add_source_options(CommandOptions(parser))
+    CommandOptions(parser).option(
+        "--calibration", metavar="SPEC", help="tile calibration factors, job:ID=F,model:KEY=F"
+    )
     ours = CommandOptions(parser, SNAPSHOT_PREFIX)
-    source.option("--source", default="auto", choices=SOURCE_KINDS, help="where GPU counters come from")
-    # Metavars as run's: the same option reads the same in both commands' help.
-    source.option("--url", metavar="URL", help="dcgm-exporter /metrics URL (for --source dcgm-exporter)")
-    source.option(
-        "--file", metavar="FILE", help="capture to replay: otel-ofu JSON lines or dcgmi dmon text (--source replay)"
-    )
-    source.option("--host", metavar="NAME", help="host.name where the source does not say (default: the source's own)")
-    source.option("--seed", metavar="N", type=int, help="seed of the simulated fleet (--source sim)")
-    source.option("--model", metavar="NAME", help="hw.model of a dcgmi dmon replay (it prints no device names)")
-    source.option(
-        "--max-sm-clock",
-        metavar="MODEL=MHZ,...",
-        type=max_clock_option,
-        help="max SM clock in MHz of models whose source reports none; never overrides the device's own",
-    )
-    source.option("--calibration", metavar="SPEC", help="tile calibration factors, job:ID=F,model:KEY=F")
     ours.option(
         "--interval",
         metavar="SECONDS",

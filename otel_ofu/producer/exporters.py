@@ -18,6 +18,8 @@ from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExp
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as SdkHttpExporter
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
     OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
     OTEL_EXPORTER_OTLP_PROTOCOL,
 )
@@ -56,6 +58,27 @@ def resolve_protocol(explicit: str | None = None) -> str:
                 )
             return value
     return GRPC
+
+
+def check_env_endpoint() -> None:
+    """ExporterConfigError when the endpoint variable the SDK would use is not a URL (or HOST:PORT).
+
+    The SDK takes any text and then fails every export in the background, so a typo would otherwise
+    export nothing and say nothing.
+    """
+    from argparse import ArgumentTypeError
+
+    from otel_ofu.cli_support import url_or_host_port
+
+    for variable in (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT):
+        value = os.environ.get(variable, "").strip()
+        if not value:
+            continue
+        try:
+            url_or_host_port(value)
+        except ArgumentTypeError as error:
+            raise ExporterConfigError(f"{variable}: {error}") from None
+        return
 
 
 def http_metrics_url(endpoint: str) -> str:
@@ -120,6 +143,8 @@ def otlp_exporter(
     timeout_s: float | None = None,
 ) -> MetricExporter:
     """A new OTLP metric exporter; ``None`` arguments defer to the standard variables."""
+    if endpoint is None:
+        check_env_endpoint()
     chosen = resolve_protocol(protocol)
     if chosen == HTTP_PROTOBUF:
         return HttpMetricExporter(

@@ -21,17 +21,14 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricsData
 
 from otel_ofu import names
 from otel_ofu.clock import wall_clock
+from otel_ofu.gpu_samples import Attribution, ComputedSnapshot, compute_snapshot, hints_attribution
 from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.model import Clock, GpuError, Snapshot, Source
-from otel_ofu.producer.metrics_data import (
-    Attribution,
-    ComputedSnapshot,
-    MetricsDataBuilder,
-    compute_snapshot,
-    no_attribution,
-)
+from otel_ofu.producer.metrics_data import MetricsDataBuilder
 from otel_ofu.producer.self_metrics import SelfMetrics
+from otel_ofu.producer.source_health import SourceHealth
 from otel_ofu.producer.worker import ExportWorker
+from otel_ofu.sources import is_exhausted
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +80,7 @@ class Producer:
     shutdown_timeout_s: float = 10.0
     time_scale: float = 1.0
     self_metrics: SelfMetrics = attrs.field(init=False)
+    health: SourceHealth = attrs.field(init=False)
     worker: ExportWorker | None = attrs.field(init=False, default=None)
     cycles: int = attrs.field(init=False, default=0)
     _stop: threading.Condition = attrs.field(init=False, factory=lambda: threading.Condition(threading.RLock()))
@@ -95,6 +93,7 @@ class Producer:
         if self.time_scale <= 0:
             raise ValueError(f"the time scale must be positive, got {self.time_scale}")
         self.self_metrics = SelfMetrics(start_ns=self.clock())
+        self.health = SourceHealth(self.source.name, self.clock)
         if self.exporter is not None:
             self.worker = ExportWorker(self.exporter, self.self_metrics, max_queue=self.max_queue)
 
@@ -107,11 +106,13 @@ class Producer:
             except Exception:
                 log.exception("could not record the snapshot")
         computed = compute_snapshot(
-            snapshot, attribution=self.attribution or no_attribution, calibration=self.calibration
+            snapshot, attribution=self.attribution or hints_attribution, calibration=self.calibration
         )
+        self.health.observe(computed)
         for error in computed.errors:
             self.self_metrics.count_source_error(error.reason)
-            log.debug("skipped %s: %s (%s)", error.gpu.key if error.gpu else error.gpu_key, error.message, error.reason)
+            what = error.gpu.key if error.gpu is not None else error.gpu_key or f"source {self.source.name}"
+            log.debug("skipped %s: %s (%s)", what, error.message, error.reason)
         data = self.builder.build(computed, self.self_metrics.metrics(self.clock()))
         for observer in self.observers:
             try:
@@ -126,8 +127,7 @@ class Producer:
     def _read(self) -> Snapshot:
         try:
             return self.source.read()
-        except Exception as error:  # the next interval may read fine; the loop keeps going
-            log.warning("source %s failed to read: %s", getattr(self.source, "name", "?"), error)
+        except Exception as error:  # the next interval may read fine; the loop keeps going (health says it)
             return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, str(error)),))
 
     def request_stop(self) -> None:
@@ -165,12 +165,12 @@ class Producer:
                     break
                 if now >= next_due:
                     self.run_once()
-                    if getattr(self.source, "exhausted", False):  # a replayed capture has run out
-                        log.info("source %s has no more data; stopping", getattr(self.source, "name", "?"))
+                    if is_exhausted(self.source):  # a replayed capture has run out
+                        log.info("source %s has no more data; stopping", self.source.name)
                         break
                     # Skip intervals missed while suspended rather than bursting to catch up.
                     next_due += interval_ns * max(1, (now - next_due) // interval_ns + 1)
-            if not getattr(self.source, "exhausted", False):
+            if not is_exhausted(self.source):
                 self.run_once()  # the last, partial interval
         finally:
             self._restore_signals(previous)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 from opentelemetry.sdk.metrics.export import Gauge, Metric, MetricsData, NumberDataPoint, ResourceMetrics, ScopeMetrics
@@ -19,88 +19,36 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 import otel_ofu
 from otel_ofu import names
-from otel_ofu.gpu_values import CalibrationTable, GpuValues, compute, say_once
-from otel_ofu.model import GpuError, GpuIdentity, Snapshot
-from otel_ofu.ofu_math import InvalidReading
+from otel_ofu.gpu_samples import (
+    AttributeValue,
+    Attribution,
+    ComputedSnapshot,
+    GpuSample,
+    compute_snapshot,
+    hints_attribution,
+    no_attribution,
+)
+from otel_ofu.gpu_values import CalibrationTable
+from otel_ofu.model import Snapshot
 
 log = logging.getLogger(__name__)
 
-AttributeValue = str | int
-# Attribution: which job a GPU belongs to, as contract attribute keys (job.id, gpu.precision, k8s.*...).
-Attribution = Callable[[GpuIdentity], Mapping[str, str]]
+# Re-exported: the producer's callers import the per-GPU values from here.
+__all__ = [
+    "AttributeValue",
+    "Attribution",
+    "ComputedSnapshot",
+    "GpuSample",
+    "MetricsDataBuilder",
+    "compute_snapshot",
+    "env_resource",
+    "no_attribution",
+    "snapshot_to_metrics_data",
+]
 
 SCOPE = InstrumentationScope(names.INSTRUMENTATION_SCOPE, otel_ofu.__version__)
 _IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
 _METRIC_SPECS = {spec.name: spec for spec in names.PRODUCER_METRICS}
-
-
-@attrs.frozen
-class GpuSample:
-    """One GPU's computed values for one interval, with everything that says whose GPU it is."""
-
-    gpu: GpuIdentity
-    attributes: Mapping[str, AttributeValue]  # identity + attribution, contract keys
-    values: GpuValues
-    start_ns: int
-    end_ns: int
-
-
-@attrs.frozen
-class ComputedSnapshot:
-    """The values of every GPU that could be read and the errors of those that could not."""
-
-    samples: tuple[GpuSample, ...] = ()
-    errors: tuple[GpuError, ...] = ()
-
-
-def no_attribution(gpu: GpuIdentity) -> Mapping[str, str]:
-    return {}
-
-
-def _attributes_of(gpu: GpuIdentity, attribution: Attribution) -> dict[str, AttributeValue]:
-    attributes: dict[str, AttributeValue] = dict(gpu.hints)
-    try:
-        attributes.update(attribution(gpu))
-    except Exception as error:  # a broken attribution must not cost the GPU its OFU
-        say_once(f"attribution failed for GPU {gpu.key}: {error}; exporting it without job attributes")
-    # The GPU's own identity is what it is, whatever hints or attribution claim.
-    attributes.update(gpu.resource_attributes())
-    return attributes
-
-
-def compute_snapshot(
-    snapshot: Snapshot,
-    *,
-    attribution: Attribution = no_attribution,
-    calibration: CalibrationTable | None = None,
-) -> ComputedSnapshot:
-    """Attribute and compute every reading; one that cannot be computed becomes an error, never a 0."""
-    table = calibration or CalibrationTable()
-    samples: list[GpuSample] = []
-    errors = list(snapshot.errors)
-    # A source may return a GPU's clocks together with an error saying why its TPA is missing (no GPM);
-    # that GPU's failed computation is the same problem and is counted once.
-    already_failed = {error.gpu.key for error in snapshot.errors if error.gpu is not None}
-    for reading in snapshot.readings:
-        gpu = reading.gpu
-        attributes = _attributes_of(gpu, attribution)
-        precision = attributes.get(names.GPU_PRECISION)
-        job_id = attributes.get(names.JOB_ID)
-        try:
-            values = compute(
-                reading,
-                precision=str(precision) if precision is not None else None,
-                calibration=table.factor(gpu.model, str(job_id) if job_id is not None else None),
-            )
-        except InvalidReading as error:
-            if gpu.key not in already_failed:
-                errors.append(GpuError(error.reason, str(error), gpu))
-            continue
-        except Exception as error:  # one broken reading never takes down the rest
-            errors.append(GpuError(names.ErrorReason.UNKNOWN, f"{type(error).__name__}: {error}", gpu))
-            continue
-        samples.append(GpuSample(gpu, attributes, values, reading.start_ns, reading.end_ns))
-    return ComputedSnapshot(tuple(samples), tuple(errors))
 
 
 def env_resource(
@@ -230,7 +178,7 @@ class MetricsDataBuilder:
 def snapshot_to_metrics_data(
     snapshot: Snapshot,
     *,
-    attribution: Attribution = no_attribution,
+    attribution: Attribution = hints_attribution,
     calibration: CalibrationTable | None = None,
     placement: str = "resource",
     base: Resource | None = None,

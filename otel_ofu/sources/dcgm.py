@@ -24,6 +24,7 @@ import attrs
 
 from otel_ofu import names
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
+from otel_ofu.sources import keep_values
 
 BINDINGS_PATHS: tuple[Path, ...] = (
     Path("/usr/share/datacenter-gpu-manager-4/bindings/python3"),
@@ -353,11 +354,14 @@ class DcgmSource:
         by_gpu: dict[int, dict[int, FieldValue]] = {}
         for value in values:
             by_gpu.setdefault(value.gpu_id, {})[value.field_id] = value
-        results = [self._one(gpu, by_gpu.get(gpu.gpu_id, {}), start, now) for gpu in self._backend.gpus()]
+        gpus = self._backend.gpus()
+        results = [item for gpu in gpus for item in self._one(gpu, by_gpu.get(gpu.gpu_id, {}), start, now)]
         self._cycles.forget(gpu.uuid for gpu in self._backend.gpus())
         return split(results)
 
-    def _one(self, gpu: DcgmGpu, fields: dict[int, FieldValue], start: int, now: int) -> GpuReading | GpuError:
+    def _one(
+        self, gpu: DcgmGpu, fields: dict[int, FieldValue], start: int, now: int
+    ) -> tuple[GpuReading | GpuError, ...]:
         identity = GpuIdentity(uuid=gpu.uuid, model=gpu.model, index=gpu.gpu_id, host=self._host)
 
         def number(field_id: int, *, counter: bool = False) -> float | None:
@@ -390,11 +394,11 @@ class DcgmSource:
         if isinstance(result, GpuError):
             tensor = fields.get(names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)
             if reading.tensor_active is None and self._backend.profiling_problem is not None:
-                return attrs.evolve(result, message=f"{result.message}: {self._backend.profiling_problem}")
-            if tensor is not None and tensor.status != 0:
+                result = attrs.evolve(result, message=f"{result.message}: {self._backend.profiling_problem}")
+            elif tensor is not None and tensor.status != 0:
                 reason = _status_reason(tensor.status)
-                return attrs.evolve(result, reason=reason, message=f"{result.message} (DCGM status {tensor.status})")
-        return result
+                result = attrs.evolve(result, reason=reason, message=f"{result.message} (DCGM status {tensor.status})")
+        return keep_values(reading, result)  # what the GPU did give stays beside the error
 
     def close(self) -> None:
         self._backend.close()

@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from otel_ofu import names
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
+from otel_ofu.sources import keep_values
 from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
 
 # dcgm-exporter's labels, newest spelling first.
@@ -181,7 +182,7 @@ class DcgmExporterSource:
                 for field in GPU_WIDE:
                     if field in parents[uuid].values:
                         entry.values.setdefault(field, parents[uuid].values[field])
-            results.append(self._reading(uuid, entry, start, now))
+            results.extend(self._reading(uuid, entry, start, now))
         self._cycles.forget(item.gpu.key for item in results if item.gpu is not None)
         return split(results)
 
@@ -206,7 +207,8 @@ class DcgmExporterSource:
             hints=hints,
         )
 
-    def _reading(self, uuid: str, entry: _Entry, start: int, now: int) -> GpuReading | GpuError:
+    def _reading(self, uuid: str, entry: _Entry, start: int, now: int) -> tuple[GpuReading | GpuError, ...]:
+        """The GPU's reading, and beside it the error when it gives no OFU (what it did give is kept)."""
         identity = self._identity(uuid, entry.labels)
         values = entry.values
         cycles: CycleCounters | None = None
@@ -234,8 +236,8 @@ class DcgmExporterSource:
         blank = " (blank sentinel or NaN)" if {"tensor_active", "sm_clock_mhz"} & entry.blank else ""
         result = reading_or_error(reading)
         if isinstance(result, GpuError) and blank:
-            return attrs.evolve(result, message=result.message + blank)
-        return result
+            result = attrs.evolve(result, message=result.message + blank)
+        return keep_values(reading, result)
 
     def close(self) -> None:
         """Nothing to release: every scrape opens and closes its own connection."""

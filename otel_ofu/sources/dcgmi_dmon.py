@@ -22,6 +22,7 @@ import attrs
 
 from otel_ofu import names
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
+from otel_ofu.sources import keep_values
 from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
 
 DEFAULT_DELAY_S = 1.0  # dcgmi dmon's default -d is 1000 ms
@@ -182,9 +183,9 @@ class DcgmiDmonSource:
         self.bad_lines += len(block.errors)
         host = self.host or self._command.host or "unknown"
         errors = [GpuError(names.ErrorReason.SCRAPE, f"{self.path}: {message}") for message in block.errors]
-        return split([self._reading(row, host, start, end) for row in block.rows], errors)
+        return split([item for row in block.rows for item in self._reading(row, host, start, end)], errors)
 
-    def _reading(self, row: DmonRow, host: str, start: int, end: int) -> GpuReading | GpuError:
+    def _reading(self, row: DmonRow, host: str, start: int, end: int) -> tuple[GpuReading | GpuError, ...]:
         instance = row.kind != "GPU"
         identity = GpuIdentity(
             # dmon prints no UUIDs: a stable stand-in per host and entity (instances keyed by their id).
@@ -215,7 +216,7 @@ class DcgmiDmonSource:
             dram_active=values.get(names.DCGM_FI_PROF_DRAM_ACTIVE),
             cycles=cycles,
         )
-        return reading_or_error(reading, what=f"{row.kind} {row.entity_id}: ")
+        return keep_values(reading, reading_or_error(reading, what=f"{row.kind} {row.entity_id}: "))
 
     def close(self) -> None:
         if self._file is not None:

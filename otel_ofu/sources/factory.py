@@ -6,12 +6,75 @@ missing one costs a one-line ``SourceUnavailable``, never an ImportError at star
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
+from otel_ofu.cli_support import CommandOptions, positive_float, url_or_host_port
 from otel_ofu.model import Clock, Source, SourceUnavailable
+from otel_ofu.sources.max_clock import max_clock_option, with_max_clocks
 
 SOURCE_KINDS = ("auto", "nvml", "dcgm", "dcgm-exporter", "replay", "sim")
+
+
+def add_source_options(options: CommandOptions) -> None:
+    """The options that choose and open a source, declared once for every command that reads one.
+
+    Their variables are the plain ``OTEL_OFU_*`` ones whatever the command: one node's settings serve
+    ``run`` and ``snapshot`` alike.
+    """
+    options.option(
+        "--source",
+        default="auto",
+        choices=SOURCE_KINDS,
+        help="where the counters come from; auto picks NVML, then DCGM, and says which and why",
+    )
+    options.option(
+        "--url", metavar="URL", type=url_or_host_port, help="dcgm-exporter /metrics URL (--source dcgm-exporter)"
+    )
+    options.option(
+        "--file", metavar="FILE", help="capture to replay: otel-ofu JSON lines or dcgmi dmon text (--source replay)"
+    )
+    options.option("--host", metavar="NAME", help="host.name of this node (default: the hostname or the source's own)")
+    options.option("--seed", metavar="N", type=int, help="seed of the simulated fleet (--source sim)")
+    options.option(
+        "--clock-sample-hz",
+        type=positive_float,
+        default=10.0,
+        metavar="HZ",
+        help="SM clock samples per second averaged over each interval (--source nvml)",
+    )
+    options.option(
+        "--nvml-library",
+        metavar="PATH",
+        help="NVML shared library to load instead of libnvidia-ml.so.1 (--source nvml)",
+    )
+    options.option("--dcgm-address", metavar="HOST", default="localhost", help="DCGM host engine (--source dcgm)")
+    options.option(
+        "--model",
+        metavar="NAME",
+        help="hw.model of a dcgmi dmon replay, which prints no device names (e.g. 'NVIDIA H100 80GB HBM3')",
+    )
+    options.option(
+        "--max-sm-clock",
+        metavar="MODEL=MHZ,...",
+        type=max_clock_option,
+        help="max SM clock in MHz of models whose source reports none (e.g. 'NVIDIA A800 80GB PCIe=1410'); "
+        "never overrides the device's own",
+    )
+
+
+def open_from_args(args: argparse.Namespace, clock: Clock | None = None) -> tuple[Source, str]:
+    """``open_source`` with the options ``add_source_options`` declared."""
+    options: dict[str, Any] = {"clock_sample_hz": args.clock_sample_hz, "address": args.dcgm_address}
+    if args.nvml_library:
+        options["library"] = args.nvml_library
+    if args.model:
+        options["model"] = args.model
+    source, why = open_source(
+        args.source, url=args.url, file=args.file, host=args.host, seed=args.seed, clock=clock, **options
+    )
+    return with_max_clocks(source, args.max_sm_clock), why
 
 
 NVML_OPTIONS = ("clock_sample_hz", "background", "library")
@@ -63,6 +126,13 @@ def _replay(file: str | Path | None, host: str | None, clock: Clock | None, opti
     raise SourceUnavailable(f"{path} is neither an otel-ofu capture (JSON lines) nor dcgmi dmon output")
 
 
+def describe(source: Source) -> str:
+    """What a replayed file is, in words (never a class name)."""
+    from otel_ofu.sources.dcgmi_dmon import DcgmiDmonSource
+
+    return "dcgmi dmon output" if isinstance(source, DcgmiDmonSource) else "the otel-ofu capture"
+
+
 def open_source(
     kind: str,
     *,
@@ -110,7 +180,7 @@ def open_source(
         return exporter, f"dcgm-exporter: scraping {exporter.url}"
     if kind == "replay":
         source = _replay(file, host, clock, options)
-        return source, f"replay: {type(source).__name__} over {file}"
+        return source, f"replay: {describe(source)} {file}"
     if kind == "sim":
         from otel_ofu.clock import wall_clock
         from otel_ofu.sources.simulated import SimulatedFleet
