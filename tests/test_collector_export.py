@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode, unused_port
-from otel_ofu_collector.export import (
+from otel_ofu_collector.outputs.delivery import (
     Delivery,
     DownstreamConfig,
     GrpcTransport,

@@ -11,9 +11,9 @@ import pytest
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink
+from otel_ofu_collector.aggregation.windows import WindowReport
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-from otel_ofu_collector.windows import WindowReport
 
 NODE_DIR = Path(__file__).parent / "setup" / "node"
 S = 1_000_000_000

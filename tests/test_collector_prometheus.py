@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.encode import reports_to_metrics_data
-from otel_ofu_collector.prometheus import OutputsCollector, PrometheusEndpoint
-from otel_ofu_collector.windows import Aggregator
+from otel_ofu_collector.otlp.encode import reports_to_metrics_data
+from otel_ofu_collector.outputs.prometheus import OutputsCollector, PrometheusEndpoint
 
 SECOND = 1_000_000_000
 

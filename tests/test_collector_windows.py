@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_ofu import names
-from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.windows import (
+from otel_ofu_collector.aggregation.windows import (
     STATUS_NO_MFU,
     STATUS_NO_OFU,
     STATUS_OK,
@@ -20,6 +19,7 @@ from otel_ofu_collector.windows import (
     JobReport,
     WindowReport,
 )
+from otel_ofu_collector.config import AggregatorConfig
 
 S = 1_000_000_000
 W = 60 * S

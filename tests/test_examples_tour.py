@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 
+from otel_ofu_collector.aggregation.windows import STATUS_NO_MFU, STATUS_OK, Aggregator, WindowReport
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-from otel_ofu_collector.windows import STATUS_NO_MFU, STATUS_OK, Aggregator, WindowReport
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_with_mfu.py"

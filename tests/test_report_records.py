@@ -15,8 +15,9 @@ import pytest
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import unused_port
+from otel_ofu_collector.aggregation.windows import Aggregator, WindowReport
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.records import (
+from otel_ofu_collector.outputs.records import (
     FORMAT_KEY,
     FeedError,
     ReportFeed,
@@ -28,7 +29,6 @@ from otel_ofu_collector.records import (
     report_from_line,
     report_to_line,
 )
-from otel_ofu_collector.windows import Aggregator, WindowReport
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S

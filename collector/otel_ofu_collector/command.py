@@ -21,10 +21,10 @@ from otel_ofu.cli_support import (
     positive_float,
     positive_int,
 )
-from otel_ofu_collector.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.http_receiver import BODY_DEADLINE_S
-from otel_ofu_collector.records import ReportFeed, ReportRecorder
+from otel_ofu_collector.outputs.records import ReportFeed, ReportRecorder
+from otel_ofu_collector.receivers.auth import TlsFiles, bearer_auth
+from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S
 from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, MODES, CollectorOptions, CollectorService
 
 logger = logging.getLogger(__name__)

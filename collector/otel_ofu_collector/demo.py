@@ -28,10 +28,10 @@ from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.producer.loop import Producer
 from otel_ofu.sources.simulated import SimulatedFleet
+from otel_ofu_collector.aggregation.windows import WindowReport
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.report.summary import FleetSummary, summarize
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-from otel_ofu_collector.summary import FleetSummary, summarize
-from otel_ofu_collector.windows import WindowReport
 
 DESCRIPTION = """\
 The embedded default, end to end on loopback.
@@ -78,7 +78,7 @@ def _handle(args: argparse.Namespace) -> int:
     summary = summarize(reports)
     print_report(summary, console)
     if args.html:
-        from otel_ofu_collector.html_report import write_report
+        from otel_ofu_collector.report.html_page import write_report
 
         write_report(Path(args.html), reports, title="otel-ofu demo fleet")
         console.print(f"HTML report written to {args.html}")

@@ -20,11 +20,12 @@ import attrs
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
-from otel_ofu_collector import encode
-from otel_ofu_collector.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.aggregation.merge import MergeAggregator
+from otel_ofu_collector.aggregation.windows import Aggregator, WindowReport
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder
-from otel_ofu_collector.export import (
+from otel_ofu_collector.otlp import encode
+from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder
+from otel_ofu_collector.outputs.delivery import (
     Delivery,
     DownstreamConfig,
     MemoryQueue,
@@ -35,14 +36,13 @@ from otel_ofu_collector.export import (
     encode_request,
     make_transport,
 )
-from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
-from otel_ofu_collector.grpc_receiver import GrpcReceiver
-from otel_ofu_collector.http_receiver import BODY_DEADLINE_S, HttpReceiver
-from otel_ofu_collector.merge import MergeAggregator
-from otel_ofu_collector.windows import Aggregator, WindowReport
+from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
+from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, HttpReceiver
 
 if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when the endpoint is on
-    from otel_ofu_collector.prometheus import PrometheusEndpoint
+    from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +248,7 @@ class CollectorService:
             port = self._http.start()
             parts.append(f"http {options.http_listen.rpartition(':')[0]}:{port}")
         if options.prometheus_port is not None:
-            from otel_ofu_collector.prometheus import PrometheusEndpoint
+            from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
 
             self._prometheus = PrometheusEndpoint(self.self_metrics)
             port = self._prometheus.start(options.prometheus_host, options.prometheus_port)

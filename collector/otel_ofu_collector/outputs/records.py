@@ -37,9 +37,9 @@ from typing import Any, Final, TextIO
 
 import attrs
 
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.stats import CoMoments
-from otel_ofu_collector.windows import FleetReport, GroupReport, JobReport, WindowReport
+from otel_ofu_collector.aggregation.comoments import CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.aggregation.windows import FleetReport, GroupReport, JobReport, WindowReport
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 import attrs
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.comoments import CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.aggregation.windows import FleetReport, GroupReport, WindowReport
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.stats import CoMoments
-from otel_ofu_collector.windows import FleetReport, GroupReport, WindowReport
 
 # Windows the merge tier keeps open at once; a live deployment has one or two, so this only stops a
 # flood of made-up timestamps from growing the state.

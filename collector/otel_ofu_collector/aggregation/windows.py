@@ -44,10 +44,10 @@ from collections.abc import Mapping
 import attrs
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.comoments import AbsDiff, CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.quantiles import percentile_of_sorted
-from otel_ofu_collector.stats import AbsDiff, CoMoments
 
 UNKNOWN = "unknown"
 STATUS_OK = "ok"

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from otel_ofu import names
 from otel_ofu.prometheus_names import label_name, metric_name
-from otel_ofu_collector import encode
+from otel_ofu_collector.otlp import encode
 
 
 def prometheus_name(name: str) -> str:

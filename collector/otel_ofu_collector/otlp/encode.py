@@ -30,10 +30,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ofu import names
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.merge import PartialGroup, PartialWindow
-from otel_ofu_collector.stats import CoMoments
-from otel_ofu_collector.windows import JobReport, WindowReport
+from otel_ofu_collector.aggregation.comoments import CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.aggregation.merge import PartialGroup, PartialWindow
+from otel_ofu_collector.aggregation.windows import JobReport, WindowReport
 
 # What partials_from_request reads: the merge tier consumes these from shards instead of forwarding them.
 _PARTIAL_NAMES = frozenset([names.FLEET_OFU.name, *(spec.name for spec in names.COLLECTOR_PARTIAL_METRICS)])

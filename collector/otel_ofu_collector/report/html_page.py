@@ -32,9 +32,10 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.aggregation.windows import GroupReport, WindowReport
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.summary import (
+from otel_ofu_collector.report.summary import (
     MISCOUNT,
     REGRESSION,
     Flag,
@@ -45,7 +46,6 @@ from otel_ofu_collector.summary import (
     plural,
     summarize,
 )
-from otel_ofu_collector.windows import GroupReport, WindowReport
 
 DEFAULT_TITLE: Final = "otel-ofu fleet report"
 # Beyond these the page grows without telling a person more; what is left out is said on the page.
