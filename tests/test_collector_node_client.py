@@ -11,8 +11,8 @@ import pytest
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink
-from otel_ofu_collector.aggregation.windows import WindowReport
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 
 NODE_DIR = Path(__file__).parent / "setup" / "node"

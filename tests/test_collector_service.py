@@ -29,11 +29,11 @@ from otel_ofu import names
 from otel_ofu.testing.otlp_requests import gpu_request, mfu_request
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode
 from otel_ofu_collector import command
-from otel_ofu_collector.aggregation.windows import WindowReport
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.outputs.delivery import SendOutcome
-from otel_ofu_collector.outputs.records import read_records
+from otel_ofu_collector.outputs.record_codec import read_records
+from otel_ofu_collector.outputs.transports import SendOutcome
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, GrpcReceiver
+from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, CollectorOptions, CollectorService
 
 S = 1_000_000_000

@@ -33,8 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from otel_ofu_collector.aggregation.windows import STATUS_NO_MFU, STATUS_OK, Aggregator, WindowReport
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.results import STATUS_NO_MFU, STATUS_OK, WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,20 +15,19 @@ import pytest
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import unused_port
-from otel_ofu_collector.aggregation.windows import Aggregator, WindowReport
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.outputs.records import (
+from otel_ofu_collector.outputs.feed_client import FeedError, feed_url, fetch_feed
+from otel_ofu_collector.outputs.feed_server import ReportFeed
+from otel_ofu_collector.outputs.record_codec import (
     FORMAT_KEY,
-    FeedError,
-    ReportFeed,
-    ReportRecorder,
-    feed_url,
-    fetch_feed,
     load_records,
     read_records,
     report_from_line,
     report_to_line,
 )
+from otel_ofu_collector.outputs.recorder import ReportRecorder
+from otel_ofu_collector.results import WindowReport
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S

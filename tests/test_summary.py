@@ -10,8 +10,8 @@ import pytest
 from otel_ofu import names
 from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
-from otel_ofu_collector.aggregation.windows import FleetReport, GroupReport, JobReport, WindowReport
 from otel_ofu_collector.report.summary import MISCOUNT, REGRESSION, format_time, summarize
+from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S

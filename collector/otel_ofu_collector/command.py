@@ -22,7 +22,8 @@ from otel_ofu.cli_support import (
     positive_int,
 )
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.outputs.records import ReportFeed, ReportRecorder
+from otel_ofu_collector.outputs.feed_server import ReportFeed
+from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.receivers.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S
 from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, MODES, CollectorOptions, CollectorService

@@ -28,9 +28,9 @@ from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.producer.loop import Producer
 from otel_ofu.sources.simulated import SimulatedFleet
-from otel_ofu_collector.aggregation.windows import WindowReport
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.report.summary import FleetSummary, summarize
+from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 
 DESCRIPTION = """\

@@ -21,25 +21,19 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_ofu import names
 from otel_ofu_collector.aggregation.merge import MergeAggregator
-from otel_ofu_collector.aggregation.windows import Aggregator, WindowReport
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp import encode
 from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder
-from otel_ofu_collector.outputs.delivery import (
-    Delivery,
-    DownstreamConfig,
-    MemoryQueue,
-    Queue,
-    SqliteSpool,
-    Transport,
-    configured_endpoint,
-    encode_request,
-    make_transport,
-)
+from otel_ofu_collector.otlp.encode import encode_request
+from otel_ofu_collector.outputs.delivery import Delivery
+from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
+from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
 from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, HttpReceiver
+from otel_ofu_collector.results import WindowReport
 
 if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when the endpoint is on
     from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
@@ -139,9 +133,6 @@ class CollectorService:
                 pass_through=options.pass_through,
                 forward_inputs=options.forward_inputs,
                 partial_sink=merger,
-                partial_codec=encode.partials_from_request,
-                is_partial=encode.is_partial_metric,
-                is_dropped=encode.is_merge_recomputed_metric,
             )
         else:
             aggregator = Aggregator(options.aggregator)

@@ -48,60 +48,23 @@ from otel_ofu_collector.aggregation.comoments import AbsDiff, CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.results import (
+    STATUS_NO_MFU,
+    STATUS_NO_OFU,
+    STATUS_OK,
+    FleetReport,
+    GroupReport,
+    JobReport,
+    WindowReport,
+)
 
 UNKNOWN = "unknown"
-STATUS_OK = "ok"
-STATUS_NO_MFU = "no_mfu"
-STATUS_NO_OFU = "no_ofu"
 JOB_ATTRIBUTE_KEYS = (names.JOB_NAME, names.HW_MODEL, names.GPU_PRECISION)
 _HORIZON_BLOCKS = 48
 
 # A stream's identity as the windows need it: (job.id, *group values, *JOB_ATTRIBUTE_KEYS values), None if
 # absent. Interned, so the streams of one job share one tuple.
 Profile = tuple[str | None, ...]
-
-
-@attrs.frozen
-class GroupReport:
-    attributes: Mapping[str, str]
-    gpus: int
-    quantiles: Mapping[float, float]
-    histogram: ExpHistogram
-    ofu_sum: float
-    ofu_min: float
-    ofu_max: float
-
-
-@attrs.frozen
-class JobReport:
-    job_id: str
-    attributes: Mapping[str, str]  # job.name, hw.model, gpu.precision where known
-    ofu: float | None
-    mfu: float | None
-    gap: float | None
-    correlation: float | None
-    flops_miscount: int
-    regression: int
-    status: str  # STATUS_OK | STATUS_NO_MFU | STATUS_NO_OFU
-    gpus: int
-
-
-@attrs.frozen
-class FleetReport:
-    correlation: float | None
-    mae: float | None
-    jobs: int  # jobs with an (OFU, MFU) pair in the horizon: those behind correlation and mae
-    comoments: CoMoments
-    abs_diff_sum: float
-
-
-@attrs.frozen
-class WindowReport:
-    start_ns: int
-    end_ns: int
-    groups: tuple[GroupReport, ...]
-    jobs: tuple[JobReport, ...]
-    fleet: FleetReport
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from otel_ofu import names
 from otel_ofu.prometheus_names import label_name, metric_name
-from otel_ofu_collector.otlp import encode
+from otel_ofu_collector.otlp import partials
 
 
 def prometheus_name(name: str) -> str:
@@ -44,7 +44,7 @@ def gauge_series(metrics_data: MetricsData) -> list[_Series]:
     for resource_metrics in metrics_data.resource_metrics:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
-                if encode.is_partial_metric(metric.name) or not isinstance(metric.data, Gauge | Sum):
+                if partials.is_partial_metric(metric.name) or not isinstance(metric.data, Gauge | Sum):
                     continue
                 for point in metric.data.data_points:
                     labels = tuple(

@@ -33,7 +33,6 @@ from plotly.subplots import make_subplots
 
 from otel_ofu import names
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
-from otel_ofu_collector.aggregation.windows import GroupReport, WindowReport
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.report.summary import (
     MISCOUNT,
@@ -46,6 +45,7 @@ from otel_ofu_collector.report.summary import (
     plural,
     summarize,
 )
+from otel_ofu_collector.results import GroupReport, WindowReport
 
 DEFAULT_TITLE: Final = "otel-ofu fleet report"
 # Beyond these the page grows without telling a person more; what is left out is said on the page.

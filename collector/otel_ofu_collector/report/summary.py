@@ -18,8 +18,7 @@ from typing import Final
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.windows import GroupReport, WindowReport
-from otel_ofu_collector.outputs.records import finite_or_none
+from otel_ofu_collector.results import GroupReport, WindowReport, finite_or_none
 
 MISCOUNT: Final = "miscount"
 REGRESSION: Final = "regression"
