@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -61,7 +61,7 @@ class WindowLog:
         self._windows: list[WindowReport] = []
         self._changed = threading.Condition()
 
-    def __call__(self, reports: list[WindowReport]) -> None:
+    def consume_windows(self, reports: Sequence[WindowReport]) -> None:
         with self._changed:
             self._windows.extend(reports)
             self._changed.notify_all()
@@ -99,7 +99,7 @@ def collector() -> Iterator[tuple[CollectorService, WindowLog]]:
         pass_through=False,
         instance_id="tour",
     )
-    service = CollectorService(options, report_listeners=[windows], environ={})
+    service = CollectorService(options, consumers=[windows], environ={})
     service.start()
     try:
         yield service, windows

@@ -277,7 +277,7 @@ def test_write_report_replaces_the_file_whole(tmp_path: Path) -> None:
 def test_report_command_from_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     records = tmp_path / "outputs.jsonl"
     with ReportRecorder(records) as recorder:
-        recorder(synthetic_reports())
+        recorder.consume_windows(synthetic_reports())
     out = tmp_path / "fleet.html"
     assert cli.main(["report", "--records", str(records), "--out", str(out), "--title", "week 48"]) == 0
     page = out.read_text(encoding="utf-8")
@@ -292,7 +292,7 @@ def test_report_command_from_a_live_feed(tmp_path: Path) -> None:
     feed = ReportFeed(port=0)
     feed.start()
     try:
-        feed(synthetic_reports())
+        feed.consume_windows(synthetic_reports())
         out = tmp_path / "live.html"
         assert cli.main(["report", "--live", f"http://127.0.0.1:{feed.bound_port}", "--out", str(out)]) == 0
     finally:
@@ -349,7 +349,7 @@ def test_report_options_have_environment_variables(
 ) -> None:
     records = tmp_path / "outputs.jsonl"
     with ReportRecorder(records) as recorder:
-        recorder(synthetic_reports(2))
+        recorder.consume_windows(synthetic_reports(2))
     out = tmp_path / "env.html"
     monkeypatch.setenv("OTEL_OFU_REPORT_RECORDS", str(records))
     monkeypatch.setenv("OTEL_OFU_REPORT_OUT", str(out))

@@ -73,9 +73,9 @@ def test_round_trip_through_a_file_is_exact(tmp_path: Path) -> None:
     reports = fleet_reports()
     path = tmp_path / "outputs.jsonl"
     with ReportRecorder(path) as recorder:
-        recorder(reports[:3])
-        recorder([])
-        recorder(reports[3:])
+        recorder.consume_windows(reports[:3])
+        recorder.consume_windows([])
+        recorder.consume_windows(reports[3:])
         assert recorder.written == len(reports)
     assert read_records(path) == reports
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -101,9 +101,9 @@ def test_appending_after_a_restart_keeps_every_window_in_time_order(tmp_path: Pa
     reports = fleet_reports()
     path = tmp_path / "outputs.jsonl"
     with ReportRecorder(path) as first:
-        first(reports[4:])
+        first.consume_windows(reports[4:])
     with ReportRecorder(path) as second:  # a shard's or a restarted collector's older windows
-        second(reports[:4])
+        second.consume_windows(reports[:4])
     assert read_records(path) == reports
 
 
@@ -149,7 +149,7 @@ def test_a_window_that_cannot_be_written_costs_only_itself(tmp_path: Path) -> No
     broken = attrs.evolve(reports[1], groups=(attrs.evolve(group, ofu_sum=math.nan),))
     path = tmp_path / "outputs.jsonl"
     with ReportRecorder(path) as recorder:
-        recorder([reports[0], broken, reports[2]])
+        recorder.consume_windows([reports[0], broken, reports[2]])
         assert recorder.written == 2
     assert read_records(path) == [reports[0], reports[2]]
 
@@ -160,8 +160,8 @@ def test_feed_serves_the_last_windows_over_http() -> None:
     feed.start()
     try:
         assert fetch_feed(feed.url, timeout=5) == []
-        feed(reports[:6])
-        feed(reports[6:])
+        feed.consume_windows(reports[:6])
+        feed.consume_windows(reports[6:])
         assert fetch_feed(feed.url, timeout=5) == reports[-5:]
         base = f"http://127.0.0.1:{feed.bound_port}"
         assert fetch_feed(base, timeout=5) == reports[-5:]  # the path is implied

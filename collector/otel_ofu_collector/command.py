@@ -211,12 +211,12 @@ def run(args: argparse.Namespace) -> int:
         service = CollectorService(options)
         if args.record_outputs:
             recorder = ReportRecorder(args.record_outputs)
-            service.report_listeners.append(recorder)
+            service.consumers.append(recorder)
         if args.report_feed_port is not None:
             feed = ReportFeed(host=args.report_feed_host, port=int(args.report_feed_port))
             feed.start()
             logger.info("otel-ofu collector: report feed on %s", feed.url)
-            service.report_listeners.append(feed)
+            service.consumers.append(feed)
         service.start()
     except (ValueError, OSError) as error:
         logger.error("otel-ofu collector cannot start: %s", error)

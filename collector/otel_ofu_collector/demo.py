@@ -29,6 +29,7 @@ from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.producer.loop import Producer
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.consumer import CallbackConsumer
 from otel_ofu_collector.report.summary import FleetSummary, summarize
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
@@ -115,7 +116,7 @@ def run_demo(
             pass_through=False,
         ),
         clock=clock,
-        report_listeners=[reports.extend],
+        consumers=[CallbackConsumer(reports.extend)],
         environ={},
     )
     service.start()

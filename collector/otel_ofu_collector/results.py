@@ -11,11 +11,12 @@ Also here: a shard's mergeable part of a window (``PartialWindow``), what the me
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Final
 
 import attrs
 
+from otel_ofu import names
 from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
 
@@ -103,3 +104,40 @@ def partial_of(report: WindowReport, shard_id: str) -> PartialWindow:
         jobs_count=report.fleet.jobs,
         shard_id=shard_id,
     )
+
+
+@attrs.frozen
+class GaugePoint:
+    """One gauge value a closed window yields: what the OTLP encoder and the Prometheus endpoint both show."""
+
+    spec: names.MetricSpec
+    attributes: Mapping[str, str | float | int]
+    value: float
+
+
+def gauge_points(report: WindowReport) -> Iterator[GaugePoint]:
+    """The window's gauge outputs (every collector metric but the ``fleet.ofu`` histogram), in report
+    order; a value that is None is not a point."""
+    for group in report.groups:
+        attributes: dict[str, str | float | int] = dict(group.attributes)
+        for q, value in group.quantiles.items():
+            yield GaugePoint(names.FLEET_OFU_QUANTILE, {**attributes, names.QUANTILE: q}, value)
+        yield GaugePoint(names.FLEET_GPUS, attributes, group.gpus)
+    for job in report.jobs:
+        job_attributes = {names.JOB_ID: job.job_id, **job.attributes}
+        for spec, job_value in (
+            (names.JOB_OFU, job.ofu),
+            (names.JOB_OFU_MFU_GAP, job.gap),
+            (names.JOB_OFU_MFU_CORRELATION, job.correlation),
+            (names.JOB_FLOPS_MISCOUNT, job.flops_miscount),
+            (names.JOB_OFU_REGRESSION, job.regression),
+        ):
+            if job_value is not None:
+                yield GaugePoint(spec, job_attributes, job_value)
+    fleet = report.fleet
+    for spec, fleet_value in (
+        (names.FLEET_OFU_MFU_CORRELATION, fleet.correlation),
+        (names.FLEET_OFU_MFU_MAE, fleet.mae),
+    ):
+        if fleet_value is not None:
+            yield GaugePoint(spec, {}, fleet_value)

@@ -30,7 +30,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_ofu import names
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.otlp import partials
-from otel_ofu_collector.results import JobReport, WindowReport
+from otel_ofu_collector.results import WindowReport, gauge_points
 
 Attributes = dict[str, str | float | int]
 
@@ -71,29 +71,13 @@ def _histogram_point(
     )
 
 
-def _job_attributes(job: JobReport) -> Attributes:
-    return {names.JOB_ID: job.job_id, **job.attributes}
-
-
 def _collect(points: _Points, report: WindowReport, include_partials: bool) -> None:
     for group in report.groups:
-        attributes: Attributes = dict(group.attributes)
-        points.histograms.append(_histogram_point(attributes, report, group.histogram))
-        for q, value in group.quantiles.items():
-            points.gauge(names.FLEET_OFU_QUANTILE, {**attributes, names.QUANTILE: q}, report, value)
-        points.gauge(names.FLEET_GPUS, attributes, report, group.gpus)
-    for job in report.jobs:
-        attributes = _job_attributes(job)
-        points.gauge(names.JOB_OFU, attributes, report, job.ofu)
-        points.gauge(names.JOB_OFU_MFU_GAP, attributes, report, job.gap)
-        points.gauge(names.JOB_OFU_MFU_CORRELATION, attributes, report, job.correlation)
-        points.gauge(names.JOB_FLOPS_MISCOUNT, attributes, report, job.flops_miscount)
-        points.gauge(names.JOB_OFU_REGRESSION, attributes, report, job.regression)
-    fleet = report.fleet
-    points.gauge(names.FLEET_OFU_MFU_CORRELATION, {}, report, fleet.correlation)
-    points.gauge(names.FLEET_OFU_MFU_MAE, {}, report, fleet.mae)
+        points.histograms.append(_histogram_point(dict(group.attributes), report, group.histogram))
+    for point in gauge_points(report):
+        points.gauge(point.spec, dict(point.attributes), report, point.value)
     if include_partials:
-        for spec, value in partials.fleet_state_gauges(fleet):
+        for spec, value in partials.fleet_state_gauges(report.fleet):
             points.gauge(spec, {}, report, value)
 
 

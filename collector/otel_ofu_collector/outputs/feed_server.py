@@ -10,6 +10,7 @@ import logging
 import threading
 import urllib.parse
 from collections import deque
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final
 
@@ -27,7 +28,7 @@ DEFAULT_FEED_KEEP: Final = 1440  # a day of one-minute windows
 
 @attrs.define
 class ReportFeed:
-    """Serves the last ``keep`` closed windows as JSON lines at ``GET /reports.jsonl``; a report listener.
+    """Serves the last ``keep`` closed windows as JSON lines at ``GET /reports.jsonl``; a window consumer.
 
     ``?since=END_NS`` returns only the windows that ended after END_NS, so a poller fetches each once.
     """
@@ -48,8 +49,8 @@ class ReportFeed:
     def __attrs_post_init__(self) -> None:
         self._lines = deque(maxlen=self.keep)
 
-    def __call__(self, reports: list[WindowReport]) -> None:
-        encoded = encode_lines(reports)
+    def consume_windows(self, windows: Sequence[WindowReport]) -> None:
+        encoded = encode_lines(windows)
         with self._lock:
             self._lines.extend((report.end_ns, line) for report, line in encoded)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -14,7 +15,7 @@ from otel_ofu_collector.results import WindowReport
 
 @attrs.define
 class ReportRecorder:
-    """A collector report listener appending each closed window to a JSON-lines file, flushed per batch."""
+    """A window consumer appending each closed window to a JSON-lines file, flushed per batch."""
 
     path: Path = attrs.field(converter=Path)
     written: int = attrs.field(init=False, default=0)
@@ -24,8 +25,8 @@ class ReportRecorder:
     def __attrs_post_init__(self) -> None:
         self._file = self.path.open("a", encoding="utf-8")
 
-    def __call__(self, reports: list[WindowReport]) -> None:
-        encoded = encode_lines(reports)
+    def consume_windows(self, windows: Sequence[WindowReport]) -> None:
+        encoded = encode_lines(windows)
         if not encoded:
             return
         with self._lock:
