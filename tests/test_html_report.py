@@ -54,8 +54,10 @@ def _job(job_id: str, name: str, model: str, ofu: float, mfu: float | None, **fl
         mfu=mfu,
         gap=None if mfu is None else mfu - ofu,
         correlation=0.9 if mfu is not None else None,
-        flops_miscount=flags.get("miscount", 0),
-        regression=flags.get("regression", 0),
+        flags={
+            names.JOB_FLOPS_MISCOUNT.name: flags.get("miscount", 0),
+            names.JOB_OFU_REGRESSION.name: flags.get("regression", 0),
+        },
         status="ok" if mfu is not None else "no_mfu",
         gpus=4,
     )

@@ -26,8 +26,7 @@ def _job(ofu: float | None, mfu: float | None, *, miscount: bool = False, regres
         mfu=mfu,
         gap=None,
         correlation=0.8,
-        flops_miscount=int(miscount),
-        regression=int(regression),
+        flags={names.JOB_FLOPS_MISCOUNT.name: int(miscount), names.JOB_OFU_REGRESSION.name: int(regression)},
         status="ok",
         gpus=2,
     )

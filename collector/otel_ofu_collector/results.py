@@ -49,10 +49,22 @@ class JobReport:
     mfu: float | None
     gap: float | None
     correlation: float | None
-    flops_miscount: int
-    regression: int
+    # Each detector's verdict by its metric name (``detectors.DETECTORS``): 1 up, 0 down, None not assessable.
+    flags: Mapping[str, int | None]
     status: str  # STATUS_OK | STATUS_NO_MFU | STATUS_NO_OFU
     gpus: int
+
+    def flag(self, metric: names.MetricSpec) -> int | None:
+        """The verdict of the flag exported as ``metric``; None when absent."""
+        return self.flags.get(metric.name)
+
+    @property
+    def flops_miscount(self) -> int | None:
+        return self.flag(names.JOB_FLOPS_MISCOUNT)
+
+    @property
+    def regression(self) -> int | None:
+        return self.flag(names.JOB_OFU_REGRESSION)
 
 
 @attrs.frozen
@@ -106,6 +118,9 @@ def partial_of(report: WindowReport, shard_id: str) -> PartialWindow:
     )
 
 
+_COLLECTOR_METRICS: Final = {spec.name: spec for spec in names.COLLECTOR_METRICS}
+
+
 @attrs.frozen
 class GaugePoint:
     """One gauge value a closed window yields: what the OTLP encoder and the Prometheus endpoint both show."""
@@ -129,11 +144,12 @@ def gauge_points(report: WindowReport) -> Iterator[GaugePoint]:
             (names.JOB_OFU, job.ofu),
             (names.JOB_OFU_MFU_GAP, job.gap),
             (names.JOB_OFU_MFU_CORRELATION, job.correlation),
-            (names.JOB_FLOPS_MISCOUNT, job.flops_miscount),
-            (names.JOB_OFU_REGRESSION, job.regression),
         ):
             if job_value is not None:
                 yield GaugePoint(spec, job_attributes, job_value)
+        for name, verdict in job.flags.items():
+            if verdict is not None:
+                yield GaugePoint(_COLLECTOR_METRICS[name], job_attributes, verdict)
     fleet = report.fleet
     for spec, fleet_value in (
         (names.FLEET_OFU_MFU_CORRELATION, fleet.correlation),

@@ -2,7 +2,8 @@
 
 Format (version 1), one closed window per line, UTF-8, keys as below; optional numbers are ``null`` when
 the collector had no value (never 0 or NaN). Readers skip and count lines they cannot use, and lines of a
-newer version; a later version may add keys, which version-1 readers ignore.
+newer version; a later version may add keys, which version-1 readers ignore. Each job carries one key per
+flag (its detector's ``record_key``).
 
     {"otel_ofu_report": 1, "start_ns": 1700000000000000000, "end_ns": 1700000060000000000,
      "groups": [{"attributes": {"hw.model": "NVIDIA H100 80GB HBM3", "gpu.precision": "bf16"}, "gpus": 8,
@@ -33,6 +34,7 @@ import attrs
 
 from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.detectors import DETECTORS
 from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
 
 logger = logging.getLogger(__name__)
@@ -85,8 +87,7 @@ def _job_to_json(job: JobReport) -> dict[str, Any]:
         "mfu": finite_or_none(job.mfu),
         "gap": finite_or_none(job.gap),
         "correlation": finite_or_none(job.correlation),
-        "flops_miscount": job.flops_miscount,
-        "regression": job.regression,
+        **{detector.record_key: job.flags.get(detector.metric.name) for detector in DETECTORS},
         "status": job.status,
         "gpus": job.gpus,
     }
@@ -211,8 +212,7 @@ def _job_from_json(value: object) -> JobReport:
         mfu=_optional_number(data, "mfu", "job"),
         gap=_optional_number(data, "gap", "job"),
         correlation=_optional_number(data, "correlation", "job"),
-        flops_miscount=_get(data, "flops_miscount", int, "job"),
-        regression=_get(data, "regression", int, "job"),
+        flags={detector.metric.name: _get(data, detector.record_key, int, "job") for detector in DETECTORS},
         status=_get(data, "status", str, "job"),
         gpus=_get(data, "gpus", int, "job"),
     )
