@@ -13,7 +13,6 @@ from opentelemetry.sdk.resources import OTELResourceDetector
 
 from otel_ofu import names
 from otel_ofu.cli_support import (
-    COLLECTOR_PREFIX,
     CommandOptions,
     address_or_off,
     non_negative_float,
@@ -24,6 +23,7 @@ from otel_ofu.cli_support import (
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.recorder import ReportRecorder
+from otel_ofu_collector.prefixes import COLLECTOR_PREFIX
 from otel_ofu_collector.receivers.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S
 from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, MODES, CollectorOptions, CollectorService

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from otel_ofu import names
 from otel_ofu.attribution import build_chain
-from otel_ofu.cli_support import DEMO_PREFIX, CommandOptions, positive_float
+from otel_ofu.cli_support import CommandOptions, positive_float
 from otel_ofu.clock import ManualClock
 from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
@@ -30,6 +30,7 @@ from otel_ofu.producer.loop import Producer
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.prefixes import DEMO_PREFIX
 from otel_ofu_collector.report.summary import FleetSummary, summarize
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService

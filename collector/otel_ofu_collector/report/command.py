@@ -23,7 +23,7 @@ import attrs
 
 from otel_ofu import names, ofu_math
 from otel_ofu.attribution.hints import HintsAttributor
-from otel_ofu.cli_support import REPORT_PREFIX, CommandOptions, positive_float
+from otel_ofu.cli_support import CommandOptions, positive_float
 from otel_ofu.gpu_values import compute
 from otel_ofu.model import SourceUnavailable
 from otel_ofu.sources.capture import ReplaySource
@@ -31,6 +31,7 @@ from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.feed_client import FeedError, fetch_records
 from otel_ofu_collector.outputs.record_codec import Records, load_records
+from otel_ofu_collector.prefixes import REPORT_PREFIX
 from otel_ofu_collector.report.summary import summarize
 from otel_ofu_collector.results import WindowReport
 
