@@ -22,6 +22,7 @@ from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.record_codec import (
     FORMAT_KEY,
     load_records,
+    parse_lines,
     read_records,
     report_from_line,
     report_to_line,
@@ -201,3 +202,16 @@ def test_a_busy_feed_port_is_one_line_naming_the_address() -> None:
         assert "\n" not in str(caught.value)
     finally:
         feed.stop()
+
+
+def test_a_record_without_a_flag_reads_as_that_flag_absent() -> None:
+    # A record written before a flag existed has no verdict for it: absent, never 0, and the line still counts.
+    report = next(r for r in fleet_reports() if r.jobs)
+    data = json.loads(report_to_line(report))
+    for job in data["jobs"]:
+        del job["regression"]
+    (job, *_) = parse_lines([json.dumps(data)]).reports[0].jobs
+    assert job.regression is None
+    assert job.flops_miscount == report.jobs[0].flops_miscount
+    data["jobs"][0]["flops_miscount"] = "yes"
+    assert parse_lines([json.dumps(data)]).bad_lines == 1

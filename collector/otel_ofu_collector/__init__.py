@@ -1,6 +1,7 @@
 """The otel-ofu collector: OTLP in, fleet OFU per window, OFU-vs-MFU per job, flags, outputs.
 
-The folders follow the data, one stage each; each rests only on the ones below it::
+The folders follow the data, one stage each (receivers import the decoder, outputs the encoder; all rest
+on ``results.py`` and the statistics in ``aggregation/``)::
 
     receivers/      OTLP in: otlp_grpc.py, otlp_http.py, admission.py (in-flight bound, shutdown), auth.py
         |

@@ -55,8 +55,8 @@ class CollectorOptions:
     """Everything ``otel-ofu collector`` can be told; the defaults are the command's defaults.
 
     ``export_endpoint`` None means: the standard ``OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`` if set, else no
-    downstream at all (outputs go to listeners and Prometheus only) - never a guessed localhost:4317,
-    which would be this collector itself.
+    downstream at all (outputs go to the other window consumers and Prometheus only) - never a guessed
+    localhost:4317, which would be this collector itself.
     """
 
     aggregator: AggregatorConfig = attrs.field(factory=AggregatorConfig)

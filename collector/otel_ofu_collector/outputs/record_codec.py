@@ -3,7 +3,8 @@
 Format (version 1), one closed window per line, UTF-8, keys as below; optional numbers are ``null`` when
 the collector had no value (never 0 or NaN). Readers skip and count lines they cannot use, and lines of a
 newer version; a later version may add keys, which version-1 readers ignore. Each job carries one key per
-flag (its detector's ``record_key``).
+flag (its detector's ``record_key``); a record without one (written before that flag existed) reads as
+the flag absent.
 
     {"otel_ofu_report": 1, "start_ns": 1700000000000000000, "end_ns": 1700000060000000000,
      "groups": [{"attributes": {"hw.model": "NVIDIA H100 80GB HBM3", "gpu.precision": "bf16"}, "gpus": 8,
@@ -203,6 +204,11 @@ def _group_from_json(value: object) -> GroupReport:
     )
 
 
+def _flag(data: Mapping[str, Any], key: str) -> int | None:
+    """A flag's verdict; absent (None) when the record has none: null, or written before the flag existed."""
+    return None if data.get(key) is None else int(_get(data, key, int, "job"))
+
+
 def _job_from_json(value: object) -> JobReport:
     data = _object(value, "job")
     return JobReport(
@@ -212,7 +218,7 @@ def _job_from_json(value: object) -> JobReport:
         mfu=_optional_number(data, "mfu", "job"),
         gap=_optional_number(data, "gap", "job"),
         correlation=_optional_number(data, "correlation", "job"),
-        flags={detector.metric.name: _get(data, detector.record_key, int, "job") for detector in DETECTORS},
+        flags={detector.metric.name: _flag(data, detector.record_key) for detector in DETECTORS},
         status=_get(data, "status", str, "job"),
         gpus=_get(data, "gpus", int, "job"),
     )
