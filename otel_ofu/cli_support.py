@@ -33,10 +33,7 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 Container = argparse._ActionsContainer
 
 PREFIX: Final = "OTEL_OFU_"
-COLLECTOR_PREFIX: Final = "OTEL_OFU_COLLECTOR_"
-DEMO_PREFIX: Final = "OTEL_OFU_DEMO_"
 MFU_PREFIX: Final = "OTEL_OFU_MFU_"
-REPORT_PREFIX: Final = "OTEL_OFU_REPORT_"
 SNAPSHOT_PREFIX: Final = "OTEL_OFU_SNAPSHOT_"
 
 DEFAULT_EXPORT_INTERVAL_S: Final = 10.0

@@ -131,7 +131,7 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
 
 def _self_metric_exposition() -> set[str]:
     """Series names the collector's real Prometheus endpoint shows for its self-metrics."""
-    from otel_ofu_collector.prometheus import OutputsCollector
+    from otel_ofu_collector.outputs.prometheus import OutputsCollector
 
     values: dict[str, Any] = {}
     for spec in names.COLLECTOR_SELF_METRICS:

@@ -11,11 +11,8 @@ import pytest
 
 from otel_ofu import cli
 from otel_ofu.cli_support import (
-    COLLECTOR_PREFIX,
-    DEMO_PREFIX,
     MFU_PREFIX,
     PREFIX,
-    REPORT_PREFIX,
     SNAPSHOT_PREFIX,
     CommandOptions,
     add_flag,
@@ -29,6 +26,7 @@ from otel_ofu.cli_support import (
     positive_float,
     positive_int,
 )
+from otel_ofu_collector.prefixes import COLLECTOR_PREFIX, DEMO_PREFIX, REPORT_PREFIX
 
 # The options run and snapshot share on purpose: one node's source settings serve both.
 SHARED_SOURCE_OPTIONS = frozenset(

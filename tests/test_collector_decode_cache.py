@@ -20,9 +20,10 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import T0, set_attribute
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.decode import DEFAULT_MAX_MFU, Decoder, resource_encodings
-from otel_ofu_collector.windows import Aggregator, WindowReport
+from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, Decoder, resource_encodings
+from otel_ofu_collector.results import WindowReport
 
 S = 1_000_000_000
 IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)

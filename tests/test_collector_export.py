@@ -13,14 +13,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode, unused_port
-from otel_ofu_collector.export import (
-    Delivery,
+from otel_ofu_collector.outputs.delivery import Delivery
+from otel_ofu_collector.outputs.queues import MemoryQueue, SqliteSpool
+from otel_ofu_collector.outputs.transports import (
     DownstreamConfig,
     GrpcTransport,
     HttpTransport,
-    MemoryQueue,
     SendOutcome,
-    SqliteSpool,
     configured_endpoint,
     make_transport,
 )

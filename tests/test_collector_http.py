@@ -40,10 +40,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request
 from otel_ofu.testing.pki import make_pki
-from otel_ofu_collector.auth import BearerAuth, TlsFiles
-from otel_ofu_collector.decode import DecodeOutcome, Decoder
-from otel_ofu_collector.gate import Gate
-from otel_ofu_collector.http_receiver import HttpReceiver
+from otel_ofu_collector.otlp.decode import DecodeOutcome, Decoder
+from otel_ofu_collector.receivers.admission import Gate
+from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.receivers.otlp_http import HttpReceiver
 
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 

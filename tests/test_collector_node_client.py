@@ -12,8 +12,9 @@ import pytest
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-from otel_ofu_collector.windows import WindowReport
 
 NODE_DIR = Path(__file__).parent / "setup" / "node"
 S = 1_000_000_000
@@ -37,7 +38,7 @@ def test_node_sdk_client_is_aggregated(require: Callable[[bool, str], None]) -> 
         )
         service = CollectorService(options, environ={})
         reports: list[WindowReport] = []
-        service.report_listeners.append(reports.extend)
+        service.consumers.append(CallbackConsumer(reports.extend))
         service.start()
         try:
             result = subprocess.run(

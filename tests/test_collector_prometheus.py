@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.encode import reports_to_metrics_data
-from otel_ofu_collector.prometheus import OutputsCollector, PrometheusEndpoint
-from otel_ofu_collector.windows import Aggregator
+from otel_ofu_collector.outputs.prometheus import OutputsCollector, PrometheusEndpoint
 
 SECOND = 1_000_000_000
 
@@ -22,7 +21,7 @@ def test_the_newest_window_wins_when_one_flush_closes_two() -> None:
     reports = aggregator.flush(200 * SECOND)
     assert len(reports) == 2
     collector = OutputsCollector()
-    collector.update(reports_to_metrics_data(reports, resource_attributes={}, include_partials=False))
+    collector.consume_windows(reports)
     job_ofu = {
         sample.value
         for family in collector.collect()

@@ -35,13 +35,14 @@ from otel_ofu import names
 from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request, set_attribute
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu.testing.pki import Pki, make_pki
-from otel_ofu_collector.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.decode import DecodeOutcome, Decoder
-from otel_ofu_collector.export import Delivery, DownstreamConfig, GrpcTransport
-from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
-from otel_ofu_collector.grpc_receiver import EXPORT_METHOD, RETRY_INFO_TRAILER, GrpcReceiver
-from otel_ofu_collector.windows import Aggregator
+from otel_ofu_collector.otlp.decode import DecodeOutcome, Decoder
+from otel_ofu_collector.outputs.delivery import Delivery
+from otel_ofu_collector.outputs.transports import DownstreamConfig, GrpcTransport
+from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, RETRY_INFO_TRAILER, GrpcReceiver
 
 # --- request builders ------------------------------------------------------------------------------
 

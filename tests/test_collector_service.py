@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,12 @@ from otel_ofu.testing.otlp_requests import gpu_request, mfu_request
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode
 from otel_ofu_collector import command
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.export import SendOutcome
-from otel_ofu_collector.grpc_receiver import EXPORT_METHOD, GrpcReceiver
-from otel_ofu_collector.records import read_records
+from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.outputs.record_codec import read_records
+from otel_ofu_collector.outputs.transports import SendOutcome
+from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, GrpcReceiver
+from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, CollectorOptions, CollectorService
-from otel_ofu_collector.windows import WindowReport
 
 S = 1_000_000_000
 W0 = 1_700_000_040 * S  # a multiple of 60 s: windows are aligned to the epoch
@@ -104,8 +105,8 @@ def service(sink: OtlpSink) -> Iterator[CollectorService]:
 
 
 def test_windows_go_downstream_with_job_correlation_and_flags(service: CollectorService, sink: OtlpSink) -> None:
-    seen: list[list[WindowReport]] = []
-    service.report_listeners.append(seen.append)
+    seen: list[Sequence[WindowReport]] = []
+    service.consumers.append(CallbackConsumer(seen.append))
     port = service.ports["grpc"]
     for window in range(3):
         t = W0 + window * WINDOW + 30 * S
@@ -184,8 +185,8 @@ def test_outage_and_restart_lose_no_window(sink: OtlpSink, tmp_path: Path) -> No
 
 def test_without_a_downstream_outputs_still_reach_listeners() -> None:
     service = CollectorService(options(None), environ={})
-    seen: list[list[WindowReport]] = []
-    service.report_listeners.append(seen.append)
+    seen: list[Sequence[WindowReport]] = []
+    service.consumers.append(CallbackConsumer(seen.append))
     service.start()
     try:
         assert service.exports is None
@@ -374,7 +375,7 @@ class _GapProbe:
 def test_concurrent_flushes_publish_windows_in_order() -> None:
     service = CollectorService(options(None), environ={})
     published: list[int] = []
-    service.report_listeners.append(lambda reports: published.extend(r.end_ns for r in reports))
+    service.consumers.append(CallbackConsumer(lambda reports: published.extend(r.end_ns for r in reports)))
     service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 30 * S))
     service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 90 * S))
     probe = _GapProbe(service.decoder.lock, service, W0 + 2 * WINDOW + 10 * S)

@@ -11,15 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.windows import (
-    STATUS_NO_MFU,
-    STATUS_NO_OFU,
-    STATUS_OK,
-    Aggregator,
-    JobReport,
-    WindowReport,
-)
+from otel_ofu_collector.results import STATUS_NO_MFU, STATUS_NO_OFU, STATUS_OK, JobReport, WindowReport
 
 S = 1_000_000_000
 W = 60 * S

@@ -9,7 +9,7 @@ import pytest
 from otel_ofu.cli import main
 from otel_ofu.sources.simulated import ProfileKind, SimulatedFleet
 from otel_ofu_collector.demo import run_demo
-from otel_ofu_collector.summary import FleetSummary, summarize
+from otel_ofu_collector.report.summary import FleetSummary, summarize
 
 
 @pytest.fixture(scope="module")

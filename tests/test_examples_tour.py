@@ -28,14 +28,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.results import STATUS_NO_MFU, STATUS_OK, WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-from otel_ofu_collector.windows import STATUS_NO_MFU, STATUS_OK, Aggregator, WindowReport
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_with_mfu.py"
@@ -60,7 +61,7 @@ class WindowLog:
         self._windows: list[WindowReport] = []
         self._changed = threading.Condition()
 
-    def __call__(self, reports: list[WindowReport]) -> None:
+    def consume_windows(self, reports: Sequence[WindowReport]) -> None:
         with self._changed:
             self._windows.extend(reports)
             self._changed.notify_all()
@@ -98,7 +99,7 @@ def collector() -> Iterator[tuple[CollectorService, WindowLog]]:
         pass_through=False,
         instance_id="tour",
     )
-    service = CollectorService(options, report_listeners=[windows], environ={})
+    service = CollectorService(options, consumers=[windows], environ={})
     service.start()
     try:
         yield service, windows

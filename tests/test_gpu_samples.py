@@ -14,7 +14,7 @@ from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot
 from otel_ofu.producer.metrics_data import env_resource, snapshot_to_metrics_data
 from otel_ofu.sources import Finite, ListsProcesses, is_exhausted, keep_values
 from otel_ofu.sources.capture import CaptureWriter, ReplaySource
-from otel_ofu_collector.report_command import replay_capture
+from otel_ofu_collector.report.command import replay_capture
 
 MHZ = 1e6
 SECOND = 10**9

@@ -16,13 +16,14 @@ import pytest
 from otel_ofu import cli, names
 from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
 from otel_ofu.sources.capture import CaptureWriter
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.html_report import build_report, write_report
-from otel_ofu_collector.quantiles import percentile_of_sorted
-from otel_ofu_collector.records import ReportFeed, ReportRecorder
-from otel_ofu_collector.stats import CoMoments
-from otel_ofu_collector.summary import format_time, summarize
-from otel_ofu_collector.windows import FleetReport, GroupReport, JobReport, WindowReport
+from otel_ofu_collector.aggregation.comoments import CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
+from otel_ofu_collector.outputs.feed_server import ReportFeed
+from otel_ofu_collector.outputs.recorder import ReportRecorder
+from otel_ofu_collector.report.html_page import build_report, write_report
+from otel_ofu_collector.report.summary import format_time, summarize
+from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
@@ -53,8 +54,10 @@ def _job(job_id: str, name: str, model: str, ofu: float, mfu: float | None, **fl
         mfu=mfu,
         gap=None if mfu is None else mfu - ofu,
         correlation=0.9 if mfu is not None else None,
-        flops_miscount=flags.get("miscount", 0),
-        regression=flags.get("regression", 0),
+        flags={
+            names.JOB_FLOPS_MISCOUNT.name: flags.get("miscount", 0),
+            names.JOB_OFU_REGRESSION.name: flags.get("regression", 0),
+        },
         status="ok" if mfu is not None else "no_mfu",
         gpus=4,
     )
@@ -276,7 +279,7 @@ def test_write_report_replaces_the_file_whole(tmp_path: Path) -> None:
 def test_report_command_from_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     records = tmp_path / "outputs.jsonl"
     with ReportRecorder(records) as recorder:
-        recorder(synthetic_reports())
+        recorder.consume_windows(synthetic_reports())
     out = tmp_path / "fleet.html"
     assert cli.main(["report", "--records", str(records), "--out", str(out), "--title", "week 48"]) == 0
     page = out.read_text(encoding="utf-8")
@@ -291,7 +294,7 @@ def test_report_command_from_a_live_feed(tmp_path: Path) -> None:
     feed = ReportFeed(port=0)
     feed.start()
     try:
-        feed(synthetic_reports())
+        feed.consume_windows(synthetic_reports())
         out = tmp_path / "live.html"
         assert cli.main(["report", "--live", f"http://127.0.0.1:{feed.bound_port}", "--out", str(out)]) == 0
     finally:
@@ -348,7 +351,7 @@ def test_report_options_have_environment_variables(
 ) -> None:
     records = tmp_path / "outputs.jsonl"
     with ReportRecorder(records) as recorder:
-        recorder(synthetic_reports(2))
+        recorder.consume_windows(synthetic_reports(2))
     out = tmp_path / "env.html"
     monkeypatch.setenv("OTEL_OFU_REPORT_RECORDS", str(records))
     monkeypatch.setenv("OTEL_OFU_REPORT_OUT", str(out))

@@ -10,8 +10,8 @@ import pytest
 from otel_ofu import names
 from otel_ofu.producer.prometheus import PROMETHEUS_NAMES
 from otel_ofu.prometheus_names import label_name, metric_name, unit_suffix
-from otel_ofu_collector import prometheus as collector_prometheus
-from otel_ofu_collector.prometheus import PrometheusEndpoint
+from otel_ofu_collector.outputs import prometheus as collector_prometheus
+from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,10 @@ import pytest
 from PIL import Image
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.html_report import COLOUR_HEALTHY, COLOUR_MISCOUNT, write_report
-from otel_ofu_collector.windows import Aggregator, WindowReport
+from otel_ofu_collector.report.html_page import COLOUR_HEALTHY, COLOUR_MISCOUNT, write_report
+from otel_ofu_collector.results import WindowReport
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S

@@ -15,20 +15,20 @@ import pytest
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import unused_port
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.records import (
+from otel_ofu_collector.outputs.feed_client import FeedError, feed_url, fetch_feed
+from otel_ofu_collector.outputs.feed_server import ReportFeed
+from otel_ofu_collector.outputs.record_codec import (
     FORMAT_KEY,
-    FeedError,
-    ReportFeed,
-    ReportRecorder,
-    feed_url,
-    fetch_feed,
     load_records,
+    parse_lines,
     read_records,
     report_from_line,
     report_to_line,
 )
-from otel_ofu_collector.windows import Aggregator, WindowReport
+from otel_ofu_collector.outputs.recorder import ReportRecorder
+from otel_ofu_collector.results import WindowReport
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
@@ -74,9 +74,9 @@ def test_round_trip_through_a_file_is_exact(tmp_path: Path) -> None:
     reports = fleet_reports()
     path = tmp_path / "outputs.jsonl"
     with ReportRecorder(path) as recorder:
-        recorder(reports[:3])
-        recorder([])
-        recorder(reports[3:])
+        recorder.consume_windows(reports[:3])
+        recorder.consume_windows([])
+        recorder.consume_windows(reports[3:])
         assert recorder.written == len(reports)
     assert read_records(path) == reports
     lines = path.read_text(encoding="utf-8").splitlines()
@@ -102,9 +102,9 @@ def test_appending_after_a_restart_keeps_every_window_in_time_order(tmp_path: Pa
     reports = fleet_reports()
     path = tmp_path / "outputs.jsonl"
     with ReportRecorder(path) as first:
-        first(reports[4:])
+        first.consume_windows(reports[4:])
     with ReportRecorder(path) as second:  # a shard's or a restarted collector's older windows
-        second(reports[:4])
+        second.consume_windows(reports[:4])
     assert read_records(path) == reports
 
 
@@ -150,7 +150,7 @@ def test_a_window_that_cannot_be_written_costs_only_itself(tmp_path: Path) -> No
     broken = attrs.evolve(reports[1], groups=(attrs.evolve(group, ofu_sum=math.nan),))
     path = tmp_path / "outputs.jsonl"
     with ReportRecorder(path) as recorder:
-        recorder([reports[0], broken, reports[2]])
+        recorder.consume_windows([reports[0], broken, reports[2]])
         assert recorder.written == 2
     assert read_records(path) == [reports[0], reports[2]]
 
@@ -161,8 +161,8 @@ def test_feed_serves_the_last_windows_over_http() -> None:
     feed.start()
     try:
         assert fetch_feed(feed.url, timeout=5) == []
-        feed(reports[:6])
-        feed(reports[6:])
+        feed.consume_windows(reports[:6])
+        feed.consume_windows(reports[6:])
         assert fetch_feed(feed.url, timeout=5) == reports[-5:]
         base = f"http://127.0.0.1:{feed.bound_port}"
         assert fetch_feed(base, timeout=5) == reports[-5:]  # the path is implied
@@ -202,3 +202,16 @@ def test_a_busy_feed_port_is_one_line_naming_the_address() -> None:
         assert "\n" not in str(caught.value)
     finally:
         feed.stop()
+
+
+def test_a_record_without_a_flag_reads_as_that_flag_absent() -> None:
+    # A record written before a flag existed has no verdict for it: absent, never 0, and the line still counts.
+    report = next(r for r in fleet_reports() if r.jobs)
+    data = json.loads(report_to_line(report))
+    for job in data["jobs"]:
+        del job["regression"]
+    (job, *_) = parse_lines([json.dumps(data)]).reports[0].jobs
+    assert job.regression is None
+    assert job.flops_miscount == report.jobs[0].flops_miscount
+    data["jobs"][0]["flops_miscount"] = "yes"
+    assert parse_lines([json.dumps(data)]).bad_lines == 1

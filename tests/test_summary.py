@@ -8,10 +8,10 @@ import attrs
 import pytest
 
 from otel_ofu import names
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.stats import CoMoments
-from otel_ofu_collector.summary import MISCOUNT, REGRESSION, format_time, summarize
-from otel_ofu_collector.windows import FleetReport, GroupReport, JobReport, WindowReport
+from otel_ofu_collector.aggregation.comoments import CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.report.summary import MISCOUNT, REGRESSION, format_time, summarize
+from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
@@ -26,8 +26,7 @@ def _job(ofu: float | None, mfu: float | None, *, miscount: bool = False, regres
         mfu=mfu,
         gap=None,
         correlation=0.8,
-        flops_miscount=int(miscount),
-        regression=int(regression),
+        flags={names.JOB_FLOPS_MISCOUNT.name: int(miscount), names.JOB_OFU_REGRESSION.name: int(regression)},
         status="ok",
         gpus=2,
     )

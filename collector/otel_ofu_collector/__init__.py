@@ -1,1 +1,84 @@
-"""otel-ofu collector processor: fleet OFU percentiles, OFU-vs-MFU correlation and flags over OTLP."""
+"""The otel-ofu collector: OTLP in, fleet OFU per window, OFU-vs-MFU per job, flags, outputs.
+
+The folders follow the data, one stage each (receivers import the decoder, outputs the encoder; all rest
+on ``results.py`` and the statistics in ``aggregation/``)::
+
+    receivers/      OTLP in: otlp_grpc.py, otlp_http.py, admission.py (in-flight bound, shutdown), auth.py
+        |
+    otlp/           the codec: decode.py (requests -> points), encode.py (windows -> OTLP),
+        |           partials.py (a shard's partial window state, both ways)
+    aggregation/    windows.py (tumbling windows per process or shard), merge.py (the merge tier),
+        |           exphist.py, quantiles.py, comoments.py (the mergeable statistics)
+    detectors/      one module per job flag behind base.Detector: flops_miscount.py, regression.py
+        |
+    outputs/        window consumers: otlp_export.py (+ delivery.py, transports.py, queues.py),
+        |           prometheus.py, recorder.py (records file), feed_server.py (live feed);
+        |           record_codec.py and feed_client.py read them back
+    report/         summary.py (windows condensed, flags in words), html_page.py, command.py (``report``)
+
+    results.py      what a closed window holds (WindowReport, JobReport, ...): every stage passes these
+    consumer.py     WindowConsumer, the one interface of every output
+    config.py       AggregatorConfig;  prefixes.py  the commands' environment-variable prefixes
+    service.py      CollectorService: receivers -> decoder -> windows -> consumers, and its lifecycle
+    command.py      ``otel-ofu collector``;  demo.py  ``otel-ofu demo``
+
+The names below are the public surface; they load on first use, so importing one stage does not pull in
+the others (the CLI's start-up stays light).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from otel_ofu_collector.aggregation.merge import MergeAggregator
+    from otel_ofu_collector.aggregation.windows import Aggregator
+    from otel_ofu_collector.config import AggregatorConfig
+    from otel_ofu_collector.consumer import CallbackConsumer, WindowConsumer
+    from otel_ofu_collector.detectors import DETECTORS, Detector, JobFlag, JobWindowValues
+    from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
+    from otel_ofu_collector.service import CollectorOptions, CollectorService
+
+_HOMES = {
+    "Aggregator": "otel_ofu_collector.aggregation.windows",
+    "AggregatorConfig": "otel_ofu_collector.config",
+    "CallbackConsumer": "otel_ofu_collector.consumer",
+    "CollectorOptions": "otel_ofu_collector.service",
+    "CollectorService": "otel_ofu_collector.service",
+    "DETECTORS": "otel_ofu_collector.detectors",
+    "Detector": "otel_ofu_collector.detectors",
+    "FleetReport": "otel_ofu_collector.results",
+    "GroupReport": "otel_ofu_collector.results",
+    "JobFlag": "otel_ofu_collector.detectors",
+    "JobReport": "otel_ofu_collector.results",
+    "JobWindowValues": "otel_ofu_collector.detectors",
+    "MergeAggregator": "otel_ofu_collector.aggregation.merge",
+    "WindowConsumer": "otel_ofu_collector.consumer",
+    "WindowReport": "otel_ofu_collector.results",
+}
+
+__all__ = [
+    "DETECTORS",
+    "Aggregator",
+    "AggregatorConfig",
+    "CallbackConsumer",
+    "CollectorOptions",
+    "CollectorService",
+    "Detector",
+    "FleetReport",
+    "GroupReport",
+    "JobFlag",
+    "JobReport",
+    "JobWindowValues",
+    "MergeAggregator",
+    "WindowConsumer",
+    "WindowReport",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

@@ -13,7 +13,6 @@ from opentelemetry.sdk.resources import OTELResourceDetector
 
 from otel_ofu import names
 from otel_ofu.cli_support import (
-    COLLECTOR_PREFIX,
     CommandOptions,
     address_or_off,
     non_negative_float,
@@ -22,10 +21,12 @@ from otel_ofu.cli_support import (
     positive_int,
     url_or_host_port,
 )
-from otel_ofu_collector.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.http_receiver import BODY_DEADLINE_S
-from otel_ofu_collector.records import ReportFeed, ReportRecorder
+from otel_ofu_collector.outputs.feed_server import ReportFeed
+from otel_ofu_collector.outputs.recorder import ReportRecorder
+from otel_ofu_collector.prefixes import COLLECTOR_PREFIX
+from otel_ofu_collector.receivers.auth import TlsFiles, bearer_auth
+from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S
 from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, MODES, CollectorOptions, CollectorService
 
 logger = logging.getLogger(__name__)
@@ -212,12 +213,12 @@ def run(args: argparse.Namespace) -> int:
         service = CollectorService(options)
         if args.record_outputs:
             recorder = ReportRecorder(args.record_outputs)
-            service.report_listeners.append(recorder)
+            service.consumers.append(recorder)
         if args.report_feed_port is not None:
             feed = ReportFeed(host=args.report_feed_host, port=int(args.report_feed_port))
             feed.start()
             logger.info("otel-ofu collector: report feed on %s", feed.url)
-            service.report_listeners.append(feed)
+            service.consumers.append(feed)
         service.start()
     except (ValueError, OSError) as error:
         logger.error("otel-ofu collector cannot start: %s", error)

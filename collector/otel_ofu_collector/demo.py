@@ -22,16 +22,18 @@ from rich.table import Table
 
 from otel_ofu import names
 from otel_ofu.attribution import build_chain
-from otel_ofu.cli_support import DEMO_PREFIX, CommandOptions, output_path, positive_float
+from otel_ofu.cli_support import CommandOptions, output_path, positive_float
 from otel_ofu.clock import ManualClock
 from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.producer.loop import Producer
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.prefixes import DEMO_PREFIX
+from otel_ofu_collector.report.summary import FleetSummary, summarize
+from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-from otel_ofu_collector.summary import FleetSummary, summarize
-from otel_ofu_collector.windows import WindowReport
 
 DESCRIPTION = """\
 The embedded default, end to end on loopback.
@@ -78,7 +80,7 @@ def _handle(args: argparse.Namespace) -> int:
     summary = summarize(reports)
     print_report(summary, console)
     if args.html:
-        from otel_ofu_collector.html_report import write_report
+        from otel_ofu_collector.report.html_page import write_report
 
         write_report(Path(args.html), reports, title="otel-ofu demo fleet")
         console.print(f"HTML report written to {args.html}")
@@ -115,7 +117,7 @@ def run_demo(
             pass_through=False,
         ),
         clock=clock,
-        report_listeners=[reports.extend],
+        consumers=[CallbackConsumer(reports.extend)],
         environ={},
     )
     service.start()

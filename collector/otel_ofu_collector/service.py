@@ -1,8 +1,9 @@
 """The collector processor as one service: receivers -> decoder -> windows -> exporters.
 
 ``CollectorService(options).start()`` listens; a timer closes due windows every ``flush_interval_s``
-(tests set it to 0 and call ``flush(now_ns)``); each batch of closed windows goes to the
-``report_listeners``, the Prometheus endpoint and the downstream OTLP receiver. ``stop`` refuses new
+(tests set it to 0 and call ``flush(now_ns)``); each batch of closed windows goes to every window consumer
+(``consumer.WindowConsumer``): the given ``consumers``, then the Prometheus endpoint and the OTLP export to
+the downstream receiver, whichever are on. ``stop`` refuses new
 requests (UNAVAILABLE with RetryInfo), closes every open window, exports it, then shuts down.
 """
 
@@ -20,34 +21,27 @@ import attrs
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
-from otel_ofu_collector import encode
-from otel_ofu_collector.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.aggregation.merge import MergeAggregator
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder
-from otel_ofu_collector.export import (
-    Delivery,
-    DownstreamConfig,
-    MemoryQueue,
-    Queue,
-    SqliteSpool,
-    Transport,
-    configured_endpoint,
-    encode_request,
-    make_transport,
-)
-from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
-from otel_ofu_collector.grpc_receiver import GrpcReceiver
-from otel_ofu_collector.http_receiver import BODY_DEADLINE_S, HttpReceiver
-from otel_ofu_collector.merge import MergeAggregator
-from otel_ofu_collector.windows import Aggregator, WindowReport
+from otel_ofu_collector.consumer import WindowConsumer
+from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder
+from otel_ofu_collector.outputs.delivery import Delivery
+from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
+from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
+from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
+from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
+from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, HttpReceiver
+from otel_ofu_collector.results import WindowReport
 
 if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when the endpoint is on
-    from otel_ofu_collector.prometheus import PrometheusEndpoint
+    from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
 
 logger = logging.getLogger(__name__)
 
 MODES = ("process", "shard", "merge")
-ReportListener = Callable[[list[WindowReport]], None]
 DEFAULT_SHUTDOWN_GRACE_S = 10.0  # the command's --shutdown-grace default too
 
 
@@ -61,8 +55,8 @@ class CollectorOptions:
     """Everything ``otel-ofu collector`` can be told; the defaults are the command's defaults.
 
     ``export_endpoint`` None means: the standard ``OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`` if set, else no
-    downstream at all (outputs go to listeners and Prometheus only) - never a guessed localhost:4317,
-    which would be this collector itself.
+    downstream at all (outputs go to the other window consumers and Prometheus only) - never a guessed
+    localhost:4317, which would be this collector itself.
     """
 
     aggregator: AggregatorConfig = attrs.field(factory=AggregatorConfig)
@@ -112,7 +106,7 @@ class CollectorService:
 
     options: CollectorOptions = attrs.field(factory=CollectorOptions)
     clock: Callable[[], int] = time.time_ns
-    report_listeners: list[ReportListener] = attrs.field(factory=list)
+    consumers: list[WindowConsumer] = attrs.field(factory=list)  # the records file, the live feed, a test's list
     transport: Transport | None = None
     environ: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
     gate: Gate = attrs.field(init=False)
@@ -120,6 +114,7 @@ class CollectorService:
     aggregator: Aggregator | MergeAggregator = attrs.field(init=False)
     exports: Delivery | None = attrs.field(init=False, default=None)
     pass_through: Delivery | None = attrs.field(init=False, default=None)
+    _window_export: OtlpWindowExport | None = attrs.field(init=False, default=None)
     _grpc: GrpcReceiver | None = attrs.field(init=False, default=None)
     _http: HttpReceiver | None = attrs.field(init=False, default=None)
     _prometheus: PrometheusEndpoint | None = attrs.field(init=False, default=None)
@@ -139,9 +134,6 @@ class CollectorService:
                 pass_through=options.pass_through,
                 forward_inputs=options.forward_inputs,
                 partial_sink=merger,
-                partial_codec=encode.partials_from_request,
-                is_partial=encode.is_partial_metric,
-                is_dropped=encode.is_merge_recomputed_metric,
             )
         else:
             aggregator = Aggregator(options.aggregator)
@@ -172,6 +164,9 @@ class CollectorService:
                 initial_backoff_s=options.initial_backoff_s,
                 max_backoff_s=options.max_backoff_s,
                 owns_transport=False,
+            )
+            self._window_export = OtlpWindowExport(
+                self.exports, self._resource_attributes(), include_partials=options.include_partials
             )
             if options.pass_through:
                 self.pass_through = Delivery(
@@ -248,7 +243,7 @@ class CollectorService:
             port = self._http.start()
             parts.append(f"http {options.http_listen.rpartition(':')[0]}:{port}")
         if options.prometheus_port is not None:
-            from otel_ofu_collector.prometheus import PrometheusEndpoint
+            from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
 
             self._prometheus = PrometheusEndpoint(self.self_metrics)
             port = self._prometheus.start(options.prometheus_host, options.prometheus_port)
@@ -337,25 +332,19 @@ class CollectorService:
         return {**self.options.resource_attributes, names.SERVICE_INSTANCE_ID: self.options.instance_id}
 
     def _publish(self, reports: list[WindowReport]) -> None:
-        """Hand closed windows to listeners, Prometheus and the downstream; the caller holds _publish_lock."""
+        """Hand closed windows to every consumer; the caller holds _publish_lock."""
         if not reports:
             return
-        for listener in list(self.report_listeners):
-            try:
-                listener(reports)
-            except Exception:  # a broken listener must not cost the export
-                logger.exception("report listener failed")
-        if self.exports is None and self._prometheus is None:
-            return
-        metrics_data = encode.reports_to_metrics_data(
-            reports,
-            resource_attributes=self._resource_attributes(),
-            include_partials=self.options.include_partials,
-        )
+        outputs: list[WindowConsumer] = list(self.consumers)
         if self._prometheus is not None:
-            self._prometheus.update(metrics_data)
-        if self.exports is not None:
-            self.exports.submit(encode_request(metrics_data))
+            outputs.append(self._prometheus)
+        if self._window_export is not None:
+            outputs.append(self._window_export)
+        for consumer in outputs:
+            try:
+                consumer.consume_windows(reports)
+            except Exception:  # one broken output must not cost the others
+                logger.exception("window consumer %s failed", type(consumer).__name__)
 
     def self_metrics(self) -> dict[str, Any]:
         """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``."""

@@ -45,7 +45,7 @@ from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu.testing.otlp_sink import unused_port
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.prometheus import prometheus_name
+from otel_ofu_collector.outputs.prometheus import prometheus_name
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 
 StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]

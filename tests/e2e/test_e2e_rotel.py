@@ -47,8 +47,9 @@ from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-from otel_ofu_collector.windows import WindowReport
 
 StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]
 
@@ -162,7 +163,7 @@ def collector(sink: OtlpSink) -> Iterator[tuple[CollectorService, ManualClock, l
         flush_interval_s=0,  # the test closes windows by flushing at simulated times
         initial_backoff_s=0.1,
     )
-    service = CollectorService(options, clock=clock, report_listeners=[reports.extend], environ={})
+    service = CollectorService(options, clock=clock, consumers=[CallbackConsumer(reports.extend)], environ={})
     service.start()
     yield service, clock, reports
     service.stop(grace=2.0)

@@ -18,12 +18,12 @@ from typing import Final
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.records import finite_or_none
-from otel_ofu_collector.windows import GroupReport, WindowReport
+from otel_ofu_collector.detectors import DETECTORS, detector_for, flops_miscount, regression
+from otel_ofu_collector.results import GroupReport, WindowReport, finite_or_none
 
-MISCOUNT: Final = "miscount"
-REGRESSION: Final = "regression"
-FLAG_KINDS: Final = (MISCOUNT, REGRESSION)
+MISCOUNT: Final = flops_miscount.DETECTOR.kind
+REGRESSION: Final = regression.DETECTOR.kind
+FLAG_KINDS: Final = tuple(detector.kind for detector in DETECTORS)  # every flag, in the vocabulary's order
 
 
 def format_time(time_ns: int) -> str:
@@ -57,12 +57,19 @@ class JobWindow:
     ofu: float | None
     mfu: float | None
     correlation: float | None
-    miscount: bool
-    regression: bool
+    flags_up: frozenset[str]  # the kinds of the flags up in this window
     gpus: int
 
     def flag_up(self, kind: str) -> bool:
-        return self.miscount if kind == MISCOUNT else self.regression
+        return kind in self.flags_up
+
+    @property
+    def miscount(self) -> bool:
+        return MISCOUNT in self.flags_up
+
+    @property
+    def regression(self) -> bool:
+        return REGRESSION in self.flags_up
 
 
 @attrs.frozen
@@ -70,7 +77,7 @@ class Flag:
     """A flag a job raised during the record, said in words."""
 
     job: JobSummary
-    kind: str  # MISCOUNT | REGRESSION
+    kind: str  # one of FLAG_KINDS
     reason: str
     first_ns: int
     windows: int
@@ -148,7 +155,7 @@ class JobSummary:
 
     @property
     def flagged(self) -> bool:
-        return any(w.miscount or w.regression for w in self.history)
+        return any(w.flags_up for w in self.history)
 
     @property
     def miscount_ratio(self) -> float | None:
@@ -180,7 +187,7 @@ class JobSummary:
         for kind in FLAG_KINDS:
             flagged = self.flagged_windows(kind)
             if flagged:
-                reason = self._miscount_reason(flagged) if kind == MISCOUNT else self._regression_reason(flagged)
+                reason = self._reason(kind, flagged)
                 active = last is not None and last.flag_up(kind)
                 found.append(Flag(self, kind, reason, flagged[0].start_ns, len(flagged), active))
         return found
@@ -188,6 +195,15 @@ class JobSummary:
     def reasons(self) -> list[str]:
         """Why the job was flagged, in words; empty for a job that never was."""
         return [flag.reason for flag in self.flags()]
+
+    def _reason(self, kind: str, flagged: list[JobWindow]) -> str:
+        if kind == MISCOUNT:
+            return self._miscount_reason(flagged)
+        if kind == REGRESSION:
+            return self._regression_reason(flagged)
+        # A flag with no sizing of its own: when and for how long it was up.
+        since = format_time(flagged[0].start_ns)
+        return f"{detector_for(kind).label}: flag up for {plural(len(flagged), 'window')} (from {since})"
 
     def _miscount_reason(self, flagged: list[JobWindow]) -> str:
         ratio = self.miscount_ratio
@@ -247,8 +263,7 @@ def summarize(reports: Sequence[WindowReport]) -> FleetSummary:
                     finite_or_none(job.ofu),
                     finite_or_none(job.mfu),
                     finite_or_none(job.correlation),
-                    bool(job.flops_miscount),
-                    bool(job.regression),
+                    frozenset(d.kind for d in DETECTORS if job.flags.get(d.metric.name)),
                     job.gpus,
                 )
             )

@@ -16,13 +16,9 @@ group and job attributes are those of its latest point.
 Per job (``job.id`` of the OFU points, ``job.mfu`` by job id). Window OFU = mean over its GPUs; MFU = mean of
 its ``job.mfu`` points; gap = MFU - OFU. Correlation: Pearson r of the job's (OFU, MFU) window pairs over
 the horizon, kept as co-moments in blocks of whole windows (the window itself up to 1/48 of the horizon,
-so the state stays small: the horizon is then honoured to within one block). ``flops_miscount`` rises after
-``miscount_windows`` consecutive windows with both values and MFU > ratio x OFU, and falls at the first
-such window without it; windows missing either value neither extend nor break the run. ``regression`` is
-1 while window OFU < baseline / factor, the baseline being the MEDIAN (robust to one checkpoint pause) of
-the job's last ``baseline_windows`` unflagged window OFUs, once it has ``config.baseline_min_windows``
-and the baseline is at least ``config.regression_min_baseline`` (an idle job has nothing to regress from).
-Flags keep their value through windows that lack the value they judge.
+so the state stays small: the horizon is then honoured to within one block). Flags: every detector of
+``detectors.DETECTORS`` (``flops_miscount``, ``regression``: each module says when its flag rises) judges
+each of the job's windows, with state of its own per job.
 
 Fleet. Pearson r across jobs of each job's horizon mean OFU vs horizon mean MFU (the means of its
 co-moments), and the MAE of those means, over every job with a pair in the horizon - including jobs whose
@@ -37,71 +33,34 @@ job's live state likewise (its horizon blocks linger as above), each counted.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Mapping
 
 import attrs
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.comoments import AbsDiff, CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.quantiles import percentile_of_sorted
-from otel_ofu_collector.stats import AbsDiff, CoMoments
+from otel_ofu_collector.detectors import DETECTORS, JobFlag, JobWindowValues
+from otel_ofu_collector.results import (
+    STATUS_NO_MFU,
+    STATUS_NO_OFU,
+    STATUS_OK,
+    FleetReport,
+    GroupReport,
+    JobReport,
+    WindowReport,
+)
 
 UNKNOWN = "unknown"
-STATUS_OK = "ok"
-STATUS_NO_MFU = "no_mfu"
-STATUS_NO_OFU = "no_ofu"
 JOB_ATTRIBUTE_KEYS = (names.JOB_NAME, names.HW_MODEL, names.GPU_PRECISION)
 _HORIZON_BLOCKS = 48
 
 # A stream's identity as the windows need it: (job.id, *group values, *JOB_ATTRIBUTE_KEYS values), None if
 # absent. Interned, so the streams of one job share one tuple.
 Profile = tuple[str | None, ...]
-
-
-@attrs.frozen
-class GroupReport:
-    attributes: Mapping[str, str]
-    gpus: int
-    quantiles: Mapping[float, float]
-    histogram: ExpHistogram
-    ofu_sum: float
-    ofu_min: float
-    ofu_max: float
-
-
-@attrs.frozen
-class JobReport:
-    job_id: str
-    attributes: Mapping[str, str]  # job.name, hw.model, gpu.precision where known
-    ofu: float | None
-    mfu: float | None
-    gap: float | None
-    correlation: float | None
-    flops_miscount: int
-    regression: int
-    status: str  # STATUS_OK | STATUS_NO_MFU | STATUS_NO_OFU
-    gpus: int
-
-
-@attrs.frozen
-class FleetReport:
-    correlation: float | None
-    mae: float | None
-    jobs: int  # jobs with an (OFU, MFU) pair in the horizon: those behind correlation and mae
-    comoments: CoMoments
-    abs_diff_sum: float
-
-
-@attrs.frozen
-class WindowReport:
-    start_ns: int
-    end_ns: int
-    groups: tuple[GroupReport, ...]
-    jobs: tuple[JobReport, ...]
-    fleet: FleetReport
 
 
 @attrs.frozen
@@ -175,24 +134,23 @@ class _Horizon:
 @attrs.define
 class _Job:
     last_seen_ns: int
-    baseline_windows: int
+    config: AggregatorConfig
     live: bool = True
     attributes: Mapping[str, str] = attrs.field(factory=dict)
-    miscount_run: int = 0
-    miscount: int = 0
-    regression: int = 0
-    baseline: deque[float] = attrs.field(init=False)
+    flags: dict[str, JobFlag] = attrs.field(init=False)  # by the flag's metric name
     horizon: _Horizon = attrs.field(factory=_Horizon)
 
     def __attrs_post_init__(self) -> None:
-        self.baseline = deque(maxlen=self.baseline_windows)
+        self.reset_flags()
+
+    def reset_flags(self) -> None:
+        self.flags = {detector.metric.name: detector.start(self.config) for detector in DETECTORS}
 
     def revive(self, seen_ns: int) -> None:
-        """A job back after eviction starts its flags and baseline afresh; its horizon blocks carry on."""
+        """A job back after eviction starts its flags (and their baselines) afresh; its horizon blocks carry on."""
         self.live = True
         self.last_seen_ns = seen_ns
-        self.miscount_run = self.miscount = self.regression = 0
-        self.baseline.clear()
+        self.reset_flags()
 
 
 def _window_start(time_ns: int, window_ns: int) -> int:
@@ -289,7 +247,7 @@ class Aggregator:
             if len(self._jobs) >= self.config.max_jobs:
                 self._rejected_jobs += 1
                 return None
-            job = self._jobs[job_id] = _Job(seen_ns, self.config.baseline_windows)
+            job = self._jobs[job_id] = _Job(seen_ns, self.config)
         elif not job.live:
             job.revive(seen_ns)
         elif seen_ns > job.last_seen_ns:
@@ -500,17 +458,9 @@ class Aggregator:
             job.horizon.add(start - start % self._block_ns, ofu, mfu)
             if self._last_pair_start is None or start > self._last_pair_start:
                 self._last_pair_start = start
-            job.miscount_run = job.miscount_run + 1 if mfu > config.miscount_ratio * ofu else 0
-            job.miscount = int(job.miscount_run >= config.miscount_windows)
-        if ofu is not None:
-            baseline = job.baseline
-            flagged = False
-            if len(baseline) >= config.baseline_min_windows:
-                median = statistics.median(baseline)
-                flagged = median >= config.regression_min_baseline and ofu < median / config.regression_factor
-            job.regression = int(flagged)
-            if not flagged:
-                baseline.append(ofu)
+        gpus = len(ofus) if ofus else 0
+        values = JobWindowValues(start, end, ofu, mfu, gpus)
+        flags = {name: flag.assess(values) for name, flag in job.flags.items()}
         job.horizon.prune(end - config.horizon_ns)
         status = STATUS_NO_OFU if ofu is None else STATUS_NO_MFU if mfu is None else STATUS_OK
         return JobReport(
@@ -520,10 +470,9 @@ class Aggregator:
             mfu=mfu,
             gap=mfu - ofu if ofu is not None and mfu is not None else None,
             correlation=job.horizon.total().pearson(),
-            flops_miscount=job.miscount,
-            regression=job.regression,
+            flags=flags,
             status=status,
-            gpus=len(ofus) if ofus else 0,
+            gpus=gpus,
         )
 
     def _fleet_report(self, end: int) -> FleetReport:
@@ -557,7 +506,7 @@ class Aggregator:
         for job_id, job in self._jobs.items():
             if job.live and job.last_seen_ns <= cutoff:
                 job.live = False
-                job.baseline.clear()
+                job.reset_flags()  # lets go of their state (a baseline); a revived job starts afresh anyway
                 job.attributes = {}
                 self._evicted_jobs += 1
             if not job.live:

@@ -1,39 +1,23 @@
-"""Window reports as OpenTelemetry SDK MetricsData (the collector outputs of docs/reference.md), and shards' partial
-state read back from OTLP for the merge tier.
+"""Shards' partial window state over OTLP, both ways: the gauges a shard adds, and reading them back.
 
-Every point spans its window: start = window start, time = window end (the OTLP encoder keeps the start only
-for histograms and sums, so the merge tier identifies a window by its end). A value that is None is not
-emitted. In shard mode (``include_partials``) each window also carries the fleet co-moments as gauges
-(names.COLLECTOR_PARTIAL_METRICS); with the ``fleet.ofu`` histograms they are all the merge tier needs.
+A shard (``--mode shard``) exports, besides its window outputs, the fleet co-moments and |OFU - MFU| sum
+as gauges (``names.COLLECTOR_PARTIAL_METRICS``); with the ``fleet.ofu`` histograms they are all a merge
+tier needs to compute fleet-wide windows. ``encode`` writes the gauges from ``fleet_state_gauges``; the
+merge tier's ``Decoder`` reads requests back with ``partials_from_request``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Buckets,
-    ExponentialHistogram,
-    ExponentialHistogramDataPoint,
-    Gauge,
-    Metric,
-    MetricsData,
-    NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-)
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ofu import names
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.merge import PartialGroup, PartialWindow
-from otel_ofu_collector.stats import CoMoments
-from otel_ofu_collector.windows import JobReport, WindowReport
+from otel_ofu_collector.aggregation.comoments import CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.results import FleetReport, PartialGroup, PartialWindow
 
 # What partials_from_request reads: the merge tier consumes these from shards instead of forwarding them.
 _PARTIAL_NAMES = frozenset([names.FLEET_OFU.name, *(spec.name for spec in names.COLLECTOR_PARTIAL_METRICS)])
@@ -54,104 +38,18 @@ def is_merge_recomputed_metric(name: str) -> bool:
     return name in _MERGE_RECOMPUTED_NAMES
 
 
-Attributes = dict[str, str | float | int]
-
-
-class _Points:
-    """Data points collected per metric, in the contract's order."""
-
-    def __init__(self) -> None:
-        self.gauges: dict[str, list[NumberDataPoint]] = {}
-        self.histograms: list[ExponentialHistogramDataPoint] = []
-
-    def gauge(self, spec: names.MetricSpec, attributes: Attributes, report: WindowReport, value: float | None) -> None:
-        if value is None:
-            return
-        self.gauges.setdefault(spec.name, []).append(
-            NumberDataPoint(
-                attributes=attributes, start_time_unix_nano=report.start_ns, time_unix_nano=report.end_ns, value=value
-            )
-        )
-
-
-def _histogram_point(
-    attributes: Attributes, report: WindowReport, histogram: ExpHistogram
-) -> ExponentialHistogramDataPoint:
-    return ExponentialHistogramDataPoint(
-        attributes=attributes,
-        start_time_unix_nano=report.start_ns,
-        time_unix_nano=report.end_ns,
-        count=histogram.count,
-        sum=histogram.sum,
-        scale=histogram.scale,
-        zero_count=histogram.zero_count,
-        positive=Buckets(offset=histogram.offset, bucket_counts=list(histogram.counts)),
-        negative=Buckets(offset=0, bucket_counts=[]),
-        flags=0,
-        min=histogram.min if histogram.min is not None else 0.0,
-        max=histogram.max if histogram.max is not None else 0.0,
-    )
-
-
-def _job_attributes(job: JobReport) -> Attributes:
-    return {names.JOB_ID: job.job_id, **job.attributes}
-
-
-def _collect(points: _Points, report: WindowReport, include_partials: bool) -> None:
-    for group in report.groups:
-        attributes: Attributes = dict(group.attributes)
-        points.histograms.append(_histogram_point(attributes, report, group.histogram))
-        for q, value in group.quantiles.items():
-            points.gauge(names.FLEET_OFU_QUANTILE, {**attributes, names.QUANTILE: q}, report, value)
-        points.gauge(names.FLEET_GPUS, attributes, report, group.gpus)
-    for job in report.jobs:
-        attributes = _job_attributes(job)
-        points.gauge(names.JOB_OFU, attributes, report, job.ofu)
-        points.gauge(names.JOB_OFU_MFU_GAP, attributes, report, job.gap)
-        points.gauge(names.JOB_OFU_MFU_CORRELATION, attributes, report, job.correlation)
-        points.gauge(names.JOB_FLOPS_MISCOUNT, attributes, report, job.flops_miscount)
-        points.gauge(names.JOB_OFU_REGRESSION, attributes, report, job.regression)
-    fleet = report.fleet
-    points.gauge(names.FLEET_OFU_MFU_CORRELATION, {}, report, fleet.correlation)
-    points.gauge(names.FLEET_OFU_MFU_MAE, {}, report, fleet.mae)
-    if include_partials:
-        c = fleet.comoments
-        points.gauge(names.PARTIAL_FLEET_JOBS, {}, report, c.n)
-        points.gauge(names.PARTIAL_FLEET_MEAN_OFU, {}, report, c.mean_x)
-        points.gauge(names.PARTIAL_FLEET_MEAN_MFU, {}, report, c.mean_y)
-        points.gauge(names.PARTIAL_FLEET_M2_OFU, {}, report, c.m2_x)
-        points.gauge(names.PARTIAL_FLEET_M2_MFU, {}, report, c.m2_y)
-        points.gauge(names.PARTIAL_FLEET_C_OFU_MFU, {}, report, c.c_xy)
-        points.gauge(names.PARTIAL_FLEET_ABS_DIFF_SUM, {}, report, fleet.abs_diff_sum)
-
-
-def reports_to_metrics_data(
-    reports: Sequence[WindowReport], *, resource_attributes: Mapping[str, str | int], include_partials: bool
-) -> MetricsData:
-    """One ResourceMetrics holding every window's outputs as points.
-
-    ``resource_attributes`` (the user's, and the service's service.instance.id) describe the resource;
-    its service.name is always the collector's, whatever they say.
-    """
-    points = _Points()
-    for report in reports:
-        _collect(points, report, include_partials)
-    metrics: list[Metric] = []
-    if points.histograms:
-        spec = names.FLEET_OFU
-        data = ExponentialHistogram(points.histograms, AggregationTemporality.DELTA)
-        metrics.append(Metric(spec.name, spec.description, spec.unit, data))
-    specs = [*names.COLLECTOR_METRICS, *(names.COLLECTOR_PARTIAL_METRICS if include_partials else ())]
-    for spec in specs:
-        if spec.name in points.gauges:
-            metrics.append(Metric(spec.name, spec.description, spec.unit, Gauge(points.gauges[spec.name])))
-    resource = Resource({**resource_attributes, names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME})
-    scope = InstrumentationScope(names.COLLECTOR_INSTRUMENTATION_SCOPE)
-    scope_metrics = [ScopeMetrics(scope, metrics, "")] if metrics else []
-    return MetricsData([ResourceMetrics(resource, scope_metrics, "")])
-
-
-# --- reading shards' partial state back ------------------------------------------------------------------
+def fleet_state_gauges(fleet: FleetReport) -> list[tuple[names.MetricSpec, float]]:
+    """A shard's mergeable fleet state as (partial gauge, value), in ``names.COLLECTOR_PARTIAL_METRICS`` order."""
+    c = fleet.comoments
+    return [
+        (names.PARTIAL_FLEET_JOBS, c.n),
+        (names.PARTIAL_FLEET_MEAN_OFU, c.mean_x),
+        (names.PARTIAL_FLEET_MEAN_MFU, c.mean_y),
+        (names.PARTIAL_FLEET_M2_OFU, c.m2_x),
+        (names.PARTIAL_FLEET_M2_MFU, c.m2_y),
+        (names.PARTIAL_FLEET_C_OFU_MFU, c.c_xy),
+        (names.PARTIAL_FLEET_ABS_DIFF_SUM, fleet.abs_diff_sum),
+    ]
 
 
 def _any_value_text(value: Any) -> str:

@@ -1,8 +1,10 @@
-"""The collector's closed windows as JSON lines: a file recorder, a reader, and a small HTTP feed.
+"""The window-record format: the collector's closed windows as JSON lines, written and read.
 
 Format (version 1), one closed window per line, UTF-8, keys as below; optional numbers are ``null`` when
 the collector had no value (never 0 or NaN). Readers skip and count lines they cannot use, and lines of a
-newer version; a later version may add keys, which version-1 readers ignore.
+newer version; a later version may add keys, which version-1 readers ignore. Each job carries one key per
+flag (its detector's ``record_key``); a record without one (written before that flag existed) reads as
+the flag absent.
 
     {"otel_ofu_report": 1, "start_ns": 1700000000000000000, "end_ns": 1700000060000000000,
      "groups": [{"attributes": {"hw.model": "NVIDIA H100 80GB HBM3", "gpu.precision": "bf16"}, "gpus": 8,
@@ -16,8 +18,8 @@ newer version; a later version may add keys, which version-1 readers ignore.
      "fleet": {"correlation": 0.87, "mae": 0.05, "jobs": 4, "abs_diff_sum": 0.2,
                "comoments": {"n": 4, "mean_x": 0.4, "mean_y": 0.5, "m2_x": 0.1, "m2_y": 0.2, "c_xy": 0.1}}}
 
-``ReportRecorder`` appends to a file and ``ReportFeed`` serves the last windows at ``GET /reports.jsonl``
-(``?since=END_NS`` for only the windows that ended after it); both are collector report listeners.
+``recorder.ReportRecorder`` appends them to a file and ``feed_server.ReportFeed`` serves the last ones over
+HTTP; ``feed_client`` and ``load_records`` read them back (the ``report`` command).
 """
 
 from __future__ import annotations
@@ -25,29 +27,21 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import Any, Final
 
 import attrs
 
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.stats import CoMoments
-from otel_ofu_collector.windows import FleetReport, GroupReport, JobReport, WindowReport
+from otel_ofu_collector.aggregation.comoments import CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.detectors import DETECTORS
+from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
 
 logger = logging.getLogger(__name__)
 
 FORMAT_KEY: Final = "otel_ofu_report"
 FORMAT_VERSION: Final = 1
-FEED_PATH: Final = "/reports.jsonl"
-FEED_CONTENT_TYPE: Final = "application/jsonl; charset=utf-8"
-DEFAULT_FEED_KEEP: Final = 1440  # a day of one-minute windows
 
 
 class RecordFormatError(ValueError):
@@ -94,8 +88,7 @@ def _job_to_json(job: JobReport) -> dict[str, Any]:
         "mfu": finite_or_none(job.mfu),
         "gap": finite_or_none(job.gap),
         "correlation": finite_or_none(job.correlation),
-        "flops_miscount": job.flops_miscount,
-        "regression": job.regression,
+        **{detector.record_key: job.flags.get(detector.metric.name) for detector in DETECTORS},
         "status": job.status,
         "gpus": job.gpus,
     }
@@ -211,6 +204,11 @@ def _group_from_json(value: object) -> GroupReport:
     )
 
 
+def _flag(data: Mapping[str, Any], key: str) -> int | None:
+    """A flag's verdict; absent (None) when the record has none: null, or written before the flag existed."""
+    return None if data.get(key) is None else int(_get(data, key, int, "job"))
+
+
 def _job_from_json(value: object) -> JobReport:
     data = _object(value, "job")
     return JobReport(
@@ -220,8 +218,7 @@ def _job_from_json(value: object) -> JobReport:
         mfu=_optional_number(data, "mfu", "job"),
         gap=_optional_number(data, "gap", "job"),
         correlation=_optional_number(data, "correlation", "job"),
-        flops_miscount=_get(data, "flops_miscount", int, "job"),
-        regression=_get(data, "regression", int, "job"),
+        flags={detector.metric.name: _flag(data, detector.record_key) for detector in DETECTORS},
         status=_get(data, "status", str, "job"),
         gpus=_get(data, "gpus", int, "job"),
     )
@@ -309,7 +306,8 @@ def load_records(path: str | Path) -> Records:
         return parse_lines(file, str(path))
 
 
-def _warn_bad(records: Records) -> None:
+def warn_bad_lines(records: Records) -> None:
+    """Log how many lines were skipped and the first reason, if any were."""
     if records.bad_lines:
         logger.warning("skipped %d unusable line(s), the first: %s", records.bad_lines, records.first_error)
 
@@ -317,14 +315,12 @@ def _warn_bad(records: Records) -> None:
 def read_records(path: str | Path) -> list[WindowReport]:
     """The windows of a recorded-outputs file in time order; unusable lines are skipped and logged."""
     records = load_records(path)
-    _warn_bad(records)
+    warn_bad_lines(records)
     return list(records.reports)
 
 
-# --- listeners ----------------------------------------------------------------------------------------
-
-
-def _lines_of(reports: Sequence[WindowReport]) -> list[tuple[WindowReport, str]]:
+def encode_lines(reports: Sequence[WindowReport]) -> list[tuple[WindowReport, str]]:
+    """Each window with its line; a window that cannot be encoded is logged and left out, not the batch."""
     encoded = []
     for report in reports:
         try:
@@ -332,179 +328,3 @@ def _lines_of(reports: Sequence[WindowReport]) -> list[tuple[WindowReport, str]]
         except ValueError as error:  # a non-finite required number: lose this window, not the batch
             logger.warning("window ending %d not recorded: %s", report.end_ns, error)
     return encoded
-
-
-@attrs.define
-class ReportRecorder:
-    """A collector report listener appending each closed window to a JSON-lines file, flushed per batch."""
-
-    path: Path = attrs.field(converter=Path)
-    written: int = attrs.field(init=False, default=0)
-    _file: TextIO = attrs.field(init=False)
-    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
-
-    def __attrs_post_init__(self) -> None:
-        self._file = self.path.open("a", encoding="utf-8")
-
-    def __call__(self, reports: list[WindowReport]) -> None:
-        encoded = _lines_of(reports)
-        if not encoded:
-            return
-        with self._lock:
-            self._file.write("".join(line + "\n" for _, line in encoded))
-            self._file.flush()
-            self.written += len(encoded)
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
-
-    def __enter__(self) -> ReportRecorder:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-
-@attrs.define
-class ReportFeed:
-    """Serves the last ``keep`` closed windows as JSON lines at ``GET /reports.jsonl``; a report listener.
-
-    ``?since=END_NS`` returns only the windows that ended after END_NS, so a poller fetches each once.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    keep: int = attrs.field(default=DEFAULT_FEED_KEEP)
-    _lines: deque[tuple[int, str]] = attrs.field(init=False)
-    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
-    _server: ThreadingHTTPServer | None = attrs.field(init=False, default=None)
-    _thread: threading.Thread | None = attrs.field(init=False, default=None)
-
-    @keep.validator
-    def _check_keep(self, _attribute: object, value: int) -> None:
-        if value < 1:
-            raise ValueError(f"keep must be at least 1, got {value!r}")
-
-    def __attrs_post_init__(self) -> None:
-        self._lines = deque(maxlen=self.keep)
-
-    def __call__(self, reports: list[WindowReport]) -> None:
-        encoded = _lines_of(reports)
-        with self._lock:
-            self._lines.extend((report.end_ns, line) for report, line in encoded)
-
-    def body(self, since_ns: int | None = None) -> bytes:
-        with self._lock:
-            lines = [line for end, line in self._lines if since_ns is None or end > since_ns]
-        return "".join(line + "\n" for line in lines).encode("utf-8")
-
-    def start(self) -> int:
-        """Listen; returns the bound port."""
-        feed = self
-
-        class Handler(_FeedHandler):
-            pass
-
-        Handler.feed = feed
-        host = self.host.strip("[]") or "0.0.0.0"
-        try:
-            server = ThreadingHTTPServer((host, self.port), Handler)
-        except OSError as error:
-            address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-            raise OSError(f"cannot serve the report feed on {address} ({error.strerror or error})") from error
-        server.daemon_threads = True
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="otel-ofu-report-feed", daemon=True)
-        self._thread.start()
-        return self.bound_port
-
-    @property
-    def bound_port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the report feed is not started")
-        return int(self._server.server_address[1])
-
-    @property
-    def url(self) -> str:
-        host = self.host if self.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"http://{host}:{self.bound_port}{FEED_PATH}"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-
-class _FeedHandler(BaseHTTPRequestHandler):
-    feed: ReportFeed
-    server_version = "otel-ofu-report-feed"
-
-    def do_GET(self) -> None:
-        url = urllib.parse.urlsplit(self.path)
-        if url.path != FEED_PATH:
-            self._reply(404, b"not found: the feed is at " + FEED_PATH.encode() + b"\n", "text/plain")
-            return
-        since: int | None = None
-        values = urllib.parse.parse_qs(url.query).get("since")
-        if values:
-            try:
-                since = int(values[-1])
-            except ValueError:
-                self._reply(400, b"since must be an integer (nanoseconds since the epoch)\n", "text/plain")
-                return
-        self._reply(200, self.feed.body(since), FEED_CONTENT_TYPE)
-
-    def _reply(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("report feed: " + format, *args)
-
-
-# --- live mode ----------------------------------------------------------------------------------------
-
-
-class FeedError(RuntimeError):
-    """A report feed that could not be read; the message says why in one line."""
-
-
-def feed_url(url: str) -> str:
-    """``http://host:port`` (or any path but the feed's) -> the feed's URL."""
-    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise FeedError(f"report feed URL {url!r} is not an http(s) URL")
-    path = parts.path if parts.path.endswith(".jsonl") else parts.path.rstrip("/") + FEED_PATH
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
-
-
-def fetch_records(url: str, timeout: float = 10.0) -> Records:
-    """Every window a running collector's feed holds; FeedError when it cannot be read."""
-    target = feed_url(url)
-    try:
-        with urllib.request.urlopen(target, timeout=timeout) as response:
-            text = response.read().decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as error:
-        raise FeedError(f"report feed {target} answered HTTP {error.code}") from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise FeedError(f"cannot read report feed {target}: {reason}") from None
-    return parse_lines(text.splitlines(), target)
-
-
-def fetch_feed(url: str, timeout: float = 10.0) -> list[WindowReport]:
-    """The windows of a running collector's report feed in time order (unusable lines skipped, logged)."""
-    records = fetch_records(url, timeout)
-    _warn_bad(records)
-    return list(records.reports)

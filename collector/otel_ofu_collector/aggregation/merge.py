@@ -1,7 +1,7 @@
 """Merge mode: combine the window outputs of job-sharded collector replicas into fleet-wide windows.
 
 Shards are split by ``job.id`` (the otelcol loadbalancing exporter), so every job lives on one shard and its
-``job.*`` outputs pass through untouched (the transport forwards them; ``encode.is_partial_metric`` says
+``job.*`` outputs pass through untouched (the transport forwards them; ``otlp.partials.is_partial_metric`` says
 which metrics are not to be forwarded). What spans shards merges exactly: the per-group exponential
 histograms (any scales: the merge downscales to the common one), the GPU counts, and the fleet co-moments
 and |OFU - MFU| sums. Quantiles are then read from the merged histogram, within
@@ -19,47 +19,14 @@ from collections.abc import Mapping
 import attrs
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.comoments import CoMoments
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.stats import CoMoments
-from otel_ofu_collector.windows import FleetReport, GroupReport, WindowReport
+from otel_ofu_collector.results import FleetReport, GroupReport, PartialGroup, PartialWindow, WindowReport
 
 # Windows the merge tier keeps open at once; a live deployment has one or two, so this only stops a
 # flood of made-up timestamps from growing the state.
 MAX_OPEN_WINDOWS = 1024
-
-
-@attrs.frozen
-class PartialGroup:
-    attributes: Mapping[str, str]
-    histogram: ExpHistogram
-    gpus: int
-
-
-@attrs.frozen
-class PartialWindow:
-    """One shard's mergeable state of one window. ``fleet_comoments`` None: this part carries no fleet state."""
-
-    start_ns: int
-    end_ns: int
-    groups: tuple[PartialGroup, ...]
-    fleet_comoments: CoMoments | None
-    abs_diff_sum: float
-    jobs_count: int
-    shard_id: str
-
-
-def partial_of(report: WindowReport, shard_id: str) -> PartialWindow:
-    """The mergeable part of a shard's window report (what encode/partials_from_request carry over OTLP)."""
-    return PartialWindow(
-        start_ns=report.start_ns,
-        end_ns=report.end_ns,
-        groups=tuple(PartialGroup(g.attributes, g.histogram, g.gpus) for g in report.groups),
-        fleet_comoments=report.fleet.comoments,
-        abs_diff_sum=report.fleet.abs_diff_sum,
-        jobs_count=report.fleet.jobs,
-        shard_id=shard_id,
-    )
 
 
 @attrs.frozen

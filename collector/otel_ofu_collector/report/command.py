@@ -21,14 +21,17 @@ from pathlib import Path
 
 import attrs
 
-from otel_ofu.cli_support import REPORT_PREFIX, CommandOptions, output_path, positive_float, url_or_host_port
+from otel_ofu.cli_support import CommandOptions, output_path, positive_float, url_or_host_port
 from otel_ofu.gpu_samples import compute_snapshot
 from otel_ofu.model import SourceUnavailable
 from otel_ofu.sources.capture import ReplaySource
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.records import FeedError, Records, fetch_records, load_records
-from otel_ofu_collector.summary import summarize
-from otel_ofu_collector.windows import Aggregator, WindowReport
+from otel_ofu_collector.outputs.feed_client import FeedError, fetch_records
+from otel_ofu_collector.outputs.record_codec import Records, load_records
+from otel_ofu_collector.prefixes import REPORT_PREFIX
+from otel_ofu_collector.report.summary import summarize
+from otel_ofu_collector.results import WindowReport
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if not reports:
         logger.warning("no closed windows yet: the report says so and shows nothing else")
     # plotly takes ~0.1 s to import: only the command that draws pays for it.
-    from otel_ofu_collector.html_report import write_report
+    from otel_ofu_collector.report.html_page import write_report
 
     titled = {"title": args.title} if args.title else {}
     summary = summarize(reports)

@@ -40,9 +40,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from otel_ofu_collector.auth import BearerAuth, TlsFiles
-from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
-from otel_ofu_collector.grpc_receiver import Ingest
+from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.receivers.otlp_grpc import Ingest
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from otel_ofu_collector.auth import BearerAuth, TlsFiles
-from otel_ofu_collector.decode import DecodeOutcome
-from otel_ofu_collector.gate import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.otlp.decode import DecodeOutcome
+from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ before, cost about a fifth of the ingest time.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from hashlib import blake2b
 from typing import Any, Protocol, cast
 
@@ -24,6 +24,8 @@ from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
+from otel_ofu_collector.otlp import partials
+from otel_ofu_collector.results import PartialWindow
 
 _OFU = names.GPU_OFU.name
 _MFU = names.JOB_MFU.name
@@ -72,11 +74,7 @@ class _ProfilingAdd(Protocol):
 class PartialSink(Protocol):
     """The merge tier's ingest surface (``MergeAggregator``)."""
 
-    def add_partial(self, partial: Any) -> bool: ...
-
-
-class PartialCodec(Protocol):
-    def __call__(self, request: ExportMetricsServiceRequest) -> Iterable[Any]: ...
+    def add_partial(self, partial: PartialWindow) -> bool: ...
 
 
 @attrs.frozen
@@ -232,8 +230,9 @@ class Decoder:
 
     Receivers call ``decode`` from many threads: ``lock`` guards the sink (not thread-safe), the resource
     cache and the stats. It is taken only once a request's parsing is done and its first point is due
-    for the sink. In merge mode ``sink`` is None and ``partial_sink``/``partial_codec`` take the shards'
-    partial metrics.
+    for the sink. In merge mode ``sink`` is None and ``partial_sink`` takes the shards' partial state, read
+    with ``otlp.partials``; the shards' own fleet gauges (``partials.is_merge_recomputed_metric``) are
+    dropped, since the merge tier emits fleet-wide ones.
     """
 
     sink: PointSink | None
@@ -241,10 +240,7 @@ class Decoder:
     pass_through: bool = True
     forward_inputs: bool = False
     max_mfu: float = DEFAULT_MAX_MFU
-    partial_sink: PartialSink | None = None
-    partial_codec: PartialCodec | None = None
-    is_partial: Callable[[str], bool] | None = None  # merge mode: the shards' partial state, consumed
-    is_dropped: Callable[[str], bool] | None = None  # merge mode: shard-local fleet gauges, superseded
+    partial_sink: PartialSink | None = None  # merge mode (with sink None): takes the shards' partial windows
     stats: DecoderStats = attrs.field(factory=DecoderStats)
     # Windows close by the collector's clock, so a point stamped far ahead cannot close anything early; but it
     # would open a window that sits in state until the clock gets there (then reports one stray GPU), and lift
@@ -264,12 +260,9 @@ class Decoder:
         """Resources in the identity cache now."""
         return len(self._resource_cache)
 
-    def _partial(self, name: str) -> bool:
-        return self.is_partial is not None and self.is_partial(name)
-
     def _ours(self, name: str) -> bool:
         if self.sink is None:
-            return self._partial(name) or (self.is_dropped is not None and self.is_dropped(name))
+            return partials.is_partial_metric(name) or partials.is_merge_recomputed_metric(name)
         return name in INPUT_METRIC_NAMES
 
     def decode(self, request: ExportMetricsServiceRequest, raw: bytes | None = None) -> DecodeOutcome:
@@ -435,17 +428,17 @@ class Decoder:
                         any_ours = True
                     else:
                         any_foreign = True
-        if not any_ours or self.partial_sink is None or self.partial_codec is None:
+        if not any_ours or self.partial_sink is None:
             return 0, any_ours, any_foreign
-        subset = _subset(request, self._partial)
+        subset = _subset(request, partials.is_partial_metric)
         try:
-            partials = list(self.partial_codec(subset))
+            windows = partials.partials_from_request(subset)
         except (ValueError, KeyError, TypeError) as error:
             rejections.add(f"partial window outputs unreadable ({error})", 1)
             return 0, any_ours, any_foreign
         accepted = 0
         with self.lock:
-            for partial in partials:
+            for partial in windows:
                 if self.partial_sink.add_partial(partial):
                     accepted += 1
                 else:

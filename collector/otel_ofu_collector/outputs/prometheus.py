@@ -1,8 +1,9 @@
 """A Prometheus ``/metrics`` endpoint for the window outputs and the collector's own counters.
 
-It shows the gauges of the latest closed windows (quantiles, fleet.gpus, the job gauges, the fleet
-correlation and MAE) and leaves the exponential histogram out: Prometheus text has no exponential
-histogram, and the SDK's Prometheus reader fails on them. Names follow the OpenTelemetry-to-Prometheus
+A window consumer: it shows the gauges of the latest closed windows (quantiles, fleet.gpus, the job gauges,
+the fleet correlation and MAE), built from the window values themselves (``results.gauge_points``, the same
+points the OTLP encoder writes), and leaves the exponential histogram out: Prometheus text has no
+exponential histogram, and the SDK's Prometheus reader fails on them. Names follow the OpenTelemetry-to-Prometheus
 convention (``otel_ofu.prometheus_names``): dots become underscores (``fleet.ofu.quantile`` ->
 ``fleet_ofu_quantile``), attribute keys too; the outputs' names get no unit suffix.
 """
@@ -10,19 +11,18 @@ convention (``otel_ofu.prometheus_names``): dots become underscores (``fleet.ofu
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any
 
 import attrs
-from opentelemetry.sdk.metrics.export import Gauge, MetricsData, Sum
 from prometheus_client import CollectorRegistry, MetricsHandler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from otel_ofu import names
 from otel_ofu.prometheus_names import label_name, metric_name
-from otel_ofu_collector import encode
+from otel_ofu_collector.results import WindowReport, gauge_points
 
 
 def prometheus_name(name: str) -> str:
@@ -38,24 +38,25 @@ class _Series:
     value: float
 
 
-def gauge_series(metrics_data: MetricsData) -> list[_Series]:
-    """The gauge points of ``metrics_data`` (no histograms, no partial state) as Prometheus series."""
-    series: list[_Series] = []
-    for resource_metrics in metrics_data.resource_metrics:
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                if encode.is_partial_metric(metric.name) or not isinstance(metric.data, Gauge | Sum):
-                    continue
-                for point in metric.data.data_points:
-                    labels = tuple(
-                        sorted((label_name(key), str(value)) for key, value in (point.attributes or {}).items())
-                    )
-                    series.append(
-                        _Series(
-                            prometheus_name(metric.name), metric.description or metric.name, labels, float(point.value)
-                        )
-                    )
-    return series
+_GAUGE_ORDER: Mapping[str, int] = {spec.name: index for index, spec in enumerate(names.COLLECTOR_METRICS)}
+
+
+def gauge_series(reports: Sequence[WindowReport]) -> list[_Series]:
+    """The closed windows' gauge outputs (no histograms, no partial state) as Prometheus series: metric by
+    metric in the contract's order, each metric's points window by window."""
+    points = sorted(
+        (point for report in reports for point in gauge_points(report)),
+        key=lambda point: _GAUGE_ORDER.get(point.spec.name, len(_GAUGE_ORDER)),
+    )  # stable: within a metric the windows keep their order
+    return [
+        _Series(
+            prometheus_name(point.spec.name),
+            point.spec.description or point.spec.name,
+            tuple(sorted((label_name(key), str(value)) for key, value in point.attributes.items())),
+            float(point.value),
+        )
+        for point in points
+    ]
 
 
 @attrs.define(eq=False)  # the registry keys collectors by identity
@@ -66,9 +67,9 @@ class OutputsCollector(Collector):
     _series: list[_Series] = attrs.field(factory=list)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
-    def update(self, metrics_data: MetricsData) -> None:
+    def consume_windows(self, windows: Sequence[WindowReport]) -> None:
         """Replace the shown outputs with the newest windows' (a job that stopped reporting disappears)."""
-        fresh = gauge_series(metrics_data)
+        fresh = gauge_series(windows)
         with self._lock:
             self._series = fresh
 
@@ -135,8 +136,9 @@ class PrometheusEndpoint:
         self.collector = OutputsCollector(self.self_metrics)
         self.registry.register(self.collector)
 
-    def update(self, metrics_data: MetricsData) -> None:
-        self.collector.update(metrics_data)
+    def consume_windows(self, windows: Sequence[WindowReport]) -> None:
+        """A window consumer: the endpoint shows the gauges of each newest batch of closed windows."""
+        self.collector.consume_windows(windows)
 
     def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
         """Bind and serve; OSError (one line, naming the address) when the port cannot be had."""

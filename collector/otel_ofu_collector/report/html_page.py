@@ -32,9 +32,11 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
-from otel_ofu_collector.exphist import ExpHistogram
-from otel_ofu_collector.summary import (
+from otel_ofu_collector.detectors import detector_for
+from otel_ofu_collector.report.summary import (
+    FLAG_KINDS,
     MISCOUNT,
     REGRESSION,
     Flag,
@@ -45,7 +47,7 @@ from otel_ofu_collector.summary import (
     plural,
     summarize,
 )
-from otel_ofu_collector.windows import GroupReport, WindowReport
+from otel_ofu_collector.results import GroupReport, WindowReport
 
 DEFAULT_TITLE: Final = "otel-ofu fleet report"
 # Beyond these the page grows without telling a person more; what is left out is said on the page.
@@ -60,6 +62,10 @@ COLOUR_REGRESSION: Final = "#ff7f0e"
 COLOUR_MFU: Final = "#2ca02c"
 SHADE: Final = {MISCOUNT: "rgba(214, 39, 40, 0.16)", REGRESSION: "rgba(255, 127, 14, 0.22)"}
 SHADE_LEGEND: Final = {MISCOUNT: "rgba(214, 39, 40, 0.5)", REGRESSION: "rgba(255, 127, 14, 0.55)"}
+# A flag without a colour of its own (any but the two above) is shaded grey.
+_OTHER_SHADE: Final = "rgba(127, 127, 127, 0.18)"
+_OTHER_SHADE_LEGEND: Final = "rgba(127, 127, 127, 0.5)"
+_SHADE_TITLE: Final = {MISCOUNT: "FLOP-miscount flag up", REGRESSION: "OFU-regression flag up"}
 PLOTLY_CONFIG: Final = {"displaylogo": False, "responsive": True}
 # GPU models get colours apart from the flag colours (red, orange), the same in every figure.
 MODEL_PALETTE: Final = ("#1f77b4", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f")
@@ -411,19 +417,20 @@ def timelines_figure(jobs: Sequence[JobSummary]) -> go.Figure | None:
                 row=row,
                 col=1,
             )
-        for kind in (MISCOUNT, REGRESSION):
+        for kind in FLAG_KINDS:
             for start, end in _runs(job.history, kind):
                 figure.add_vrect(
                     x0=_plot_time(start),
                     x1=_plot_time(end),
-                    fillcolor=SHADE[kind],
+                    fillcolor=SHADE.get(kind, _OTHER_SHADE),
                     line_width=0,
                     layer="below",
                     row=row,
                     col=1,
                 )
         figure.update_yaxes(range=[0, top], tickformat=".0%", row=row, col=1)
-    for kind, title in ((MISCOUNT, "FLOP-miscount flag up"), (REGRESSION, "OFU-regression flag up")):
+    for kind in FLAG_KINDS:
+        title = _SHADE_TITLE.get(kind) or f"{detector_for(kind).label} flag up"
         if any(_runs(job.history, kind) for job in jobs):
             figure.add_trace(
                 go.Scatter(
@@ -432,7 +439,7 @@ def timelines_figure(jobs: Sequence[JobSummary]) -> go.Figure | None:
                     mode="markers",
                     name=title,
                     hoverinfo="skip",
-                    marker={"symbol": "square", "size": 14, "color": SHADE_LEGEND[kind]},
+                    marker={"symbol": "square", "size": 14, "color": SHADE_LEGEND.get(kind, _OTHER_SHADE_LEGEND)},
                 ),
                 row=1,
                 col=1,
@@ -572,7 +579,7 @@ def _summary(summary: FleetSummary, flags: Sequence[Flag]) -> str:
 
 
 def _flag_badge(kind: str) -> str:
-    text = "FLOP miscount" if kind == MISCOUNT else "OFU regression"
+    text = detector_for(kind).label
     return f'<span class="flag {kind}">{text}</span>'
 
 

@@ -1,0 +1,63 @@
+"""The protocol every job flag implements: a ``Detector`` makes, per job, a ``JobFlag`` fed its windows.
+
+A flag's verdict for a window is 1 (up), 0 (down) or ``NOT_ASSESSABLE`` (None: this window says nothing
+either way; the outputs leave an absent verdict out, as they do every missing value). The windows call
+``assess`` once per closed window that has the job, in time order, with the job's window values; a flag
+keeps whatever state it needs between windows (a run length, a baseline) and is started afresh when its
+job comes back after eviction.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Protocol
+
+import attrs
+
+from otel_ofu import names
+from otel_ofu_collector.config import AggregatorConfig
+
+NOT_ASSESSABLE: Final = None
+
+
+@attrs.frozen
+class JobWindowValues:
+    """What a flag sees of one job in one closed window; None where the window has no such value."""
+
+    start_ns: int
+    end_ns: int
+    ofu: float | None  # mean OFU over the job's GPUs
+    mfu: float | None  # mean reported MFU
+    gpus: int
+
+
+class JobFlag(Protocol):
+    """One job's state for one flag."""
+
+    def assess(self, window: JobWindowValues) -> int | None:
+        """The flag's value in this window: 1, 0, or NOT_ASSESSABLE."""
+        ...
+
+
+class Detector(Protocol):
+    """One flag: its names and a factory of per-job state.
+
+    ``metric`` is the job gauge the flag is exported as (its name also keys ``JobReport.flags``; its place in
+    ``names.COLLECTOR_METRICS`` orders the flags everywhere); ``record_key`` is its key in window records;
+    ``kind`` and ``label`` name it in the run report.
+    """
+
+    @property
+    def metric(self) -> names.MetricSpec: ...
+
+    @property
+    def record_key(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def label(self) -> str: ...
+
+    def start(self, config: AggregatorConfig) -> JobFlag:
+        """A fresh state for one job."""
+        ...

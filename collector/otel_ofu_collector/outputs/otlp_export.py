@@ -1,0 +1,26 @@
+"""The window export: each batch of closed windows encoded as one OTLP request and queued for the downstream."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from otel_ofu_collector.otlp.encode import encode_request, reports_to_metrics_data
+from otel_ofu_collector.outputs.delivery import Delivery
+from otel_ofu_collector.results import WindowReport
+
+
+@attrs.frozen
+class OtlpWindowExport:
+    """A window consumer: ``include_partials`` (shard mode) adds the partial state the merge tier reads."""
+
+    delivery: Delivery
+    resource_attributes: Mapping[str, str | int]
+    include_partials: bool = False
+
+    def consume_windows(self, windows: Sequence[WindowReport]) -> None:
+        metrics_data = reports_to_metrics_data(
+            windows, resource_attributes=self.resource_attributes, include_partials=self.include_partials
+        )
+        self.delivery.submit(encode_request(metrics_data))

@@ -1,0 +1,1 @@
+"""Receivers: OTLP over gRPC and HTTP, their admission control and authentication."""
