@@ -83,7 +83,7 @@ def reading_line(
             line["error"] = str(error)
             line[names.ERROR_REASON] = error.reason
         return line
-    line.update(values.as_metrics())
+    line.update(values.as_json())
     return line
 
 
