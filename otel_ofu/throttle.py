@@ -114,6 +114,7 @@ class EnergyObservation:
 
     energy: EnergyCounter
     power_w: float | None  # counter delta / time between reads; None on the first read or a reset
+    stale: bool = False  # the counter had not moved since the previous read: the source did not refresh it
 
 
 @attrs.define
@@ -139,7 +140,8 @@ class EnergyTracker:
         if counter_j > previous[0] and time_ns > previous[1]:
             power = (counter_j - previous[0]) / ((time_ns - previous[1]) / 1e9)
             self._previous[key] = (counter_j, time_ns)
-        return EnergyObservation(EnergyCounter(counter_j - first[0], first[1]), power)
+        stale = counter_j == previous[0]
+        return EnergyObservation(EnergyCounter(counter_j - first[0], first[1]), power, stale)
 
     def forget(self, keep: Iterable[str]) -> None:
         kept = set(keep)
