@@ -468,3 +468,22 @@ def test_a_scrape_that_repeats_the_previous_refresh_does_not_read_as_unthrottled
     assert stale_reading.throttle[names.ThrottleReason.POWER] == 0.0  # from the bitmask alone
     assert fresh_reading.power_w == pytest.approx(600.0)  # 12000 J over the 20 s since the counter last moved
     assert fresh_reading.throttle[names.ThrottleReason.POWER] == pytest.approx(0.5)  # 10 s of violation in 20 s
+
+
+def test_mig_instances_keep_the_gpu_throttle_but_not_a_copy_of_the_board_power(exporter: ExporterServer) -> None:
+    labels = (
+        'gpu="0",UUID="GPU-7f1c0000-0000-4000-8000-000000000000",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",'
+        'GPU_I_PROFILE="3g.40gb",GPU_I_ID="{gi}",Hostname="node-7"'
+    )
+    body = "".join(
+        f"DCGM_FI_DEV_SM_CLOCK{{{labels.format(gi=gi)}}} 1755\n"
+        f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels.format(gi=gi)}}} 0.3\n"
+        f"DCGM_FI_DEV_POWER_USAGE{{{labels.format(gi=gi)}}} 512.0\n"  # the board's, printed per instance
+        f"DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{labels.format(gi=gi)}}} 32\n"  # SW thermal slowdown
+        for gi in (1, 2)
+    )
+    snapshot = read_once(exporter.serve(body), clock=Ticks())
+    assert len(snapshot.readings) == 2
+    for reading in snapshot.readings:
+        assert reading.power_w is None
+        assert reading.throttle[names.ThrottleReason.THERMAL] == 1.0

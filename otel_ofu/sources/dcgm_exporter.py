@@ -245,7 +245,7 @@ class DcgmExporterSource:
             sm_active=values.get("sm_active"),
             dram_active=values.get("dram_active"),
             cycles=cycles,
-            **self._loss_inputs(identity.key, values, now),
+            **self._loss_inputs(identity.key, values, now, board=identity.mig_instance_id is None),
         )
         blank = " (blank sentinel or NaN)" if {"tensor_active", "sm_clock_mhz"} & entry.blank else ""
         result = reading_or_error(reading)
@@ -253,15 +253,18 @@ class DcgmExporterSource:
             return attrs.evolve(result, message=result.message + blank)
         return result
 
-    def _loss_inputs(self, key: str, values: Mapping[str, float], now: int) -> dict[str, Any]:
+    def _loss_inputs(self, key: str, values: Mapping[str, float], now: int, *, board: bool) -> dict[str, Any]:
         """Power, energy and throttle shares of one scrape entry as GpuReading fields.
 
         dcgm-exporter refreshes its values on its own period (30 s by default) and prints no timestamps:
         a scrape whose energy counter has not moved repeats the previous refresh, so violation counters
-        are not differenced on it (they would read as an unthrottled interval).
+        are not differenced on it (they would read as an unthrottled interval). Power and energy are the
+        board's (``board``): a MIG instance's copy of them is left out, or the board would count per instance.
         """
         result: dict[str, Any] = {}
         observation = None
+        if not board:
+            values = {name: value for name, value in values.items() if name not in ("energy_mj", "power_w")}
         if "energy_mj" in values:
             observation = self._energy.update(key, values["energy_mj"] / 1000.0, now)
             result["energy"] = observation.energy
