@@ -229,3 +229,19 @@ def test_a_lost_gpu_during_the_power_read_is_reacquired_like_any_other_loss(
 
     assert [error.reason for error in lost.errors] == [names.ErrorReason.GPU_LOST]
     assert gpu_reading(back, fake.uuid_of(gpu)).power_w == 300.0
+
+
+def test_a_gpu_lost_while_sampling_the_bitmask_is_reported_by_the_read(
+    fake: FakeNvml, clock: ManualClock, open_source: Callable[[], NvmlSource]
+) -> None:
+    gpu = fake.add_gpu()
+    fake.set_tensor_util(gpu, 50.0)
+    fake.set_event_reasons(gpu, 0)
+    source = open_source()
+    fake.fail("nvmlDeviceGetCurrentClocksEventReasons", names.NvmlReturn.ERROR_GPU_IS_LOST, gpu=gpu, times=1)
+
+    source.sample_clocks()  # the sampler thread's call: must not raise
+    clock.advance(10)
+    snapshot = source.read()
+
+    assert [error.reason for error in snapshot.errors] == [names.ErrorReason.GPU_LOST]

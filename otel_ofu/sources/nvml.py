@@ -349,7 +349,11 @@ class NvmlSource:
                     continue
                 gpu.clock_sum_mhz += mhz
                 gpu.clock_count += 1
-                reasons = _optional(gpu, "nvmlDeviceGetCurrentClocksEventReasons", _event_reasons, gpu.handle)
+                try:
+                    reasons = _optional(gpu, "nvmlDeviceGetCurrentClocksEventReasons", _event_reasons, gpu.handle)
+                except _Failure as failure:  # the GPU is gone: the read re-acquires it
+                    gpu.clock_failure = failure
+                    continue
                 if reasons is not None:
                     gpu.reasons_samples.append(int(reasons))
 
