@@ -17,6 +17,10 @@ How it behaves like hardware:
 * Clocks boost near the board max (1980 MHz on H100 SXM) with a small load droop and jitter in 15 MHz
   bins, fall into power-throttle stretches (~1600-1750 MHz on H100) now and then, and sit at the idle
   clock when a GPU does nothing.
+* Board power follows load and clock (idle ~10% of a 700 W limit, dynamic power ~ f^3), with an energy
+  counter and the share of each interval power or temperature held the clock down, as a board with
+  violation counters reports them. ``SimGpu.fault`` adds a ``power_cap`` GPU (a 420 W limit: clocks held
+  to stay under it) or a ``thermal`` one (thermal slowdown to 0.7 x max for half of every two minutes).
 
 Values a real GPU would never give you are named ``truth_*`` (``GpuReading.truth_ofu``,
 ``truth_precision``) or come from ``interval_truth``, ``truth_ofu`` and ``reported_mfu``; real sources
