@@ -7,12 +7,16 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, Sum
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from otel_ofu import gpu_values, names, throttle
 from otel_ofu.clock import ManualClock
 from otel_ofu.commands.snapshot import snapshot_lines
 from otel_ofu.model import EnergyCounter, GpuIdentity, GpuReading, Snapshot
 from otel_ofu.producer.metrics_data import MetricsDataBuilder, compute_snapshot, env_resource
+from otel_ofu.producer.prometheus import LatestSnapshotCollector
+from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.sources.capture import CaptureWriter, ReplaySource
 from otel_ofu.sources.simulated import GpuFault, JobSpec, ProfileKind, SimGpu, SimulatedFleet, run_for
 
@@ -222,3 +226,27 @@ def test_capture_records_and_replays_them(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert '"energy":{"joules":' in lines[0]
     assert '"throttle":{"power":' in lines[0]
+
+
+def test_prometheus_endpoint_serves_energy_as_a_counter_and_throttle_by_reason() -> None:
+    fleet, clock = faulty_fleet()
+    snapshot = run_for(fleet, clock, 10, 10)[-1]
+    collector = LatestSnapshotCollector()
+    collector.update(compute_snapshot(snapshot), SelfMetrics(start_ns=0))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    reading = next(r for r in snapshot.readings if r.gpu.uuid == "GPU-1")
+    assert reading.energy is not None
+    energy = {s.name: s for s in families["gpu_energy_joules"].samples if s.labels["hw_id"] == "GPU-1"}
+    assert energy["gpu_energy_joules_total"].value == pytest.approx(reading.energy.joules)
+    (created,) = (s for s in families["gpu_energy_joules_created"].samples if s.labels["hw_id"] == "GPU-1")
+    assert created.value == pytest.approx(fleet.start_ns / 1e9)  # the counter's start, as its _created
+    (power,) = (s for s in families["gpu_power_watts"].samples if s.labels["hw_id"] == "GPU-1")
+    assert power.value == pytest.approx(reading.power_w)
+    shares = {
+        s.labels["gpu_throttle_reason"]: s.value
+        for s in families["gpu_throttle"].samples
+        if s.labels["hw_id"] == "GPU-1"
+    }
+    assert shares == dict(reading.throttle)
