@@ -13,6 +13,7 @@ Per reading:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import attrs
@@ -99,6 +100,9 @@ def known_values(reading: GpuReading) -> dict[str, float]:
             known[name] = check(name, value)
         except ofu_math.InvalidReading:
             continue
+    power = reading.power_w
+    if power is not None and math.isfinite(power) and power >= 0:
+        known[names.GPU_POWER.name] = power  # the board draws power whether or not its OFU can be had
     return known
 
 

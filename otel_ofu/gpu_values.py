@@ -7,12 +7,14 @@ Used by the producer, the snapshot command and the demo alike.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
 from otel_ofu import catalog, names, ofu_math
-from otel_ofu.model import GpuReading
+from otel_ofu.model import EnergyCounter, GpuReading
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +67,12 @@ class GpuValues:
     flops_achieved: float | None = None
     sm_active: float | None = None
     dram_active: float | None = None
+    power_w: float | None = None
+    energy: EnergyCounter | None = None  # exported as the cumulative sum gpu.energy
+    throttle: Mapping[str, float] = attrs.field(factory=dict)  # gpu.throttle by gpu.throttle.reason
 
     def as_metrics(self) -> dict[str, float]:
-        """Metric name -> value for every value that is known."""
+        """Metric name -> value for every known gauge without attributes (not gpu.energy, gpu.throttle)."""
         values: dict[str, float | None] = {
             names.GPU_OFU.name: self.ofu,
             names.GPU_OFU_RAW.name: self.ofu_raw,
@@ -77,8 +82,18 @@ class GpuValues:
             names.GPU_FLOPS_ACHIEVED.name: self.flops_achieved,
             names.GPU_SM_ACTIVE.name: self.sm_active,
             names.GPU_DRAM_ACTIVE.name: self.dram_active,
+            names.GPU_POWER.name: self.power_w,
         }
         return {name: value for name, value in values.items() if value is not None}
+
+    def as_json(self) -> dict[str, Any]:
+        """Every known value keyed by metric name; gpu.throttle as ``{reason: share}``."""
+        values: dict[str, Any] = dict(self.as_metrics())
+        if self.energy is not None:
+            values[names.GPU_ENERGY.name] = self.energy.joules
+        if self.throttle:
+            values[names.GPU_THROTTLE.name] = dict(self.throttle)
+        return values
 
 
 class _SaidOnce:
@@ -165,4 +180,21 @@ def compute(
         flops_achieved=ofu_math.achieved_flops(value, peak),
         sm_active=_optional_fraction("SM active", reading.sm_active),
         dram_active=_optional_fraction("DRAM active", reading.dram_active),
+        **loss_inputs(reading),
     )
+
+
+def loss_inputs(reading: GpuReading) -> dict[str, Any]:
+    """Power, energy and throttle shares of a reading that are valid; the others are left out."""
+    power = reading.power_w
+    energy = reading.energy
+    throttle = {
+        reason: share
+        for reason, share in reading.throttle.items()
+        if reason in names.ThrottleReason.ALL and _optional_fraction("throttle share", share) is not None
+    }
+    return {
+        "power_w": power if power is not None and math.isfinite(power) and power >= 0 else None,
+        "energy": energy if energy is not None and math.isfinite(energy.joules) and energy.joules >= 0 else None,
+        "throttle": throttle,
+    }

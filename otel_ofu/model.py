@@ -65,6 +65,15 @@ class CycleCounters:
 
 
 @attrs.frozen
+class EnergyCounter:
+    """The board's energy counter as a cumulative sum: joules used since ``start_ns`` (when the source
+    first read the counter, or since it went back)."""
+
+    joules: float
+    start_ns: int
+
+
+@attrs.frozen
 class GpuReading:
     """What one GPU reported for one interval ``[start_ns, end_ns]``. ``None`` means not read."""
 
@@ -77,6 +86,9 @@ class GpuReading:
     sm_active: float | None = None
     dram_active: float | None = None
     cycles: CycleCounters | None = None
+    power_w: float | None = None  # over the interval where an energy counter gives it, else instantaneous
+    energy: EnergyCounter | None = None
+    throttle: Mapping[str, float] = attrs.field(factory=dict)  # gpu.throttle.reason -> share; absent: unknown
     # Training-side truth a simulated source knows (ground-truth OFU, the framework's MFU);
     # real sources leave these None. Never exported as GPU metrics.
     truth_ofu: float | None = None

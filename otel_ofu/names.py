@@ -29,7 +29,7 @@ class MetricSpec:
     description: str
 
 
-# --- Producer metrics (one Resource per GPU, all gauges) --------------------------------------------
+# --- Producer metrics (one Resource per GPU; gauges, gpu.energy a sum) ------------------------------
 
 GPU_OFU: Final = MetricSpec(
     "gpu.ofu",
@@ -51,7 +51,7 @@ GPU_FLOPS_ACHIEVED: Final = MetricSpec(
 GPU_SM_ACTIVE: Final = MetricSpec("gpu.sm.active", "1", "gauge", "Fraction of cycles an SM had a warp resident")
 GPU_DRAM_ACTIVE: Final = MetricSpec("gpu.dram.active", "1", "gauge", "Fraction of cycles the DRAM interface was busy")
 
-PRODUCER_METRICS: Final = (
+PRODUCER_METRICS: tuple[MetricSpec, ...] = (  # extended by the power/throttle block below
     GPU_OFU,
     GPU_OFU_RAW,
     GPU_TENSOR_ACTIVE,
@@ -173,9 +173,6 @@ class OfuLossCause:
 
     ALL = (IDLE, CLOCK, TENSOR)
 
-
-# The throttle reason a straggler carries when throttling explains it (the producer's gpu.throttle attribute).
-GPU_THROTTLE_REASON: Final = "gpu.throttle.reason"
 
 # --- Collector partial state (merge mode) ------------------------------------------------------------
 # A shard replica also exports its fleet co-moments over the horizon (one value per job: its mean OFU and
@@ -417,3 +414,107 @@ PROCESS_ENV_KEYS: Final = (
 # A hint only (GpuIdentity.hints), never exported: the MIG device's own UUID, which the kubelet's
 # PodResources API lists for MIG allocations. Sources that know it (NVML) may set it.
 HINT_MIG_UUID: Final = "gpu.mig.uuid"
+
+# --- Where OFU is lost: power, energy and clock throttling (producer inputs) -------------------------
+# Kept apart from the blocks above so the metrics of issue 11 read as one piece. Units: power in W over
+# the interval, the board's energy counter in J, throttle as the share of the interval the SM clock was
+# held down for a reason (violation-time counters where the source has them, else the reasons bitmask
+# sampled through the interval).
+
+GPU_POWER: Final = MetricSpec(
+    "gpu.power", "W", "gauge", "Power draw over the interval (energy counter delta / time where the board has one)"
+)
+GPU_ENERGY: Final = MetricSpec(
+    "gpu.energy", "J", "sum", "Energy the board used since the start time (its energy counter, monotonic, cumulative)"
+)
+GPU_THROTTLE: Final = MetricSpec(
+    "gpu.throttle", "1", "gauge", "Share of the interval the SM clock was held down, by gpu.throttle.reason"
+)
+LOSS_INPUT_METRICS: Final = (GPU_POWER, GPU_ENERGY, GPU_THROTTLE)
+PRODUCER_METRICS = (*PRODUCER_METRICS, *LOSS_INPUT_METRICS)  # one tuple of every producer metric
+
+GPU_THROTTLE_REASON: Final = "gpu.throttle.reason"
+
+
+class ThrottleReason:
+    """Values of ``gpu.throttle.reason``: why the SM clock was held below its maximum."""
+
+    POWER = "power"  # the board's power cap (software power capping)
+    THERMAL = "thermal"  # GPU or memory temperature (software or hardware thermal slowdown)
+    HW_SLOWDOWN = "hw_slowdown"  # hardware slowdown by 2x or more (power brake, fast power trigger)
+    SYNC_BOOST = "sync_boost"  # held to the slowest GPU of its sync-boost group
+    APP_CLOCK = "app_clock"  # applications clocks set below the maximum
+    OTHER = "other"  # board limit, reliability, display clocks
+
+    ALL = (POWER, THERMAL, HW_SLOWDOWN, SYNC_BOOST, APP_CLOCK, OTHER)
+
+
+# nvmlClocksEventReason* bits (nvml.h; the same bits as DCGM_CLOCKS_EVENT_REASON_* of field 112) -> reason.
+# GPU idle (0x1) is left out on purpose: an idle GPU's low clock costs no tensor work (its loss is "idle").
+CLOCKS_EVENT_REASON_GPU_IDLE: Final = 0x1
+CLOCKS_EVENT_REASON_BITS: Final = {
+    0x0000000000000002: ThrottleReason.APP_CLOCK,  # ApplicationsClocksSetting
+    0x0000000000000004: ThrottleReason.POWER,  # SwPowerCap
+    0x0000000000000008: ThrottleReason.HW_SLOWDOWN,  # HwSlowdown
+    0x0000000000000010: ThrottleReason.SYNC_BOOST,  # SyncBoost
+    0x0000000000000020: ThrottleReason.THERMAL,  # SwThermalSlowdown
+    0x0000000000000040: ThrottleReason.THERMAL,  # HwThermalSlowdown
+    0x0000000000000080: ThrottleReason.HW_SLOWDOWN,  # HwPowerBrakeSlowdown
+    0x0000000000000100: ThrottleReason.OTHER,  # DisplayClockSetting
+    0x0000000000000200: ThrottleReason.OTHER,  # BoardLimit
+    0x0000000000000400: ThrottleReason.OTHER,  # Reliability
+}
+
+# NVML: nvmlDeviceGetPowerUsage (mW), nvmlDeviceGetTotalEnergyConsumption (mJ since the driver loaded),
+# nvmlDeviceGetCurrentClocksEventReasons (the bitmask above), nvmlDeviceGetViolationStatus(policy) ->
+# nvmlViolationTime_t {referenceTime (us), violationTime (ns, cumulative)}.
+NVML_PERF_POLICY_POWER: Final = 0
+NVML_PERF_POLICY_THERMAL: Final = 1
+NVML_PERF_POLICY_SYNC_BOOST: Final = 2
+NVML_PERF_POLICY_BOARD_LIMIT: Final = 3
+NVML_PERF_POLICY_LOW_UTILIZATION: Final = 4  # an idle GPU: not a throttle (see the GPU idle bit)
+NVML_PERF_POLICY_RELIABILITY: Final = 5
+# Violation counters by reason; several counters of one reason add up (capped at the whole interval).
+NVML_VIOLATION_POLICIES: Final = {
+    NVML_PERF_POLICY_POWER: ThrottleReason.POWER,
+    NVML_PERF_POLICY_THERMAL: ThrottleReason.THERMAL,
+    NVML_PERF_POLICY_SYNC_BOOST: ThrottleReason.SYNC_BOOST,
+    NVML_PERF_POLICY_BOARD_LIMIT: ThrottleReason.OTHER,
+    NVML_PERF_POLICY_RELIABILITY: ThrottleReason.OTHER,
+}
+
+# DCGM fields. 155 is a double in W (DCGM 4.6 tags it DCGM_FI_DEV_BOARD_POWER_WATTS), 156 an int64 in mJ
+# since the driver loaded, 112 the bitmask, 240-245 int64 violation counters read from NVML's
+# NVML_FI_DEV_PERF_POLICY_* field values, in ns (older dcgm_fields.h comments said usec; the values were
+# always NVML's nanoseconds).
+DCGM_FI_DEV_CLOCKS_EVENT_REASONS: Final = 112  # formerly DCGM_FI_DEV_CLOCK_THROTTLE_REASONS
+DCGM_FI_DEV_POWER_USAGE: Final = 155
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: Final = 156
+DCGM_FI_DEV_POWER_VIOLATION: Final = 240
+DCGM_FI_DEV_THERMAL_VIOLATION: Final = 241
+DCGM_FI_DEV_SYNC_BOOST_VIOLATION: Final = 242
+DCGM_FI_DEV_BOARD_LIMIT_VIOLATION: Final = 243
+DCGM_FI_DEV_LOW_UTIL_VIOLATION: Final = 244  # idle, not read
+DCGM_FI_DEV_RELIABILITY_VIOLATION: Final = 245
+DCGM_VIOLATION_FIELDS: Final = {
+    DCGM_FI_DEV_POWER_VIOLATION: ThrottleReason.POWER,
+    DCGM_FI_DEV_THERMAL_VIOLATION: ThrottleReason.THERMAL,
+    DCGM_FI_DEV_SYNC_BOOST_VIOLATION: ThrottleReason.SYNC_BOOST,
+    DCGM_FI_DEV_BOARD_LIMIT_VIOLATION: ThrottleReason.OTHER,
+    DCGM_FI_DEV_RELIABILITY_VIOLATION: ThrottleReason.OTHER,
+}
+DCGM_VIOLATION_UNIT_NS: Final = 1  # nanoseconds per unit of the violation fields
+
+# dcgm-exporter's metric names for them (the violation fields are not in its default counters file).
+DCGM_EXPORTER_POWER_USAGE: Final = "DCGM_FI_DEV_POWER_USAGE"
+DCGM_EXPORTER_POWER_USAGE_46: Final = "DCGM_FI_DEV_BOARD_POWER_WATTS"
+DCGM_EXPORTER_TOTAL_ENERGY: Final = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+DCGM_EXPORTER_CLOCKS_EVENT_REASONS: Final = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+DCGM_EXPORTER_CLOCK_THROTTLE_REASONS: Final = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+DCGM_EXPORTER_VIOLATIONS: Final = {
+    "DCGM_FI_DEV_POWER_VIOLATION": ThrottleReason.POWER,
+    "DCGM_FI_DEV_THERMAL_VIOLATION": ThrottleReason.THERMAL,
+    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION": ThrottleReason.SYNC_BOOST,
+    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION": ThrottleReason.OTHER,
+    "DCGM_FI_DEV_RELIABILITY_VIOLATION": ThrottleReason.OTHER,
+}

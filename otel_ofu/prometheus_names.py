@@ -26,7 +26,16 @@ from typing import Final
 _INVALID_METRIC: Final = re.compile(r"[^a-zA-Z0-9_:]")
 _INVALID_LABEL: Final = re.compile(r"[^a-zA-Z0-9_]")
 _ANNOTATION: Final = re.compile(r"\{[^}]*\}")
-_UNIT_WORDS: Final = {"Hz": "hertz", "s": "seconds", "ms": "milliseconds", "By": "bytes", "%": "percent", "1": ""}
+_UNIT_WORDS: Final = {
+    "Hz": "hertz",
+    "s": "seconds",
+    "ms": "milliseconds",
+    "By": "bytes",
+    "%": "percent",
+    "1": "",
+    "W": "watts",
+    "J": "joules",
+}
 _PER_WORDS: Final = {"s": "second", "m": "minute", "h": "hour", "d": "day"}
 
 

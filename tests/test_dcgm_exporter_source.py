@@ -389,3 +389,112 @@ def test_404_and_urls() -> None:
 
 def test_not_found_path(exporter: ExporterServer) -> None:
     assert "HTTP 404" in _only_scrape_error(read_once(exporter.url("/nope")))
+
+
+# --- power, energy, throttling ------------------------------------------------------------------------------
+
+_LABELS = (
+    'gpu="{gpu}",UUID="GPU-{gpu}a7e2c1-0000-4000-8000-00000000000{gpu}",pci_bus_id="00000000:{bus}:00.0",'
+    'device="nvidia{gpu}",modelName="NVIDIA H100 80GB HBM3",Hostname="node-7",DCGM_FI_DRIVER_VERSION="550.54.15"'
+)
+
+
+def power_scrape(energy_mj: int, power_violation_ns: int, reasons: int) -> str:
+    """A scrape in dcgm-exporter's shape (HELP/TYPE as its counters file words them, its label set), written
+    for this test: GPU 0 with the energy counter, two violation counters and the throttle bitmask enabled,
+    GPU 1 with the default counters only (power usage). None of the real samples carries these series."""
+    gpu0, gpu1 = _LABELS.format(gpu=0, bus="19"), _LABELS.format(gpu=1, bus="3B")
+    return f"""\
+# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).
+# TYPE DCGM_FI_DEV_SM_CLOCK gauge
+DCGM_FI_DEV_SM_CLOCK{{{gpu0}}} 1755
+DCGM_FI_DEV_SM_CLOCK{{{gpu1}}} 1980
+# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{{{gpu0}}} 650.000000
+DCGM_FI_DEV_POWER_USAGE{{{gpu1}}} 300.250000
+# HELP DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION Total energy consumption since boot (in mJ).
+# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{gpu0}}} {energy_mj}
+# HELP DCGM_FI_DEV_POWER_VIOLATION Throttling duration due to power constraints (in us).
+# TYPE DCGM_FI_DEV_POWER_VIOLATION counter
+DCGM_FI_DEV_POWER_VIOLATION{{{gpu0}}} {power_violation_ns}
+# HELP DCGM_FI_DEV_THERMAL_VIOLATION Throttling duration due to thermal constraints (in us).
+# TYPE DCGM_FI_DEV_THERMAL_VIOLATION counter
+DCGM_FI_DEV_THERMAL_VIOLATION{{{gpu0}}} 0
+# HELP DCGM_FI_DEV_CLOCK_THROTTLE_REASONS Current clock throttle reasons.
+# TYPE DCGM_FI_DEV_CLOCK_THROTTLE_REASONS gauge
+DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{gpu0}}} {reasons}
+# HELP DCGM_FI_PROF_PIPE_TENSOR_ACTIVE Ratio of cycles the tensor (HMMA) pipe is active.
+# TYPE DCGM_FI_PROF_PIPE_TENSOR_ACTIVE gauge
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{gpu0}}} 0.512000
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{gpu1}}} 0.250000
+"""
+
+
+def test_power_energy_and_throttle_from_the_exporter(exporter: ExporterServer) -> None:
+    url = exporter.serve(power_scrape(123_456_789, 5_000_000_000, 0x4))
+    source = DcgmExporterSource(url, clock=Ticks())
+    first = by_key(source.read())
+    exporter.serve(power_scrape(123_456_789 + 7_000_000, 7_500_000_000, 0x0))
+    second = by_key(source.read())
+    source.close()
+
+    gpu0, gpu1 = "GPU-0a7e2c1-0000-4000-8000-000000000000", "GPU-1a7e2c1-0000-4000-8000-000000000001"
+    start = first[gpu0]
+    assert isinstance(start, GpuReading)
+    assert start.power_w == 650.0  # the counter has no delta yet: the exporter's power reading
+    assert start.energy is not None
+    assert start.energy.joules == 0.0
+    assert start.throttle == {reason: float(reason == "power") for reason in names.ThrottleReason.ALL}
+    reading = second[gpu0]
+    assert isinstance(reading, GpuReading)
+    assert reading.power_w == pytest.approx(700.0)  # 7000 J over the 10 s between scrapes
+    assert reading.energy is not None
+    assert reading.energy.joules == pytest.approx(7000.0)
+    assert reading.energy.start_ns == start.end_ns  # the first scrape that saw the counter
+    assert reading.throttle == pytest.approx(
+        {"power": 0.25, "thermal": 0.0, "hw_slowdown": 0.0, "sync_boost": 0.0, "app_clock": 0.0, "other": 0.0}
+    )
+    other = second[gpu1]
+    assert isinstance(other, GpuReading)
+    assert (other.power_w, other.energy, dict(other.throttle)) == (300.25, None, {})
+
+
+def test_a_scrape_that_repeats_the_previous_refresh_does_not_read_as_unthrottled(exporter: ExporterServer) -> None:
+    url = exporter.serve(power_scrape(1_000_000, 0, 0x0))
+    source = DcgmExporterSource(url, clock=Ticks())
+    source.read()
+    exporter.serve(power_scrape(1_000_000, 4_000_000_000, 0x0))  # the exporter had not refreshed energy yet
+    stale = by_key(source.read())
+    exporter.serve(power_scrape(13_000_000, 10_000_000_000, 0x0))
+    fresh = by_key(source.read())
+    source.close()
+
+    gpu0 = "GPU-0a7e2c1-0000-4000-8000-000000000000"
+    stale_reading, fresh_reading = stale[gpu0], fresh[gpu0]
+    assert isinstance(stale_reading, GpuReading)
+    assert isinstance(fresh_reading, GpuReading)
+    assert stale_reading.power_w == 650.0  # no counter delta: the instantaneous reading
+    assert stale_reading.throttle[names.ThrottleReason.POWER] == 0.0  # from the bitmask alone
+    assert fresh_reading.power_w == pytest.approx(600.0)  # 12000 J over the 20 s since the counter last moved
+    assert fresh_reading.throttle[names.ThrottleReason.POWER] == pytest.approx(0.5)  # 10 s of violation in 20 s
+
+
+def test_mig_instances_keep_the_gpu_throttle_but_not_a_copy_of_the_board_power(exporter: ExporterServer) -> None:
+    labels = (
+        'gpu="0",UUID="GPU-7f1c0000-0000-4000-8000-000000000000",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",'
+        'GPU_I_PROFILE="3g.40gb",GPU_I_ID="{gi}",Hostname="node-7"'
+    )
+    body = "".join(
+        f"DCGM_FI_DEV_SM_CLOCK{{{labels.format(gi=gi)}}} 1755\n"
+        f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels.format(gi=gi)}}} 0.3\n"
+        f"DCGM_FI_DEV_POWER_USAGE{{{labels.format(gi=gi)}}} 512.0\n"  # the board's, printed per instance
+        f"DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{labels.format(gi=gi)}}} 32\n"  # SW thermal slowdown
+        for gi in (1, 2)
+    )
+    snapshot = read_once(exporter.serve(body), clock=Ticks())
+    assert len(snapshot.readings) == 2
+    for reading in snapshot.readings:
+        assert reading.power_w is None
+        assert reading.throttle[names.ThrottleReason.THERMAL] == 1.0

@@ -324,3 +324,77 @@ def test_no_supported_gpus_is_unavailable(bindings: tuple[Path, dict[str, Any]])
     with pytest.raises(SourceUnavailable, match="sees no supported GPUs"):
         DcgmSource.open(paths=[path])
     assert state["calls"] == ["group destroyed", "shutdown"]
+
+
+# --- power, energy, throttling ----------------------------------------------------------------------------
+
+
+def test_power_energy_and_violation_shares_from_dcgm_fields(bindings: tuple[Path, dict[str, Any]]) -> None:
+    path, state = bindings
+    state["known"] |= {112, 155, 156, 240, 241, 242, 243, 245}
+    state["gpus"] = state["gpus"][:1]
+    second = 1_000_000  # DCGM timestamps are in us
+    core = {(0, 100): (1755, 1), (0, 1004): (0.5, 1)}
+    state["values"] = {
+        **core,
+        (0, 155): (612.5, 10 * second),  # W
+        (0, 156): (9_000_000_000, 10 * second),  # mJ since the driver loaded
+        (0, 112): (0x4, 10 * second),  # SW power cap, sampled once
+        (0, 240): (50 * 10**9, 10 * second),  # ns of violation so far
+        (0, 241): (10**9, 10 * second),
+    }
+    source = DcgmSource.open(clock=Ticks(), paths=[path])
+    assert {112, 155, 156, 240, 241, 242, 243, 245} <= set(state["watched"])
+    (first,) = source.read().readings
+    assert first.power_w == 612.5  # no energy delta yet: the field's own reading
+    assert first.energy is not None
+    assert (first.energy.joules, first.energy.start_ns) == (0.0, 10 * 10**9)
+    assert first.throttle == {reason: 1.0 if reason == "power" else 0.0 for reason in names.ThrottleReason.ALL}
+
+    state["values"].update(
+        {
+            (0, 155): (640.0, 20 * second),
+            (0, 156): (9_000_000_000 + 6_000_000, 20 * second),  # +6000 J in 10 s
+            (0, 112): (0x0, 20 * second),
+            (0, 240): (50 * 10**9 + 4 * 10**9, 20 * second),  # +4 s of 10
+            (0, 241): (10**9, 20 * second),
+        }
+    )
+    (reading,) = source.read().readings
+    assert reading.power_w == 600.0  # 6000 J / 10 s, not the instantaneous 640 W
+    assert reading.energy is not None
+    assert (reading.energy.joules, reading.energy.start_ns) == (6000.0, 10 * 10**9)
+    assert reading.throttle == pytest.approx(
+        {"power": 0.4, "thermal": 0.0, "hw_slowdown": 0.0, "sync_boost": 0.0, "app_clock": 0.0, "other": 0.0}
+    )
+    source.close()
+
+
+def test_a_host_engine_without_the_power_fields_still_reads_ofu_and_leaves_them_absent(
+    bindings: tuple[Path, dict[str, Any]],
+) -> None:
+    path, state = bindings
+    state["gpus"] = state["gpus"][:1]
+    state["values"] = {(0, 100): (1755, 1), (0, 1004): (0.5, 1)}
+    source = DcgmSource.open(clock=Ticks(), paths=[path])
+    assert 155 not in state["watched"]  # this DCGM knows none of them: watched without
+    (reading,) = source.read().readings
+    assert (reading.power_w, reading.energy, dict(reading.throttle)) == (None, None, {})
+    source.close()
+
+
+def test_blank_power_fields_are_absent_not_zero(bindings: tuple[Path, dict[str, Any]]) -> None:
+    path, state = bindings
+    state["known"] |= {112, 155, 156, 240, 241, 242, 243, 245}
+    state["gpus"] = state["gpus"][:1]
+    state["values"] = {
+        (0, 100): (1755, 1),
+        (0, 1004): (0.5, 1),
+        (0, 155): (140737488355328.0, 1),  # DCGM_FP64_BLANK
+        (0, 156): (9223372036854775794, 1),  # INT64 not supported
+        (0, 112): (9223372036854775792, 1),  # DCGM_INT64_BLANK
+    }
+    source = DcgmSource.open(clock=Ticks(), paths=[path])
+    (reading,) = source.read().readings
+    assert (reading.power_w, reading.energy, dict(reading.throttle)) == (None, None, {})
+    source.close()

@@ -78,6 +78,7 @@ def test_fake_struct_layouts_match_pynvml(fake: FakeNvml) -> None:
         "nvmlGpmMetricsGet_t.metrics": pynvml.c_nvmlGpmMetricsGet_t.metrics.offset,
         "nvmlProcessInfo_t": ctypes.sizeof(pynvml.c_nvmlProcessInfo_v3_t),
         "nvmlGpmSupport_t": ctypes.sizeof(pynvml.c_nvmlGpmSupport_t),
+        "nvmlViolationTime_t": ctypes.sizeof(pynvml.c_nvmlViolationTime_t),
     }
 
 

@@ -540,7 +540,16 @@ def test_simulated_fleet_through_grpc_matches_its_truth(sink: OtlpSink) -> None:
         reading = readings[attributes[names.HW_ID]]
         assert attributes[names.HOST_NAME] == reading.gpu.host
         assert attributes[names.JOB_ID] == reading.gpu.hints[names.JOB_ID]  # the source's own attribution hints
-        got = {metric.name: metric.gauge.data_points[0] for metric in rm.scope_metrics[0].metrics}
+        metrics = rm.scope_metrics[0].metrics
+        # gpu.energy is a sum and gpu.throttle a point per reason: the rest are one-point gauges.
+        got = {
+            m.name: m.gauge.data_points[0] for m in metrics if m.HasField("gauge") and m.name != names.GPU_THROTTLE.name
+        }
+        (energy,) = (m.sum for m in metrics if m.name == names.GPU_ENERGY.name)
+        assert energy.is_monotonic
+        assert energy.data_points[0].start_time_unix_nano == fleet.start_ns  # cumulative since the counter's start
+        (throttle,) = (m.gauge for m in metrics if m.name == names.GPU_THROTTLE.name)
+        assert len(throttle.data_points) == len(names.ThrottleReason.ALL)
         expected = compute(reading, precision=reading.gpu.hints.get(names.GPU_PRECISION)).as_metrics()
         assert {name: point.as_double for name, point in got.items()} == pytest.approx(expected)
         ofu = got[names.GPU_OFU.name]

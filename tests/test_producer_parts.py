@@ -156,6 +156,9 @@ def test_prometheus_names_follow_the_conventions() -> None:
         "gpu.flops.achieved": "gpu_flops_achieved_per_second",
         "gpu.sm.active": "gpu_sm_active",
         "gpu.dram.active": "gpu_dram_active",
+        "gpu.power": "gpu_power_watts",
+        "gpu.energy": "gpu_energy_joules",
+        "gpu.throttle": "gpu_throttle",
         "otel_ofu.source.errors": "otel_ofu_source_errors",  # exposed with _total
         "otel_ofu.export.failures": "otel_ofu_export_failures",
         "otel_ofu.export.duration": "otel_ofu_export_duration_seconds",

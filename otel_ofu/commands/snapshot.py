@@ -74,7 +74,7 @@ def snapshot_lines(
         if samples and (samples[0].gpu, samples[0].start_ns) == (reading.gpu, reading.start_ns):
             sample = samples.popleft()
             line = _line(sample.gpu, sample.attributes)
-            line.update(sample.values.as_metrics())
+            line.update(sample.values.as_json())
         else:
             failed = partial.popleft()
             line = _line(failed.gpu, failed.attributes)

@@ -90,6 +90,14 @@ typedef struct {
     unsigned int computeInstanceId;
 } nvmlProcessInfo_t; /* nvmlProcessInfo_v2_t, which pynvml uses for the _v3 call */
 
+typedef struct {
+    unsigned long long referenceTime; /* CPU timestamp in microseconds */
+    unsigned long long violationTime; /* nanoseconds, cumulative */
+} nvmlViolationTime_t;
+
+#define MAX_POLICY 12 /* NVML_PERF_POLICY_COUNT */
+
+_Static_assert(sizeof(nvmlViolationTime_t) == 16, "nvmlViolationTime_t size");
 _Static_assert(offsetof(nvmlGpmMetric_t, value) == 8, "nvmlGpmMetric_t.value offset");
 _Static_assert(sizeof(nvmlGpmMetric_t) == 40, "nvmlGpmMetric_t size");
 _Static_assert(offsetof(nvmlGpmMetricsGet_t, metrics) == 24, "nvmlGpmMetricsGet_t.metrics offset");
@@ -125,6 +133,16 @@ typedef struct {
     int gpm_supported;
     int mig_mode; /* -1: not MIG capable, 0: disabled, 1: enabled */
     unit_t units[1 + MAX_MIG];
+    /* Power, energy and clock events; each is NOT_SUPPORTED until a fake_* call gives it a value. */
+    int power_supported;
+    unsigned int power_mw;
+    int energy_supported;
+    unsigned long long energy_mj;
+    int reasons_supported;
+    unsigned long long reasons;
+    int violation_supported[MAX_POLICY];
+    unsigned long long violation_ns[MAX_POLICY];
+    unsigned long long reference_us;
 } device_t;
 
 typedef struct {
@@ -371,6 +389,59 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
     LOCKED_RETURN(NVML_SUCCESS);
 }
 
+/* --- NVML: power, energy, clock events -------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *milliwatts) {
+    pthread_mutex_lock(&lock);
+    int code = device_check("nvmlDeviceGetPowerUsage", device);
+    if (code != NVML_SUCCESS) LOCKED_RETURN(code);
+    device_t *d = &devices[device->dev];
+    if (device->unit != 0 || !d->power_supported) LOCKED_RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *milliwatts = d->power_mw;
+    LOCKED_RETURN(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *millijoules) {
+    pthread_mutex_lock(&lock);
+    int code = device_check("nvmlDeviceGetTotalEnergyConsumption", device);
+    if (code != NVML_SUCCESS) LOCKED_RETURN(code);
+    device_t *d = &devices[device->dev];
+    if (device->unit != 0 || !d->energy_supported) LOCKED_RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *millijoules = d->energy_mj;
+    LOCKED_RETURN(NVML_SUCCESS);
+}
+
+static nvmlReturn_t event_reasons(const char *entry, nvmlDevice_t device, unsigned long long *reasons) {
+    int code = device_check(entry, device);
+    if (code != NVML_SUCCESS) return code;
+    device_t *d = &devices[device->dev];
+    if (device->unit != 0 || !d->reasons_supported) return NVML_ERROR_NOT_SUPPORTED;
+    *reasons = d->reasons;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons) {
+    pthread_mutex_lock(&lock);
+    LOCKED_RETURN(event_reasons("nvmlDeviceGetCurrentClocksEventReasons", device, reasons));
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons) {
+    pthread_mutex_lock(&lock);
+    LOCKED_RETURN(event_reasons("nvmlDeviceGetCurrentClocksThrottleReasons", device, reasons));
+}
+
+nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, int policy, nvmlViolationTime_t *violation) {
+    pthread_mutex_lock(&lock);
+    int code = device_check("nvmlDeviceGetViolationStatus", device);
+    if (code != NVML_SUCCESS) LOCKED_RETURN(code);
+    device_t *d = &devices[device->dev];
+    if (policy < 0 || policy >= MAX_POLICY) LOCKED_RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (device->unit != 0 || !d->violation_supported[policy]) LOCKED_RETURN(NVML_ERROR_NOT_SUPPORTED);
+    violation->referenceTime = d->reference_us;
+    violation->violationTime = d->violation_ns[policy];
+    LOCKED_RETURN(NVML_SUCCESS);
+}
+
 /* --- NVML: MIG ---------------------------------------------------------------------------------- */
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
@@ -583,6 +654,52 @@ long fake_clock_calls(int dev) {
     return calls;
 }
 
+/* Power usage in mW from now on; makes nvmlDeviceGetPowerUsage supported. */
+int fake_set_power(int dev, unsigned int milliwatts) {
+    pthread_mutex_lock(&lock);
+    if (!device_ok(dev)) LOCKED_RETURN(-1);
+    devices[dev].power_supported = 1;
+    devices[dev].power_mw = milliwatts;
+    LOCKED_RETURN(0);
+}
+
+/* Advances the total energy counter (mJ); makes nvmlDeviceGetTotalEnergyConsumption supported. */
+int fake_advance_energy(int dev, unsigned long long millijoules) {
+    pthread_mutex_lock(&lock);
+    if (!device_ok(dev)) LOCKED_RETURN(-1);
+    devices[dev].energy_supported = 1;
+    devices[dev].energy_mj += millijoules;
+    LOCKED_RETURN(0);
+}
+
+/* Sets the energy counter outright (a driver reload starts it again from 0). */
+int fake_set_energy(int dev, unsigned long long millijoules) {
+    pthread_mutex_lock(&lock);
+    if (!device_ok(dev)) LOCKED_RETURN(-1);
+    devices[dev].energy_supported = 1;
+    devices[dev].energy_mj = millijoules;
+    LOCKED_RETURN(0);
+}
+
+/* The clocks event reasons bitmask from now on; makes both reasons entry points supported. */
+int fake_set_event_reasons(int dev, unsigned long long reasons) {
+    pthread_mutex_lock(&lock);
+    if (!device_ok(dev)) LOCKED_RETURN(-1);
+    devices[dev].reasons_supported = 1;
+    devices[dev].reasons = reasons;
+    LOCKED_RETURN(0);
+}
+
+/* Advances a perf policy's violation time (ns) and the reference time (us); makes the policy supported. */
+int fake_advance_violation(int dev, int policy, unsigned long long ns, unsigned long long reference_us) {
+    pthread_mutex_lock(&lock);
+    if (!device_ok(dev) || policy < 0 || policy >= MAX_POLICY) LOCKED_RETURN(-1);
+    devices[dev].violation_supported[policy] = 1;
+    devices[dev].violation_ns[policy] += ns;
+    devices[dev].reference_us += reference_us;
+    LOCKED_RETURN(0);
+}
+
 int fake_set_gpm_supported(int dev, int supported) {
     pthread_mutex_lock(&lock);
     if (!device_ok(dev)) LOCKED_RETURN(-1);
@@ -712,6 +829,7 @@ long fake_sizeof(int which) {
         case 1: return (long)offsetof(nvmlGpmMetricsGet_t, metrics);
         case 2: return (long)sizeof(nvmlProcessInfo_t);
         case 3: return (long)sizeof(nvmlGpmSupport_t);
+        case 4: return (long)sizeof(nvmlViolationTime_t);
         default: return -1;
     }
 }

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import attrs
-from opentelemetry.sdk.metrics.export import Gauge, Metric, MetricsData, NumberDataPoint, ResourceMetrics, ScopeMetrics
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -94,7 +103,25 @@ def _point(attributes: Mapping[str, AttributeValue], start_ns: int, end_ns: int,
 
 def _gauge(name: str, points: list[NumberDataPoint]) -> Metric:
     spec = _METRIC_SPECS[name]
-    return Metric(name=spec.name, description=spec.description, unit=spec.unit, data=Gauge(data_points=points))
+    if spec.kind == "sum":  # gpu.energy: the board's counter since its start time
+        data: Gauge | Sum = Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=True)
+    else:
+        data = Gauge(data_points=points)
+    return Metric(name=spec.name, description=spec.description, unit=spec.unit, data=data)
+
+
+def _sample_points(
+    sample: GpuSample, point_attributes: Mapping[str, AttributeValue]
+) -> Iterator[tuple[str, NumberDataPoint]]:
+    """(metric name, point) of every known value of the sample: the gauges, gpu.energy, gpu.throttle by reason."""
+    for name, value in sample.values.as_metrics().items():
+        yield name, _point(point_attributes, sample.start_ns, sample.end_ns, value)
+    energy = sample.values.energy
+    if energy is not None:
+        yield names.GPU_ENERGY.name, _point(point_attributes, energy.start_ns, sample.end_ns, energy.joules)
+    for reason, share in sample.values.throttle.items():
+        attributes = {**point_attributes, names.GPU_THROTTLE_REASON: reason}
+        yield names.GPU_THROTTLE.name, _point(attributes, sample.start_ns, sample.end_ns, share)
 
 
 @attrs.define
@@ -150,8 +177,10 @@ class MetricsDataBuilder:
             resource = self._resource(sample.attributes)
             point_attributes = self._identity(sample.attributes) if self.placement == "both" else {}
             metrics = grouped.setdefault(resource, [])
-            for name, value in sample.values.as_metrics().items():
-                metrics.append(_gauge(name, [_point(point_attributes, sample.start_ns, sample.end_ns, value)]))
+            by_name: dict[str, list[NumberDataPoint]] = {}
+            for name, point in _sample_points(sample, point_attributes):
+                by_name.setdefault(name, []).append(point)
+            metrics.extend(_gauge(name, points) for name, points in by_name.items())
         return list(grouped.items())
 
     def _host_level(self, samples: Sequence[GpuSample]) -> list[tuple[Resource, list[Metric]]]:
@@ -165,8 +194,8 @@ class MetricsDataBuilder:
         points: dict[str, list[NumberDataPoint]] = {}
         for sample in samples:
             point_attributes = self._identity(sample.attributes)
-            for name, value in sample.values.as_metrics().items():
-                points.setdefault(name, []).append(_point(point_attributes, sample.start_ns, sample.end_ns, value))
+            for name, point in _sample_points(sample, point_attributes):
+                points.setdefault(name, []).append(point)
         metrics = [_gauge(name, pts) for name, pts in points.items()]
         return [(self._resource(shared), metrics)]
 

@@ -58,8 +58,29 @@ class LatestSnapshotCollector(Collector):
                     family = families[name] = GaugeMetricFamily(PROMETHEUS_NAMES[name], spec.description, labels=labels)
                 family.add_metric(values, value)
         yield from families.values()
+        yield from _loss_families(latest, labels)
         if self_metrics is not None:
             yield from _self_families(self_metrics)
+
+
+def _loss_families(latest: ComputedSnapshot, labels: list[str]) -> Iterator[Metric]:
+    """gpu.energy as a counter (``_total``, ``_created`` at its start) and gpu.throttle with a reason label."""
+    energy_spec, throttle_spec = names.GPU_ENERGY, names.GPU_THROTTLE
+    energy = CounterMetricFamily(PROMETHEUS_NAMES[energy_spec.name], energy_spec.description, labels=labels)
+    reason = label_name(names.GPU_THROTTLE_REASON)
+    shares = GaugeMetricFamily(
+        PROMETHEUS_NAMES[throttle_spec.name], throttle_spec.description, labels=[*labels, reason]
+    )
+    for sample in latest.samples:
+        values = _label_values(sample.attributes, labels)
+        counter = sample.values.energy
+        if counter is not None:
+            energy.add_metric(values, counter.joules, created=counter.start_ns / 1e9)
+        for cause, share in sample.values.throttle.items():
+            shares.add_metric([*values, cause], share)
+    for family in (energy, shares):
+        if family.samples:
+            yield family
 
 
 def _spec(name: str) -> names.MetricSpec:

@@ -21,11 +21,11 @@ from typing import Any, TextIO
 import attrs
 
 from otel_ofu import names
-from otel_ofu.model import CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
+from otel_ofu.model import CycleCounters, EnergyCounter, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
 
 FORMAT_KEY = "otel_ofu_capture"
 FORMAT_VERSION = 1
-FLOAT_VALUES = ("tensor_active", "sm_clock_hz", "max_sm_clock_hz", "sm_active", "dram_active", "truth_ofu")
+FLOAT_VALUES = ("tensor_active", "sm_clock_hz", "max_sm_clock_hz", "sm_active", "dram_active", "truth_ofu", "power_w")
 
 
 def identity_to_json(gpu: GpuIdentity) -> dict[str, Any]:
@@ -52,6 +52,7 @@ def reading_to_json(reading: GpuReading) -> dict[str, Any]:
             "sm_cycles_elapsed": reading.cycles.sm_cycles_elapsed,
             "mma_cycles_active": reading.cycles.mma_cycles_active,
         }
+    values.update(loss_inputs_to_json(reading))
     return {
         "type": "reading",
         "start_ns": reading.start_ns,
@@ -72,6 +73,38 @@ def error_to_json(error: GpuError) -> dict[str, Any]:
 
 class CaptureFormatError(ValueError):
     """A line that is not a capture record of a version we read."""
+
+
+def loss_inputs_to_json(reading: GpuReading) -> dict[str, Any]:
+    """``energy`` as ``{"joules", "start_ns"}`` and ``throttle`` as ``{reason: share}``, where known."""
+    values: dict[str, Any] = {}
+    if reading.energy is not None and math.isfinite(reading.energy.joules):
+        values["energy"] = {"joules": reading.energy.joules, "start_ns": reading.energy.start_ns}
+    throttle = {reason: share for reason, share in reading.throttle.items() if math.isfinite(share)}
+    if throttle:
+        values["throttle"] = throttle
+    return values
+
+
+def loss_inputs_from_json(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``energy`` and ``throttle`` of a reading's values (CaptureFormatError when malformed)."""
+    fields: dict[str, Any] = {}
+    if "energy" in values:
+        raw = _expect(values["energy"], dict, "values.energy")
+        joules = float(_expect(raw.get("joules"), (int, float), "energy.joules"))
+        if not math.isfinite(joules):
+            raise CaptureFormatError("energy.joules is not finite")
+        fields["energy"] = EnergyCounter(joules, _expect(raw.get("start_ns"), int, "energy.start_ns"))
+    if "throttle" in values:
+        raw = _expect(values["throttle"], dict, "values.throttle")
+        throttle = {}
+        for reason, share in raw.items():
+            number = float(_expect(share, (int, float), f"throttle.{reason}"))
+            if not math.isfinite(number):
+                raise CaptureFormatError(f"throttle.{reason} is not finite")
+            throttle[str(reason)] = number
+        fields["throttle"] = throttle
+    return fields
 
 
 def _expect(value: object, kind: type | tuple[type, ...], what: str) -> Any:
@@ -114,7 +147,7 @@ def record_from_json(data: Mapping[str, Any]) -> GpuReading | GpuError | None:
     if kind != "reading":
         raise CaptureFormatError(f"unknown record type {kind!r}")
     values = _expect(data.get("values", {}), dict, "values")
-    floats: dict[str, float] = {}
+    floats: dict[str, Any] = {}
     for key in FLOAT_VALUES:
         if key in values:
             value = float(_expect(values[key], (int, float), f"values.{key}"))
@@ -136,6 +169,7 @@ def record_from_json(data: Mapping[str, Any]) -> GpuReading | GpuError | None:
         cycles=cycles,
         truth_precision=None if precision is None else _expect(precision, str, "values.truth_precision"),
         **floats,
+        **loss_inputs_from_json(values),
     )
 
 

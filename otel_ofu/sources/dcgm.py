@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from otel_ofu import names
+from otel_ofu import names, throttle
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
 from otel_ofu.sources import keep_values
 
@@ -122,6 +122,13 @@ CORE_FIELDS: tuple[int, ...] = (
     names.DCGM_FI_PROF_DRAM_ACTIVE,
 )
 CYCLE_FIELDS: tuple[int, ...] = (names.DCGM_FI_PROF_SM_CYCLES_ELAPSED, names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE)
+# Power, energy and throttling: watched where the host engine knows them, never needed for OFU.
+LOSS_FIELDS: tuple[int, ...] = (
+    names.DCGM_FI_DEV_POWER_USAGE,
+    names.DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+    names.DCGM_FI_DEV_CLOCKS_EVENT_REASONS,
+    *names.DCGM_VIOLATION_FIELDS,
+)
 PROFILING_FIELDS = frozenset(
     {
         names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
@@ -219,15 +226,18 @@ class DcgmBindings:
         update_us = max(int(update_interval_s * 1e6), 100_000)  # DCGM's profiling minimum is 100 ms
         self._field_group: Any = None
         # Newest first: with the cycle counters (DCGM 4.6+), without them, and without profiling at all
-        # (a GPU or host engine that refuses profiling still gives clocks, and says why TPA is missing).
-        attempts = (CORE_FIELDS + CYCLE_FIELDS, CORE_FIELDS, tuple(f for f in CORE_FIELDS if f not in PROFILING_FIELDS))
+        # (a GPU or host engine that refuses profiling still gives clocks, and says why TPA is missing);
+        # each first with the power and throttle fields, which a host engine may not know.
+        bases = (CORE_FIELDS + CYCLE_FIELDS, CORE_FIELDS, tuple(f for f in CORE_FIELDS if f not in PROFILING_FIELDS))
+        attempts = tuple(fields for base in bases for fields in (base + LOSS_FIELDS, base))
         last_error: Exception | None = None
         for fields in attempts:
             try:
                 self._field_group = agent.dcgmFieldGroupCreate(handle, list(fields), tag)
                 agent.dcgmWatchFields(handle, self._group, self._field_group, update_us, 3600.0, 0)
             except structs.DCGMError as error:
-                last_error = error
+                if fields in bases:  # a host engine that lacks a loss field is not why profiling failed
+                    last_error = error
                 self._destroy_field_group()
                 continue
             self._watched = frozenset(fields)
@@ -325,6 +335,8 @@ class DcgmSource:
     name: str = "dcgm"
     _previous_ns: int | None = attrs.field(default=None, init=False)
     _cycles: CycleTracker = attrs.field(factory=CycleTracker, init=False)
+    _energy: throttle.EnergyTracker = attrs.field(factory=throttle.EnergyTracker, init=False)
+    _violations: throttle.ViolationTracker = attrs.field(factory=throttle.ViolationTracker, init=False)
 
     @classmethod
     def open(
@@ -356,7 +368,8 @@ class DcgmSource:
             by_gpu.setdefault(value.gpu_id, {})[value.field_id] = value
         gpus = self._backend.gpus()
         results = [item for gpu in gpus for item in self._one(gpu, by_gpu.get(gpu.gpu_id, {}), start, now)]
-        self._cycles.forget(gpu.uuid for gpu in self._backend.gpus())
+        for tracker in (self._cycles, self._energy, self._violations):
+            tracker.forget(gpu.uuid for gpu in gpus)
         return split(results)
 
     def _one(
@@ -389,6 +402,7 @@ class DcgmSource:
             sm_active=number(names.DCGM_FI_PROF_SM_ACTIVE),
             dram_active=number(names.DCGM_FI_PROF_DRAM_ACTIVE),
             cycles=cycles,
+            **self._loss_inputs(gpu.uuid, fields, now),
         )
         result = reading_or_error(reading)
         if isinstance(result, GpuError):
@@ -399,6 +413,41 @@ class DcgmSource:
                 reason = _status_reason(tensor.status)
                 result = attrs.evolve(result, reason=reason, message=f"{result.message} (DCGM status {tensor.status})")
         return keep_values(reading, result)  # what the GPU did give stays beside the error
+
+    def _loss_inputs(self, key: str, fields: dict[int, FieldValue], now: int) -> dict[str, Any]:
+        """Power (156's delta over its own timestamps, else 155), energy (156, mJ) and throttle shares
+        (violation fields 240-245 in ns, else the one bitmask sample of field 112) as GpuReading fields."""
+
+        def number(field_id: int, *, counter: bool = False) -> float | None:
+            field = fields.get(field_id)
+            return None if field is None else dcgm_number(field.value, counter=counter)
+
+        def stamp(field_id: int) -> int:
+            return fields[field_id].ts_us * 1000 or now  # DCGM's own time of the value: a stale one spans 0
+
+        result: dict[str, Any] = {}
+        observation = None
+        millijoules = number(names.DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, counter=True)
+        if millijoules is not None:
+            observation = self._energy.update(
+                key, millijoules / 1000.0, stamp(names.DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
+            )
+            result["energy"] = observation.energy
+        result["power_w"] = throttle.interval_power(observation, number(names.DCGM_FI_DEV_POWER_USAGE))
+        counters = {
+            field_id: value * names.DCGM_VIOLATION_UNIT_NS
+            for field_id in names.DCGM_VIOLATION_FIELDS
+            if (value := number(field_id, counter=True)) is not None
+        }
+        shares: dict[str, float] = {}
+        if counters:
+            at = max(stamp(field_id) for field_id in counters)
+            by_reason = throttle.sum_by_reason(counters, names.DCGM_VIOLATION_FIELDS)
+            shares = self._violations.update(key, by_reason, at)
+        bitmask = number(names.DCGM_FI_DEV_CLOCKS_EVENT_REASONS)
+        sampled = throttle.bitmask_shares([] if bitmask is None else [int(bitmask)])
+        result["throttle"] = throttle.merge_shares(shares, sampled)
+        return result
 
     def close(self) -> None:
         self._backend.close()

@@ -14,11 +14,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 from prometheus_client.parser import text_string_to_metric_families
 
-from otel_ofu import names
+from otel_ofu import names, throttle
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
 from otel_ofu.sources import keep_values
 from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
@@ -53,9 +54,20 @@ METRICS: Mapping[str, str] = {
     names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE: "mma_cycles_active",
     names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE_TOTAL: "mma_cycles_active",
 }
-COUNTERS = frozenset({"sm_cycles_elapsed", "mma_cycles_active"})
-# The SM clock belongs to the physical GPU: a MIG instance without its own takes its parent's.
-GPU_WIDE = ("sm_clock_mhz", "max_sm_clock_mhz")
+# Power, energy and throttling; each violation counter is its own value (two of them feed "other").
+LOSS_METRICS: Mapping[str, str] = {
+    names.DCGM_EXPORTER_POWER_USAGE: "power_w",
+    names.DCGM_EXPORTER_POWER_USAGE_46: "power_w",
+    names.DCGM_EXPORTER_TOTAL_ENERGY: "energy_mj",
+    names.DCGM_EXPORTER_CLOCKS_EVENT_REASONS: "clocks_event_reasons",
+    names.DCGM_EXPORTER_CLOCK_THROTTLE_REASONS: "clocks_event_reasons",
+    **{metric: metric for metric in names.DCGM_EXPORTER_VIOLATIONS},
+}
+METRICS = {**METRICS, **LOSS_METRICS}
+COUNTERS = frozenset({"sm_cycles_elapsed", "mma_cycles_active", "energy_mj", *names.DCGM_EXPORTER_VIOLATIONS})
+# The SM clock and its throttling belong to the physical GPU: a MIG instance without its own takes its
+# parent's. Power and energy do not: the board's power on each instance would be counted once per instance.
+GPU_WIDE = ("sm_clock_mhz", "max_sm_clock_mhz", "clocks_event_reasons", *names.DCGM_EXPORTER_VIOLATIONS)
 
 
 class ScrapeError(Exception):
@@ -141,6 +153,8 @@ class DcgmExporterSource:
     name: str = "dcgm-exporter"
     _previous_ns: int = attrs.field(init=False, default=0)
     _cycles: CycleTracker = attrs.field(init=False, factory=CycleTracker)
+    _energy: throttle.EnergyTracker = attrs.field(init=False, factory=throttle.EnergyTracker)
+    _violations: throttle.ViolationTracker = attrs.field(init=False, factory=throttle.ViolationTracker)
 
     def __attrs_post_init__(self) -> None:
         self._previous_ns = self.clock()
@@ -183,7 +197,8 @@ class DcgmExporterSource:
                     if field in parents[uuid].values:
                         entry.values.setdefault(field, parents[uuid].values[field])
             results.extend(self._reading(uuid, entry, start, now))
-        self._cycles.forget(item.gpu.key for item in results if item.gpu is not None)
+        for tracker in (self._cycles, self._energy, self._violations):
+            tracker.forget(item.gpu.key for item in results if item.gpu is not None)
         return split(results)
 
     def _identity(self, uuid: str, labels: Mapping[str, str]) -> GpuIdentity:
@@ -232,12 +247,43 @@ class DcgmExporterSource:
             sm_active=values.get("sm_active"),
             dram_active=values.get("dram_active"),
             cycles=cycles,
+            **self._loss_inputs(identity.key, values, now, board=identity.mig_instance_id is None),
         )
         blank = " (blank sentinel or NaN)" if {"tensor_active", "sm_clock_mhz"} & entry.blank else ""
         result = reading_or_error(reading)
         if isinstance(result, GpuError) and blank:
             result = attrs.evolve(result, message=result.message + blank)
         return keep_values(reading, result)
+
+    def _loss_inputs(self, key: str, values: Mapping[str, float], now: int, *, board: bool) -> dict[str, Any]:
+        """Power, energy and throttle shares of one scrape entry as GpuReading fields.
+
+        dcgm-exporter refreshes its values on its own period (30 s by default) and prints no timestamps:
+        a scrape whose energy counter has not moved repeats the previous refresh, so violation counters
+        are not differenced on it (they would read as an unthrottled interval). Power and energy are the
+        board's (``board``): a MIG instance's copy of them is left out, or the board would count per instance.
+        """
+        result: dict[str, Any] = {}
+        observation = None
+        if not board:
+            values = {name: value for name, value in values.items() if name not in ("energy_mj", "power_w")}
+        if "energy_mj" in values:
+            observation = self._energy.update(key, values["energy_mj"] / 1000.0, now)
+            result["energy"] = observation.energy
+        result["power_w"] = throttle.interval_power(observation, values.get("power_w"))
+        counters = {
+            metric: values[metric] * names.DCGM_VIOLATION_UNIT_NS
+            for metric in names.DCGM_EXPORTER_VIOLATIONS
+            if metric in values
+        }
+        shares: dict[str, float] = {}
+        if counters and not (observation is not None and observation.stale):
+            by_reason = throttle.sum_by_reason(counters, names.DCGM_EXPORTER_VIOLATIONS)
+            shares = self._violations.update(key, by_reason, now)
+        bitmask = values.get("clocks_event_reasons")
+        sampled = throttle.bitmask_shares([] if bitmask is None else [int(bitmask)])
+        result["throttle"] = throttle.merge_shares(shares, sampled)
+        return result
 
     def close(self) -> None:
         """Nothing to release: every scrape opens and closes its own connection."""

@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import pynvml
 
-from otel_ofu import names
+from otel_ofu import names, throttle
 from otel_ofu.gpu_values import say_once
 from otel_ofu.model import (
     Clock,
@@ -151,6 +151,9 @@ class _Gpu:
     clock_sum_mhz: float = 0.0
     clock_count: int = 0
     clock_failure: _Failure | None = None
+    reasons_samples: list[int] = attrs.Factory(list)  # clocks event reasons, sampled with the clock
+    # NVML calls this GPU does not support (NOT_SUPPORTED once): not asked again until re-acquired.
+    unsupported: set[str] = attrs.Factory(set)
 
     @property
     def key(self) -> str:
@@ -158,6 +161,7 @@ class _Gpu:
 
     def reset_clocks(self) -> None:
         self.clock_sum_mhz, self.clock_count, self.clock_failure = 0.0, 0, None
+        self.reasons_samples = []
 
 
 @attrs.frozen
@@ -201,6 +205,8 @@ class NvmlSource:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._gpus: list[_Gpu] = []
+        self._energy = throttle.EnergyTracker()
+        self._violations = throttle.ViolationTracker()
         self._open(library)
         if background and clock_sample_hz > 0:
             self._thread = threading.Thread(
@@ -263,7 +269,12 @@ class NvmlSource:
             raise
         gpu.uuid, gpu.identity, gpu.handle, gpu.max_clock_hz, gpu.units = uuid, identity, handle, max_clock_hz, units
         gpu.index = index
+        gpu.unsupported = set()
         gpu.reset_clocks()
+        try:
+            self._loss_inputs(gpu, now)  # baselines of the energy and violation counters
+        except _Failure as failure:
+            log.debug("NVML GPU %s: no power or throttle baseline yet: %s", gpu.key, failure)
 
     def _max_clock(self, handle: Any) -> float | None:
         try:
@@ -338,6 +349,13 @@ class NvmlSource:
                     continue
                 gpu.clock_sum_mhz += mhz
                 gpu.clock_count += 1
+                try:
+                    reasons = _optional(gpu, "nvmlDeviceGetCurrentClocksEventReasons", _event_reasons, gpu.handle)
+                except _Failure as failure:  # the GPU is gone: the read re-acquires it
+                    gpu.clock_failure = failure
+                    continue
+                if reasons is not None:
+                    gpu.reasons_samples.append(int(reasons))
 
     def read(self) -> Snapshot:
         readings: list[GpuReading] = []
@@ -372,8 +390,41 @@ class NvmlSource:
             Reason.NO_VALUE, "GPU acquired: its first interval starts now", gpu=gpu.identity, gpu_key=gpu.key
         )
 
+    def _loss_inputs(self, gpu: _Gpu, now: int) -> dict[str, Any]:
+        """Power, energy and throttle shares of the interval ending now (GpuReading fields); the energy and
+        violation counters' deltas span from their previous read. Raises ``_Failure`` when the GPU is gone."""
+        handle, key = gpu.handle, gpu.key
+        fields: dict[str, Any] = {}
+        observation = None
+        millijoules = _optional(
+            gpu, "nvmlDeviceGetTotalEnergyConsumption", pynvml.nvmlDeviceGetTotalEnergyConsumption, handle
+        )
+        if millijoules is not None:
+            observation = self._energy.update(key, float(millijoules) / 1000.0, now)
+            fields["energy"] = observation.energy
+        milliwatts = None
+        if observation is None or observation.power_w is None:
+            milliwatts = _optional(gpu, "nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage, handle)
+        fields["power_w"] = throttle.interval_power(observation, None if milliwatts is None else milliwatts / 1000.0)
+        counters: dict[int, float] = {}
+        for policy in names.NVML_VIOLATION_POLICIES:
+            status = _optional(
+                gpu, f"nvmlDeviceGetViolationStatus/{policy}", pynvml.nvmlDeviceGetViolationStatus, handle, policy
+            )
+            if status is not None:
+                counters[policy] = float(status.violationTime)
+        by_reason = throttle.sum_by_reason(counters, names.NVML_VIOLATION_POLICIES)
+        counter_shares = self._violations.update(key, by_reason, now) if by_reason else {}
+        reasons = gpu.reasons_samples
+        if not reasons:  # no sample in the interval (no sampler thread): one taken now
+            sample = _optional(gpu, "nvmlDeviceGetCurrentClocksEventReasons", _event_reasons, handle)
+            reasons = [] if sample is None else [int(sample)]
+        fields["throttle"] = throttle.merge_shares(counter_shares, throttle.bitmask_shares(reasons))
+        return fields
+
     def _read_gpu(self, gpu: _Gpu, now: int) -> tuple[list[GpuReading], list[GpuError]]:
         """The GPU's readings and per-unit errors; raises ``_Failure`` when the GPU itself is gone."""
+        loss_inputs = self._loss_inputs(gpu, now)
         clock_hz, clock_problem = self._interval_clock(gpu)
         readings: list[GpuReading] = []
         errors: list[GpuError] = []
@@ -411,6 +462,9 @@ class NvmlSource:
                     sm_active=gpm.sm_active if gpm is not None else None,
                     dram_active=gpm.dram_active if gpm is not None else None,
                     cycles=cycles,
+                    # Power and energy are the board's: on the GPU, never repeated on each MIG instance.
+                    # The clock and its throttling are GPU-wide, like the SM clock.
+                    **(loss_inputs if unit.gpu_instance_id is None else {"throttle": loss_inputs["throttle"]}),
                 )
             )
             if problem is not None:
@@ -553,6 +607,33 @@ def _init_failure(code: int, text: str) -> str:
 
 def _sm_clock_mhz(handle: Any) -> float:
     return float(_nvml("nvmlDeviceGetClockInfo", pynvml.nvmlDeviceGetClockInfo, handle, names.NVML_CLOCK_SM))
+
+
+def _event_reasons(handle: Any) -> int:
+    """The clocks event reasons bitmask; drivers before the 'event' rename have only the throttle call."""
+    try:
+        return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    except pynvml.NVMLError_FunctionNotFound:
+        return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+def _optional(gpu: _Gpu, call: str, fn: Any, *args: Any) -> Any:
+    """An optional reading (power, energy, throttling): None when not there, never an error of the GPU.
+
+    NOT_SUPPORTED is remembered so the call is not made again; a lost GPU or driver raises as any call.
+    """
+    if call in gpu.unsupported:
+        return None
+    try:
+        return _nvml(call, fn, *args)
+    except _Failure as failure:
+        if failure.reason in _REACQUIRE:
+            raise
+        if failure.reason == Reason.NOT_SUPPORTED:
+            gpu.unsupported.add(call)
+        else:
+            log.debug("NVML %s on %s: %s", call, gpu.key, failure)
+        return None
 
 
 def _error_text(code: int) -> str:

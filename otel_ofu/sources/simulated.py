@@ -17,6 +17,10 @@ How it behaves like hardware:
 * Clocks boost near the board max (1980 MHz on H100 SXM) with a small load droop and jitter in 15 MHz
   bins, fall into power-throttle stretches (~1600-1750 MHz on H100) now and then, and sit at the idle
   clock when a GPU does nothing.
+* Board power follows load and clock (idle ~10% of a 700 W limit, dynamic power ~ f^3), with an energy
+  counter and the share of each interval power or temperature held the clock down, as a board with
+  violation counters reports them. ``SimGpu.fault`` adds a ``power_cap`` GPU (a 420 W limit: clocks held
+  to stay under it) or a ``thermal`` one (thermal slowdown to 0.7 x max for half of every two minutes).
 
 Values a real GPU would never give you are named ``truth_*`` (``GpuReading.truth_ofu``,
 ``truth_precision``) or come from ``interval_truth``, ``truth_ofu`` and ``reported_mfu``; real sources
@@ -37,7 +41,7 @@ import attrs
 
 from otel_ofu import catalog, names
 from otel_ofu.clock import ManualClock, wall_clock
-from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot
+from otel_ofu.model import Clock, CycleCounters, EnergyCounter, GpuError, GpuIdentity, GpuReading, Snapshot
 
 H100_SXM_NAME = "NVIDIA H100 80GB HBM3"
 SCHEDULER = "static"
@@ -54,6 +58,23 @@ _OUTAGE_DURATION_S = (15.0, 45.0)
 _OUTAGE_REASONS = (names.ErrorReason.GPU_LOST, names.ErrorReason.NO_VALUE)  # codes 1 and 2
 # Framework MFU noise: relative, per reported interval.
 _MFU_NOISE = 0.015
+# Board power as fractions of the power limit (H100 SXM: 700 W, ~70 W idle): idle + dynamic power that
+# grows with load and like f^3 with the clock (P ~ f V^2, V ~ f near the top of the curve).
+_POWER_LIMIT_W = 700.0
+_IDLE_POWER_FRACTION = 0.1
+_POWER_CAP_FRACTION = 0.6  # a "power_cap" GPU's enforced limit (420 W on a 700 W board)
+# A "thermal" GPU overheats in cycles: the second half of every period at the thermal slowdown clock.
+_THERMAL_PERIOD_S = 120.0
+_THERMAL_CLOCK_FRACTION = 0.7
+
+
+class GpuFault:
+    """Faults a simulated GPU can have besides flakiness; each holds the SM clock down for a reason."""
+
+    POWER_CAP = "power_cap"  # its power limit is set well below the board's: clocks held to stay under it
+    THERMAL = "thermal"  # it overheats in cycles: software thermal slowdown for half of every cycle
+
+    ALL = (POWER_CAP, THERMAL)
 
 
 class ProfileKind:
@@ -173,6 +194,9 @@ class SimGpu:
     max_clock_mhz: float
     job_id: str
     flaky: bool = False
+    fault: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(GpuFault.ALL))
+    )
 
     @property
     def key(self) -> str:
@@ -202,6 +226,9 @@ class _Track:
     cum_mhz: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
     cum_tpa_mhz: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
     cum_ofu: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
+    cum_joules: array[float] = attrs.field(factory=lambda: array("d", [0.0]))  # board energy per step (J/s)
+    cum_power_held: array[float] = attrs.field(factory=lambda: array("d", [0.0]))  # 1 per step held by power
+    cum_thermal_held: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
     outage: bytearray | None = None  # per step: 0 readable, else 1 + index into _OUTAGE_REASONS
     throttle_left: int = 0
     throttle_mhz: float = 0.0
@@ -396,6 +423,7 @@ class SimulatedFleet:
         for k in range(track.steps, upto):
             mid = (k + 0.5) * step
             nominal = job.nominal_tensor_active(mid) * track.straggle
+            boost_held = track.throttle_left > 0 and not idle  # a throttle stretch sets this step's clock
             if idle:
                 tpa = 0.002 if rng.random() < 0.02 else 0.0  # a stray kernel now and then
                 mhz = idle_mhz
@@ -405,7 +433,11 @@ class SimulatedFleet:
                     tpa *= 0.3  # a data-loader or collective stall
                 tpa = min(1.0, max(0.0, tpa))
                 mhz = self._next_clock(track, nominal, max_mhz)
+            mhz, watts, power_held, thermal_held = self._limits(track, mid, 0.0 if idle else nominal, mhz, boost_held)
             ofu = tpa * min(mhz / tensor_mhz, 1.0)
+            track.cum_joules.append(track.cum_joules[-1] + watts)
+            track.cum_power_held.append(track.cum_power_held[-1] + power_held)
+            track.cum_thermal_held.append(track.cum_thermal_held[-1] + thermal_held)
             track.cum_tpa.append(track.cum_tpa[-1] + tpa)
             track.cum_mhz.append(track.cum_mhz[-1] + mhz)
             track.cum_tpa_mhz.append(track.cum_tpa_mhz[-1] + tpa * mhz)
@@ -423,6 +455,34 @@ class SimulatedFleet:
             track.throttle_mhz = max_mhz * rng.uniform(*_THROTTLE_RANGE)
         droop = 40.0 * load + abs(rng.gauss(0.0, 20.0))
         return _quantize(max_mhz - droop, max_mhz)
+
+    def _limits(
+        self, track: _Track, t_s: float, load: float, mhz: float, boost_held: bool
+    ) -> tuple[float, float, float, float]:
+        """The step's clock after the GPU's power and thermal limits, its power (W), and whether power
+        or temperature held the clock down (1.0 or 0.0). No random draws: series stay the same per seed."""
+        max_mhz = track.gpu.max_clock_mhz
+        idle_w = _POWER_LIMIT_W * _IDLE_POWER_FRACTION
+        activity = min(1.0, 0.3 + 1.2 * load) if load > 0 else 0.0
+
+        def power(clock_mhz: float) -> float:
+            return idle_w + (_POWER_LIMIT_W - idle_w) * activity * (clock_mhz / max_mhz) ** 3
+
+        # The boost clock's own throttle stretches (see _next_clock) are the board's power limit at work.
+        power_held = 1.0 if boost_held and activity > 0 else 0.0
+        thermal_held = 0.0
+        fault = track.gpu.fault
+        if fault == GpuFault.THERMAL and activity > 0 and t_s % _THERMAL_PERIOD_S >= _THERMAL_PERIOD_S / 2:
+            hot = _quantize(max_mhz * _THERMAL_CLOCK_FRACTION, max_mhz)
+            if hot < mhz:
+                mhz, thermal_held = hot, 1.0
+        if fault == GpuFault.POWER_CAP and activity > 0:
+            cap_w = _POWER_LIMIT_W * _POWER_CAP_FRACTION
+            if power(mhz) > cap_w:
+                allowed = max_mhz * ((cap_w - idle_w) / ((_POWER_LIMIT_W - idle_w) * activity)) ** (1.0 / 3.0)
+                mhz = max(_CLOCK_BIN_MHZ, _CLOCK_BIN_MHZ * math.floor(allowed / _CLOCK_BIN_MHZ))
+                power_held = 1.0
+        return mhz, power(mhz), power_held, thermal_held
 
     def _next_outage(self, track: _Track) -> int:
         rng, step = track.rng, self.step_s
@@ -469,6 +529,11 @@ class SimulatedFleet:
             active = min(elapsed, round(self._integral(track.cum_tpa_mhz, ta, tb) * 1e6))
             cycles = CycleCounters(sm_cycles_elapsed=elapsed, mma_cycles_active=active) if elapsed > 0 else None
         busy = tpa > 0.01
+        # As a board with an energy counter and violation counters: power over the interval, energy
+        # since the fleet started, and the share of the interval each limit held the clock down.
+        held = dict.fromkeys(names.ThrottleReason.ALL, 0.0)
+        held[names.ThrottleReason.POWER] = min(1.0, self._integral(track.cum_power_held, ta, tb) / span)
+        held[names.ThrottleReason.THERMAL] = min(1.0, self._integral(track.cum_thermal_held, ta, tb) / span)
         return GpuReading(
             gpu=identity,
             start_ns=start_ns,
@@ -479,6 +544,9 @@ class SimulatedFleet:
             sm_active=min(1.0, 1.6 * tpa + (0.08 if busy else 0.0)),
             dram_active=min(1.0, 0.6 * tpa + (0.05 if busy else 0.0)),
             cycles=cycles,
+            power_w=self._integral(track.cum_joules, ta, tb) / span,
+            energy=EnergyCounter(self._cumulative(track.cum_joules, tb), self._start_ns),
+            throttle=held,
             truth_ofu=min(1.0, max(0.0, self._integral(track.cum_ofu, ta, tb) / span)),
             truth_precision=precision,
         )

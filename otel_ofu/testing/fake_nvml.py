@@ -94,6 +94,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         ctypes.c_double,
         ctypes.c_char_p,
     )
+    c_ulonglong = ctypes.c_ulonglong
     uint_array = ctypes.POINTER(c_uint)
     signatures: dict[str, tuple[type, list[type]]] = {
         "fake_reset": (c_int, []),
@@ -102,6 +103,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         "fake_schedule_clocks": (c_int, [c_int, uint_array, c_int]),
         "fake_clock_calls": (c_long, [c_int]),
         "fake_set_gpm_supported": (c_int, [c_int, c_int]),
+        "fake_set_power": (c_int, [c_int, c_uint]),
+        "fake_advance_energy": (c_int, [c_int, c_ulonglong]),
+        "fake_set_energy": (c_int, [c_int, c_ulonglong]),
+        "fake_set_event_reasons": (c_int, [c_int, c_ulonglong]),
+        "fake_advance_violation": (c_int, [c_int, c_int, c_ulonglong, c_ulonglong]),
         "fake_set_mig_mode": (c_int, [c_int, c_int]),
         "fake_add_mig": (c_int, [c_int, c_uint, c_char_p, c_char_p]),
         "fake_set_metric": (c_int, [c_int, c_int, c_uint, c_double]),
@@ -219,6 +225,28 @@ class FakeNvml:
         """The compute processes nvmlDeviceGetComputeRunningProcesses reports."""
         self._check(self._lib.fake_set_processes(gpu, _gi(gpu_instance_id), _uints(pids), len(pids)))
 
+    # --- power, energy, clock events ------------------------------------------------------------
+
+    def set_power(self, gpu: int, watts: float) -> None:
+        """What nvmlDeviceGetPowerUsage reports from now on (NVML's unit is mW)."""
+        self._check(self._lib.fake_set_power(gpu, round(watts * 1000)))
+
+    def advance_energy(self, gpu: int, joules: float) -> None:
+        """Advances nvmlDeviceGetTotalEnergyConsumption (NVML's unit is mJ)."""
+        self._check(self._lib.fake_advance_energy(gpu, round(joules * 1000)))
+
+    def set_energy(self, gpu: int, joules: float) -> None:
+        """Sets the energy counter outright (0: as after a driver reload)."""
+        self._check(self._lib.fake_set_energy(gpu, round(joules * 1000)))
+
+    def set_event_reasons(self, gpu: int, bitmask: int) -> None:
+        """The clocks event reasons bitmask (nvmlClocksEventReason* bits) from now on."""
+        self._check(self._lib.fake_set_event_reasons(gpu, bitmask))
+
+    def advance_violation(self, gpu: int, policy: int, seconds: float, *, reference_s: float = 0.0) -> None:
+        """Advances nvmlDeviceGetViolationStatus(policy): violation time (ns) and reference time (us)."""
+        self._check(self._lib.fake_advance_violation(gpu, policy, round(seconds * 1e9), round(reference_s * 1e6)))
+
     # --- GPM -----------------------------------------------------------------------------------
 
     def set_metric(self, gpu: int, metric: int, value: float, *, gpu_instance_id: int | None = None) -> None:
@@ -278,7 +306,13 @@ class FakeNvml:
 
     def struct_sizes(self) -> dict[str, int]:
         """Sizes and offsets of the fake's NVML structs, to compare with pynvml's declarations."""
-        keys = ("nvmlGpmMetric_t", "nvmlGpmMetricsGet_t.metrics", "nvmlProcessInfo_t", "nvmlGpmSupport_t")
+        keys = (
+            "nvmlGpmMetric_t",
+            "nvmlGpmMetricsGet_t.metrics",
+            "nvmlProcessInfo_t",
+            "nvmlGpmSupport_t",
+            "nvmlViolationTime_t",
+        )
         return {key: int(self._lib.fake_sizeof(which)) for which, key in enumerate(keys)}
 
     @staticmethod
