@@ -40,7 +40,10 @@ def keep_values(reading: GpuReading, outcome: GpuReading | GpuError) -> tuple[Gp
     error whenever it holds any value: a GPU whose tensor activity is blank still has its clock."""
     if outcome is reading:
         return (reading,)
+    # A value is any field that is set: not None, and not an empty mapping (no throttle reason known).
     has_values = any(
-        getattr(reading, field.name) is not None for field in attrs.fields(GpuReading) if field.name not in _NOT_VALUES
+        getattr(reading, field.name) not in (None, {})
+        for field in attrs.fields(GpuReading)
+        if field.name not in _NOT_VALUES
     )
     return (reading, outcome) if has_values else (outcome,)
