@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 bench-quick: $(STAMP)
-	@if [ -f benchmarks/__main__.py ]; then $(BIN)/python -m benchmarks --quick; fi
+	$(BIN)/pip install -q --no-deps 'openlit>=1.45,<2' && $(BIN)/python -m benchmarks --quick --strict
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,1 +1,1 @@
-"""Benchmarks of otel-ofu (numbers against the DESIGN.md targets, measured side by side in one run)."""
+"""Benchmarks of otel-ofu (numbers against the project's targets, measured side by side in one run)."""
