@@ -172,9 +172,18 @@ def openlit_version() -> str:
         return "-"
 
 
+_OPENLIT: list[tuple[Callable[[], None], int]] = []  # once per process: see openlit_cycle
+
+
 def openlit_cycle() -> tuple[Callable[[], None], int]:
     """OpenLIT's GPU instrumentation on the global MeterProvider (its ``get_meter`` takes the global one),
-    collected by an in-memory reader and encoded by the SDK; returns (cycle, points per collection)."""
+    collected by an in-memory reader and encoded by the SDK; returns (cycle, points per collection).
+
+    Set up once per process: the global MeterProvider can be set only once, and OpenLIT's instrumentor is
+    a singleton that instruments once; later calls reuse the first (pynvml reads whichever library is
+    installed when the callbacks run)."""
+    if _OPENLIT:
+        return _OPENLIT[0]
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader

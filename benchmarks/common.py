@@ -24,9 +24,12 @@ from typing import Any
 import attrs
 
 JSON_SCHEMA = 1
-# ``--strict`` fails a ratio target only when it is missed by more than this (relative): the spread of the
-# quick ratios measured on the shared 2-core CI machine (benchmarks/RESULTS.md, producer section).
-RATIO_MARGIN = 0.15
+# ``--strict`` fails a ratio target only when it is missed by more than this (relative). Measured on the shared
+# 2-core machine this project is built on: the quick ratios, each run 3-4 times in a row
+# (benchmarks/results/ratio_spread.json), spread by up to 26% (max / min - 1; producer / SDK encoder on the
+# fake NVML: 1.85-2.34), 16% (same on the simulator), 7% (collector / Rotel end to end) and 5% (in-process
+# ingest / floor). The margin is the largest, rounded up.
+RATIO_MARGIN = 0.30
 
 
 @attrs.frozen
@@ -312,7 +315,8 @@ def render_markdown(
         "`python -m benchmarks --quick --strict`). Each target is measured against its floor, its peers or",
         "its ground truth in the same run. Kinds: *deterministic* targets give the same number for the same",
         "inputs and any miss fails CI; *ratio* targets compare two timings of one run and fail CI when missed",
-        f"by more than this machine's measured noise margin ({RATIO_MARGIN:.0%}, see the producer section); *absolute*",
+        f"by more than this machine's measured noise margin ({RATIO_MARGIN:.0%}: the largest spread of repeated quick",
+        "runs of the ratios, max / min - 1, was 26%, `benchmarks/results/ratio_spread.json`); *absolute*",
         "times depend on the machine and are reported, never enforced. Rows marked *published* compare with",
         "published figures and are not targets; a study that holds by construction carries no verdict.",
         "",
