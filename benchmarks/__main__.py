@@ -26,6 +26,8 @@ from benchmarks.common import (
     Table,
     Verdict,
     doc_summary,
+    new_figure,
+    save_figure,
     write_markdown,
     write_result,
 )
@@ -124,7 +126,25 @@ def _producer(module: Any, ctx: RunContext) -> BenchResult:
         ),
         verdicts=verdicts,
         data=data,
+        plots=(_producer_plot(ctx, data),),
     )
+
+
+def _producer_plot(ctx: RunContext, data: dict[str, Any]) -> str:
+    """CPU per GPU per cycle: ours, the SDK encoder on our MetricsData, and OpenLIT, per source."""
+    figure, axes = new_figure()
+    sources = data["sources"]
+    width = 0.27
+    for offset, (key, label) in enumerate(
+        (("ours_ms", "otel-ofu cycle"), ("floor_ms", "SDK encoder alone (floor)"), ("openlit_ms", "OpenLIT GPU"))
+    ):
+        xs = [i + (offset - 1) * width for i in range(len(sources))]
+        axes.bar(xs, [e[key] * 1e3 / data["gpus"] for e in sources], width, label=label)
+    axes.set_xticks(range(len(sources)), [e["source"] for e in sources])
+    axes.set_ylabel("us of CPU per GPU per cycle")
+    axes.set_title(f"Producer, {data['gpus']} GPUs: whole cycle vs floor vs OpenLIT")
+    axes.legend(fontsize=8)
+    return save_figure(figure, ctx, "producer")
 
 
 def _collector(module: Any, ctx: RunContext) -> BenchResult:
