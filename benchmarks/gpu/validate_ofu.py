@@ -18,7 +18,7 @@ Tile correction: the kernel cuBLAS picks is not observable from here, so the cor
 precision, the candidate tile that pads the shape least (``benchmarks.studies.tile_quantization
 .estimated_tile``: BF16/FP16 from 128x128x64, 128x256x64, 256x128x64, 64x64x32; TF32 from 128x128x32,
 128x256x32, 64x64x16; FP8 from 128x128x128, 128x256x128, 64x64x64), and OFU_corrected = OFU x 2MNK /
-FLOPs_hw for that tile. Target: within 2 pp of MFU after correction for >= 95% of shapes.
+FLOPs_hw for that tile. DESIGN.md target: within 2 pp of MFU after correction for >= 95% of shapes.
 
 ``--dry-run`` runs the whole pipeline without a GPU: each "GEMM" is a numpy matmul on the CPU (smaller
 shapes), the peak is the CPU's own best measured FLOP/s / 0.25 (so the
@@ -507,7 +507,7 @@ def markdown(rows: Sequence[Row], summary: dict[str, Any], header: dict[str, Any
     verdict = "not measured" if share is None else ("met" if share >= TARGET_SHARE else "**missed**")
     lines += [
         "",
-        f"Target: OFU within {TARGET_PP:g} pp of MFU after tile correction for >= {TARGET_SHARE:.0%} "
+        f"DESIGN.md target: OFU within {TARGET_PP:g} pp of MFU after tile correction for >= {TARGET_SHARE:.0%} "
         f"of shapes: {verdict}"
         + (f" ({share:.0%} of {summary['all']['n_corrected']})" if share is not None else "")
         + (" - dry run: this tests the script, it is not a GPU measurement." if header["dry_run"] else "."),
