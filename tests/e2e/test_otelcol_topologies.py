@@ -934,3 +934,71 @@ def test_a_shard_killed_mid_run_and_restarted_on_its_spool(
     assert max(kill_window) - min(kill_window) <= round(
         (measured["down_s"] + KILL_LATENESS_S + 2 * KILL_WINDOW_S) * 1e9
     )
+
+
+# --- signaltometrics: the real Collector's per-model exponential histogram of gpu.ofu ------------
+
+
+def test_signaltometrics_builds_the_per_model_ofu_histogram(
+    otelcol_binary: Path, start_process: StartProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """producers -> otelcol (signaltometrics: exponential histogram of gpu.ofu by hw.model) -> sink.
+
+    The histogram counts every gpu.ofu point the producers sent, per model (the demo fleet: one, the H100).
+    """
+    monkeypatch.delenv("OTEL_OFU_COLLECTOR_BEARER_TOKEN", raising=False)
+    parts = Parts(start_process, otelcol_binary, tmp_path)
+    port = unused_port()
+    with OtlpSink.start() as sink:
+        config: dict[str, Any] = {
+            "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": f"127.0.0.1:{port}"}}}},
+            "connectors": {
+                "signaltometrics": {
+                    "datapoints": [
+                        {
+                            "name": "gpu.ofu.distribution",
+                            "description": "Per-GPU OFU points, per GPU model",
+                            "unit": "1",
+                            "include_resource_attributes": [{"key": names.HW_MODEL}],
+                            "conditions": [f'metric.name == "{names.GPU_OFU.name}"'],
+                            "exponential_histogram": {"count": "1", "value": "Double(value_int) + value_double"},
+                        }
+                    ]
+                }
+            },
+            "exporters": {"otlp": {"endpoint": f"127.0.0.1:{sink.grpc_port}", "tls": {"insecure": True}}},
+            "service": {
+                "pipelines": {
+                    "metrics/in": {"receivers": ["otlp"], "exporters": ["signaltometrics"]},
+                    "metrics/out": {"receivers": ["signaltometrics"], "exporters": ["otlp"]},
+                }
+            },
+        }
+        parts.otelcol_process(config, "otelcol", port)
+        captures = parts.producers(f"http://127.0.0.1:{port}")
+        want: dict[str, int] = defaultdict(int)
+        for capture in captures:
+            for line in capture.read_text(encoding="utf-8").splitlines():
+                record = json.loads(line)
+                if record.get("type") == "reading" and "tensor_active" in record["values"]:
+                    want[record["gpu"]["model"]] += 1  # a reading with a tensor activity has a gpu.ofu point
+
+        def counted() -> dict[str, int]:
+            """Points counted per hw.model: delta histograms add up, a cumulative one's newest count is the total."""
+            deltas: dict[str, int] = defaultdict(int)
+            cumulative: dict[str, int] = defaultdict(int)
+            for rm, _sm, metric in sink_metrics(sink):
+                if metric.name != "gpu.ofu.distribution":
+                    continue
+                model = attributes(rm.resource.attributes)[names.HW_MODEL]
+                delta = metric.exponential_histogram.aggregation_temporality == 1  # AGGREGATION_TEMPORALITY_DELTA
+                for point in metric.exponential_histogram.data_points:
+                    if delta:
+                        deltas[model] += point.count
+                    else:
+                        cumulative[model] = max(cumulative[model], point.count)
+            return {model: deltas.get(model, 0) + cumulative.get(model, 0) for model in {*deltas, *cumulative}}
+
+        wait_until(lambda: counted() == want, "the histogram counting every gpu.ofu point, per model")
+    assert want
+    assert all(count > 0 for count in want.values())
