@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstalled whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit system-deps bench bench-quick clean helm
+.PHONY: demo test lint typecheck unit system-deps bench bench-quick clean helm otelcol
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,16 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest
 
-test: $(STAMP) system-deps helm lint typecheck unit bench-quick
+# otel-ofu's OpenTelemetry Collector distribution and telemetrygen (collector/otelcol/builder/manifest.yaml),
+# for the end-to-end tests; rebuilt only when missing or the manifest changed.
+OTELCOL := build/otelcol/otelcol-ofu
+$(OTELCOL): collector/otelcol/builder/manifest.yaml collector/otelcol/build.sh
+	bash collector/otelcol/build.sh
+
+otelcol:
+	bash collector/otelcol/build.sh
+
+test: $(STAMP) system-deps helm $(OTELCOL) lint typecheck unit bench-quick
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
