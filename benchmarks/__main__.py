@@ -253,7 +253,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--strict",
         action="store_true",
-        help=f"exit 1 when a deterministic target is missed, or a ratio by more than {RATIO_MARGIN:.0%} "
+        help=f"exit 1 when a deterministic target is missed, or a ratio by more than {round(RATIO_MARGIN * 100)}%% "
         "(this machine's noise); absolute times are reported only",
     )
     return parser.parse_args(argv)
