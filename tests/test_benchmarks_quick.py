@@ -218,3 +218,11 @@ def test_end_to_end_measures_the_real_collector_process_over_grpc() -> None:
     assert row["reports"] == 100 * 8  # 100 measured requests of 8 GPU reports after the warm-up
     assert row["us_per_report"] > 0.0  # the process's own CPU, from /proc, grew while it served them
     assert row["us_per_point"] == pytest.approx(row["us_per_report"] / 8)
+
+
+def test_help_names_every_benchmark_and_the_strict_margin() -> None:
+    result = run_benchmarks("--help")
+    assert result.returncode == 0, result.stderr
+    assert "--strict" in result.stdout
+    assert "%" in result.stdout  # the margin, rendered (a bare % in a help string once broke --help)
+    assert "collector_e2e" in result.stdout
