@@ -25,10 +25,12 @@ from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import WindowConsumer
-from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder
+from otel_ofu_collector.otlp.decode import DEFAULT_MAX_ATTRIBUTE_LENGTH, DEFAULT_MAX_MFU, DecodeOutcome, Decoder
 from otel_ofu_collector.outputs.delivery import Delivery
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
+from otel_ofu_collector.outputs.self_telemetry import SelfTelemetry
+from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 MODES = ("process", "shard", "merge")
 DEFAULT_SHUTDOWN_GRACE_S = 10.0  # the command's --shutdown-grace default too
+REJECTION_LOG_INTERVAL_S = 60.0  # at most one summary line of rejected points this often
 
 
 def _mode(_instance: object, _attribute: object, value: str) -> None:
@@ -66,7 +69,9 @@ class CollectorOptions:
     export_endpoint: str | None = None
     export_protocol: str | None = None  # grpc | http/protobuf; None: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc
     prometheus_port: int | None = None
-    prometheus_host: str = "0.0.0.0"
+    # Loopback by default: the endpoint shows job names and values with neither TLS nor a token, whatever
+    # the receivers require. Exposing it is a choice (--prometheus-host 0.0.0.0), as for the producer.
+    prometheus_host: str = "127.0.0.1"
     pass_through: bool = True
     forward_inputs: bool = False
     spool_path: str | None = None
@@ -80,7 +85,14 @@ class CollectorOptions:
     retry_after_s: float = 1.0
     flush_interval_s: float = 1.0  # 0: no timer, the caller calls flush()
     max_request_bytes: int = MAX_REQUEST_BYTES
+    # The largest request sent downstream: bigger window outputs and pass-through are split to fit.
+    export_max_request_bytes: int = DEFAULT_MAX_EXPORT_BYTES
+    max_attribute_length: int = DEFAULT_MAX_ATTRIBUTE_LENGTH
     max_mfu: float = DEFAULT_MAX_MFU
+    rejection_log_interval_s: float = REJECTION_LOG_INTERVAL_S
+    # The self-metrics go downstream with every batch of closed windows (as the OpenTelemetry Collector's
+    # internal telemetry does), not only to the Prometheus endpoint.
+    self_telemetry: bool = True
     # The outputs' resource beyond service.name and service.instance.id (which stay ours): where this
     # collector runs, from OTEL_RESOURCE_ATTRIBUTES (k8s.*, deployment.environment, ...).
     resource_attributes: Mapping[str, str] = attrs.field(factory=dict)
@@ -122,6 +134,9 @@ class CollectorService:
     _stop_timer: threading.Event = attrs.field(init=False, factory=threading.Event)
     _publish_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _stopped: bool = attrs.field(init=False, default=False)
+    _self_telemetry: SelfTelemetry | None = attrs.field(init=False, default=None)
+    _rejections_logged: dict[str, int] = attrs.field(init=False, factory=dict)
+    _rejections_logged_at: float | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         options = self.options
@@ -134,6 +149,7 @@ class CollectorService:
                 pass_through=options.pass_through,
                 forward_inputs=options.forward_inputs,
                 partial_sink=merger,
+                max_attribute_length=options.max_attribute_length,
             )
         else:
             aggregator = Aggregator(options.aggregator)
@@ -145,6 +161,7 @@ class CollectorService:
                 max_mfu=options.max_mfu,
                 clock=self.clock,
                 max_future_ns=None if options.max_future_skew_s is None else int(options.max_future_skew_s * 1e9),
+                max_attribute_length=options.max_attribute_length,
             )
         transport = self.transport
         if transport is None and configured_endpoint(options.export_endpoint, self.environ) is not None:
@@ -164,6 +181,7 @@ class CollectorService:
                 initial_backoff_s=options.initial_backoff_s,
                 max_backoff_s=options.max_backoff_s,
                 owns_transport=False,
+                max_request_bytes=options.export_max_request_bytes,
             )
             self._window_export = OtlpWindowExport(
                 self.exports, self._resource_attributes(), include_partials=options.include_partials
@@ -176,6 +194,23 @@ class CollectorService:
                     initial_backoff_s=options.initial_backoff_s,
                     max_backoff_s=options.max_backoff_s,
                     owns_transport=False,
+                    max_request_bytes=options.export_max_request_bytes,
+                )
+            if options.self_telemetry:
+                # Its own small memory queue: the counters are cumulative, so a newer snapshot supersedes
+                # a waiting one, and none belongs in the spool of window outputs.
+                self._self_telemetry = SelfTelemetry(
+                    Delivery(
+                        transport,
+                        MemoryQueue(max_items=1),
+                        name="self-metrics",
+                        initial_backoff_s=options.initial_backoff_s,
+                        max_backoff_s=options.max_backoff_s,
+                        owns_transport=False,
+                        max_request_bytes=options.export_max_request_bytes,
+                    ),
+                    self._resource_attributes(),
+                    self.clock,
                 )
 
     # --- receiving ----------------------------------------------------------------------------------
@@ -196,15 +231,13 @@ class CollectorService:
             parts = self._listen()
         except BaseException:
             self._stop_listening()
-            for delivery in (self.exports, self.pass_through):
-                if delivery is not None:
-                    delivery.stop(0)  # closes the spool file; nothing was sent yet
+            for delivery in self._deliveries():
+                delivery.stop(0)  # closes the spool file; nothing was sent yet
             self._close_transport()
             raise
         options = self.options
-        for delivery in (self.exports, self.pass_through):
-            if delivery is not None:
-                delivery.start()
+        for delivery in self._deliveries():
+            delivery.start()
         if options.flush_interval_s > 0:
             self._timer = threading.Thread(target=self._tick, name="otel-ofu-flush", daemon=True)
             self._timer.start()
@@ -288,7 +321,31 @@ class CollectorService:
             with self.decoder.lock:
                 reports = self.aggregator.flush(self.clock() if now_ns is None else now_ns)
             self._publish(reports)
+        self._log_rejections()
         return reports
+
+    def _log_rejections(self, force: bool = False) -> None:
+        """One warning line summing the points rejected since the last one, by reason, at most once per
+        ``rejection_log_interval_s`` (partial_success tells the sender; this tells whoever runs us)."""
+        now = time.monotonic()
+        last = self._rejections_logged_at
+        if not force and last is not None and now - last < self.options.rejection_log_interval_s:
+            return
+        with self.decoder.lock:
+            totals = dict(self.decoder.stats.rejected_by_reason)
+        fresh = {reason: count - self._rejections_logged.get(reason, 0) for reason, count in totals.items()}
+        fresh = {reason: count for reason, count in fresh.items() if count > 0}
+        if not fresh:
+            return
+        self._rejections_logged = totals
+        self._rejections_logged_at = now
+        since = "" if last is None else f" in the last {now - last:.0f} s"
+        logger.warning(
+            "rejected %d data point(s)%s: %s",
+            sum(fresh.values()),
+            since,
+            "; ".join(f"{count} {reason}" for reason, count in sorted(fresh.items())),
+        )
 
     def stop(self, grace: float = DEFAULT_SHUTDOWN_GRACE_S) -> list[WindowReport]:
         """Refuse new requests, let in-flight ones finish, close and export every open window, shut down."""
@@ -305,11 +362,12 @@ class CollectorService:
         with self._publish_lock:
             with self.decoder.lock:
                 reports = self.aggregator.close_all()
-            self._publish(reports)
-        remaining = max(0.5, deadline - time.monotonic())
-        for delivery in (self.exports, self.pass_through):
-            left = delivery.stop(remaining) if delivery is not None else 0
-            if delivery is not None and left:
+            self._publish(reports, final=True)
+        self._log_rejections(force=True)
+        for delivery in self._deliveries():
+            # One deadline for all: each gets what the others left of the grace, not a grace of its own.
+            left = delivery.stop(max(0.0, deadline - time.monotonic()))
+            if left and delivery is not self.telemetry:
                 logger.warning(
                     "%s: %d request(s) not delivered at shutdown%s",
                     delivery.name,
@@ -319,6 +377,16 @@ class CollectorService:
         self._close_transport()  # only now: until both deliveries stopped, either may be mid-send
         self._stop_listening()
         return reports
+
+    @property
+    def telemetry(self) -> Delivery | None:
+        """The sender of the self-metrics downstream (None without a downstream or with them off)."""
+        return None if self._self_telemetry is None else self._self_telemetry.delivery
+
+    def _deliveries(self) -> list[Delivery]:
+        """The senders on the shared transport: window outputs first, then pass-through, then self-metrics."""
+        found = (self.exports, self.pass_through, self.telemetry)
+        return [delivery for delivery in found if delivery is not None]
 
     def _close_transport(self) -> None:
         if self.transport is not None:
@@ -331,9 +399,12 @@ class CollectorService:
         # shards apart by it. (encode sets service.name, the collector's, the same way.)
         return {**self.options.resource_attributes, names.SERVICE_INSTANCE_ID: self.options.instance_id}
 
-    def _publish(self, reports: list[WindowReport]) -> None:
-        """Hand closed windows to every consumer; the caller holds _publish_lock."""
+    def _publish(self, reports: list[WindowReport], final: bool = False) -> None:
+        """Hand closed windows to every consumer, then the self-metrics downstream; the caller holds
+        _publish_lock. ``final``: the last publish, at shutdown, sends the self-metrics even with no window."""
         if not reports:
+            if final and self._self_telemetry is not None:
+                self._self_telemetry.send(self.self_metrics())
             return
         outputs: list[WindowConsumer] = list(self.consumers)
         if self._prometheus is not None:
@@ -345,17 +416,42 @@ class CollectorService:
                 consumer.consume_windows(reports)
             except Exception:  # one broken output must not cost the others
                 logger.exception("window consumer %s failed", type(consumer).__name__)
+        if self._self_telemetry is not None:
+            try:
+                self._self_telemetry.send(self.self_metrics())
+            except Exception:
+                logger.exception("sending the self-metrics downstream failed")
 
     def self_metrics(self) -> dict[str, Any]:
         """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``."""
         decoder = self.decoder.stats
         dropped: dict[str, int] = {}
         queued: dict[str, int] = {}
+        failures: dict[str, int] = {}
+        spool_bytes: int | None = None
         for stream, delivery in (("windows", self.exports), ("pass_through", self.pass_through)):
             if delivery is not None:
                 dropped[f"{stream}_overflow"] = delivery.stats.dropped_overflow
                 dropped[f"{stream}_rejected"] = delivery.stats.dropped_rejected
+                dropped[f"{stream}_oversized"] = delivery.stats.dropped_oversized
                 queued[stream] = len(delivery.queue)
+                failures[stream] = delivery.stats.failures
+                if isinstance(delivery.queue, SqliteSpool):
+                    spool_bytes = delivery.queue.size_bytes
+        state: dict[str, Any] = {}
+        if isinstance(self.aggregator, Aggregator):
+            stats = self.aggregator.stats
+            state = {
+                names.COLLECTOR_EVICTED.name: {"stream": stats.evicted_streams, "job": stats.evicted_jobs},
+                names.COLLECTOR_POINTS_OVER_CAP.name: {
+                    "max_streams": stats.rejected_stream_cap,
+                    "max_jobs": stats.rejected_job_cap,
+                },
+            }
+        if self.exports is not None:
+            state[names.COLLECTOR_EXPORT_FAILURES.name] = failures
+        if spool_bytes is not None:
+            state[names.COLLECTOR_SPOOL_SIZE.name] = spool_bytes
         return {
             names.COLLECTOR_POINTS_ACCEPTED.name: decoder.accepted,
             names.COLLECTOR_POINTS_REJECTED.name: dict(decoder.rejected_by_reason),
@@ -366,4 +462,5 @@ class CollectorService:
             names.COLLECTOR_REQUESTS_FORWARDED.name: decoder.forwarded_requests,
             names.COLLECTOR_EXPORT_QUEUED.name: queued,
             names.COLLECTOR_DROPPED.name: dropped,
+            **state,
         }
