@@ -3,6 +3,9 @@ attributes, the job cap after eviction, its own health downstream, rate-limited 
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
@@ -14,7 +17,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import RecordingSink, gpu_request, mfu_request, set_attribute
-from otel_ofu.testing.otlp_sink import OtlpSink
+from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
@@ -22,7 +25,7 @@ from otel_ofu_collector.otlp.decode import Decoder
 from otel_ofu_collector.otlp.encode import encode_request, reports_to_metrics_data
 from otel_ofu_collector.outputs.delivery import Delivery
 from otel_ofu_collector.outputs.split import split_request
-from otel_ofu_collector.outputs.transports import DownstreamConfig, GrpcTransport
+from otel_ofu_collector.outputs.transports import DownstreamConfig, GrpcTransport, SendOutcome
 from otel_ofu_collector.receivers.otlp_grpc import SERVICE_NAME as OTLP_SERVICE
 from otel_ofu_collector.receivers.otlp_grpc import retry_trailers
 from otel_ofu_collector.service import CollectorOptions, CollectorService
@@ -231,3 +234,165 @@ def test_unknown_histogram_bounds_stay_absent_in_the_encoding_and_through_a_merg
     assert point.count == merged.count
     assert not point.HasField("min")
     assert not point.HasField("max")
+
+
+# --- 5. the job cap after eviction, and both on the self-metrics -----------------------------------
+
+
+def test_evicted_jobs_free_their_place_under_max_jobs_and_caps_and_evictions_show_by_reason() -> None:
+    config = AggregatorConfig(window_s=60.0, lateness_s=10.0, max_jobs=2, stale_after_s=120.0)
+    service = CollectorService(options(None, aggregator=config), environ={})
+    t1 = W0 + S
+    service.ingest(gpu_request({"GPU-1": ("a", 0.5), "GPU-2": ("b", 0.5)}, time_ns=t1))
+    service.ingest(mfu_request({"a": 0.4, "b": 0.4}, time_ns=t1))  # pairs: a and b stay in the horizon
+    service.flush(t1 + WINDOW + 11 * S)
+    t2 = t1 + 5 * WINDOW  # a and b silent since t1, not yet evicted: a third job is over the cap
+    over = service.ingest(mfu_request({"c": 0.4}, time_ns=t2))
+    assert over.rejected == 1
+    assert "over --max-jobs" in over.error_message
+    service.flush(t2 + WINDOW + 11 * S)  # evicts a and b (their horizon blocks stay for the fleet)
+    t3 = t2 + 2 * WINDOW
+    service.ingest(gpu_request({"GPU-3": ("c", 0.5)}, time_ns=t3))
+    taken = service.ingest(mfu_request({"c": 0.4}, time_ns=t3))
+    assert taken.rejected == 0  # before: refused for the whole horizon (24 h by default)
+    reports = service.flush(t3 + WINDOW + 11 * S)
+    assert [job.job_id for report in reports for job in report.jobs] == ["c"]
+    metrics = service.self_metrics()
+    assert metrics[names.COLLECTOR_EVICTED.name] == {"stream": 2, "job": 2}
+    assert metrics[names.COLLECTOR_POINTS_OVER_CAP.name] == {"max_streams": 0, "max_jobs": 1}
+    assert metrics[names.COLLECTOR_POINTS_REJECTED.name] == {"job.mfu over --max-jobs (a new job)": 1}
+
+
+def test_a_point_over_max_streams_is_rejected_by_its_own_reason() -> None:
+    config = AggregatorConfig(window_s=60.0, lateness_s=10.0, max_streams=1)
+    service = CollectorService(options(None, aggregator=config), environ={})
+    outcome = service.ingest(gpu_request({"GPU-1": 0.5, "GPU-2": 0.5}, time_ns=W0 + S))
+    assert outcome.rejected == 1
+    late = service.flush(W0 + 2 * WINDOW)
+    assert late
+    assert service.ingest(gpu_request({"GPU-1": 0.5}, time_ns=W0 + S)).rejected == 1
+    assert service.self_metrics()[names.COLLECTOR_POINTS_REJECTED.name] == {
+        "gpu.ofu over --max-streams (a new GPU stream)": 1,
+        "gpu.ofu late (its window already closed)": 1,
+    }
+
+
+# --- the collector's own health, downstream ---------------------------------------------------------
+
+
+def test_the_self_metrics_reach_the_downstream_under_the_collectors_resource(sink: OtlpSink) -> None:
+    service = CollectorService(options(sink), environ={})
+    service.ingest(gpu_request({"GPU-1": 0.5}, time_ns=W0 + S))
+    service.ingest(gpu_request({"GPU-2": 2.0}, time_ns=W0 + S))  # rejected: not in [0, 1]
+    service.flush(W0 + WINDOW + 11 * S)
+    try:
+        assert service.telemetry is not None
+        assert service.telemetry.pump()
+        ours = [
+            request
+            for request in sink.requests()
+            if any(
+                metric.name == names.COLLECTOR_POINTS_ACCEPTED.name
+                for metric in request.resource_metrics[0].scope_metrics[0].metrics
+            )
+        ]
+        assert len(ours) == 1
+        (rm,) = ours[0].resource_metrics
+        resource = {kv.key: kv.value.string_value for kv in rm.resource.attributes}
+        assert resource[names.SERVICE_NAME] == names.COLLECTOR_SERVICE_NAME
+        assert resource[names.SERVICE_INSTANCE_ID] == "test-1"
+        metrics = {metric.name: metric for metric in rm.scope_metrics[0].metrics}
+        assert set(metrics) <= {spec.name for spec in names.COLLECTOR_SELF_METRICS}
+        accepted = metrics[names.COLLECTOR_POINTS_ACCEPTED.name].sum
+        assert accepted.is_monotonic
+        assert [point.as_int for point in accepted.data_points] == [1]
+        (rejected,) = metrics[names.COLLECTOR_POINTS_REJECTED.name].sum.data_points
+        assert rejected.as_int == 1
+        assert [(kv.key, kv.value.string_value) for kv in rejected.attributes] == [
+            ("reason", "gpu.ofu not finite or outside [0, 1]")
+        ]
+        queued = {
+            point.attributes[0].value.string_value: point.as_int
+            for point in metrics[names.COLLECTOR_EXPORT_QUEUED.name].gauge.data_points
+        }
+        assert set(queued) == {"windows", "pass_through"}
+    finally:
+        service.stop(0)
+
+
+# --- 13. rejected points logged, the log backing off, the shutdown grace ----------------------------
+
+
+def test_rejected_points_are_logged_as_one_rate_limited_summary_by_reason(caplog: pytest.LogCaptureFixture) -> None:
+    service = CollectorService(options(None, rejection_log_interval_s=3600.0), environ={}, clock=lambda: W0)
+    caplog.set_level(logging.WARNING, logger="otel_ofu_collector.service")
+    future = W0 + 3600 * S
+    service.ingest(gpu_request({"GPU-1": 0.5, "GPU-2": 0.5}, time_ns=future))
+    service.ingest(mfu_request({"j": 0.4}, time_ns=future))
+    service.flush()
+    lines = [record.getMessage() for record in caplog.records if "rejected" in record.getMessage()]
+    assert lines == [
+        "rejected 3 data point(s): 2 gpu.ofu without a timestamp or stamped in the future; "
+        "1 job.mfu without a timestamp or stamped in the future"
+    ]
+    service.ingest(gpu_request({"GPU-1": 0.5}, time_ns=future))
+    service.flush()  # within the interval: no second line
+    assert len([record for record in caplog.records if "rejected" in record.getMessage()]) == 1
+    service.stop(0)  # the rest is summed up on the way out
+    last = [record.getMessage() for record in caplog.records if "rejected" in record.getMessage()][-1]
+    assert last.startswith("rejected 1 data point(s) in the last ")
+
+
+def test_an_unreachable_downstream_is_logged_as_the_retries_back_off(caplog: pytest.LogCaptureFixture) -> None:
+    transport = GrpcTransport(DownstreamConfig.resolve(f"http://127.0.0.1:{unused_port()}", "grpc", {}))
+    delivery = Delivery(transport, initial_backoff_s=0.001, max_backoff_s=0.001)
+    delivery.submit(b"")
+    caplog.set_level(logging.WARNING, logger="otel_ofu_collector.outputs.delivery")
+    for _ in range(20):
+        assert not delivery.pump()
+    warnings = [record for record in caplog.records if "downstream failed" in record.getMessage()]
+    assert len(warnings) == 5  # the 1st, 2nd, 4th, 8th and 16th failure; before: all 20
+    assert "(16 failed attempt(s) in a row)" in warnings[-1].getMessage()
+    delivery.stop(0)
+
+
+@attrs.define
+class CountingDownTransport:
+    attempts: int = 0
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def send(self, payload: bytes) -> SendOutcome:
+        with self.lock:
+            self.attempts += 1
+        return SendOutcome(False, True, None, "UNAVAILABLE: down")
+
+    def close(self) -> None:
+        return None
+
+
+def test_new_requests_do_not_cut_a_backoff_short() -> None:
+    transport = CountingDownTransport()
+    delivery = Delivery(transport, initial_backoff_s=30.0, max_backoff_s=30.0)
+    delivery.start()
+    try:
+        delivery.submit(b"w1")
+        deadline = time.monotonic() + 10
+        while transport.attempts == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for n in range(20):  # a flush or a pass-through request each: each wakes the sender
+            delivery.submit(f"w{n}".encode())
+            time.sleep(0.005)
+        assert transport.attempts == 1  # before: about one retry per submission
+    finally:
+        delivery.stop(0)
+
+
+def test_shutdown_with_the_downstream_down_keeps_to_the_grace() -> None:
+    grace = 1.0
+    service = CollectorService(options(None), transport=CountingDownTransport(), environ={})
+    service.start()
+    service.ingest(gpu_request({"GPU-1": 0.5}, time_ns=W0 + S, extra_metric="node.load"))  # pass-through too
+    started = time.monotonic()
+    service.stop(grace=grace)
+    # Each sender used to get the whole grace after the other: twice it (three times with the self-metrics).
+    assert time.monotonic() - started < 1.5 * grace
