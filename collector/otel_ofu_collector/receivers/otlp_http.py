@@ -312,6 +312,9 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     owner: ClassVar[HttpReceiver]
     protocol_version = "HTTP/1.1"
+    # What a request line without a (valid) version is answered as: http.server's default, HTTP/0.9, sends an
+    # error page with no status line at all; every answer here has one.
+    default_request_version = "HTTP/1.1"
     server_version = "otel-ofu-collector"
 
     def log_message(self, format: str, *args: Any) -> None:
