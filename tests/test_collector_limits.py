@@ -397,3 +397,16 @@ def test_shutdown_with_the_downstream_down_keeps_to_the_grace() -> None:
     service.stop(grace=grace)
     # Each sender used to get the whole grace after the other: twice it (three times with the self-metrics).
     assert time.monotonic() - started < 1.5 * grace
+
+
+def test_the_self_metrics_go_downstream_even_when_no_window_closes(sink: OtlpSink) -> None:
+    service = CollectorService(options(sink), environ={}, clock=lambda: W0)
+    service.flush()  # nothing received: no window, but its health is what shows that
+    service.flush()  # within a window's length: not again
+    try:
+        assert service.telemetry is not None
+        assert service.telemetry.pump()
+        accepted = points_of(sink.requests(), names.COLLECTOR_POINTS_ACCEPTED.name)
+        assert [point.as_int for point in accepted] == [0]
+    finally:
+        service.stop(0)

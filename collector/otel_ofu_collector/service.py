@@ -135,6 +135,7 @@ class CollectorService:
     _publish_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _stopped: bool = attrs.field(init=False, default=False)
     _self_telemetry: SelfTelemetry | None = attrs.field(init=False, default=None)
+    _self_metrics_sent_at: float | None = attrs.field(init=False, default=None)
     _rejections_logged: dict[str, int] = attrs.field(init=False, factory=dict)
     _rejections_logged_at: float | None = attrs.field(init=False, default=None)
 
@@ -401,10 +402,12 @@ class CollectorService:
 
     def _publish(self, reports: list[WindowReport], final: bool = False) -> None:
         """Hand closed windows to every consumer, then the self-metrics downstream; the caller holds
-        _publish_lock. ``final``: the last publish, at shutdown, sends the self-metrics even with no window."""
+        _publish_lock. Without a window to publish the self-metrics still go once a window's length (a
+        collector that receives nothing is what its health must show), and at shutdown (``final``)."""
         if not reports:
-            if final and self._self_telemetry is not None:
-                self._self_telemetry.send(self.self_metrics())
+            last = self._self_metrics_sent_at
+            if final or last is None or time.monotonic() - last >= self.options.aggregator.window_s:
+                self._send_self_metrics()
             return
         outputs: list[WindowConsumer] = list(self.consumers)
         if self._prometheus is not None:
@@ -416,11 +419,16 @@ class CollectorService:
                 consumer.consume_windows(reports)
             except Exception:  # one broken output must not cost the others
                 logger.exception("window consumer %s failed", type(consumer).__name__)
-        if self._self_telemetry is not None:
-            try:
-                self._self_telemetry.send(self.self_metrics())
-            except Exception:
-                logger.exception("sending the self-metrics downstream failed")
+        self._send_self_metrics()
+
+    def _send_self_metrics(self) -> None:
+        if self._self_telemetry is None:
+            return
+        self._self_metrics_sent_at = time.monotonic()
+        try:
+            self._self_telemetry.send(self.self_metrics())
+        except Exception:
+            logger.exception("sending the self-metrics downstream failed")
 
     def self_metrics(self) -> dict[str, Any]:
         """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``."""

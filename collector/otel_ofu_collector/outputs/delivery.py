@@ -92,20 +92,26 @@ class Delivery:
             )
         self._wake.set()
 
-    def pump(self) -> bool:
-        """Send queued requests in order until the queue is empty (True) or a retryable failure (False)."""
-        with self._lock:
+    def pump(self, wait_s: float = -1) -> bool:
+        """Send queued requests in order until the queue is empty (True) or a retryable failure (False).
+
+        ``wait_s``: how long to wait for a send the sender thread has in flight (-1: as long as it takes);
+        False when that is not long enough."""
+        if not self._lock.acquire(timeout=wait_s):
+            return False
+        try:
             if self._closed:  # the sender thread woke after stop closed the queue and transport
                 return True
-            try:
-                return self._drain()
-            except Exception as error:  # unforeseen (a closed channel, sqlite3.Error): retried, never fatal
-                self.stats.last_error = f"{type(error).__name__}: {error}"
-                self._back_off(None)
-                logger.error(
-                    "%s: sending failed unexpectedly; retrying in %.1fs", self.name, self._backoff_s, exc_info=True
-                )
-                return False
+            return self._drain()
+        except Exception as error:  # unforeseen (a closed channel, sqlite3.Error): retried, never fatal
+            self.stats.last_error = f"{type(error).__name__}: {error}"
+            self._back_off(None)
+            logger.error(
+                "%s: sending failed unexpectedly; retrying in %.1fs", self.name, self._backoff_s, exc_info=True
+            )
+            return False
+        finally:
+            self._lock.release()
 
     def _drain(self) -> bool:
         while True:
@@ -182,7 +188,7 @@ class Delivery:
         """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and len(self.queue):
-            if not self.pump():
+            if not self.pump(max(0.0, deadline - time.monotonic())):
                 time.sleep(min(max(self._backoff_s, 0.05), max(0.0, deadline - time.monotonic())))
         self._stopping = True
         self._wake.set()

@@ -323,6 +323,7 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()  # applies the read timeout to the connection first
         self._head = _DeadlineSocketIO(self.connection, self.owner.read_timeout_s)
+        self.rfile.close()  # socketserver's own reader (nothing read yet): ours reads under the head's deadline
         self.rfile = io.BufferedReader(self._head, self.rbufsize if self.rbufsize > 0 else io.DEFAULT_BUFFER_SIZE)
         self._handshake_failed = False
         do_handshake = getattr(self.connection, "do_handshake", None)
