@@ -359,7 +359,7 @@ class CollectorService:
             time.sleep(0.01)
         self._stop_timer.set()
         if self._timer is not None:
-            self._timer.join(timeout=grace)
+            self._timer.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._publish_lock:
             with self.decoder.lock:
                 reports = self.aggregator.close_all()
