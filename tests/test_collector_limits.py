@@ -410,3 +410,37 @@ def test_the_self_metrics_go_downstream_even_when_no_window_closes(sink: OtlpSin
         assert [point.as_int for point in accepted] == [0]
     finally:
         service.stop(0)
+
+
+# --- 8. a kill loses no accepted point: the write-ahead beside the spool ---------------------------
+
+
+def test_after_a_kill_the_open_window_is_rebuilt_from_the_write_ahead_and_closed_ones_are_not_repeated(
+    sink: OtlpSink, tmp_path: Any
+) -> None:
+    spool = str(tmp_path / "spool.sqlite")
+    first = CollectorService(options(sink, spool_path=spool, self_telemetry=False), environ={})
+    first.ingest(gpu_request({"GPU-1": ("closed", 0.25)}, time_ns=W0 + S))
+    first.flush(W0 + WINDOW + 11 * S)  # window 1 closed: its outputs are in the spool
+    first.ingest(gpu_request({"GPU-1": ("open", 0.5), "GPU-2": ("open", 0.7)}, time_ns=W0 + WINDOW + 20 * S))
+    first.ingest(mfu_request({"open": 0.4}, time_ns=W0 + WINDOW + 20 * S))
+    # Killed here: no stop, nothing closed. (The files are as a SIGKILL leaves them: each write committed.)
+    second = CollectorService(options(sink, spool_path=spool, self_telemetry=False), environ={})
+    try:
+        reports = second.flush(W0 + 2 * WINDOW + 11 * S)
+        jobs = [job for report in reports for job in report.jobs]
+        assert [job.job_id for job in jobs] == ["open"]  # before: nothing (the open window was lost)
+        assert jobs[0].ofu == pytest.approx(0.6)
+        assert jobs[0].mfu == pytest.approx(0.4)
+        assert second.self_metrics()[names.COLLECTOR_POINTS_ACCEPTED.name] == 0  # counted by the first run
+        assert second.exports is not None
+        assert second.exports.pump()
+        assert job_ids(sink.requests()) == {"closed", "open"}
+        assert len(points_of(sink.requests(), names.JOB_OFU.name)) == 2  # each window once
+    finally:
+        second.stop(0)
+    third = CollectorService(options(sink, spool_path=spool, self_telemetry=False), environ={})
+    try:
+        assert third.flush(W0 + 10 * WINDOW) == []  # a clean stop left nothing to replay
+    finally:
+        third.stop(0)

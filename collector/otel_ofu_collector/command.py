@@ -116,8 +116,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.option(
         "--spool",
         default=None,
-        help="SQLite file that keeps undelivered window outputs across restarts (closed windows only: on SIGKILL "
-        "or a crash the open window's points, about one window, are lost; SIGTERM closes and keeps it)",
+        help="SQLite file that keeps undelivered window outputs across restarts; beside it FILE.accepted writes "
+        "ahead the accepted points of the open windows, replayed after a SIGKILL or crash (without a spool "
+        "those, about one window, are lost)",
     )
     options.option("--spool-max-bytes", default=256 * 1024 * 1024, type=positive_int, help="bound of the spool")
     options.flag("--pass-through", default=True, help="forward metrics that are not ours downstream untouched")

@@ -25,7 +25,13 @@ from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import WindowConsumer
-from otel_ofu_collector.otlp.decode import DEFAULT_MAX_ATTRIBUTE_LENGTH, DEFAULT_MAX_MFU, DecodeOutcome, Decoder
+from otel_ofu_collector.otlp.decode import (
+    DEFAULT_MAX_ATTRIBUTE_LENGTH,
+    DEFAULT_MAX_MFU,
+    DecodeOutcome,
+    Decoder,
+    DecoderStats,
+)
 from otel_ofu_collector.outputs.delivery import Delivery
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
@@ -37,6 +43,7 @@ from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
 from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, HttpReceiver
 from otel_ofu_collector.results import WindowReport
+from otel_ofu_collector.write_ahead import WriteAhead
 
 if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when the endpoint is on
     from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
@@ -136,6 +143,8 @@ class CollectorService:
     _stopped: bool = attrs.field(init=False, default=False)
     _self_telemetry: SelfTelemetry | None = attrs.field(init=False, default=None)
     _self_metrics_sent_at: float | None = attrs.field(init=False, default=None)
+    _write_ahead: WriteAhead | None = attrs.field(init=False, default=None)
+    _write_ahead_flushed: int = attrs.field(init=False, default=0)
     _rejections_logged: dict[str, int] = attrs.field(init=False, factory=dict)
     _rejections_logged_at: float | None = attrs.field(init=False, default=None)
 
@@ -213,15 +222,40 @@ class CollectorService:
                     self._resource_attributes(),
                     self.clock,
                 )
+            if options.spool_path and options.mode != "merge":
+                self._write_ahead = WriteAhead(f"{options.spool_path}.accepted")
+                self._replay()
 
     # --- receiving ----------------------------------------------------------------------------------
 
     def ingest(self, request: ExportMetricsServiceRequest, raw: bytes | None = None) -> DecodeOutcome:
         """What both receivers call per request (tests and the demo may call it directly)."""
         outcome = self.decoder.decode(request, raw)
+        if outcome.accepted and self._write_ahead is not None:
+            self._write_ahead.append(raw if raw is not None else request.SerializeToString(), self.clock())
         if outcome.forward is not None and self.pass_through is not None:
             self.pass_through.submit(outcome.forward)
         return outcome
+
+    def _replay(self) -> None:
+        """Rebuild the open windows a killed run left in the write-ahead (see ``write_ahead``)."""
+        assert self._write_ahead is not None
+        flushed_ns, payloads = self._write_ahead.pending()
+        if not payloads:
+            return
+        if flushed_ns is not None:
+            self.aggregator.flush(flushed_ns)  # nothing to close yet: marks what was exported as closed
+            self._write_ahead_flushed = flushed_ns
+        for payload in payloads:
+            self.decoder.decode(ExportMetricsServiceRequest.FromString(payload), payload)  # forwarded already
+        accepted = self.decoder.stats.accepted
+        self.decoder.stats = DecoderStats()  # this run's counters count this run's requests
+        logger.warning(
+            "replayed %d request(s) (%d point(s) of windows still open) that a previous run accepted but "
+            "never closed (it was killed or crashed)",
+            len(payloads),
+            accepted,
+        )
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -234,6 +268,8 @@ class CollectorService:
             self._stop_listening()
             for delivery in self._deliveries():
                 delivery.stop(0)  # closes the spool file; nothing was sent yet
+            if self._write_ahead is not None:
+                self._write_ahead.close()  # kept: what it holds is replayed by the next start
             self._close_transport()
             raise
         options = self.options
@@ -319,9 +355,16 @@ class CollectorService:
         explicit one cannot publish window N after N+1.
         """
         with self._publish_lock:
+            now = self.clock() if now_ns is None else now_ns
             with self.decoder.lock:
-                reports = self.aggregator.flush(self.clock() if now_ns is None else now_ns)
+                reports = self.aggregator.flush(now)
             self._publish(reports)
+            if self._write_ahead is not None and now > self._write_ahead_flushed:
+                self._write_ahead_flushed = now
+                config = self.options.aggregator
+                skew = self.options.max_future_skew_s or 0.0
+                needed_ns = round((config.window_s + config.lateness_s + skew) * 1e9)
+                self._write_ahead.closed_through(now, now - needed_ns)
         self._log_rejections()
         return reports
 
@@ -364,6 +407,9 @@ class CollectorService:
             with self.decoder.lock:
                 reports = self.aggregator.close_all()
             self._publish(reports, final=True)
+            if self._write_ahead is not None:  # every window is closed and in the spool
+                self._write_ahead.clear()
+                self._write_ahead.close()
         self._log_rejections(force=True)
         for delivery in self._deliveries():
             # One deadline for all: each gets what the others left of the grace, not a grace of its own.
