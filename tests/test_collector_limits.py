@@ -419,13 +419,14 @@ def test_after_a_kill_the_open_window_is_rebuilt_from_the_write_ahead_and_closed
     sink: OtlpSink, tmp_path: Any
 ) -> None:
     spool = str(tmp_path / "spool.sqlite")
-    first = CollectorService(options(sink, spool_path=spool, self_telemetry=False), environ={})
+    settings = {"spool_path": spool, "self_telemetry": False, "write_ahead_batch_s": 0.0}  # each request at once
+    first = CollectorService(options(sink, **settings), environ={})
     first.ingest(gpu_request({"GPU-1": ("closed", 0.25)}, time_ns=W0 + S))
     first.flush(W0 + WINDOW + 11 * S)  # window 1 closed: its outputs are in the spool
     first.ingest(gpu_request({"GPU-1": ("open", 0.5), "GPU-2": ("open", 0.7)}, time_ns=W0 + WINDOW + 20 * S))
     first.ingest(mfu_request({"open": 0.4}, time_ns=W0 + WINDOW + 20 * S))
     # Killed here: no stop, nothing closed. (The files are as a SIGKILL leaves them: each write committed.)
-    second = CollectorService(options(sink, spool_path=spool, self_telemetry=False), environ={})
+    second = CollectorService(options(sink, **settings), environ={})
     try:
         reports = second.flush(W0 + 2 * WINDOW + 11 * S)
         jobs = [job for report in reports for job in report.jobs]
@@ -439,8 +440,26 @@ def test_after_a_kill_the_open_window_is_rebuilt_from_the_write_ahead_and_closed
         assert len(points_of(sink.requests(), names.JOB_OFU.name)) == 2  # each window once
     finally:
         second.stop(0)
-    third = CollectorService(options(sink, spool_path=spool, self_telemetry=False), environ={})
+    third = CollectorService(options(sink, **settings), environ={})
     try:
         assert third.flush(W0 + 10 * WINDOW) == []  # a clean stop left nothing to replay
     finally:
         third.stop(0)
+
+
+def test_the_write_ahead_writes_in_batches_and_a_batch_is_written_before_any_read(tmp_path: Any) -> None:
+    from otel_ofu_collector.write_ahead import WriteAhead
+
+    path = str(tmp_path / "wal.sqlite")
+    ahead = WriteAhead(path, batch_s=3600.0, batch_size=3)
+    ahead.append(b"a", 1)
+    ahead.append(b"b", 2)
+    assert WriteAhead(path).pending() == (None, [])  # still in the batch: a kill now loses these two
+    ahead.append(b"c", 3)  # the third fills the batch: written
+    assert WriteAhead(path).pending() == (None, [b"a", b"b", b"c"])
+    ahead.append(b"d", 4)
+    ahead.closed_through(10, 3)  # writes the batch first, then drops what is done
+    assert WriteAhead(path).pending() == (10, [b"c", b"d"])
+    ahead.clear()
+    assert ahead.pending() == (None, [])
+    ahead.close()

@@ -97,6 +97,9 @@ class CollectorOptions:
     max_attribute_length: int = DEFAULT_MAX_ATTRIBUTE_LENGTH
     max_mfu: float = DEFAULT_MAX_MFU
     rejection_log_interval_s: float = REJECTION_LOG_INTERVAL_S
+    # With a spool, the open windows' accepted requests are written ahead in batches this often (a kill loses
+    # at most one batch); 0 writes each request at once.
+    write_ahead_batch_s: float = 0.2
     # The self-metrics go downstream with every batch of closed windows (as the OpenTelemetry Collector's
     # internal telemetry does), not only to the Prometheus endpoint.
     self_telemetry: bool = True
@@ -223,7 +226,7 @@ class CollectorService:
                     self.clock,
                 )
             if options.spool_path and options.mode != "merge":
-                self._write_ahead = WriteAhead(f"{options.spool_path}.accepted")
+                self._write_ahead = WriteAhead(f"{options.spool_path}.accepted", batch_s=options.write_ahead_batch_s)
                 self._replay()
 
     # --- receiving ----------------------------------------------------------------------------------
