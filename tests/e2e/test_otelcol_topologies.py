@@ -52,7 +52,7 @@ from otel_ofu import names
 from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
-from otel_ofu_collector.exphist import relative_error_bound
+from otel_ofu_collector.aggregation.exphist import relative_error_bound
 
 StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]
 
