@@ -959,7 +959,8 @@ def test_a_shard_killed_mid_run_and_restarted_on_its_spool(
             "rejected_at_end": rejected_points,
             "victim_points_accepted_before_kill": accepted_before_kill,
             "victim_points_delivered_in_windows_closed_before_kill": delivered_before_kill,
-            "victim_points_lost_in_open_windows": accepted_before_kill - delivered_before_kill,
+            # in windows still open at the kill: lost with the process unless the write-ahead (--spool) gives them back
+            "victim_points_in_windows_open_at_kill": accepted_before_kill - delivered_before_kill,
             "victim_points_produced_while_down": produced_while_down(captures, victim_jobs, killed_ns, restarted_ns),
             "agent_while_down": agent_while_down,
             "agent_at_end": agent,
