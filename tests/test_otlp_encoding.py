@@ -139,3 +139,11 @@ def test_a_bad_value_fails_as_the_sdk_fails() -> None:
     data = data_of((Resource({"a": "1"}), [gauge("g", point("high"))]))  # type: ignore[arg-type]
     with pytest.raises(EncodingException):
         encode_with_intervals(data)
+
+
+def test_each_resource_gets_its_own_encoding_as_resources_come_and_go() -> None:
+    for i in range(50):  # dropped resources' ids are reused: an encoding never outlives its resource
+        data = data_of((Resource({"job.id": f"job-{i}"}), [gauge("g", point(1))]))
+        request = encode_with_intervals(data)
+        assert request.resource_metrics[0].resource.attributes[0].value.string_value == f"job-{i}"
+        del data

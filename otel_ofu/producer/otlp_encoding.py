@@ -24,8 +24,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.util.types import Attributes
 
-# Resources and scopes are immutable: their encodings are kept for as long as the objects live.
-_RESOURCES: weakref.WeakKeyDictionary[Resource, PbResource] = weakref.WeakKeyDictionary()
+# Resources and scopes are immutable: a resource's encoding is kept, by identity (comparing two
+# resources compares all their attributes), for as long as the resource lives.
+_RESOURCES: dict[int, tuple[weakref.ref[Resource], PbResource]] = {}
 _SCOPES: dict[InstrumentationScope, PbScope] = {}
 # Point attribute sets repeat every export (a throttle reason, a GPU's identity); keyed by their items.
 _POINT_ATTRIBUTES: dict[tuple[object, ...], list[KeyValue]] = {}
@@ -113,10 +114,20 @@ def _metric(metric: Metric, metric_pb: pb.Metric) -> None:
 
 
 def _resource(resource: Resource) -> PbResource:
-    encoded = _RESOURCES.get(resource)
-    if encoded is None:
-        encoded = _RESOURCES[resource] = PbResource(attributes=_encode_attributes(resource.attributes))
+    key = id(resource)
+    entry = _RESOURCES.get(key)
+    if entry is not None and entry[0]() is resource:
+        return entry[1]
+    encoded = PbResource(attributes=_encode_attributes(resource.attributes))
+    _RESOURCES[key] = (weakref.ref(resource, lambda ref: _forget(key, ref)), encoded)
     return encoded
+
+
+def _forget(key: int, ref: weakref.ref[Resource]) -> None:
+    """A cached resource is gone: its entry goes too (unless its id already holds a newer one)."""
+    entry = _RESOURCES.get(key)
+    if entry is not None and entry[0] is ref:
+        del _RESOURCES[key]
 
 
 def _scope(scope: InstrumentationScope) -> PbScope:
