@@ -98,6 +98,11 @@ class _GpuResource(Resource):
         return super().__eq__(other)
 
 
+# Our points carry no exemplars: one shared empty sequence instead of a new list per point, which would
+# be one more object per point for the garbage collector to track while the export is alive.
+_NO_EXEMPLARS: tuple[()] = ()
+
+
 def _metric(name: str, points: list[NumberDataPoint]) -> Metric:
     description, unit, is_sum = _METRIC_HEADERS[name]
     if is_sum:  # gpu.energy: the board's counter since its start time
@@ -114,16 +119,21 @@ def _sample_metrics(sample: GpuSample, point_attributes: Mapping[str, AttributeV
     start, end, values = sample.start_ns, sample.end_ns, sample.values
     headers = _METRIC_HEADERS
     metrics = [
-        Metric(name, headers[name][0], headers[name][1], Gauge([NumberDataPoint(point_attributes, start, end, value)]))
+        Metric(
+            name,
+            headers[name][0],
+            headers[name][1],
+            Gauge([NumberDataPoint(point_attributes, start, end, value, _NO_EXEMPLARS)]),
+        )
         for name, value in values.as_metrics().items()
     ]
     energy = values.energy
     if energy is not None:
-        point = NumberDataPoint(point_attributes, energy.start_ns, end, energy.joules)
+        point = NumberDataPoint(point_attributes, energy.start_ns, end, energy.joules, _NO_EXEMPLARS)
         metrics.append(_metric(names.GPU_ENERGY.name, [point]))
     if values.throttle:
         points = [
-            NumberDataPoint({**point_attributes, names.GPU_THROTTLE_REASON: reason}, start, end, share)
+            NumberDataPoint({**point_attributes, names.GPU_THROTTLE_REASON: reason}, start, end, share, _NO_EXEMPLARS)
             for reason, share in values.throttle.items()
         ]
         metrics.append(_metric(names.GPU_THROTTLE.name, points))
