@@ -170,7 +170,9 @@ class MetricsDataBuilder:
         return self._own
 
     def _resource(self, attributes: Mapping[str, AttributeValue]) -> Resource:
-        key = tuple(sorted(attributes.items()))
+        # In the attributes' own order (hints, attribution, identity: the same every read); an equal set
+        # in another order gets an equal Resource, which the encoder merges as the SDK's does.
+        key = tuple(attributes.items())
         resource = self._cache.get(key)
         if resource is None:
             if len(self._cache) > 4096:  # jobs come and go; never grow without bound
