@@ -179,7 +179,7 @@ def _forget(key: int, ref: weakref.ref[Resource]) -> None:
     """A cached resource is gone: its entry goes too (unless its id already holds a newer one)."""
     entry = _RESOURCES.get(key)
     if entry is not None and entry[0] is ref:
-        del _RESOURCES[key]
+        _RESOURCES.pop(key, None)  # another exporter's thread may have dropped it first
 
 
 def _scope(scope: InstrumentationScope) -> bytes:
