@@ -3,9 +3,10 @@
 The SDK's ``encode_metrics`` re-encodes every resource's and scope's attributes on every export and builds
 each point through keyword plumbing; a producer's resources (one per GPU) and scopes hardly ever change.
 This encoder produces the very same ``ExportMetricsServiceRequest`` (field for field, in the same order,
-with the same merging of equal resources and scopes) from cached resource and scope encodings. It takes
-gauges and sums of number points without exemplars, which is all the producer sends; anything else goes
-through the SDK's encoder.
+with the same merging of equal resources and scopes): it writes the request in the protobuf wire format,
+resources, scopes, metric headers and point attribute sets from cached bytes, and parses it once, so the
+SDK's exporters send it as they would their own. It takes gauges and sums of number points without
+exemplars, which is all the producer sends; anything else goes through the SDK's encoder.
 """
 
 from __future__ import annotations
