@@ -108,9 +108,10 @@ def fake_gpus(gpus: int) -> Iterator[fake_nvml.FakeNvml]:
     fake_nvml._declare(lib)  # the fake's control API, declared once in its own module
     fake = fake_nvml.FakeNvml(path, lib)
     fake.reset()
-    for _ in range(gpus):
+    for index in range(gpus):
         gpu = fake.add_gpu(MODEL, sm_clock_mhz=1755)
         fake.set_tensor_util(gpu, 45.0)
+        fake.set_power(gpu, 550.0 + index)  # every real H100 reports its power; OpenLIT reads it too
     with fake.installed():
         yield fake
 

@@ -10,6 +10,7 @@ device's own max clock (or ``--max-sm-clock``) and peak-derived metrics are left
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 
@@ -162,6 +163,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], GpuSpec], ...] = tuple(
 )
 
 
+@functools.lru_cache(maxsize=256)  # asked for every GPU on every read; a host has a few model names
 def lookup(device_name: str) -> GpuSpec | None:
     """The catalog entry for a device name string, or None for a model the catalog does not know."""
     for pattern, spec in _PATTERNS:

@@ -184,14 +184,18 @@ def compute(
     )
 
 
+_THROTTLE_REASONS = frozenset(names.ThrottleReason.ALL)
+
+
 def loss_inputs(reading: GpuReading) -> dict[str, Any]:
     """Power, energy and throttle shares of a reading that are valid; the others are left out."""
     power = reading.power_w
     energy = reading.energy
+    # A share outside [0, 1] (NaN and infinities compare false) is left out, as check_fraction would.
     throttle = {
         reason: share
         for reason, share in reading.throttle.items()
-        if reason in names.ThrottleReason.ALL and _optional_fraction("throttle share", share) is not None
+        if reason in _THROTTLE_REASONS and share is not None and 0.0 <= share <= 1.0
     }
     return {
         "power_w": power if power is not None and math.isfinite(power) and power >= 0 else None,

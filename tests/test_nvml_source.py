@@ -271,6 +271,32 @@ def test_a_failing_metric_is_reported_and_the_other_gpus_are_read(
     assert only_reading(snapshot, fake.uuid_of(healthy)).tensor_active == 0.4
 
 
+def test_each_read_reports_its_own_metric_results(
+    fake: FakeNvml, clock: ManualClock, open_source: Callable[[], NvmlSource]
+) -> None:
+    # The metrics request is kept between reads: no read may see a result of the one before.
+    gpu = fake.add_gpu()
+    fake.set_tensor_util(gpu, 40.0)
+    fake.set_metric(gpu, names.NVML_GPM_METRIC_SM_UTIL, 70.0)
+    source = open_source()
+    clock.advance(10)
+    assert only_reading(source.read(), fake.uuid_of(gpu)).sm_active == 0.7
+    fake.fail_metric(gpu, names.NVML_GPM_METRIC_SM_UTIL, Code.ERROR_NO_DATA)
+    clock.advance(10)
+    assert only_reading(source.read(), fake.uuid_of(gpu)).sm_active is None
+    fake.fail_metric(gpu, names.NVML_GPM_METRIC_SM_UTIL, 0)
+    fake.set_metric(gpu, names.NVML_GPM_METRIC_SM_UTIL, 20.0)
+    fake.fail("nvmlGpmMetricsGet", Code.ERROR_UNKNOWN, times=1)
+    clock.advance(10)
+    failed = source.read()
+    assert only_reading(failed, fake.uuid_of(gpu)).sm_active is None
+    assert [error.reason for error in failed.errors] == [Reason.UNKNOWN]
+    clock.advance(10)
+    recovered = source.read()
+    assert recovered.errors == ()
+    assert (only_reading(recovered, fake.uuid_of(gpu)).sm_active, recovered.readings[0].tensor_active) == (0.2, 0.4)
+
+
 @pytest.mark.parametrize(
     ("code", "reason"),
     [

@@ -1,7 +1,7 @@
 /*
  * The NVML entry points OpenLIT's GPU instrumentation reads that the project's fake NVML does not have
- * (temperature, utilisation, encoder/decoder utilisation, memory, power), with nvml.h's layouts as
- * pynvml declares them. Compiled into ONE library together with the fake NVML (this file includes its
+ * (temperature, utilisation, encoder/decoder utilisation, memory, power limit), with nvml.h's layouts
+ * as pynvml declares them (power usage is the fake's own, set per GPU by the benchmark). Compiled into ONE library together with the fake NVML (this file includes its
  * source), so OpenLIT and the otel-ofu NVML source read the same fake GPUs in the same process; the
  * values are fixed per GPU (the benchmark times the reads, not the readings).
  */
@@ -62,12 +62,6 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
         memory->used = 64424509440ull;
         memory->free = memory->total - memory->used;
     }
-    return rc;
-}
-
-nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *milliwatts) {
-    nvmlReturn_t rc = bench_check(device, milliwatts);
-    if (rc == NVML_SUCCESS) *milliwatts = 550000u + 1000u * (unsigned int)device->dev;
     return rc;
 }
 

@@ -13,7 +13,6 @@ import sys
 from typing import IO
 from urllib.parse import urlparse
 
-from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as SdkGrpcExporter
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as SdkHttpExporter
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -25,11 +24,13 @@ from opentelemetry.sdk.environment_variables import (
 )
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
-    Gauge,
     MetricExporter,
     MetricExportResult,
     MetricsData,
 )
+
+# Re-exported: the request our exporters send, for callers that encode alone.
+from otel_ofu.producer.otlp_encoding import encode_with_intervals as encode_with_intervals
 
 GRPC = "grpc"
 HTTP_PROTOBUF = "http/protobuf"
@@ -87,28 +88,6 @@ def http_metrics_url(endpoint: str) -> str:
     if parsed.path in ("", "/"):
         return endpoint.rstrip("/") + HTTP_METRICS_PATH
     return endpoint
-
-
-def encode_with_intervals(data: MetricsData) -> ExportMetricsServiceRequest:
-    """The SDK's encoding, plus each gauge point's start time, which the SDK's encoder leaves out.
-
-    A sample covers an interval; its start is what lets a consumer tell a 10 s average from a point
-    sample. The SDK keeps resources, scopes, metrics and points in order, so the two trees are walked
-    side by side; should they ever not line up, the request goes as the SDK encoded it.
-    """
-    request = encode_metrics(data)
-    if len(request.resource_metrics) != len(data.resource_metrics):
-        return request
-    for rm_pb, rm in zip(request.resource_metrics, data.resource_metrics, strict=True):
-        if len(rm_pb.scope_metrics) != len(rm.scope_metrics):
-            continue
-        for sm_pb, sm in zip(rm_pb.scope_metrics, rm.scope_metrics, strict=True):
-            for metric_pb, metric in zip(sm_pb.metrics, sm.metrics, strict=False):
-                if isinstance(metric.data, Gauge):
-                    for point_pb, point in zip(metric_pb.gauge.data_points, metric.data.data_points, strict=False):
-                        if point.start_time_unix_nano:
-                            point_pb.start_time_unix_nano = point.start_time_unix_nano
-    return request
 
 
 class GrpcMetricExporter(SdkGrpcExporter):

@@ -57,7 +57,8 @@ __all__ = [
 
 SCOPE = InstrumentationScope(names.INSTRUMENTATION_SCOPE, otel_ofu.__version__)
 _IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
-_METRIC_SPECS = {spec.name: spec for spec in names.PRODUCER_METRICS}
+# name -> (description, unit, whether it is a cumulative sum), looked up for every metric of every export.
+_METRIC_HEADERS = {spec.name: (spec.description, spec.unit, spec.kind == "sum") for spec in names.PRODUCER_METRICS}
 
 
 def env_resource(
@@ -97,31 +98,55 @@ class _GpuResource(Resource):
         return super().__eq__(other)
 
 
-def _point(attributes: Mapping[str, AttributeValue], start_ns: int, end_ns: int, value: float) -> NumberDataPoint:
-    return NumberDataPoint(attributes=attributes, start_time_unix_nano=start_ns, time_unix_nano=end_ns, value=value)
+# Our points carry no exemplars: one shared empty sequence instead of a new list per point, which would
+# be one more object per point for the garbage collector to track while the export is alive.
+_NO_EXEMPLARS: tuple[()] = ()
 
 
-def _gauge(name: str, points: list[NumberDataPoint]) -> Metric:
-    spec = _METRIC_SPECS[name]
-    if spec.kind == "sum":  # gpu.energy: the board's counter since its start time
-        data: Gauge | Sum = Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=True)
+def _metric(name: str, points: list[NumberDataPoint]) -> Metric:
+    description, unit, is_sum = _METRIC_HEADERS[name]
+    if is_sum:  # gpu.energy: the board's counter since its start time
+        data: Gauge | Sum = Sum(points, AggregationTemporality.CUMULATIVE, True)
     else:
-        data = Gauge(data_points=points)
-    return Metric(name=spec.name, description=spec.description, unit=spec.unit, data=data)
+        data = Gauge(points)
+    return Metric(name, description, unit, data)
+
+
+def _sample_metrics(sample: GpuSample, point_attributes: Mapping[str, AttributeValue]) -> list[Metric]:
+    """One metric per known value of the sample: the gauges, gpu.energy, gpu.throttle with a point per reason.
+
+    Built positionally and without intermediate grouping: this runs for every GPU on every export."""
+    start, end, values = sample.start_ns, sample.end_ns, sample.values
+    headers = _METRIC_HEADERS
+    metrics = [
+        Metric(
+            name,
+            headers[name][0],
+            headers[name][1],
+            Gauge([NumberDataPoint(point_attributes, start, end, value, _NO_EXEMPLARS)]),
+        )
+        for name, value in values.as_metrics().items()
+    ]
+    energy = values.energy
+    if energy is not None:
+        point = NumberDataPoint(point_attributes, energy.start_ns, end, energy.joules, _NO_EXEMPLARS)
+        metrics.append(_metric(names.GPU_ENERGY.name, [point]))
+    if values.throttle:
+        points = [
+            NumberDataPoint({**point_attributes, names.GPU_THROTTLE_REASON: reason}, start, end, share, _NO_EXEMPLARS)
+            for reason, share in values.throttle.items()
+        ]
+        metrics.append(_metric(names.GPU_THROTTLE.name, points))
+    return metrics
 
 
 def _sample_points(
     sample: GpuSample, point_attributes: Mapping[str, AttributeValue]
 ) -> Iterator[tuple[str, NumberDataPoint]]:
-    """(metric name, point) of every known value of the sample: the gauges, gpu.energy, gpu.throttle by reason."""
-    for name, value in sample.values.as_metrics().items():
-        yield name, _point(point_attributes, sample.start_ns, sample.end_ns, value)
-    energy = sample.values.energy
-    if energy is not None:
-        yield names.GPU_ENERGY.name, _point(point_attributes, energy.start_ns, sample.end_ns, energy.joules)
-    for reason, share in sample.values.throttle.items():
-        attributes = {**point_attributes, names.GPU_THROTTLE_REASON: reason}
-        yield names.GPU_THROTTLE.name, _point(attributes, sample.start_ns, sample.end_ns, share)
+    """(metric name, point) of every known value of the sample, in the order of ``_sample_metrics``."""
+    for metric in _sample_metrics(sample, point_attributes):
+        for point in metric.data.data_points:
+            yield metric.name, point  # type: ignore[misc]
 
 
 @attrs.define
@@ -145,7 +170,9 @@ class MetricsDataBuilder:
         return self._own
 
     def _resource(self, attributes: Mapping[str, AttributeValue]) -> Resource:
-        key = tuple(sorted(attributes.items()))
+        # In the attributes' own order (hints, attribution, identity: the same every read); an equal set
+        # in another order gets an equal Resource, which the encoder merges as the SDK's does.
+        key = tuple(attributes.items())
         resource = self._cache.get(key)
         if resource is None:
             if len(self._cache) > 4096:  # jobs come and go; never grow without bound
@@ -176,11 +203,7 @@ class MetricsDataBuilder:
         for sample in samples:
             resource = self._resource(sample.attributes)
             point_attributes = self._identity(sample.attributes) if self.placement == "both" else {}
-            metrics = grouped.setdefault(resource, [])
-            by_name: dict[str, list[NumberDataPoint]] = {}
-            for name, point in _sample_points(sample, point_attributes):
-                by_name.setdefault(name, []).append(point)
-            metrics.extend(_gauge(name, points) for name, points in by_name.items())
+            grouped.setdefault(resource, []).extend(_sample_metrics(sample, point_attributes))
         return list(grouped.items())
 
     def _host_level(self, samples: Sequence[GpuSample]) -> list[tuple[Resource, list[Metric]]]:
@@ -196,7 +219,7 @@ class MetricsDataBuilder:
             point_attributes = self._identity(sample.attributes)
             for name, point in _sample_points(sample, point_attributes):
                 points.setdefault(name, []).append(point)
-        metrics = [_gauge(name, pts) for name, pts in points.items()]
+        metrics = [_metric(name, pts) for name, pts in points.items()]
         return [(self._resource(shared), metrics)]
 
     @staticmethod

@@ -136,6 +136,8 @@ class _Unit:
     samples: list[Any] = attrs.Factory(list)  # [baseline, spare]; empty without GPM
     baseline_ns: int | None = None
     ask_cycles: bool = True
+    # The GPM metrics request, kept between reads: only its two samples change (see _metrics_get).
+    requests: dict[tuple[int, ...], Any] = attrs.Factory(dict)
 
 
 @attrs.define
@@ -502,14 +504,14 @@ class NvmlSource:
         unit.baseline_ns = now
         metrics = _RATE_METRICS + (_CYCLE_METRICS if unit.ask_cycles else ())
         try:
-            results = _metrics_get(baseline, spare, metrics)
+            results = _metrics_get(unit, baseline, spare, metrics)
         except _Failure as failure:
             if not unit.ask_cycles or failure.code not in (Code.ERROR_INVALID_ARGUMENT, Code.ERROR_NOT_SUPPORTED):
                 raise
             # Drivers that predate the cycle-counter metric ids may reject the whole request.
             unit.ask_cycles = False
             say_once(f"NVML on {gpu.key} rejects the GPM cycle-counter metrics ({failure}); using tensor utilisation")
-            results = _metrics_get(baseline, spare, _RATE_METRICS)
+            results = _metrics_get(unit, baseline, spare, _RATE_METRICS)
 
         def ratio(metric: int) -> float | None:
             code, value = results[metric]
@@ -640,19 +642,28 @@ def _error_text(code: int) -> str:
     return str(pynvml.NVMLError(code))
 
 
-def _metrics_get(baseline: Any, current: Any, metrics: tuple[int, ...]) -> dict[int, tuple[int, float]]:
-    """metric id -> (its own nvmlReturn, value) over the two samples."""
-    request = pynvml.c_nvmlGpmMetricsGet_t()
-    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = len(metrics)
+def _metrics_get(unit: _Unit, baseline: Any, current: Any, metrics: tuple[int, ...]) -> dict[int, tuple[int, float]]:
+    """metric id -> (its own nvmlReturn, value) over the two samples.
+
+    The request (version, metric ids) is built once per unit and metric list and reused: every field
+    of a pynvml structure is set and read through Python code, and NVML writes each requested metric's
+    return code and value on every call."""
+    request = unit.requests.get(metrics)
+    if request is None:
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(metrics)
+        entries = request.metrics  # a view of the request's own memory
+        for slot, metric in enumerate(metrics):
+            entries[slot].metricId = metric
+        unit.requests[metrics] = request
     request.sample1 = baseline
     request.sample2 = current
-    for slot, metric in enumerate(metrics):
-        request.metrics[slot].metricId = metric
     _nvml("nvmlGpmMetricsGet", pynvml.nvmlGpmMetricsGet, request)
+    entries = request.metrics
     results: dict[int, tuple[int, float]] = {}
     for slot, metric in enumerate(metrics):
-        entry = request.metrics[slot]
+        entry = entries[slot]
         value = float(entry.value)
         code = int(entry.nvmlReturn)
         if code == Code.SUCCESS and not math.isfinite(value):
