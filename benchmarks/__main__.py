@@ -70,6 +70,8 @@ def _producer(module: Any, ctx: RunContext) -> BenchResult:
             f"{e['ours_ms']:.3f}",
             f"{e['floor_ms']:.3f}",
             f"{e['ratio']:.2f}",
+            f"{e['encoding_ms']:.3f}",
+            f"{e['encoding_ratio']:.2f}",
             f"{e['ours_us_per_gpu']:.0f}",
             f"{e['openlit_us_per_gpu']:.0f}",
             f"{e['ours_points']} / {e['openlit_points']}",
@@ -86,6 +88,16 @@ def _producer(module: Any, ctx: RunContext) -> BenchResult:
                 e["ratio"],
                 target["ratio"],
                 "x",
+                kind="ratio",
+            )
+        )
+        verdicts.append(
+            Verdict(
+                f"a floor is never beaten: whole cycle / its own encoding step alone (>= 1), {where}",
+                e["encoding_ratio"],
+                1.0,
+                "x",
+                higher_is_better=True,
                 kind="ratio",
             )
         )
@@ -112,13 +124,17 @@ def _producer(module: Any, ctx: RunContext) -> BenchResult:
                     "ours ms",
                     "SDK encoder ms",
                     "ratio",
+                    "own encoding ms (floor)",
+                    "ratio to floor",
                     "ours us/GPU",
                     "OpenLIT us/GPU",
                     "points ours / OpenLIT",
                     "bytes ours / SDK",
                 ),
                 rows,
-                note="Targets: whole cycle <= 1.3x the SDK encoder on the same MetricsData (ratio), <= 2 ms of CPU "
+                note="Targets: whole cycle <= 1.3x the SDK encoder on the same MetricsData (ratio; the contract's "
+                "reference: our exporter encodes from cached Resource encodings and beats it, so the floor proper is "
+                "our own encoding step alone, which the whole cycle must never beat), <= 2 ms of CPU "
                 "per cycle (absolute, reported) and less CPU per GPU than OpenLIT (ratio < 1). OpenLIT's cycle is "
                 "its callbacks through the SDK MeterProvider plus the same SDK encode; it reads 11 gauges per GPU "
                 "(no OFU), ours 6 per GPU plus self-metrics.",
