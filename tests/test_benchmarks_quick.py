@@ -226,3 +226,20 @@ def test_help_names_every_benchmark_and_the_strict_margin() -> None:
     assert "--strict" in result.stdout
     assert "%" in result.stdout  # the margin, rendered (a bare % in a help string once broke --help)
     assert "collector_e2e" in result.stdout
+
+
+def test_a_known_miss_fails_strict_only_when_it_gets_worse(tmp_path: Path) -> None:
+    main = _bench_module("benchmarks.__main__")
+    common = _bench_module("benchmarks.common")
+    record = tmp_path / "known.json"
+    record.write_text(json.dumps([{"benchmark": "b", "target": "t", "recorded": 3.0, "why": "grpcio's own cost"}]))
+    known = main.load_known_misses(record)[("b", "t")]
+    lower = common.Verdict("t", 3.5, 2.0, "x", kind="ratio")  # lower is better, 2x target, 3x on record
+    assert not known.worse(lower, 0.30)  # within the margin of the record: still the known miss
+    assert known.worse(common.Verdict("t", 4.0, 2.0, "x", kind="ratio"), 0.30)  # > 3.9: a regression
+    higher = main.KnownMiss(0.4, "slow")
+    assert not higher.worse(common.Verdict("t", 0.35, 0.5, "x", higher_is_better=True, kind="ratio"), 0.30)
+    assert higher.worse(common.Verdict("t", 0.25, 0.5, "x", higher_is_better=True, kind="ratio"), 0.30)
+    assert main.load_known_misses(tmp_path / "absent.json") == {}
+    shipped = main.load_known_misses(main.KNOWN_MISSES)
+    assert all(miss.why for miss in shipped.values())  # every miss on record says why
