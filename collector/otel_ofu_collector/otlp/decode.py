@@ -13,6 +13,7 @@ before, cost about a fifth of the ingest time.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping
 from hashlib import blake2b
@@ -34,6 +35,22 @@ _HOST = names.HOST_NAME
 _MIG = names.GPU_MIG_INSTANCE_ID
 _JOB_ID = names.JOB_ID
 _IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
+_THROTTLE = names.GPU_THROTTLE.name
+_THROTTLE_REASON = names.GPU_THROTTLE_REASON
+_THROTTLE_REASONS = frozenset(names.ThrottleReason.ALL)
+# The per-GPU inputs of the loss split (what ``Aggregator.add_gpu_input`` takes), beside gpu.ofu.
+GPU_INPUT_NAMES: frozenset[str] = frozenset(
+    spec.name
+    for spec in (
+        names.GPU_TENSOR_ACTIVE,
+        names.GPU_CLOCK_SM,
+        names.GPU_CLOCK_SM_MAX,
+        names.GPU_FLOPS_ACHIEVED,
+        names.GPU_POWER,
+        names.GPU_ENERGY,
+        names.GPU_THROTTLE,
+    )
+)
 
 # Everything the producer and the MFU reporter send us: consumed here, forwarded only on request.
 INPUT_METRIC_NAMES: frozenset[str] = frozenset({spec.name for spec in names.PRODUCER_METRICS} | {_MFU})
@@ -55,6 +72,21 @@ class PointSink(Protocol):
     ) -> bool: ...
 
     def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> bool: ...
+
+
+class _GpuInputAdd(Protocol):
+    """``Aggregator.add_gpu_input``: one loss input of a GPU stream."""
+
+    def __call__(
+        self,
+        stream_key: str,
+        metric: str,
+        value: float,
+        start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        reason: str | None = None,
+    ) -> bool: ...
 
 
 class _ProfilingAdd(Protocol):
@@ -291,6 +323,8 @@ class Decoder:
         profile_of: Callable[[Mapping[str, str]], Any] | None = getattr(sink, "profile_of", None)
         add_ofu = _without_profile(sink) if profile_of is None else cast(_ProfilingAdd, sink.add_ofu)
         add_mfu = sink.add_mfu
+        # A sink that takes the loss inputs (the Aggregator) gets them; another only consumes them.
+        add_gpu_input: _GpuInputAdd | None = getattr(sink, "add_gpu_input", None)
         max_mfu = self.max_mfu
         inputs = INPUT_METRIC_NAMES
         accepted = 0
@@ -315,7 +349,7 @@ class Decoder:
                             any_foreign = True
                             continue
                         any_ours = True
-                        if name != _OFU and name != _MFU:
+                        if name != _OFU and name != _MFU and (add_gpu_input is None or name not in GPU_INPUT_NAMES):
                             continue  # other producer metrics: consumed, nothing to aggregate
                         # Reading an unset gauge gives an empty default: ask for the kind only when no gauge points.
                         points = metric.gauge.data_points
@@ -367,6 +401,11 @@ class Decoder:
                                     accepted += 1
                                 else:
                                     rejections.add("gpu.ofu late or beyond the collector's state bounds")
+                        elif name != _MFU:
+                            assert add_gpu_input is not None
+                            accepted += _gpu_inputs(
+                                add_gpu_input, name, points, resource_identity, resource_key, latest, rejections
+                            )
                         else:
                             for point in points:
                                 value = _number(point)
@@ -457,6 +496,52 @@ class Decoder:
         if not any_foreign:
             return None
         return _subset(request, lambda name: not self._ours(name)).SerializeToString()
+
+
+def _gpu_inputs(
+    add: _GpuInputAdd,
+    name: str,
+    points: Any,
+    resource_identity: Mapping[str, str],
+    resource_key: str | None,
+    latest: int,
+    rejections: _Rejections,
+) -> int:
+    """The points of one loss-input metric into the aggregator; how many it took."""
+    accepted = 0
+    throttle = name == _THROTTLE
+    for point in points:
+        value = point.as_double or _number(point)
+        if value is None or not 0.0 <= value < math.inf:  # NaN fails both comparisons
+            rejections.add(f"{name} not finite or negative")
+            continue
+        attributes = point.attributes
+        identity = resource_identity
+        key = resource_key
+        reason: str | None = None
+        if attributes:
+            identity = _identity_of(attributes, resource_identity)
+            if identity is not resource_identity:
+                key = stream_key(identity)
+            if throttle:
+                for kv in attributes:
+                    if kv.key == _THROTTLE_REASON:
+                        reason = kv.value.string_value
+        if key is None:
+            rejections.add(f"{name} without hw.id")
+            continue
+        if throttle and reason not in _THROTTLE_REASONS:
+            rejections.add(f"{name} without a known {_THROTTLE_REASON}")
+            continue
+        end_ns = point.time_unix_nano
+        if not end_ns or end_ns > latest:
+            rejections.add(f"{name} without a timestamp or stamped in the future")
+            continue
+        if add(key, name, value, point.start_time_unix_nano or end_ns, end_ns, identity, reason):
+            accepted += 1
+        else:
+            rejections.add(f"{name} late or beyond the collector's state bounds")
+    return accepted
 
 
 def _without_profile(sink: PointSink) -> _ProfilingAdd:
