@@ -2,9 +2,12 @@
 
 Per GPU, from its window means (OFU ``O``, tensor pipe activity ``T``, SM clock ``f``):
 
-    idle   = 1 when the GPU had no tensor activity all window (T = 0), else 0
+    idle   = 1 - O when the GPU had no tensor activity all window (T < IDLE_TENSOR_ACTIVE), else 0
     clock  = T x (1 - r), r = min(1, f / f_ref), clamped to [0, T - O]      (0 for an idle GPU)
-    tensor = 1 - O - idle - clock
+    tensor = 1 - O - idle - clock                                            (0 for an idle GPU)
+
+"No tensor activity" allows a stray kernel: tensor pipes active under 1% of the window do no work worth
+the allocation, and an idle GPU's whole 1 - O is idle loss.
 
 ``f_ref`` is the clock OFU itself is measured against: the tensor clock of the GPU model where the catalog
 knows it (the clock the datasheet's dense peak is specified at: an SM boosting above it adds no tensor
@@ -32,6 +35,7 @@ from otel_ofu_collector.results import FleetLoss, JobLoss
 
 CAUSES = names.OfuLossCause.ALL
 IDLE, CLOCK, TENSOR = names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.OfuLossCause.TENSOR
+IDLE_TENSOR_ACTIVE = 0.01  # mean tensor pipe activity below which a GPU did no tensor work in the window
 J_PER_KWH = 3.6e6
 S_PER_HOUR = 3600.0
 
@@ -50,6 +54,11 @@ class GpuLoss:
     flops: float | None  # achieved FLOPs in the window (None where the dense peak is not known)
     price: float | None  # per GPU-hour, None: not priced
 
+    @property
+    def is_idle(self) -> bool:
+        """No tensor activity all window: its whole 1 - OFU is idle loss."""
+        return self.tensor_active < IDLE_TENSOR_ACTIVE
+
 
 def split_gpu(
     ofu: float,
@@ -63,8 +72,8 @@ def split_gpu(
 ) -> GpuLoss:
     """One GPU's split (see the module doc); ``clock_ratio`` is ``min(1, f / f_ref)`` or None when unknown."""
     tpa = ofu if tensor_active is None else max(tensor_active, ofu)
-    if tpa <= 0.0:
-        return GpuLoss(ofu, tpa, 1.0, 0.0, 0.0, seconds, energy_j, _flops(flops_per_s, seconds), price)
+    if tpa < IDLE_TENSOR_ACTIVE:
+        return GpuLoss(ofu, tpa, 1.0 - ofu, 0.0, 0.0, seconds, energy_j, _flops(flops_per_s, seconds), price)
     clock = 0.0
     if clock_ratio is not None:
         clock = min(max(tpa * (1.0 - clock_ratio), 0.0), tpa - ofu)

@@ -667,6 +667,7 @@ class Aggregator:
                 end,
                 split.ofu,
                 split.tensor_active,
+                split.is_idle,
                 median,
                 len(gpus),
                 inputs.throttle_shares() if inputs is not None else {},
@@ -715,7 +716,7 @@ class Aggregator:
             pue=config.pue,
             grid_intensity=config.grid_intensity,
         )
-        idle = frozenset(key for key, split, _inputs in splits if split.idle)
+        idle = frozenset(key for key, split, _inputs in splits if split.is_idle)
         values = JobWindowValues(start, end, ofu, mfu, len(splits), idle)
         flags = {name: flag.assess(values) for name, flag in job.flags.items()}
         self._assess_gpus(job_id, job, start, end, splits)

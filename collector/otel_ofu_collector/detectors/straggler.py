@@ -46,7 +46,7 @@ class _Straggler:
         below = (
             window.job_gpus >= 2
             and window.job_median_ofu > 0.0
-            and window.tensor_active > 0.0
+            and not window.idle
             and window.ofu * self.factor < window.job_median_ofu
         )
         self.run = self.run + 1 if below else 0
