@@ -86,8 +86,9 @@ def test_the_demo_prices_the_loss_and_every_window_adds_up(summary: FleetSummary
 
 
 def test_the_same_seed_gives_the_same_report_twice() -> None:
-    first = run_demo(duration_s=600, interval_s=10, window_s=60, seed=7)
-    second = run_demo(duration_s=600, interval_s=10, window_s=60, seed=7)
+    # Started an hour and a minute apart, as two runs of the command would be: the same numbers.
+    first = run_demo(duration_s=600, interval_s=10, window_s=60, seed=7, start_ns=1_800_000_000 * 10**9)
+    second = run_demo(duration_s=600, interval_s=10, window_s=60, seed=7, start_ns=1_800_003_660 * 10**9)
     assert len(first) == len(second) == 10
 
     def content(report: WindowReport) -> object:  # everything but the wall-clock-aligned window times

@@ -111,14 +111,19 @@ def run_demo(
     window_s: float = 60.0,
     seed: int = 7,
     console: Console | None = None,
+    start_ns: int | None = None,
 ) -> list[WindowReport]:
-    """Run the simulated fleet end to end and return the collector's closed windows."""
+    """Run the simulated fleet end to end and return the collector's closed windows.
+
+    ``start_ns``: the fleet's start (rounded down to the window); None: now. The numbers do not depend on it.
+    """
     if duration_s <= 0 or interval_s <= 0 or window_s <= 0:
         raise ValueError("duration, interval and window must be positive")
     console = console or Console(quiet=True)
     # Aligned to the window so the first window is whole.
     window_ns = int(window_s * 1e9)
-    clock = ManualClock(start_ns=time.time_ns() // window_ns * window_ns)
+    start = time.time_ns() if start_ns is None else start_ns
+    clock = ManualClock(start_ns=start // window_ns * window_ns)
     fleet = SimulatedFleet.demo(seed=seed, clock=clock, duration_s=duration_s)
     reports: list[WindowReport] = []
     service = CollectorService(
