@@ -307,9 +307,10 @@ class JobSummary:
         ratio = self.miscount_ratio
         size = f"{ratio:.1f}x" if ratio is not None else "far above"
         seconds = sum(w.loss.gpu_time_s for w in flagged if w.loss is not None)
+        sized = f", over {self._sized(seconds, flagged)} of GPU time" if _has_loss(flagged) else ""
         return (
             f"suspected FLOP miscount: reported MFU {size} its OFU for {plural(len(flagged), 'window')} "
-            f"(from {format_time(flagged[0].start_ns)}), over {self._sized(seconds, flagged)} of GPU time"
+            f"(from {format_time(flagged[0].start_ns)}){sized}"
         )
 
     def _regression_reason(self, flagged: list[JobWindow]) -> str:
@@ -322,9 +323,10 @@ class JobSummary:
         short = sum(
             max(0.0, baseline - w.ofu) * w.loss.gpu_time_s for w in flagged if w.ofu is not None and w.loss is not None
         )
+        sized = f": {self._sized(short, flagged)} lost against its baseline" if _has_loss(flagged) else ""
         return (
             f"regression: OFU {drop} from {when} ({share(baseline)} -> {share(level)}, "
-            f"{plural(len(flagged), 'window')}): {self._sized(short, flagged)} lost against its baseline"
+            f"{plural(len(flagged), 'window')}){sized}"
         )
 
     def _idle_reason(self, flagged: list[JobWindow]) -> str:
@@ -365,6 +367,11 @@ THROTTLE_WORDS: Final = {
     names.ThrottleReason.APP_CLOCK: "application clocks",
     names.ThrottleReason.OTHER: "another limit",
 }
+
+
+def _has_loss(windows: Sequence[JobWindow]) -> bool:
+    """Whether the windows carry loss figures (records written before the collector had them do not)."""
+    return any(w.loss is not None for w in windows)
 
 
 def _gpu_name(flag: GpuFlagReport) -> str:
