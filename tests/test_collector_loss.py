@@ -365,3 +365,17 @@ def test_the_decoder_takes_the_loss_inputs_and_refuses_bad_ones_by_name() -> Non
     # no tensor activity sent: TPA taken as OFU, and the H100's clock 1647/1830 cannot take more than TPA - OFU = 0
     assert job.loss.shares[CLOCK] == 0.0
     assert job.loss.shares[TENSOR] == pytest.approx(0.6)
+
+
+def test_peer_medians_equal_the_median_of_the_others_computed_directly() -> None:
+    import random
+    import statistics
+
+    from otel_ofu_collector.aggregation.windows import _peer_medians
+
+    rng = random.Random(5)
+    for n in (2, 3, 4, 5, 8, 17):
+        values = [round(rng.uniform(0, 1), 2) for _ in range(n)]  # ties on purpose
+        expected = [statistics.median(values[:i] + values[i + 1 :]) for i in range(n)]
+        assert _peer_medians(values) == pytest.approx(expected)
+    assert _peer_medians([0.4]) == [0.4]

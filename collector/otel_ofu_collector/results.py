@@ -101,7 +101,7 @@ class GpuFlagReport:
     attributes: Mapping[str, str]  # the GPU's identity (host.name, hw.id, ...) and the flag's own labels
     value: int
     ofu: float
-    job_median_ofu: float
+    job_median_ofu: float  # the median OFU of the job's other GPUs (the GPU's peers) in the window
 
 
 @attrs.frozen

@@ -204,6 +204,7 @@ class SimGpu:
     )
     # A power_cap GPU's enforced limit in W; None: 60% of the board's 700 W.
     power_cap_w: float | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    fault_from_s: float = 0.0  # the fault begins this many seconds after the fleet's start
 
     @property
     def key(self) -> str:
@@ -481,11 +482,16 @@ class SimulatedFleet:
         power_held = 1.0 if boost_held and activity > 0 else 0.0
         thermal_held = 0.0
         fault = track.gpu.fault
-        if fault == GpuFault.THERMAL and activity > 0 and t_s % _THERMAL_PERIOD_S >= _THERMAL_PERIOD_S / 2:
+        if (
+            fault == GpuFault.THERMAL
+            and activity > 0
+            and t_s >= track.gpu.fault_from_s
+            and t_s % _THERMAL_PERIOD_S >= _THERMAL_PERIOD_S / 2
+        ):
             hot = _quantize(max_mhz * _THERMAL_CLOCK_FRACTION, max_mhz)
             if hot < mhz:
                 mhz, thermal_held = hot, 1.0
-        if fault == GpuFault.POWER_CAP and activity > 0:
+        if fault == GpuFault.POWER_CAP and activity > 0 and t_s >= track.gpu.fault_from_s:
             cap_w = track.gpu.power_cap_w or _POWER_LIMIT_W * _POWER_CAP_FRACTION
             if power(mhz) > cap_w:
                 allowed = max_mhz * ((cap_w - idle_w) / ((_POWER_LIMIT_W - idle_w) * activity)) ** (1.0 / 3.0)

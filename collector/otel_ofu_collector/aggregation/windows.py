@@ -41,7 +41,6 @@ job's live state likewise (its horizon blocks linger as above), each counted.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Mapping
 
@@ -655,9 +654,9 @@ class Aggregator:
         """Run the GPU-level flags on each of the job's GPUs; keep the points they have to show."""
         if not GPU_DETECTORS or not gpus:
             return
-        median = statistics.median(split.ofu for _key, split, _inputs in gpus)
+        peers = _peer_medians([split.ofu for _key, split, _inputs in gpus])
         states: dict[str, dict[str, GpuFlag]] = {}
-        for key, split, inputs in gpus:
+        for (key, split, inputs), median in zip(gpus, peers, strict=True):
             flags = job.gpu_flags.get(key)
             if flags is None:
                 flags = {detector.metric.name: detector.start(self.config) for detector in GPU_DETECTORS}
@@ -788,6 +787,34 @@ class Aggregator:
             for cell in window.cells.values():
                 used[cell.profile] = cell.profile
         self._profiles = used
+
+
+def _peer_medians(values: list[float]) -> list[float]:
+    """For each value, the median of the others (a GPU's peers: its own OFU is not its reference); O(n log n).
+
+    A lone value has no peers: its own value stands in (nothing is below itself).
+    """
+    n = len(values)
+    if n < 2:
+        return list(values)
+    order = sorted(range(n), key=values.__getitem__)
+    ordered = [values[i] for i in order]
+    rank = [0] * n
+    for position, index in enumerate(order):
+        rank[index] = position
+    m = n - 1
+
+    def kth(k: int, skip: int) -> float:  # the k-th smallest of the others
+        return ordered[k] if k < skip else ordered[k + 1]
+
+    found = []
+    for index in range(n):
+        skip = rank[index]
+        if m % 2:
+            found.append(kth(m // 2, skip))
+        else:
+            found.append((kth(m // 2 - 1, skip) + kth(m // 2, skip)) / 2)
+    return found
 
 
 def _gpu_identity(key: str, inputs: _GpuInputs | None) -> dict[str, str]:

@@ -48,7 +48,7 @@ class GpuWindowValues:
     ofu: float  # the GPU's mean OFU in the window
     tensor_active: float  # its mean tensor pipe activity (its OFU where not reported)
     idle: bool  # no tensor activity all window (aggregation.loss.IDLE_TENSOR_ACTIVE)
-    job_median_ofu: float  # the median over the job's GPUs in the window
+    job_median_ofu: float  # the median OFU of the job's other GPUs in the window (its peers)
     job_gpus: int
     throttle: Mapping[str, float]  # share of the window the clock was held down, by gpu.throttle.reason
 

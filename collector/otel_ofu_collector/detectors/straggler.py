@@ -1,7 +1,9 @@
 """``gpu.straggler``: one GPU of a job far below the job's median OFU, window after window.
 
-A GPU is below in a window when its OFU x ``straggler_factor`` < its job's median OFU over the window's GPUs
-(the job needs two GPUs and a median above 0; a GPU with no tensor activity is idle, counted by
+A GPU is below in a window when its OFU x ``straggler_factor`` < the median OFU of its job's other GPUs in
+the window (its peers: a GPU is not its own reference, which in a two-GPU job would halve the gap; with
+three GPUs or more it is the job's median but for the straggler's own vote). The job needs two GPUs and a
+median above 0; a GPU with no tensor activity is idle, counted by
 ``job.gpus.idle``, not a straggler). The flag rises after ``straggler_windows`` consecutive windows below and
 falls at the first window not below. Shown only while up (1) and once when it falls (0): a healthy fleet adds
 no series. While up it carries ``gpu.throttle.reason`` when throttling explains it: the reason that held the

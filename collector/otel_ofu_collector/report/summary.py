@@ -352,7 +352,7 @@ class JobSummary:
             short = sum(max(0.0, f.job_median_ofu - f.ofu) * (w.end_ns - w.start_ns) / 1e9 for w, f in flags)
             size = f"{ratio:.2f}x" if ratio is not None else "far below"
             parts.append(
-                f"GPU {name} at {size} its job's median OFU for {plural(len(flags), 'window')} "
+                f"GPU {name} at {size} the median OFU of its job's other GPUs for {plural(len(flags), 'window')} "
                 f"(from {format_time(flags[0][0].start_ns)}){cause}: {self._sized(short, [w for w, _ in flags])} "
                 f"short of its peers"
             )
