@@ -140,8 +140,10 @@ class _GpuInputs:
         found = self.sums.get(metric)
         return found[0] / found[1] if found is not None else None
 
-    def throttle_shares(self) -> dict[str, float]:
-        return {reason: total / weight for reason, (total, weight) in self.throttle.items()}
+    def throttle_shares(self, covered: float) -> dict[str, float]:
+        """Each reason's share of the window, over ``covered`` (the GPU's OFU weight: the same intervals; the
+        decoder leaves zero shares out)."""
+        return {reason: min(1.0, total / max(covered, weight)) for reason, (total, weight) in self.throttle.items()}
 
     def energy(self, seconds: float) -> float | None:
         """The counter's deltas in the window; else mean power x seconds; else None."""
@@ -440,29 +442,48 @@ class Aggregator:
         reason: str | None = None,
     ) -> bool:
         """One loss input of a GPU stream (a ``GPU_INPUT_METRICS`` point, value finite and >= 0, checked by
-        the caller; ``reason`` its gpu.throttle.reason). False when late or over the stream cap.
+        the caller; ``reason`` its gpu.throttle.reason); see ``add_gpu_inputs``."""
+        if metric == _THROTTLE:
+            if reason is None:
+                return False
+            return self.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {}, {reason: value})
+        return self.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {metric: value}, {})
 
-        ``gpu.energy`` is the board's cumulative counter: its delta since the stream's previous point goes to
-        the window of this point; a first point (or one after a reset: a new start time, a lower value) counts
-        whole only when its series began within one window before it, else it only sets the baseline (a
-        collector restarting mid-series must not book a day's energy into one window).
+    def add_gpu_inputs(
+        self,
+        stream_key: str,
+        start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        values: Mapping[str, float],
+        throttle: Mapping[str, float],
+    ) -> bool:
+        """A GPU stream's loss inputs of one interval: ``values`` by metric name, ``throttle`` shares by
+        reason (a reason left out reads as 0). False when late or over the stream cap.
+
+        ``gpu.energy`` is the board's cumulative counter (``start_ns`` its series start): its delta since the
+        stream's previous point goes to the window of this point; a first point (or one after a reset: a new
+        start time, a lower value) counts whole only when its series began within one window before it, else
+        it only sets the baseline (a collector restarting mid-series must not book a day's energy into one
+        window).
         """
         if end_ns > self._watermark_ns:
             self._watermark_ns = end_ns
         delta: float | None = None
-        if metric == _ENERGY:
+        joules = values.get(_ENERGY)
+        if joules is not None:
             previous = self._energy.get(stream_key)
             if previous is None and len(self._energy) >= self.config.max_streams:
                 self._rejected_streams += 1
                 return False
             if previous is not None and end_ns <= previous[1]:
                 return True  # a retry or an older point: already counted
-            if previous is not None and previous[0] == start_ns and value >= previous[2]:
-                delta = value - previous[2]
+            if previous is not None and previous[0] == start_ns and joules >= previous[2]:
+                delta = joules - previous[2]
             elif 0 < start_ns < end_ns and end_ns - start_ns <= self._window_ns:
-                delta = value
-            self._energy[stream_key] = (start_ns, end_ns, value)
-            if delta is None:
+                delta = joules
+            self._energy[stream_key] = (start_ns, end_ns, joules)
+            if delta is None and len(values) == 1 and not throttle:
                 return True
         if self._last_start < end_ns <= self._last_end:
             window = self._last_window
@@ -479,24 +500,21 @@ class Aggregator:
                 self._rejected_streams += 1
                 return False
             inputs = window.gpus[stream_key] = _GpuInputs(identity)
-        self._points_gpu += 1
+        self._points_gpu += len(values) + len(throttle)
         if delta is not None:
             inputs.energy_j = delta if inputs.energy_j is None else inputs.energy_j + delta
-            return True
         overlap = end_ns - (start_ns if start_ns > window_start else window_start)
         weight = float(overlap) if overlap > 0 else 1.0
-        table = inputs.sums
-        if metric == _THROTTLE:
-            if reason is None:
-                return False
-            table = inputs.throttle
-            metric = reason
-        acc = table.get(metric)
-        if acc is None:
-            table[metric] = [value * weight, weight]
-        else:
-            acc[0] += value * weight
-            acc[1] += weight
+        for table, items in ((inputs.sums, values), (inputs.throttle, throttle)):
+            for metric, value in items.items():
+                if metric == _ENERGY:
+                    continue
+                acc = table.get(metric)
+                if acc is None:
+                    table[metric] = [value * weight, weight]
+                else:
+                    acc[0] += value * weight
+                    acc[1] += weight
         return True
 
     # --- closing -----------------------------------------------------------------------------------
@@ -618,10 +636,11 @@ class Aggregator:
 
     def _gpu_losses(
         self, window: _Window, gpus: list[tuple[str, _Cell]]
-    ) -> list[tuple[str, loss.GpuLoss, _GpuInputs | None]]:
+    ) -> list[tuple[str, loss.GpuLoss, _GpuInputs | None, float]]:
+        """Each GPU's split, with its inputs and its OFU weight (what its throttle shares are over)."""
         config = self.config
         model_index = 1 + self._groups + 1  # the profile: job.id, the group values, then JOB_ATTRIBUTE_KEYS
-        found: list[tuple[str, loss.GpuLoss, _GpuInputs | None]] = []
+        found: list[tuple[str, loss.GpuLoss, _GpuInputs | None, float]] = []
         for key, cell in gpus:
             ofu = cell.weighted / cell.weight
             inputs = window.gpus.get(key)
@@ -640,7 +659,7 @@ class Aggregator:
                     flops_per_s=inputs.mean(_FLOPS),
                     price=config.price_of(model),
                 )
-            found.append((key, split, inputs))
+            found.append((key, split, inputs, cell.weight))
         return found
 
     def _assess_gpus(
@@ -649,14 +668,14 @@ class Aggregator:
         job: _Job,
         start: int,
         end: int,
-        gpus: list[tuple[str, loss.GpuLoss, _GpuInputs | None]],
+        gpus: list[tuple[str, loss.GpuLoss, _GpuInputs | None, float]],
     ) -> None:
         """Run the GPU-level flags on each of the job's GPUs; keep the points they have to show."""
         if not GPU_DETECTORS or not gpus:
             return
-        peers = _peer_medians([split.ofu for _key, split, _inputs in gpus])
+        peers = _peer_medians([split.ofu for _key, split, _inputs, _weight in gpus])
         states: dict[str, dict[str, GpuFlag]] = {}
-        for (key, split, inputs), median in zip(gpus, peers, strict=True):
+        for (key, split, inputs, weight), median in zip(gpus, peers, strict=True):
             flags = job.gpu_flags.get(key)
             if flags is None:
                 flags = {detector.metric.name: detector.start(self.config) for detector in GPU_DETECTORS}
@@ -669,7 +688,7 @@ class Aggregator:
                 split.is_idle,
                 median,
                 len(gpus),
-                inputs.throttle_shares() if inputs is not None else {},
+                inputs.throttle_shares(weight) if inputs is not None else {},
             )
             for name, flag in flags.items():
                 verdict = flag.assess(values)
@@ -710,12 +729,12 @@ class Aggregator:
                 self._last_pair_start = start
         splits = self._gpu_losses(window, gpus)
         job_loss = loss.job_loss(
-            (split for _key, split, _inputs in splits),
+            (split for _key, split, _inputs, _weight in splits),
             currency=self._currency(),
             pue=config.pue,
             grid_intensity=config.grid_intensity,
         )
-        idle = frozenset(key for key, split, _inputs in splits if split.is_idle)
+        idle = frozenset(key for key, split, _inputs, _weight in splits if split.is_idle)
         values = JobWindowValues(start, end, ofu, mfu, len(splits), idle)
         flags = {name: flag.assess(values) for name, flag in job.flags.items()}
         self._assess_gpus(job_id, job, start, end, splits)

@@ -75,18 +75,23 @@ class PointSink(Protocol):
 
 
 class _GpuInputAdd(Protocol):
-    """``Aggregator.add_gpu_input``: one loss input of a GPU stream."""
+    """``Aggregator.add_gpu_inputs``: a GPU stream's loss inputs of one interval."""
 
     def __call__(
         self,
         stream_key: str,
-        metric: str,
-        value: float,
         start_ns: int,
         end_ns: int,
         identity: Mapping[str, str],
-        reason: str | None = None,
+        values: Mapping[str, float],
+        throttle: Mapping[str, float],
     ) -> bool: ...
+
+
+# A Resource's loss inputs, grouped by (stream key, start, end): (identity, values by metric, throttle by reason)
+# per group; a metric sent twice for one interval opens another group, so each point counts as sent.
+_Group = tuple[Mapping[str, str], dict[str, float], dict[str, float]]
+_Batch = dict[tuple[str, int, int], list[_Group]]
 
 
 class _ProfilingAdd(Protocol):
@@ -324,7 +329,7 @@ class Decoder:
         add_ofu = _without_profile(sink) if profile_of is None else cast(_ProfilingAdd, sink.add_ofu)
         add_mfu = sink.add_mfu
         # A sink that takes the loss inputs (the Aggregator) gets them; another only consumes them.
-        add_gpu_input: _GpuInputAdd | None = getattr(sink, "add_gpu_input", None)
+        add_gpu_inputs: _GpuInputAdd | None = getattr(sink, "add_gpu_inputs", None)
         max_mfu = self.max_mfu
         inputs = INPUT_METRIC_NAMES
         accepted = 0
@@ -342,6 +347,7 @@ class Decoder:
                 resource_identity: Mapping[str, str] | None = None
                 resource_key: str | None = None
                 resource_profile: Any = None
+                batch: _Batch | None = None  # the Resource's loss inputs, taken in one call per GPU interval
                 for sm in rm.scope_metrics:
                     for metric in sm.metrics:
                         name = metric.name
@@ -349,7 +355,7 @@ class Decoder:
                             any_foreign = True
                             continue
                         any_ours = True
-                        if name != _OFU and name != _MFU and (add_gpu_input is None or name not in GPU_INPUT_NAMES):
+                        if name != _OFU and name != _MFU and (add_gpu_inputs is None or name not in GPU_INPUT_NAMES):
                             continue  # other producer metrics: consumed, nothing to aggregate
                         # Reading an unset gauge gives an empty default: ask for the kind only when no gauge points.
                         points = metric.gauge.data_points
@@ -402,9 +408,10 @@ class Decoder:
                                 else:
                                     rejections.add("gpu.ofu late or beyond the collector's state bounds")
                         elif name != _MFU:
-                            assert add_gpu_input is not None
+                            if batch is None:
+                                batch = {}
                             accepted += _gpu_inputs(
-                                add_gpu_input, name, points, resource_identity, resource_key, latest, rejections
+                                batch, name, points, resource_identity, resource_key, latest, rejections
                             )
                         else:
                             for point in points:
@@ -428,6 +435,14 @@ class Decoder:
                                     accepted += 1
                                 else:
                                     rejections.add("job.mfu late or beyond the collector's state bounds")
+                if batch:
+                    assert add_gpu_inputs is not None
+                    for (key, start_ns, end_ns), groups in batch.items():
+                        for identity, values, throttle in groups:
+                            if not add_gpu_inputs(key, start_ns, end_ns, identity, values, throttle):
+                                refused = len(values) + len(throttle)
+                                accepted -= refused
+                                rejections.add("loss inputs late or beyond the collector's state bounds", refused)
         finally:
             if locked:
                 lock.release()
@@ -499,7 +514,7 @@ class Decoder:
 
 
 def _gpu_inputs(
-    add: _GpuInputAdd,
+    batch: _Batch,
     name: str,
     points: Any,
     resource_identity: Mapping[str, str],
@@ -507,7 +522,11 @@ def _gpu_inputs(
     latest: int,
     rejections: _Rejections,
 ) -> int:
-    """The points of one loss-input metric into the aggregator; how many it took."""
+    """The valid points of one loss-input metric into the Resource's batch; how many it took.
+
+    A throttle share of 0 is taken and left out: the windows average throttle shares over the GPU's OFU
+    time, so a reason absent from an interval reads as 0 for it (most intervals hold most reasons at 0).
+    """
     accepted = 0
     throttle = name == _THROTTLE
     for point in points:
@@ -515,18 +534,31 @@ def _gpu_inputs(
         if value is None or not 0.0 <= value < math.inf:  # NaN fails both comparisons
             rejections.add(f"{name} not finite or negative")
             continue
+        if throttle and value == 0.0:
+            accepted += 1  # no share held: nothing to add (see above), and no reason to read
+            continue
         attributes = point.attributes
         identity = resource_identity
         key = resource_key
         reason: str | None = None
         if attributes:
-            identity = _identity_of(attributes, resource_identity)
-            if identity is not resource_identity:
-                key = stream_key(identity)
             if throttle:
+                own_identity = False
                 for kv in attributes:
                     if kv.key == _THROTTLE_REASON:
                         reason = kv.value.string_value
+                    elif kv.key in _IDENTITY:
+                        own_identity = True
+                if reason not in _THROTTLE_REASONS:
+                    rejections.add(f"{name} without a known {_THROTTLE_REASON}")
+                    continue
+                if own_identity:
+                    identity = _identity_of(attributes, resource_identity)
+                    key = stream_key(identity)
+            else:
+                identity = _identity_of(attributes, resource_identity)
+                if identity is not resource_identity:
+                    key = stream_key(identity)
         if key is None:
             rejections.add(f"{name} without hw.id")
             continue
@@ -537,10 +569,14 @@ def _gpu_inputs(
         if not end_ns or end_ns > latest:
             rejections.add(f"{name} without a timestamp or stamped in the future")
             continue
-        if add(key, name, value, point.start_time_unix_nano or end_ns, end_ns, identity, reason):
-            accepted += 1
-        else:
-            rejections.add(f"{name} late or beyond the collector's state bounds")
+        groups = batch.setdefault((key, point.start_time_unix_nano or end_ns, end_ns), [])
+        field = reason if reason is not None else name
+        last = groups[-1] if groups else None
+        if last is None or last[0] is not identity or field in (last[2] if reason is not None else last[1]):
+            last = (identity, {}, {})
+            groups.append(last)
+        (last[2] if reason is not None else last[1])[field] = value
+        accepted += 1
     return accepted
 
 
