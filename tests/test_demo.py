@@ -119,3 +119,15 @@ def test_the_command_prints_the_report_and_exits_zero(capsys: pytest.CaptureFixt
     assert "idle allocation: 1 GPU" in flat
     assert "example price of 2.50 USD per GPU-hour" in flat
     assert "Fleet lost" in flat
+
+
+def test_a_mixed_precision_job_reads_as_both_precisions_whichever_window_ends_the_record(
+    summary: FleetSummary,
+) -> None:
+    # The producer (run/snapshot --source sim) shows bf16 or fp8 for job-1005 depending on the interval;
+    # the report names both, in the order seen, not whichever the last window happened to hold.
+    (spec,) = [job for job in SimulatedFleet.demo(seed=7).jobs if job.kind == ProfileKind.MIXED]
+    (job,) = [job for job in summary.jobs if job.job_id == spec.job_id]
+    assert job.precision == f"{spec.precision}+{spec.alternate_precision}"
+    short = summarize(run_demo(duration_s=120, interval_s=10, window_s=60, seed=7))
+    assert next(j for j in short.jobs if j.job_id == spec.job_id).precision == spec.precision

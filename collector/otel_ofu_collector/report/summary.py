@@ -98,6 +98,7 @@ class JobWindow:
     gpus: int
     loss: JobLoss | None = None
     gpu_flags: tuple[GpuFlagReport, ...] = ()  # the job's GPUs flagged (value 1) in this window
+    precision: str | None = None  # the job's gpu.precision in this window
 
     def flag_up(self, kind: str) -> bool:
         return kind in self.flags_up
@@ -142,7 +143,10 @@ class JobSummary:
 
     @property
     def precision(self) -> str | None:
-        return self.attributes.get(names.GPU_PRECISION)
+        """Every precision the job ran in over the record, in the order first seen ("bf16+fp8" for a job that
+        switches): one answer whichever window a reader looks at, as a producer shows it interval by interval."""
+        seen = dict.fromkeys(w.precision for w in self.history if w.precision)
+        return "+".join(seen) if seen else self.attributes.get(names.GPU_PRECISION)
 
     @property
     def windows(self) -> int:
@@ -440,6 +444,7 @@ def summarize(reports: Sequence[WindowReport]) -> FleetSummary:
                     job.gpus,
                     job.loss,
                     job_gpu_flags,
+                    job.attributes.get(names.GPU_PRECISION),
                 )
             )
             if job.attributes:
