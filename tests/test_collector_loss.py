@@ -379,3 +379,15 @@ def test_peer_medians_equal_the_median_of_the_others_computed_directly() -> None
         expected = [statistics.median(values[:i] + values[i + 1 :]) for i in range(n)]
         assert _peer_medians(values) == pytest.approx(expected)
     assert _peer_medians([0.4]) == [0.4]
+
+
+def test_loss_and_gpu_flags_survive_the_window_records() -> None:
+    from otel_ofu_collector.outputs.record_codec import report_from_line, report_to_line
+
+    agg = Aggregator(_config())
+    reports: list[WindowReport] = []
+    for window in range(4):
+        reports += _straggler_fleet(agg, window, 0.3, 0.9)
+    assert reports[-1].gpu_flags
+    for report in reports:
+        assert report_from_line(report_to_line(report)) == report

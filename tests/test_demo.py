@@ -108,7 +108,11 @@ def test_ofu_tracks_mfu_for_honest_jobs(summary: FleetSummary) -> None:
 def test_the_command_prints_the_report_and_exits_zero(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     html = tmp_path / "report.html"
     assert main(["demo", "--duration", "900", "--html", str(html)]) == 0
-    assert "suspected FLOP miscount" in html.read_text()
+    page = html.read_text()
+    assert "suspected FLOP miscount" in page
+    assert 'id="loss-by-cause"' in page  # where OFU is lost, per job and for the fleet
+    assert "straggler GPU OFU" in page  # the straggler on its job's timeline
+    assert "idle allocation: 1 GPU" in page
     out = capsys.readouterr().out
     assert "suspected FLOP miscount" in out
     assert "regression: OFU fell" in out
