@@ -41,6 +41,7 @@ job's live state likewise (its horizon blocks linger as above), each counted.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Mapping
 
@@ -127,23 +128,40 @@ class _Cell:
     job_id: str | None
 
 
+# Where each averaged loss input keeps its (weighted sum, weight) pair in ``_GpuInputs.sums``; after them, each
+# throttle reason's weighted share (over the GPU's OFU weight: the same intervals).
+_SLOTS: dict[str, int] = {_TENSOR: 0, _CLOCK: 2, _CLOCK_MAX: 4, _FLOPS: 6, _POWER: 8}
+_REASON_SLOTS: dict[str, int] = {reason: 10 + i for i, reason in enumerate(names.ThrottleReason.ALL)}
+_SUMS = 10 + len(_REASON_SLOTS)
+
+
+def _no_sums() -> array[float]:
+    return array("d", bytes(8 * _SUMS))
+
+
 @attrs.define(slots=True)
 class _GpuInputs:
-    """One stream's loss inputs in one window: time-weighted [sum, weight] per metric and throttle reason."""
+    """One stream's loss inputs in one window: time-weighted sums and weights per metric and the weighted
+    throttle shares, in one flat array of doubles (a few hundred bytes less per GPU than tables)."""
 
     identity: Mapping[str, str]
-    sums: dict[str, list[float]] = attrs.field(factory=dict)
-    throttle: dict[str, list[float]] = attrs.field(factory=dict)
+    sums: array[float] = attrs.field(factory=_no_sums)
     energy_j: float | None = None
 
     def mean(self, metric: str) -> float | None:
-        found = self.sums.get(metric)
-        return found[0] / found[1] if found is not None else None
+        slot = _SLOTS[metric]
+        weight = self.sums[slot + 1]
+        return self.sums[slot] / weight if weight else None
 
     def throttle_shares(self, covered: float) -> dict[str, float]:
         """Each reason's share of the window, over ``covered`` (the GPU's OFU weight: the same intervals; the
-        decoder leaves zero shares out)."""
-        return {reason: min(1.0, total / max(covered, weight)) for reason, (total, weight) in self.throttle.items()}
+        decoder leaves zero shares out), for the reasons that held the clock at all."""
+        sums = self.sums
+        return {
+            reason: min(1.0, sums[slot] / covered) if covered > 0 else 0.0
+            for reason, slot in _REASON_SLOTS.items()
+            if sums[slot] > 0
+        }
 
     def energy(self, seconds: float) -> float | None:
         """The counter's deltas in the window; else mean power x seconds; else None."""
@@ -505,16 +523,16 @@ class Aggregator:
             inputs.energy_j = delta if inputs.energy_j is None else inputs.energy_j + delta
         overlap = end_ns - (start_ns if start_ns > window_start else window_start)
         weight = float(overlap) if overlap > 0 else 1.0
-        for table, items in ((inputs.sums, values), (inputs.throttle, throttle)):
-            for metric, value in items.items():
-                if metric == _ENERGY:
-                    continue
-                acc = table.get(metric)
-                if acc is None:
-                    table[metric] = [value * weight, weight]
-                else:
-                    acc[0] += value * weight
-                    acc[1] += weight
+        sums = inputs.sums
+        for metric, value in values.items():
+            slot = _SLOTS.get(metric)
+            if slot is not None:
+                sums[slot] += value * weight
+                sums[slot + 1] += weight
+        for reason, value in throttle.items():
+            slot = _REASON_SLOTS.get(reason)
+            if slot is not None:
+                sums[slot] += value * weight
         return True
 
     # --- closing -----------------------------------------------------------------------------------
