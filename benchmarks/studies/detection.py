@@ -17,9 +17,8 @@ miscount shows as MFU/OFU of 1.40-1.49 - under a 1.5 ratio.
 Stragglers and idle allocations: a second fleet of the same kind, some of whose jobs are allocated but
 idle (``job.gpus.idle``), and in which one GPU of some multi-GPU dense jobs is power-capped (to
 ``STRAGGLER_CAP_W``) from a random moment of the run: a straggler at 0.55-0.75x the median OFU of its
-job's other GPUs. Counted
-per GPU: a straggler is detected when ``gpu.straggler`` rose on it at or after its cap began; any flag on
-another GPU, or on it before its cap, is a false positive. Target: every straggler and idle allocation
+job's other GPUs. Counted per GPU: a straggler is detected when ``gpu.straggler`` rose on it at or after
+its cap began; any flag on another GPU, or on it before its cap, is a false positive. Target: every straggler and idle allocation
 found, no healthy GPU or job flagged, at the defaults (``--straggler-factor 1.25``, 3 windows; 3 idle
 windows).
 
