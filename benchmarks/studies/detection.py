@@ -18,9 +18,9 @@ Stragglers and idle allocations: a second fleet of the same kind, some of whose 
 idle (``job.gpus.idle``), and in which one GPU of some multi-GPU dense jobs is power-capped (to
 ``STRAGGLER_CAP_W``) from a random moment of the run: a straggler at 0.55-0.75x the median OFU of its
 job's other GPUs. Counted per GPU: a straggler is detected when ``gpu.straggler`` rose on it at or after
-its cap began; any flag on another GPU, or on it before its cap, is a false positive. Target: every straggler and idle allocation
-found, no healthy GPU or job flagged, at the defaults (``--straggler-factor 1.25``, 3 windows; 3 idle
-windows).
+its cap began; any flag on another GPU, or on it before its cap, is a false positive. Target: every
+straggler and idle allocation found, no healthy GPU or job flagged, at the defaults
+(``--straggler-factor 1.25``, 3 windows; 3 idle windows).
 
 Fleet correlation: Pearson r across jobs of their run-mean OFU vs run-mean MFU, over all jobs, without
 the injected miscounts, and without the jobs the collector flagged (the paper: r 0.53 over all jobs,
