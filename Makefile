@@ -5,12 +5,14 @@ BIN := $(VENV)/bin
 # Reinstalled whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit system-deps bench bench-quick clean helm
+.PHONY: demo test lint typecheck unit system-deps bench bench-quick clean helm otelcol
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# The producer benchmark's peer, without its own pins (see the dev extra in pyproject.toml).
+	$(BIN)/python -m pip install --quiet --no-deps 'openlit>=1.45,<2'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,13 +35,22 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest
 
-test: $(STAMP) system-deps helm lint typecheck unit bench-quick
+# otel-ofu's OpenTelemetry Collector distribution and telemetrygen (collector/otelcol/builder/manifest.yaml),
+# for the end-to-end tests; rebuilt only when missing or the manifest changed.
+OTELCOL := build/otelcol/otelcol-ofu
+$(OTELCOL): collector/otelcol/builder/manifest.yaml collector/otelcol/build.sh
+	bash collector/otelcol/build.sh
+
+otelcol:
+	bash collector/otelcol/build.sh
+
+test: $(STAMP) system-deps helm $(OTELCOL) lint typecheck unit bench-quick
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 bench-quick: $(STAMP)
-	@if [ -f benchmarks/__main__.py ]; then $(BIN)/python -m benchmarks --quick; fi
+	$(BIN)/python -m benchmarks --quick --strict
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -4,7 +4,8 @@ Full mode writes ``benchmarks/results/NAME.json`` (+ plots) and rebuilds ``bench
 every result there. ``--quick`` (what CI runs) uses smaller sizes and writes to ``benchmarks/results/quick/``
 (gitignored), so it never overwrites the committed full results. ``--out DIR`` puts JSON, plots and
 RESULTS.md in DIR. A benchmark that raises is recorded as an error and the others still run; the exit
-code is 1 then, and with ``--strict`` also when a target is missed.
+code is 1 then, and with ``--strict`` also when a deterministic target is missed or a ratio target is missed
+by more than ``RATIO_MARGIN`` (one line per miss); absolute times are reported, never enforced.
 """
 
 from __future__ import annotations
@@ -18,7 +19,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, write_markdown, write_result
+from benchmarks.common import (
+    RATIO_MARGIN,
+    BenchResult,
+    RunContext,
+    Table,
+    Verdict,
+    doc_summary,
+    new_figure,
+    save_figure,
+    write_markdown,
+    write_result,
+)
 
 HERE = Path(__file__).resolve().parent
 Runner = Callable[[RunContext], BenchResult]
@@ -49,45 +61,90 @@ def _adapt(name: str, module: Any) -> Runner:
 
 
 def _producer(module: Any, ctx: RunContext) -> BenchResult:
-    """benchmarks/bench_producer.py's ``run(gpu_counts, exporters) -> dict`` as a BenchResult."""
-    gpus = (8, 64) if ctx.quick else (8, 64, 1000)
-    exporters = ("encode",) if ctx.quick else ("encode", "grpc")
-    data = module.run(gpu_counts=gpus, exporters=exporters)
+    """benchmarks/bench_producer.py's ``run() -> dict`` as a BenchResult."""
+    data = module.run(cycles=60, repeats=5) if ctx.quick else module.run(cycles=300, repeats=7)
     target = data["target"]
     rows = [
         (
-            e["exporter"],
-            str(e["gpus"]),
-            str(e["points"]),
+            e["source"],
             f"{e['ours_ms']:.3f}",
             f"{e['floor_ms']:.3f}",
             f"{e['ratio']:.2f}",
+            f"{e['ours_us_per_gpu']:.0f}",
+            f"{e['openlit_us_per_gpu']:.0f}",
+            f"{e['ours_points']} / {e['openlit_points']}",
+            f"{e['ours_bytes_per_cycle']:,.0f} / {e['sdk_bytes_per_cycle']:,.0f}",
         )
-        for e in data["runs"]
+        for e in data["sources"]
     ]
     verdicts: list[Verdict] = []
-    for e in data["runs"]:
-        if e["gpus"] != 8:
-            continue
+    for e in data["sources"]:
+        where = e["source"]
         verdicts.append(
-            Verdict(f"CPU per export cycle, 8 GPUs ({e['exporter']})", e["ours_ms"], target["ms_at_8_gpus"], "ms")
+            Verdict(
+                f"whole cycle / SDK encoder on the same MetricsData, 8 GPUs, {where}",
+                e["ratio"],
+                target["ratio"],
+                "x",
+                kind="ratio",
+            )
         )
-        verdicts.append(Verdict(f"ours / bare SDK floor, 8 GPUs ({e['exporter']})", e["ratio"], target["ratio"], "x"))
+        verdicts.append(
+            Verdict(
+                f"ours / OpenLIT GPU instrumentation, CPU per GPU, {where}",
+                e["ours_us_per_gpu"] / e["openlit_us_per_gpu"],
+                1.0,
+                "x",
+                kind="ratio",
+            )
+        )
+        verdicts.append(Verdict(f"CPU per cycle, 8 GPUs, {where}", e["ours_ms"], target["ms"], "ms", kind="absolute"))
+    data["peer_versions"] = {"openlit": data["openlit_version"]}
     return BenchResult(
         "producer",
-        "Producer: CPU per export cycle",
-        doc_summary(module.__doc__)
-        + "\n\n`encode` serialises OTLP in memory; `grpc` exports to a receiver in a child process on loopback.",
+        "Producer: CPU per export cycle, 8 GPUs",
+        doc_summary(module.__doc__),
         tables=(
             Table(
-                "CPU per export cycle (best of repeats)",
-                ("exporter", "GPUs", "points", "ours ms", "SDK floor ms", "ratio"),
+                f"CPU per export cycle (best of {data['repeats']} repeats of {data['cycles']} cycles)",
+                (
+                    "source",
+                    "ours ms",
+                    "SDK encoder ms",
+                    "ratio",
+                    "ours us/GPU",
+                    "OpenLIT us/GPU",
+                    "points ours / OpenLIT",
+                    "bytes ours / SDK",
+                ),
                 rows,
+                note="Targets: whole cycle <= 1.3x the SDK encoder on the same MetricsData (ratio), <= 2 ms of CPU "
+                "per cycle (absolute, reported) and less CPU per GPU than OpenLIT (ratio < 1). OpenLIT's cycle is "
+                "its callbacks through the SDK MeterProvider plus the same SDK encode; it reads 11 gauges per GPU "
+                "(no OFU), ours 6 per GPU plus self-metrics.",
             ),
         ),
         verdicts=verdicts,
         data=data,
+        plots=(_producer_plot(ctx, data),),
     )
+
+
+def _producer_plot(ctx: RunContext, data: dict[str, Any]) -> str:
+    """CPU per GPU per cycle: ours, the SDK encoder on our MetricsData, and OpenLIT, per source."""
+    figure, axes = new_figure()
+    sources = data["sources"]
+    width = 0.27
+    for offset, (key, label) in enumerate(
+        (("ours_ms", "otel-ofu cycle"), ("floor_ms", "SDK encoder alone (floor)"), ("openlit_ms", "OpenLIT GPU"))
+    ):
+        xs = [i + (offset - 1) * width for i in range(len(sources))]
+        axes.bar(xs, [e[key] * 1e3 / data["gpus"] for e in sources], width, label=label)
+    axes.set_xticks(range(len(sources)), [e["source"] for e in sources])
+    axes.set_ylabel("us of CPU per GPU per cycle")
+    axes.set_title(f"Producer, {data['gpus']} GPUs: whole cycle vs floor vs OpenLIT")
+    axes.legend(fontsize=8)
+    return save_figure(figure, ctx, "producer")
 
 
 def _collector(module: Any, ctx: RunContext) -> BenchResult:
@@ -105,27 +162,39 @@ def _collector(module: Any, ctx: RunContext) -> BenchResult:
     targets = data["targets"]
     rows = [
         ("ingest with aggregation", f"{data['points_per_s']:,.0f} points/s"),
-        ("floor: parse + read every point once", f"{data['floor_points_per_s']:,.0f} points/s"),
+        (
+            "floor: parse, identity cached per Resource, read every point once",
+            f"{data['floor_points_per_s']:,.0f} points/s",
+        ),
         ("ratio to floor", f"{data['ratio_to_floor']:.2f}"),
         *((f"window close, {k}k GPUs", f"{data[f'close_ms_{k}k']:.1f} ms") for k in (1, 10, 100)),
         ("state per GPU stream", f"{data['bytes_per_stream']:,.0f} bytes"),
     ]
     verdicts = (
         Verdict(
-            "ingest points/s, one core, aggregation on",
+            "ingest points/s, one core, aggregation on (in process)",
             data["points_per_s"],
             targets["points_per_s"],
             "points/s",
             higher_is_better=True,
+            kind="absolute",
         ),
         Verdict(
-            "ingest / parse-and-touch floor",
+            "ingest / parse-and-touch floor with the same per-Resource identity cache",
             data["ratio_to_floor"],
             targets["ratio_to_floor"],
             "x",
             higher_is_better=True,
+            kind="ratio",
         ),
-        Verdict("window close at 100k GPUs", data["close_ms_100k"], targets["close_ms_100k"], "ms"),
+        Verdict(
+            "a floor is never beaten by what it bounds (ingest / floor <= 1)",
+            data["ratio_to_floor"],
+            1.0,
+            "x",
+            kind="ratio",
+        ),
+        Verdict("window close at 100k GPUs", data["close_ms_100k"], targets["close_ms_100k"], "ms", kind="absolute"),
         Verdict("state per GPU stream", data["bytes_per_stream"], targets["bytes_per_stream"], "bytes"),
     )
     latency_rows = [
@@ -140,7 +209,7 @@ def _collector(module: Any, ctx: RunContext) -> BenchResult:
     ]
     return BenchResult(
         "collector",
-        "Collector: ingest, window close, state, export latency",
+        "Collector in process: ingest, window close, state, export latency",
         doc_summary(module.__doc__),
         tables=(
             Table("One thread (one core's CPU)", ("measure", "value"), rows),
@@ -161,6 +230,7 @@ def _collector(module: Any, ctx: RunContext) -> BenchResult:
 BENCHMARKS: dict[str, Callable[[], Runner]] = {
     "producer": _adapted("benchmarks.bench_producer", "producer"),
     "collector": _adapted("benchmarks.bench_collector", "collector"),
+    "collector_e2e": _module_runner("benchmarks.bench_collector_e2e"),
     "percentiles": _module_runner("benchmarks.bench_percentiles"),
     "clock_sampling": _module_runner("benchmarks.studies.clock_sampling"),
     "tile_quantization": _module_runner("benchmarks.studies.tile_quantization"),
@@ -180,7 +250,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"run only these: {', '.join(BENCHMARKS)}",
     )
     parser.add_argument("--out", type=Path, help="folder for JSON, plots and RESULTS.md (default: benchmarks/results)")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help=f"exit 1 when a deterministic target is missed, or a ratio by more than {round(RATIO_MARGIN * 100)}%% "
+        "(this machine's noise); absolute times are reported only",
+    )
     return parser.parse_args(argv)
 
 
@@ -205,10 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             result = BENCHMARKS[name]()(ctx)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not exc.name.startswith("benchmarks."):
-                raise
-            print(f"[benchmarks] {name}: skipped, {exc.name} does not exist yet", flush=True)
+        except ModuleNotFoundError as exc:  # a missing optional module: one line, recorded, the rest still run
+            failed.append(name)
+            error = f"missing module {exc.name}: {exc}"
+            print(f"[benchmarks] {name}: ERROR {error}", file=sys.stderr, flush=True)
+            write_result(BenchResult(name, name, "did not finish"), ctx, time.perf_counter() - t0, error=error)
             continue
         except Exception as exc:  # one broken benchmark never hides the others' results
             traceback.print_exc()
@@ -219,10 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         write_result(result, ctx, seconds)
         for verdict in result.verdicts:
-            state = ("met" if verdict.met else "MISSED") + (" (paper)" if verdict.source == "paper" else "")
-            print(f"    {state:14} {verdict.target}: {verdict.measured:.4g} {verdict.unit} ({verdict.margin})")
-            if not verdict.met and verdict.source == "target":
-                missed.append(f"{name}: {verdict.target}")
+            published = verdict.source == "published"
+            state = ("met" if verdict.met else "MISSED") + (" (published)" if published else f" ({verdict.kind})")
+            print(f"    {state:26} {verdict.target}: {verdict.measured:.4g} {verdict.unit} ({verdict.margin})")
+            if not published and verdict.kind != "absolute" and verdict.missed_beyond(RATIO_MARGIN):
+                missed.append(f"{name}: {verdict.target}: {verdict.measured:.4g} {verdict.unit} ({verdict.margin})")
         print(f"[benchmarks] {name} done in {seconds:.1f} s", flush=True)
     path = write_markdown(out_dir, markdown, list(BENCHMARKS), quick=args.quick)
     print(f"[benchmarks] {len(selected)} run in {time.perf_counter() - started:.1f} s; wrote {path}")
@@ -230,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[benchmarks] errors in: {', '.join(failed)}", file=sys.stderr)
         return 1
     if missed and args.strict:
-        print(f"[benchmarks] missed targets: {'; '.join(missed)}", file=sys.stderr)
+        for line in missed:
+            print(f"[benchmarks] MISSED {line}", file=sys.stderr)
         return 1
     return 0
 

@@ -2,7 +2,7 @@
 
 A benchmark module exposes ``run(ctx: RunContext) -> BenchResult``. ``RunContext`` says where files go and
 whether the run is the quick one; the result carries the tables for RESULTS.md, the verdicts against the
-targets (measured in the same run as their floors) and free-form JSON data. RESULTS.md is
+the targets (measured in the same run as their floors) and free-form JSON data. RESULTS.md is
 rebuilt from every ``*.json`` in the results folder, so ``--only NAME`` refreshes one section and keeps
 the others.
 """
@@ -24,6 +24,12 @@ from typing import Any
 import attrs
 
 JSON_SCHEMA = 1
+# ``--strict`` fails a ratio target only when it is missed by more than this (relative). Measured on the shared
+# 2-core machine this project is built on: the quick ratios, each run 3-4 times in a row
+# (benchmarks/results/ratio_spread.json), spread by up to 26% (max / min - 1; producer / SDK encoder on the
+# fake NVML: 1.85-2.34), 16% (same on the simulator), 7% (collector / Rotel end to end) and 5% (in-process
+# ingest / floor). The margin is the largest, rounded up.
+RATIO_MARGIN = 0.30
 
 
 @attrs.frozen
@@ -38,12 +44,27 @@ class RunContext:
 class Verdict:
     """A measured value against a target limit: met or missed, and by how much."""
 
-    target: str  # the target as docs/design.md (or the paper) states it
+    target: str  # the target as the project (or a publication) states it
     measured: float
     limit: float
     unit: str = ""
     higher_is_better: bool = False
-    source: str = "target"  # "target" rows are the project's targets; "paper" rows are comparisons
+    source: str = "target"  # "target" rows are the contract; "published" rows compare with published figures
+    # How ``--strict`` treats a miss: "deterministic" (same inputs, same number: any miss fails), "ratio"
+    # (two timings from one run: fails when missed by more than the machine's noise margin) or "absolute"
+    # (a time on this machine: reported, never enforced).
+    kind: str = attrs.field(
+        default="deterministic", validator=attrs.validators.in_(("deterministic", "ratio", "absolute"))
+    )
+
+    def missed_beyond(self, margin: float) -> bool:
+        """Missed by more than ``margin`` (relative; 0 for deterministic targets)."""
+        if not math.isfinite(self.measured):
+            return True
+        slack = 1.0 + (margin if self.kind == "ratio" else 0.0)
+        if self.higher_is_better:
+            return self.measured * slack < self.limit
+        return self.measured > self.limit * slack
 
     @property
     def met(self) -> bool:
@@ -76,6 +97,7 @@ class Verdict:
             "unit": self.unit,
             "higher_is_better": self.higher_is_better,
             "source": self.source,
+            "kind": self.kind,
             "met": self.met,
             "margin": self.margin,
         }
@@ -270,12 +292,12 @@ def gpu_validation_row(results_dir: Path) -> str:
         share, dry_run = None, True
     if share is None or dry_run:
         return (
-            f"| gpu (validate_ofu) | {target} | - | 95 % | not measured | no Hopper GPU in this run: "
+            f"| gpu (validate_ofu) | {target} | - | 95 % | hardware | not measured | no Hopper GPU in this run: "
             "`python -m benchmarks.gpu.validate_ofu --out benchmarks/results/gpu` on an H100/H200 |"
         )
     verdict = Verdict(target, share * 100, 95.0, "%", higher_is_better=True)
     return (
-        f"| gpu (validate_ofu) | {target} ({data['header']['device']}) | {share * 100:.1f} % | 95 % | "
+        f"| gpu (validate_ofu) | {target} ({data['header']['device']}) | {share * 100:.1f} % | 95 % | hardware | "
         f"{'met' if verdict.met else '**MISSED**'} | {verdict.margin} |"
     )
 
@@ -289,9 +311,14 @@ def render_markdown(
     lines = [
         "# Benchmark and study results",
         "",
-        f"Reproduce every number here with `{command}` (`make bench`; CI runs `make bench-quick`).",
-        "Each target (docs/design.md) is measured against its floor or ground truth in the same run.",
-        "Rows marked *paper* compare with the OFU paper's published figures and are not contract targets.",
+        f"Reproduce every number here with `{command}` (`make bench`; CI runs `make bench-quick`, which is",
+        "`python -m benchmarks --quick --strict`). Each target is measured against its floor, its peers or",
+        "its ground truth in the same run. Kinds: *deterministic* targets give the same number for the same",
+        "inputs and any miss fails CI; *ratio* targets compare two timings of one run and fail CI when missed",
+        f"by more than this machine's measured noise margin ({RATIO_MARGIN:.0%}: the largest spread of repeated quick",
+        "runs of the ratios, max / min - 1, was 26%, `benchmarks/results/ratio_spread.json`); *absolute*",
+        "times depend on the machine and are reported, never enforced. Rows marked *published* compare with",
+        "published figures and are not targets; a study that holds by construction carries no verdict.",
         "",
         "## Machines",
         "",
@@ -301,23 +328,30 @@ def render_markdown(
     commits = sorted({str(r["machine"]["git_commit"]) for r in results if r.get("machine", {}).get("git_commit")})
     if commits:
         lines += ["", f"Source at commit {', '.join(commits)} (plus the working tree when it ran)."]
+    peers = sorted(
+        {f"{name} {v}" for r in results for name, v in (r.get("data", {}).get("peer_versions") or {}).items()}
+    )
+    if peers:
+        lines += ["", "Peers: " + ", ".join(peers) + "."]
     lines += [
         "",
         "## Targets",
         "",
-        "| benchmark | target | measured | limit | verdict | margin |",
-        "|---|---|---|---|---|---|",
+        "| benchmark | target | measured | limit | kind | verdict | margin |",
+        "|---|---|---|---|---|---|---|",
     ]
     for result in results:
         for v in result.get("verdicts", []):
             measured = "-" if v["measured"] is None else f"{fmt(v['measured'], 4)} {v['unit']}".strip()
-            verdict = ("met" if v["met"] else "**MISSED**") + (" (paper)" if v.get("source") == "paper" else "")
+            published = v.get("source") == "published"
+            verdict = ("met" if v["met"] else "**MISSED**") + (" (published)" if published else "")
+            kind = "published" if published else v.get("kind", "deterministic")
             lines.append(
-                f"| {result['name']} | {v['target']} | {measured} | {fmt(v['limit'], 4)} {v['unit']} | "
+                f"| {result['name']} | {v['target']} | {measured} | {fmt(v['limit'], 4)} {v['unit']} | {kind} | "
                 f"{verdict} | {v['margin']} |"
             )
         if result.get("error"):
-            lines.append(f"| {result['name']} | (did not finish) | - | - | **ERROR** | {result['error']} |")
+            lines.append(f"| {result['name']} | (did not finish) | - | - | - | **ERROR** | {result['error']} |")
     if gpu_row is not None:
         lines.append(gpu_row)
     for result in results:

@@ -108,6 +108,10 @@ COLLECTOR_METRICS: Final = (
 
 QUANTILES: Final = (0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
+# The percentile attribute (QUANTILE) as a Prometheus label: Prometheus reserves ``quantile`` for summaries (promtool
+# refuses it on a gauge), so the collector's /metrics names it this; OTLP keeps QUANTILE.
+PROMETHEUS_QUANTILE_LABEL: Final = "ofu_quantile"
+
 # --- Collector outputs: where OFU is lost and what it costs ---------------------------------------
 # Per job per closed window, with fleet totals per window; sums are deltas (one window's worth), so shards'
 # outputs add. A job's loss splits 1 - OFU by cause: OFU + the three causes of job.ofu.loss = 1.
@@ -205,7 +209,7 @@ COLLECTOR_PARTIAL_METRICS: Final = (
     PARTIAL_FLEET_ABS_DIFF_SUM,
 )
 
-# --- Collector self-metrics (Prometheus endpoint and CollectorService.self_metrics) -----------------
+# --- Collector self-metrics (Prometheus endpoint, the OTLP downstream, CollectorService.self_metrics) --
 
 COLLECTOR_POINTS_ACCEPTED: Final = MetricSpec(
     "otel_ofu_collector.points.accepted", "{point}", "sum", "Data points taken into the windows"
@@ -225,6 +229,25 @@ COLLECTOR_EXPORT_QUEUED: Final = MetricSpec(
 COLLECTOR_DROPPED: Final = MetricSpec(
     "otel_ofu_collector.dropped", "{request}", "sum", "Requests dropped beyond the queue or spool bound, by reason"
 )
+COLLECTOR_EVICTED: Final = MetricSpec(
+    "otel_ofu_collector.evicted",
+    "{item}",
+    "sum",
+    "GPU streams and jobs evicted after --stale-after of silence, by kind",
+)
+COLLECTOR_POINTS_OVER_CAP: Final = MetricSpec(
+    "otel_ofu_collector.points.over_cap",
+    "{point}",
+    "sum",
+    "Points of a new stream or job over --max-streams / --max-jobs, by cap (a gpu.ofu of a job over the cap "
+    "still counts in the fleet percentiles, in no job's outputs)",
+)
+COLLECTOR_EXPORT_FAILURES: Final = MetricSpec(
+    "otel_ofu_collector.export.failures", "{request}", "sum", "Sends to the downstream that failed, by stream"
+)
+COLLECTOR_SPOOL_SIZE: Final = MetricSpec(
+    "otel_ofu_collector.spool.size", "By", "gauge", "Bytes of undelivered window outputs held in the --spool"
+)
 COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_POINTS_ACCEPTED,
     COLLECTOR_POINTS_REJECTED,
@@ -232,7 +255,18 @@ COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_REQUESTS_FORWARDED,
     COLLECTOR_EXPORT_QUEUED,
     COLLECTOR_DROPPED,
+    COLLECTOR_EVICTED,
+    COLLECTOR_POINTS_OVER_CAP,
+    COLLECTOR_EXPORT_FAILURES,
+    COLLECTOR_SPOOL_SIZE,
 )
+# The attribute (Prometheus label) a self-metric's values are split by; "reason" unless named here.
+COLLECTOR_SELF_METRIC_KEYS: Final = {
+    COLLECTOR_EXPORT_QUEUED.name: "stream",
+    COLLECTOR_EXPORT_FAILURES.name: "stream",
+    COLLECTOR_EVICTED.name: "kind",
+    COLLECTOR_POINTS_OVER_CAP.name: "cap",
+}
 
 # The largest job.mfu accepted, by the reporter and the collector alike: a framework that over-counts FLOPs
 # can claim more than 1 (the paper's MoE case counted ~3x), but beyond a 4x over-count of a fully busy GPU

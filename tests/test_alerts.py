@@ -44,7 +44,9 @@ METRIC_NAMES = {spec.name for spec in OUTPUT_SPECS}
 ATTRIBUTE_KEYS = {
     value
     for key, value in vars(names).items()
-    if key.isupper() and isinstance(value, str) and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile", value)
+    if key.isupper()
+    and isinstance(value, str)
+    and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile|ofu_quantile", value)
 }
 ALERT_NAMES = {alert.name for alert in generate.ALERTS}
 

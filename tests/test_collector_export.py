@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import attrs
@@ -245,13 +246,34 @@ def test_stop_lets_a_send_in_flight_finish_and_remove_its_request(tmp_path: Path
     delivery.start()
     assert transport.inside.wait(10)
     left: list[int] = []
-    stopper = threading.Thread(target=lambda: left.append(delivery.stop(0)))
+    stopper = threading.Thread(target=lambda: left.append(delivery.stop(10)))
     stopper.start()
     transport.release.set()
     stopper.join(10)
     assert transport.events == ["sent", "closed"]  # never closed under a running send
     assert left == [0]
     assert len(SqliteSpool(spool_path)) == 0  # its remove was not lost: no duplicate after a restart
+
+
+def test_stop_does_not_wait_for_a_send_in_flight_past_its_deadline(tmp_path: Path) -> None:
+    spool_path = str(tmp_path / "spool.sqlite")
+    transport = BlockingTransport()
+    delivery = Delivery(transport, SqliteSpool(spool_path))
+    delivery.submit(payload("w1"))
+    delivery.start()
+    assert transport.inside.wait(10)
+    assert delivery.stop(0) == 1  # returned while the send still hangs: the shutdown grace holds
+    assert transport.events == []  # and closed nothing under it
+    transport.release.set()
+    assert _eventually(lambda: len(SqliteSpool(spool_path)) == 0)  # the late send still removes its request
+
+
+def _eventually(condition: Callable[[], bool]) -> bool:
+    for _ in range(500):
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_a_sender_waking_after_stop_finds_the_delivery_closed(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ from otel_ofu import names
 from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request
 from otel_ofu.testing.pki import make_pki
 from otel_ofu_collector.otlp.decode import DecodeOutcome, Decoder
-from otel_ofu_collector.receivers.admission import Gate
+from otel_ofu_collector.receivers.admission import BodyBudget, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.otlp_http import HttpReceiver
 
@@ -330,16 +330,18 @@ def test_a_body_shorter_than_its_length_is_400(running: Running) -> None:
     assert running.sink.ofu == []
 
 
-def test_a_stalled_body_times_out_and_frees_its_gate_slot() -> None:
+def test_a_stalled_body_times_out_and_frees_its_reader_slot() -> None:
     sink = RecordingSink()
     gate = Gate(max_in_flight=1)
-    receiver = HttpReceiver(Decoder(sink).decode, gate, "127.0.0.1:0", read_timeout_s=0.2)
+    receiver = HttpReceiver(
+        Decoder(sink).decode, gate, "127.0.0.1:0", read_timeout_s=0.2, bodies=BodyBudget(max_readers=1)
+    )
     receiver.start()
     try:
         reply = _raw(receiver.port, _head("Content-Length: 100\r\n") + b"\x0a")  # and then nothing
         assert (reply.status, reply.closed) == (408, True)
         assert _code(reply.body) == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
-        _wait_for(lambda: gate.in_flight == 0)
+        _wait_for(lambda: receiver.bodies is not None and receiver.bodies.readers == 0)
     finally:
         receiver.stop()
 
@@ -412,11 +414,18 @@ def test_a_small_refused_body_is_read_and_the_connection_kept() -> None:
     ],
     ids=["content-length", "chunked"],
 )
-def test_a_dripping_body_hits_the_overall_deadline_and_frees_its_gate_slot(framing: str, drip: bytes) -> None:
+def test_a_dripping_body_hits_the_overall_deadline_and_frees_its_reader_slot(framing: str, drip: bytes) -> None:
     sink = RecordingSink()
     gate = Gate(max_in_flight=1)
     # Never silent for the read timeout, so only the body's overall deadline can stop it.
-    receiver = HttpReceiver(Decoder(sink).decode, gate, "127.0.0.1:0", read_timeout_s=10.0, body_deadline_s=0.5)
+    receiver = HttpReceiver(
+        Decoder(sink).decode,
+        gate,
+        "127.0.0.1:0",
+        read_timeout_s=10.0,
+        body_deadline_s=0.5,
+        bodies=BodyBudget(max_readers=1),
+    )
     receiver.start()
     try:
         with socket.create_connection(("127.0.0.1", receiver.port), timeout=10) as sock:
@@ -433,7 +442,7 @@ def test_a_dripping_body_hits_the_overall_deadline_and_frees_its_gate_slot(frami
             assert _code(response.read()) == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
             assert (response.status, response.getheader("Connection")) == (408, "close")
             assert _closed(sock)
-        _wait_for(lambda: gate.in_flight == 0)
+        _wait_for(lambda: receiver.bodies is not None and receiver.bodies.readers == 0)
         running = Running(receiver, sink, gate)
         assert running.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0] == 200  # the one slot is free
     finally:
@@ -447,7 +456,8 @@ def test_a_client_leaving_mid_body_leaves_no_traceback(capfd: pytest.CaptureFixt
     try:
         sock = socket.create_connection(("127.0.0.1", server.receiver.port), timeout=10)
         sock.sendall(_head("Content-Length: 1000\r\n") + b"\x0a\x00")
-        _wait_for(lambda: server.gate.in_flight == 1)  # the handler is reading the body
+        bodies = server.receiver.bodies
+        _wait_for(lambda: bodies is not None and bodies.readers == 1)  # the handler is reading the body
         if reset:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()

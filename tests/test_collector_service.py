@@ -213,7 +213,7 @@ def test_prometheus_endpoint_shows_gauges_not_histograms(sink: OtlpSink) -> None
     families = {family.name: family for family in text_string_to_metric_families(text)}
     assert "fleet_ofu" not in families
     quantile = families["fleet_ofu_quantile"]
-    assert {sample.labels["quantile"] for sample in quantile.samples} >= {"0.5", "0.99"}
+    assert {sample.labels[names.PROMETHEUS_QUANTILE_LABEL] for sample in quantile.samples} >= {"0.5", "0.99"}
     assert families["fleet_gpus"].samples[0].value == 2.0
     assert families["job_ofu"].samples[0].labels["job_id"] == "j"
     assert families["job_ofu_mfu_gap"].samples[0].value == pytest.approx(-0.05)
@@ -412,14 +412,17 @@ def test_outputs_carry_the_users_resource_under_our_service_name_and_instance_id
     service.flush(W0 + 2 * WINDOW)
     assert service.exports is not None
     assert service.exports.pump()
-    [payload] = transport.sent
-    resource = ExportMetricsServiceRequest.FromString(payload).resource_metrics[0].resource
-    assert {kv.key: kv.value.string_value for kv in resource.attributes} == {
-        names.K8S_POD_NAME: "collector-0",
-        "deployment.environment.name": "prod",
-        names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME,
-        names.SERVICE_INSTANCE_ID: "test-1",  # how the merge tier tells shards apart
-    }
+    assert service.telemetry is not None
+    assert service.telemetry.pump()
+    [windows, self_metrics] = transport.sent  # the window outputs, then the self-metrics of that flush
+    for payload in (windows, self_metrics):
+        resource = ExportMetricsServiceRequest.FromString(payload).resource_metrics[0].resource
+        assert {kv.key: kv.value.string_value for kv in resource.attributes} == {
+            names.K8S_POD_NAME: "collector-0",
+            "deployment.environment.name": "prod",
+            names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME,
+            names.SERVICE_INSTANCE_ID: "test-1",  # how the merge tier tells shards apart
+        }
 
 
 def test_a_busy_port_fails_start_with_one_line_and_leaves_nothing_listening() -> None:
@@ -471,7 +474,7 @@ class SharedTransport:
 
 def test_stopping_the_window_export_leaves_pass_through_its_transport() -> None:
     transport = SharedTransport()
-    service = CollectorService(options(None, grpc_listen=None), transport=transport, environ={})
+    service = CollectorService(options(None, grpc_listen=None, self_telemetry=False), transport=transport, environ={})
     service.start()
     try:
         assert service.exports is not None

@@ -38,7 +38,9 @@ METRIC_NAMES = {
 ATTRIBUTE_KEYS = {
     value
     for key, value in vars(names).items()
-    if key.isupper() and isinstance(value, str) and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile", value)
+    if key.isupper()
+    and isinstance(value, str)
+    and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile|ofu_quantile", value)
 }
 
 

@@ -11,7 +11,8 @@ import yaml
 from otel_ofu import names
 
 OTELCOL = Path(__file__).resolve().parents[1] / "collector" / "otelcol"
-CONFIGS = sorted(OTELCOL.rglob("*.yaml"))
+# builder/ holds the Collector Builder manifest, not a Collector configuration.
+CONFIGS = sorted(path for path in OTELCOL.rglob("*.yaml") if "builder" not in path.relative_to(OTELCOL).parts)
 KINDS = ("receivers", "processors", "exporters", "connectors")
 
 

@@ -10,17 +10,20 @@ pipes cannot go faster, so the domains converge at f = f_board.
 Per catalog model: the worst-case factor, the error at a loaded clock (board max less a 40 MHz droop, as
 the simulated fleet runs) and at a power-throttled clock (85% of the board max), in pp of OFU for a GPU at
 TPA 0.45. Models without a published board max (B200, GB200) get no figures (no invented numbers).
+
+Holds by construction, so no verdict: the factor is the catalog's board max over its tensor clock (1980 /
+1830 MHz on H100 SXM = 1.082x, the published figure, because the published figure is that same quotient).
+What the study adds is the size of the error at the clocks GPUs really run at.
 """
 
 from __future__ import annotations
 
-from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, new_figure, save_figure
+from benchmarks.common import BenchResult, RunContext, Table, doc_summary, new_figure, save_figure
 from otel_ofu import catalog, ofu_math
 
 TPA = 0.45
 LOADED_DROOP_MHZ = 40.0
 THROTTLED_FRACTION = 0.85
-PAPER_H100_SXM_FACTOR = 1.082
 
 
 def error_factor(spec: catalog.GpuSpec, sm_clock_hz: float) -> float | None:
@@ -94,21 +97,12 @@ def run(ctx: RunContext) -> BenchResult:
         note="Factor = tensor-domain OFU / board-domain OFU; pp = OFU points lost by the board domain at that clock.",
     )
     if h100_factor is None:
-        raise RuntimeError("the catalog has no H100-SXM with both clocks: nothing to compare with the paper")
+        raise RuntimeError("the catalog has no H100-SXM with both clocks")
     return BenchResult(
         "clock_domains",
         "Study: clock domains",
         doc_summary(__doc__),
         tables=(table,),
-        verdicts=(
-            Verdict(
-                "H100 SXM board/tensor domain factor matches the paper's 1.082x (within 0.001)",
-                abs(h100_factor - PAPER_H100_SXM_FACTOR),
-                0.001,
-                "x",
-                source="paper",
-            ),
-        ),
         data={"tpa": TPA, "models": records},
         plots=(_plot(ctx),),
     )

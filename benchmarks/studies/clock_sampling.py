@@ -13,10 +13,11 @@ true interval OFU, mean(TPA(t) f(t)) / f_max. Four ways to get the clock, for in
 Traces are generated here at 100 Hz for H100 SXM GPUs running training steps (compute/communication
 phases, data-loader stalls) with clocks that boost near 1980 MHz with a load droop and fall into
 power-throttle episodes (81-88.5% of max for 20-150 s) in which the clock follows power within a few
-hundred ms, lower while the tensor pipes are busy. Errors in percentage points of OFU, for the paper's
+hundred ms, lower while the tensor pipes are busy. Errors in percentage points of OFU, for the published
 board-domain formula (``gpu.ofu.raw``) and the tensor-domain ``gpu.ofu`` the producer exports. The project's
 simulated fleet (1 s grid, ``SimulatedFleet.demo``) is measured too, point sample vs cycle counters.
-The paper reports < 0.22 pp at 5-30 s.
+A published figure is < 0.22 pp at 5-30 s; here the point-sample error is shown over many generator
+seeds, with no verdict (the generator's noise parameters are this study's, not measured).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import statistics
 import numpy as np
 import numpy.typing as npt
 
-from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, new_figure, save_figure
+from benchmarks.common import BenchResult, RunContext, Table, doc_summary, new_figure, save_figure
 from otel_ofu import catalog, gpu_values, ofu_math
 from otel_ofu.clock import ManualClock
 from otel_ofu.sources.simulated import SimulatedFleet
@@ -139,7 +140,7 @@ def run(ctx: RunContext) -> BenchResult:
     tables = [
         Table(
             f"Generated traces, {scenario}, {domain} domain "
-            f"({'gpu.ofu.raw, the paper formula' if domain == 'board' else 'gpu.ofu'}): "
+            f"({'gpu.ofu.raw, the published formula' if domain == 'board' else 'gpu.ofu'}): "
             f"MAE / p95 in pp ({gpus} GPUs x {seconds:.0f} s at 100 Hz)",
             ("interval", *METHODS),
             [
@@ -174,37 +175,50 @@ def run(ctx: RunContext) -> BenchResult:
             "the generated traces; its truth is the tensor-domain OFU.",
         )
     )
-    worst_paper_range = max(stats["throttling"]["board"][i]["point"]["mae"] for i in (5, 10, 30))
-    worst_steady = max(stats["steady"]["board"][i]["point"]["mae"] for i in (5, 10, 30))
+    # The trace generator's noise constants are modelling choices, not measurements, so one seed's figure
+    # proves nothing: the point-sample MAE at 5-30 s is reported over many seeds as a distribution, and
+    # compared with the published figure only as such (no verdict).
+    seeds = range(6) if ctx.quick else range(12)
+    seed_gpus, seed_seconds = 4, 300.0
+    spread: dict[str, list[float]] = {"throttling": [], "steady": []}
+    for seed in seeds:
+        seeded = np.random.default_rng(seed)
+        for scenario, throttling in scenarios.items():
+            traces = [trace(seeded, seed_seconds, throttling) for _ in range(seed_gpus)]
+            board = _scenario_stats(traces, seeded)["board"]
+            spread[scenario].append(max(board[i]["point"]["mae"] for i in (5, 10, 30)))
+    tables.append(
+        Table(
+            f"Point-sampled clock, board-domain MAE (worst of 5/10/30 s) over {len(seeds)} seeds of the trace "
+            f"generator ({seed_gpus} GPUs x {seed_seconds:.0f} s each)",
+            ("scenario", "min pp", "median pp", "max pp", f"seeds above {PAPER_PP} pp (published bound)"),
+            [
+                (
+                    scenario,
+                    f"{min(values):.3f}",
+                    f"{statistics.median(values):.3f}",
+                    f"{max(values):.3f}",
+                    f"{sum(v > PAPER_PP for v in values)} / {len(values)}",
+                )
+                for scenario, values in spread.items()
+            ],
+            note="No verdict: the traces' noise parameters are this study's own, so whether the error stays under "
+            "the published bound depends on them (and on the seed). Cycle counters are exact by construction "
+            "(they invert the very trace that produced them) and carry no verdict either.",
+        )
+    )
     return BenchResult(
         "clock_sampling",
         "Study: clock sampling noise",
         doc_summary(__doc__),
         tables=tables,
-        verdicts=(
-            Verdict(
-                "point-sampled clock, board-domain OFU MAE at 5-30 s, throttling traces (paper: < 0.22 pp)",
-                worst_paper_range,
-                PAPER_PP,
-                "pp",
-                source="paper",
-            ),
-            Verdict(
-                "point-sampled clock, board-domain OFU MAE at 5-30 s, steady clocks (paper: < 0.22 pp)",
-                worst_steady,
-                PAPER_PP,
-                "pp",
-                source="paper",
-            ),
-            Verdict(
-                "cycle counters, worst interval error (exact up to cycle rounding)",
-                max(stats[sc]["board"][i]["cycle counters"]["max"] for sc in scenarios for i in INTERVALS_S),
-                1e-6,
-                "pp",
-                source="paper",
-            ),
-        ),
-        data={"gpus": gpus, "seconds": seconds, "stats": _keys_to_str(stats), "simulator": _keys_to_str(sim_data)},
+        data={
+            "gpus": gpus,
+            "seconds": seconds,
+            "seed_spread_pp": spread,
+            "stats": _keys_to_str(stats),
+            "simulator": _keys_to_str(sim_data),
+        },
         plots=(_plot(ctx, stats),),
     )
 
@@ -247,7 +261,7 @@ def _plot(ctx: RunContext, stats: dict[str, dict[str, dict[int, dict[str, dict[s
             maes = [max(stats[scenario]["board"][i][method]["mae"], floor) for i in INTERVALS_S]
             label = f"{method} ({scenario})" + (", exact: at the floor" if method == "cycle counters" else "")
             axes.plot(INTERVALS_S, maes, marker="o", linestyle=style, color=colors[method], label=label)
-    axes.axhline(PAPER_PP, color="red", linestyle="--", label="paper: < 0.22 pp at 5-30 s")
+    axes.axhline(PAPER_PP, color="red", linestyle="--", label="published: < 0.22 pp at 5-30 s")
     axes.set_xscale("log")
     axes.set_yscale("log")
     axes.set_xticks(list(INTERVALS_S), [str(i) for i in INTERVALS_S])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -22,8 +23,10 @@ from otel_ofu.cli_support import (
     url_or_host_port,
 )
 from otel_ofu_collector.config import AggregatorConfig, parse_prices
+from otel_ofu_collector.otlp.decode import DEFAULT_MAX_ATTRIBUTE_LENGTH
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.recorder import ReportRecorder
+from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.prefixes import COLLECTOR_PREFIX
 from otel_ofu_collector.receivers.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S
@@ -72,7 +75,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="downstream protocol; unset: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc",
     )
     options.option("--prometheus-port", default=None, type=port_number, help="serve Prometheus /metrics on this port")
-    options.option("--prometheus-host", default="0.0.0.0", help="address of the Prometheus endpoint")
+    options.option(
+        "--prometheus-host",
+        default="127.0.0.1",
+        help="address of the Prometheus endpoint (loopback by default: it has no TLS or token; 0.0.0.0 exposes it)",
+    )
     options.option("--window", default=60.0, type=positive_float, help="window length in seconds")
     options.option("--lateness", default=15.0, type=non_negative_float, help="allowed lateness of points in seconds")
     options.option("--horizon", default=86400.0, type=positive_float, help="correlation horizon in seconds")
@@ -107,17 +114,42 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.option("--max-streams", default=200_000, type=positive_int, help="most GPU streams held at once")
     options.option("--max-jobs", default=50_000, type=positive_int, help="most jobs held at once")
     options.option("--stale-after", default=600.0, type=positive_float, help="evict a GPU or job silent this long (s)")
-    options.option("--spool", default=None, help="SQLite file that keeps undelivered window outputs")
+    options.option(
+        "--spool",
+        default=None,
+        help="SQLite file that keeps undelivered window outputs across restarts; beside it FILE.accepted writes "
+        "ahead the accepted points of the open windows, replayed after a SIGKILL or crash (without a spool "
+        "those, about one window, are lost)",
+    )
     options.option("--spool-max-bytes", default=256 * 1024 * 1024, type=positive_int, help="bound of the spool")
     options.flag("--pass-through", default=True, help="forward metrics that are not ours downstream untouched")
     options.flag("--forward-inputs", help="also forward our inputs (gpu.*, job.mfu) downstream")
     options.option("--tls-cert", default=None, help="server certificate (PEM) for TLS")
     options.option("--tls-key", default=None, help="server private key (PEM) for TLS")
     options.option("--tls-client-ca", default=None, help="CA (PEM) client certificates must chain to (mTLS)")
-    options.option("--bearer-token", default=None, help="require 'authorization: Bearer <token>'")
+    options.option(
+        "--bearer-token",
+        default=None,
+        help="require 'authorization: Bearer <token>' (on the command line it shows in the process table: "
+        "prefer --bearer-token-file or the environment variable)",
+    )
     options.option("--bearer-token-file", default=None, help="read the bearer token from this file")
     options.option(
         "--max-in-flight", default=64, type=positive_int, help="requests processed at once before UNAVAILABLE"
+    )
+    options.option(
+        "--export-max-request-bytes",
+        default=DEFAULT_MAX_EXPORT_BYTES,
+        type=positive_int,
+        metavar="BYTES",
+        help="split requests sent downstream to at most this size (gRPC receivers refuse over 4 MiB by default)",
+    )
+    options.option(
+        "--max-attribute-length",
+        default=DEFAULT_MAX_ATTRIBUTE_LENGTH,
+        type=positive_int,
+        metavar="CHARS",
+        help="reject points whose identity attribute value (job.id, host.name, ...) is longer than this",
     )
     options.option(
         "--http-body-deadline",
@@ -138,7 +170,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=port_number,
         help="serve recent windows at /reports.jsonl on this port (for otel-ofu report --live)",
     )
-    options.option("--report-feed-host", default="0.0.0.0", help="address of the report feed")
+    options.option(
+        "--report-feed-host",
+        default="127.0.0.1",
+        help="address of the report feed (loopback by default: it has no TLS or token; 0.0.0.0 exposes it)",
+    )
     options.option(
         "--shutdown-grace",
         default=DEFAULT_SHUTDOWN_GRACE_S,
@@ -262,7 +298,14 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         bearer_token=auth.token if auth else None,
         max_in_flight=int(args.max_in_flight),
         http_body_deadline_s=float(args.http_body_deadline),
+        export_max_request_bytes=int(args.export_max_request_bytes),
+        max_attribute_length=int(args.max_attribute_length),
     )
+
+
+def _token_on_command_line() -> bool:
+    """Whether this process's own argv carries --bearer-token (set from the environment, it does not)."""
+    return any(arg == "--bearer-token" or arg.startswith("--bearer-token=") for arg in sys.argv)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -270,6 +313,12 @@ def run(args: argparse.Namespace) -> int:
     feed: ReportFeed | None = None
     try:
         options = options_from_args(args)
+        if args.bearer_token and not args.bearer_token_file and _token_on_command_line():
+            logger.warning(
+                "--bearer-token on the command line is visible to every local user in the process table: "
+                "use --bearer-token-file or %sBEARER_TOKEN",
+                COLLECTOR_PREFIX,
+            )
         service = CollectorService(options)
         if args.record_outputs:
             recorder = ReportRecorder(args.record_outputs)

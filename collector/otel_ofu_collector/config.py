@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 import attrs
 
 from otel_ofu import names
+from otel_ofu.prometheus_names import label_name
 
 NS_PER_S = 1_000_000_000
 
@@ -93,6 +94,10 @@ def _group_keys(_instance: object, attribute: attrs.Attribute[tuple[str, ...]], 
         raise ValueError(f"{attribute.name} has a key twice: {value!r}")
     if names.QUANTILE in value:
         raise ValueError(f"{attribute.name} may not use {names.QUANTILE!r}: the quantile gauge owns it")
+    if any(label_name(key) == names.PROMETHEUS_QUANTILE_LABEL for key in value):
+        raise ValueError(
+            f"{attribute.name} may not use {names.PROMETHEUS_QUANTILE_LABEL!r}: the quantile gauge owns it"
+        )
 
 
 @attrs.frozen

@@ -25,16 +25,25 @@ from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import WindowConsumer
-from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder
+from otel_ofu_collector.otlp.decode import (
+    DEFAULT_MAX_ATTRIBUTE_LENGTH,
+    DEFAULT_MAX_MFU,
+    DecodeOutcome,
+    Decoder,
+    DecoderStats,
+)
 from otel_ofu_collector.outputs.delivery import Delivery
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
+from otel_ofu_collector.outputs.self_telemetry import SelfTelemetry
+from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
 from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, HttpReceiver
 from otel_ofu_collector.results import WindowReport
+from otel_ofu_collector.write_ahead import WriteAhead
 
 if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when the endpoint is on
     from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
@@ -43,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 MODES = ("process", "shard", "merge")
 DEFAULT_SHUTDOWN_GRACE_S = 10.0  # the command's --shutdown-grace default too
+REJECTION_LOG_INTERVAL_S = 60.0  # at most one summary line of rejected points this often
 
 
 def _mode(_instance: object, _attribute: object, value: str) -> None:
@@ -66,7 +76,9 @@ class CollectorOptions:
     export_endpoint: str | None = None
     export_protocol: str | None = None  # grpc | http/protobuf; None: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc
     prometheus_port: int | None = None
-    prometheus_host: str = "0.0.0.0"
+    # Loopback by default: the endpoint shows job names and values with neither TLS nor a token, whatever
+    # the receivers require. Exposing it is a choice (--prometheus-host 0.0.0.0), as for the producer.
+    prometheus_host: str = "127.0.0.1"
     pass_through: bool = True
     forward_inputs: bool = False
     spool_path: str | None = None
@@ -80,7 +92,17 @@ class CollectorOptions:
     retry_after_s: float = 1.0
     flush_interval_s: float = 1.0  # 0: no timer, the caller calls flush()
     max_request_bytes: int = MAX_REQUEST_BYTES
+    # The largest request sent downstream: bigger window outputs and pass-through are split to fit.
+    export_max_request_bytes: int = DEFAULT_MAX_EXPORT_BYTES
+    max_attribute_length: int = DEFAULT_MAX_ATTRIBUTE_LENGTH
     max_mfu: float = DEFAULT_MAX_MFU
+    rejection_log_interval_s: float = REJECTION_LOG_INTERVAL_S
+    # With a spool, the open windows' accepted requests are written ahead in batches this often (a kill loses
+    # at most one batch); 0 writes each request at once.
+    write_ahead_batch_s: float = 0.2
+    # The self-metrics go downstream with every batch of closed windows (as the OpenTelemetry Collector's
+    # internal telemetry does), not only to the Prometheus endpoint.
+    self_telemetry: bool = True
     # The outputs' resource beyond service.name and service.instance.id (which stay ours): where this
     # collector runs, from OTEL_RESOURCE_ATTRIBUTES (k8s.*, deployment.environment, ...).
     resource_attributes: Mapping[str, str] = attrs.field(factory=dict)
@@ -122,6 +144,12 @@ class CollectorService:
     _stop_timer: threading.Event = attrs.field(init=False, factory=threading.Event)
     _publish_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _stopped: bool = attrs.field(init=False, default=False)
+    _self_telemetry: SelfTelemetry | None = attrs.field(init=False, default=None)
+    _self_metrics_sent_at: float | None = attrs.field(init=False, default=None)
+    _write_ahead: WriteAhead | None = attrs.field(init=False, default=None)
+    _write_ahead_flushed: int = attrs.field(init=False, default=0)
+    _rejections_logged: dict[str, int] = attrs.field(init=False, factory=dict)
+    _rejections_logged_at: float | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         options = self.options
@@ -134,6 +162,7 @@ class CollectorService:
                 pass_through=options.pass_through,
                 forward_inputs=options.forward_inputs,
                 partial_sink=merger,
+                max_attribute_length=options.max_attribute_length,
             )
         else:
             aggregator = Aggregator(options.aggregator)
@@ -145,6 +174,7 @@ class CollectorService:
                 max_mfu=options.max_mfu,
                 clock=self.clock,
                 max_future_ns=None if options.max_future_skew_s is None else int(options.max_future_skew_s * 1e9),
+                max_attribute_length=options.max_attribute_length,
             )
         transport = self.transport
         if transport is None and configured_endpoint(options.export_endpoint, self.environ) is not None:
@@ -164,6 +194,7 @@ class CollectorService:
                 initial_backoff_s=options.initial_backoff_s,
                 max_backoff_s=options.max_backoff_s,
                 owns_transport=False,
+                max_request_bytes=options.export_max_request_bytes,
             )
             self._window_export = OtlpWindowExport(
                 self.exports, self._resource_attributes(), include_partials=options.include_partials
@@ -176,16 +207,58 @@ class CollectorService:
                     initial_backoff_s=options.initial_backoff_s,
                     max_backoff_s=options.max_backoff_s,
                     owns_transport=False,
+                    max_request_bytes=options.export_max_request_bytes,
                 )
+            if options.self_telemetry:
+                # Its own small memory queue: the counters are cumulative, so a newer snapshot supersedes
+                # a waiting one, and none belongs in the spool of window outputs.
+                self._self_telemetry = SelfTelemetry(
+                    Delivery(
+                        transport,
+                        MemoryQueue(max_items=1),
+                        name="self-metrics",
+                        initial_backoff_s=options.initial_backoff_s,
+                        max_backoff_s=options.max_backoff_s,
+                        owns_transport=False,
+                        max_request_bytes=options.export_max_request_bytes,
+                    ),
+                    self._resource_attributes(),
+                    self.clock,
+                )
+            if options.spool_path and options.mode != "merge":
+                self._write_ahead = WriteAhead(f"{options.spool_path}.accepted", batch_s=options.write_ahead_batch_s)
+                self._replay()
 
     # --- receiving ----------------------------------------------------------------------------------
 
     def ingest(self, request: ExportMetricsServiceRequest, raw: bytes | None = None) -> DecodeOutcome:
         """What both receivers call per request (tests and the demo may call it directly)."""
         outcome = self.decoder.decode(request, raw)
+        if outcome.accepted and self._write_ahead is not None:
+            self._write_ahead.append(raw if raw is not None else request.SerializeToString(), self.clock())
         if outcome.forward is not None and self.pass_through is not None:
             self.pass_through.submit(outcome.forward)
         return outcome
+
+    def _replay(self) -> None:
+        """Rebuild the open windows a killed run left in the write-ahead (see ``write_ahead``)."""
+        assert self._write_ahead is not None
+        flushed_ns, payloads = self._write_ahead.pending()
+        if not payloads:
+            return
+        if flushed_ns is not None:
+            self.aggregator.flush(flushed_ns)  # nothing to close yet: marks what was exported as closed
+            self._write_ahead_flushed = flushed_ns
+        for payload in payloads:
+            self.decoder.decode(ExportMetricsServiceRequest.FromString(payload), payload)  # forwarded already
+        accepted = self.decoder.stats.accepted
+        self.decoder.stats = DecoderStats()  # this run's counters count this run's requests
+        logger.warning(
+            "replayed %d request(s) (%d point(s) of windows still open) that a previous run accepted but "
+            "never closed (it was killed or crashed)",
+            len(payloads),
+            accepted,
+        )
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -196,15 +269,15 @@ class CollectorService:
             parts = self._listen()
         except BaseException:
             self._stop_listening()
-            for delivery in (self.exports, self.pass_through):
-                if delivery is not None:
-                    delivery.stop(0)  # closes the spool file; nothing was sent yet
+            for delivery in self._deliveries():
+                delivery.stop(0)  # closes the spool file; nothing was sent yet
+            if self._write_ahead is not None:
+                self._write_ahead.close()  # kept: what it holds is replayed by the next start
             self._close_transport()
             raise
         options = self.options
-        for delivery in (self.exports, self.pass_through):
-            if delivery is not None:
-                delivery.start()
+        for delivery in self._deliveries():
+            delivery.start()
         if options.flush_interval_s > 0:
             self._timer = threading.Thread(target=self._tick, name="otel-ofu-flush", daemon=True)
             self._timer.start()
@@ -285,10 +358,41 @@ class CollectorService:
         explicit one cannot publish window N after N+1.
         """
         with self._publish_lock:
+            now = self.clock() if now_ns is None else now_ns
             with self.decoder.lock:
-                reports = self.aggregator.flush(self.clock() if now_ns is None else now_ns)
+                reports = self.aggregator.flush(now)
             self._publish(reports)
+            if self._write_ahead is not None and now > self._write_ahead_flushed:
+                self._write_ahead_flushed = now
+                config = self.options.aggregator
+                skew = self.options.max_future_skew_s or 0.0
+                needed_ns = round((config.window_s + config.lateness_s + skew) * 1e9)
+                self._write_ahead.closed_through(now, now - needed_ns)
+        self._log_rejections()
         return reports
+
+    def _log_rejections(self, force: bool = False) -> None:
+        """One warning line summing the points rejected since the last one, by reason, at most once per
+        ``rejection_log_interval_s`` (partial_success tells the sender; this tells whoever runs us)."""
+        now = time.monotonic()
+        last = self._rejections_logged_at
+        if not force and last is not None and now - last < self.options.rejection_log_interval_s:
+            return
+        with self.decoder.lock:
+            totals = dict(self.decoder.stats.rejected_by_reason)
+        fresh = {reason: count - self._rejections_logged.get(reason, 0) for reason, count in totals.items()}
+        fresh = {reason: count for reason, count in fresh.items() if count > 0}
+        if not fresh:
+            return
+        self._rejections_logged = totals
+        self._rejections_logged_at = now
+        since = "" if last is None else f" in the last {now - last:.0f} s"
+        logger.warning(
+            "rejected %d data point(s)%s: %s",
+            sum(fresh.values()),
+            since,
+            "; ".join(f"{count} {reason}" for reason, count in sorted(fresh.items())),
+        )
 
     def stop(self, grace: float = DEFAULT_SHUTDOWN_GRACE_S) -> list[WindowReport]:
         """Refuse new requests, let in-flight ones finish, close and export every open window, shut down."""
@@ -301,15 +405,19 @@ class CollectorService:
             time.sleep(0.01)
         self._stop_timer.set()
         if self._timer is not None:
-            self._timer.join(timeout=grace)
+            self._timer.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._publish_lock:
             with self.decoder.lock:
                 reports = self.aggregator.close_all()
-            self._publish(reports)
-        remaining = max(0.5, deadline - time.monotonic())
-        for delivery in (self.exports, self.pass_through):
-            left = delivery.stop(remaining) if delivery is not None else 0
-            if delivery is not None and left:
+            self._publish(reports, final=True)
+            if self._write_ahead is not None:  # every window is closed and in the spool
+                self._write_ahead.clear()
+                self._write_ahead.close()
+        self._log_rejections(force=True)
+        for delivery in self._deliveries():
+            # One deadline for all: each gets what the others left of the grace, not a grace of its own.
+            left = delivery.stop(max(0.0, deadline - time.monotonic()))
+            if left and delivery is not self.telemetry:
                 logger.warning(
                     "%s: %d request(s) not delivered at shutdown%s",
                     delivery.name,
@@ -319,6 +427,16 @@ class CollectorService:
         self._close_transport()  # only now: until both deliveries stopped, either may be mid-send
         self._stop_listening()
         return reports
+
+    @property
+    def telemetry(self) -> Delivery | None:
+        """The sender of the self-metrics downstream (None without a downstream or with them off)."""
+        return None if self._self_telemetry is None else self._self_telemetry.delivery
+
+    def _deliveries(self) -> list[Delivery]:
+        """The senders on the shared transport: window outputs first, then pass-through, then self-metrics."""
+        found = (self.exports, self.pass_through, self.telemetry)
+        return [delivery for delivery in found if delivery is not None]
 
     def _close_transport(self) -> None:
         if self.transport is not None:
@@ -331,9 +449,14 @@ class CollectorService:
         # shards apart by it. (encode sets service.name, the collector's, the same way.)
         return {**self.options.resource_attributes, names.SERVICE_INSTANCE_ID: self.options.instance_id}
 
-    def _publish(self, reports: list[WindowReport]) -> None:
-        """Hand closed windows to every consumer; the caller holds _publish_lock."""
+    def _publish(self, reports: list[WindowReport], final: bool = False) -> None:
+        """Hand closed windows to every consumer, then the self-metrics downstream; the caller holds
+        _publish_lock. Without a window to publish the self-metrics still go once a window's length (a
+        collector that receives nothing is what its health must show), and at shutdown (``final``)."""
         if not reports:
+            last = self._self_metrics_sent_at
+            if final or last is None or time.monotonic() - last >= self.options.aggregator.window_s:
+                self._send_self_metrics()
             return
         outputs: list[WindowConsumer] = list(self.consumers)
         if self._prometheus is not None:
@@ -345,17 +468,47 @@ class CollectorService:
                 consumer.consume_windows(reports)
             except Exception:  # one broken output must not cost the others
                 logger.exception("window consumer %s failed", type(consumer).__name__)
+        self._send_self_metrics()
+
+    def _send_self_metrics(self) -> None:
+        if self._self_telemetry is None:
+            return
+        self._self_metrics_sent_at = time.monotonic()
+        try:
+            self._self_telemetry.send(self.self_metrics())
+        except Exception:
+            logger.exception("sending the self-metrics downstream failed")
 
     def self_metrics(self) -> dict[str, Any]:
         """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``."""
         decoder = self.decoder.stats
         dropped: dict[str, int] = {}
         queued: dict[str, int] = {}
+        failures: dict[str, int] = {}
+        spool_bytes: int | None = None
         for stream, delivery in (("windows", self.exports), ("pass_through", self.pass_through)):
             if delivery is not None:
                 dropped[f"{stream}_overflow"] = delivery.stats.dropped_overflow
                 dropped[f"{stream}_rejected"] = delivery.stats.dropped_rejected
+                dropped[f"{stream}_oversized"] = delivery.stats.dropped_oversized
                 queued[stream] = len(delivery.queue)
+                failures[stream] = delivery.stats.failures
+                if isinstance(delivery.queue, SqliteSpool):
+                    spool_bytes = delivery.queue.size_bytes
+        state: dict[str, Any] = {}
+        if isinstance(self.aggregator, Aggregator):
+            stats = self.aggregator.stats
+            state = {
+                names.COLLECTOR_EVICTED.name: {"stream": stats.evicted_streams, "job": stats.evicted_jobs},
+                names.COLLECTOR_POINTS_OVER_CAP.name: {
+                    "max_streams": stats.rejected_stream_cap,
+                    "max_jobs": stats.rejected_job_cap,
+                },
+            }
+        if self.exports is not None:
+            state[names.COLLECTOR_EXPORT_FAILURES.name] = failures
+        if spool_bytes is not None:
+            state[names.COLLECTOR_SPOOL_SIZE.name] = spool_bytes
         return {
             names.COLLECTOR_POINTS_ACCEPTED.name: decoder.accepted,
             names.COLLECTOR_POINTS_REJECTED.name: dict(decoder.rejected_by_reason),
@@ -366,4 +519,5 @@ class CollectorService:
             names.COLLECTOR_REQUESTS_FORWARDED.name: decoder.forwarded_requests,
             names.COLLECTOR_EXPORT_QUEUED.name: queued,
             names.COLLECTOR_DROPPED.name: dropped,
+            **state,
         }

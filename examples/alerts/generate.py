@@ -179,7 +179,7 @@ def _prometheus_exprs() -> dict[str, tuple[str, str | None]]:
         "OfuStragglerGpu": (f"{_prom(names.GPU_STRAGGLER)} == 1", "15m"),
         "OfuIdleGpus": (f"{_prom(names.JOB_GPUS_IDLE)} > 0", "30m"),
         "OfuFleetLow": (
-            f'{_prom(names.FLEET_OFU_QUANTILE)}{{{names.QUANTILE}="0.5"}} < {FLEET_OFU_MEDIAN_LOW}',
+            f'{_prom(names.FLEET_OFU_QUANTILE)}{{{names.PROMETHEUS_QUANTILE_LABEL}="0.5"}} < {FLEET_OFU_MEDIAN_LOW}',
             "1h",
         ),
         "OfuHighLostCost": (f"{cost_per_hour} > {LOST_COST_PER_HOUR:g}", "30m"),
@@ -365,17 +365,17 @@ def prometheus_rule_tests() -> JSON:
                 "input_series": [
                     _series(
                         _prom(names.FLEET_OFU_QUANTILE),
-                        {names.QUANTILE: "0.5", model: h100, precision: "bf16"},
+                        {names.PROMETHEUS_QUANTILE_LABEL: "0.5", model: h100, precision: "bf16"},
                         "0.1x90",
                     ),
                     _series(
                         _prom(names.FLEET_OFU_QUANTILE),
-                        {names.QUANTILE: "0.05", model: "NVIDIA A100-SXM4-80GB", precision: "bf16"},
+                        {names.PROMETHEUS_QUANTILE_LABEL: "0.05", model: "NVIDIA A100-SXM4-80GB", precision: "bf16"},
                         "0.01x90",  # a low tail is not a low median
                     ),
                     _series(
                         _prom(names.FLEET_OFU_QUANTILE),
-                        {names.QUANTILE: "0.5", model: "NVIDIA A100-SXM4-80GB", precision: "bf16"},
+                        {names.PROMETHEUS_QUANTILE_LABEL: "0.5", model: "NVIDIA A100-SXM4-80GB", precision: "bf16"},
                         "0.6x90",
                     ),
                 ],
@@ -385,7 +385,7 @@ def prometheus_rule_tests() -> JSON:
                         "OfuFleetLow",
                         "70m",
                         (
-                            {names.QUANTILE: "0.5", model: h100, precision: "bf16"},
+                            {names.PROMETHEUS_QUANTILE_LABEL: "0.5", model: h100, precision: "bf16"},
                             _annotations("OfuFleetLow", f"Median OFU of {h100} GPUs is low"),
                         ),
                     ),

@@ -493,7 +493,7 @@ def grafana_dashboard() -> JSON:
         return f"{prometheus_name(spec.name)}{selector}"
 
     def at_quantile(q: str) -> str:
-        matcher = f'{names.QUANTILE}="{q}"'
+        matcher = f'{names.PROMETHEUS_QUANTILE_LABEL}="{q}"'
         return prometheus_name(names.FLEET_OFU_QUANTILE.name) + _grafana_selector(
             names.HW_MODEL, names.GPU_PRECISION, extra=matcher
         )

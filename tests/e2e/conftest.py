@@ -7,6 +7,7 @@ by a finalizer whatever the test did. Start-up is a bounded poll on a readiness 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
 Require = Callable[[bool, str], None]
 StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]
@@ -50,6 +52,56 @@ def rotel_binary(require: Require) -> Path:
     )
     assert binary is not None
     return binary
+
+
+REPO = Path(__file__).resolve().parents[2]
+OTELCOL_BUILD = REPO / "build" / "otelcol"
+
+
+def _built(require: Require, name: str) -> Path:
+    binary = OTELCOL_BUILD / name
+    require(
+        binary.is_file() and os.access(binary, os.X_OK),
+        f"{binary.relative_to(REPO)} is not built (make otelcol; `make test` builds it)",
+    )
+    return binary
+
+
+@pytest.fixture
+def otelcol_binary(require: Require) -> Path:
+    """otel-ofu's OpenTelemetry Collector distribution (collector/otelcol/builder/manifest.yaml)."""
+    return _built(require, "otelcol-ofu")
+
+
+@pytest.fixture
+def telemetrygen_binary(require: Require) -> Path:
+    """The Collector project's telemetrygen, built beside otelcol-ofu from the same release line."""
+    return _built(require, "telemetrygen")
+
+
+OtelcolComponents = dict[str, set[str]]
+# The Collector (v0.161 line) lists components by their new names and still takes the old ones, which the
+# shipped configurations use so that older distributions run them too.
+OTELCOL_OLD_NAMES = {
+    "otlp_grpc": "otlp",
+    "otlp_http": "otlphttp",
+    "load_balancing": "loadbalancing",
+    "cumulative_to_delta": "cumulativetodelta",
+    "signal_to_metrics": "signaltometrics",
+}
+
+
+@pytest.fixture
+def otelcol_components(otelcol_binary: Path) -> OtelcolComponents:
+    """The component types built into otelcol-ofu by kind (``otelcol-ofu components``), old names too."""
+    listed = subprocess.run([str(otelcol_binary), "components"], capture_output=True, check=True, timeout=60)
+    data = yaml.safe_load(listed.stdout)
+    kinds = ("receivers", "processors", "exporters", "connectors", "extensions")
+    built = {kind: {entry["name"] for entry in data.get(kind) or []} for kind in kinds}
+    return {
+        kind: names | {OTELCOL_OLD_NAMES[name] for name in names if name in OTELCOL_OLD_NAMES}
+        for kind, names in built.items()
+    }
 
 
 @pytest.fixture

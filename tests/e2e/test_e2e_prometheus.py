@@ -284,7 +284,7 @@ def test_prometheus_sees_fleet_median_job_ofu_and_flags(
         assert before is not None
         assert job_ofu[REGRESSING_JOB] < 0.5 * before
 
-        medians_query = f'{prometheus_name(names.FLEET_OFU_QUANTILE.name)}{{quantile="0.5"}}'
+        medians_query = f'{prometheus_name(names.FLEET_OFU_QUANTILE.name)}{{{names.PROMETHEUS_QUANTILE_LABEL}="0.5"}}'
         medians = {
             (item["metric"]["hw_model"], item["metric"]["gpu_precision"]): float(item["value"][1])
             for item in prometheus.query(medians_query)

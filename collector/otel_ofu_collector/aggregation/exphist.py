@@ -176,8 +176,8 @@ class ExpHistogram:
             offset=buckets[0],
             counts=buckets[1],
             sum=mine.sum + theirs.sum,
-            min=_pick(True, mine.min, theirs.min),
-            max=_pick(False, mine.max, theirs.max),
+            min=_pick(True, mine.min, theirs.min, mine.count, theirs.count),
+            max=_pick(False, mine.max, theirs.max, mine.count, theirs.count),
         ).normalized()
 
     def bucket_midpoint(self, index: int) -> float:
@@ -222,11 +222,13 @@ class ExpHistogram:
         return lower + fraction * (self._value_at_rank(low + 1) - lower)
 
 
-def _pick(lower: bool, a: float | None, b: float | None) -> float | None:
+def _pick(lower: bool, a: float | None, b: float | None, a_count: int, b_count: int) -> float | None:
+    """The merged bound: unknown (None) when a side holding values does not know its own, since the
+    other side's bound need not bound those values; an empty side's missing bound does not matter."""
     if a is None:
-        return b
+        return b if a_count == 0 else None
     if b is None:
-        return a
+        return a if b_count == 0 else None
     return min(a, b) if lower else max(a, b)
 
 

@@ -34,9 +34,11 @@ live state was evicted: their co-moment blocks stay until they leave the horizon
 are still closed and reported (fleet only) while any job has horizon data, so every shard reports every
 window and the merge tier sees the whole fleet.
 
-Bounded state. ``max_streams`` streams and ``max_jobs`` jobs (points beyond: rejected, counted). By event
-time (the watermark, and never past the flush time) a stream unseen for ``stale_after_s`` is evicted, a
-job's live state likewise (its horizon blocks linger as above), each counted.
+Bounded state. ``max_streams`` streams and ``max_jobs`` live jobs (points beyond: rejected, counted, and
+``refusal`` says why the last point was refused). By event time (the watermark, and never past the flush
+time) a stream unseen for ``stale_after_s`` is evicted, a job's live state likewise (its horizon blocks
+linger as above), each counted. An evicted job no longer counts against ``max_jobs``: its lingering
+blocks are bounded apart (``max_jobs`` of them again, the longest-silent dropped first).
 """
 
 from __future__ import annotations
@@ -271,6 +273,10 @@ class Aggregator:
     _rejected_jobs: int = attrs.field(init=False, default=0)
     _evicted_streams: int = attrs.field(init=False, default=0)
     _evicted_jobs: int = attrs.field(init=False, default=0)
+    _live_jobs: int = attrs.field(init=False, default=0)
+    # Why the last add_ofu/add_mfu that returned False refused its point: "late", "max_streams" or
+    # "max_jobs" (read by the decoder on that path only, to count rejections by their own reason).
+    refusal: str = attrs.field(init=False, default="")
     _windows_closed: int = attrs.field(init=False, default=0)
     _points_gpu: int = attrs.field(init=False, default=0)
     # A stream's energy counter as last seen: (series start, time, joules), for deltas.
@@ -327,6 +333,7 @@ class Aggregator:
         start = _window_start(time_ns, self._window_ns)
         if self._is_late(start):
             self._late += 1
+            self.refusal = "late"
             return None
         window = self._windows.get(start)
         if window is None:
@@ -337,13 +344,18 @@ class Aggregator:
 
     def _job(self, job_id: str, seen_ns: int) -> _Job | None:
         job = self._jobs.get(job_id)
-        if job is None:
-            if len(self._jobs) >= self.config.max_jobs:
+        if job is None or not job.live:
+            if self._live_jobs >= self.config.max_jobs:
                 self._rejected_jobs += 1
+                self.refusal = "max_jobs"
                 return None
-            job = self._jobs[job_id] = _Job(seen_ns, self.config)
-        elif not job.live:
-            job.revive(seen_ns)
+            self._live_jobs += 1
+            if job is None:
+                if len(self._jobs) >= 2 * self.config.max_jobs:
+                    self._forget_an_evicted_job()
+                job = self._jobs[job_id] = _Job(seen_ns, self.config)
+            else:
+                job.revive(seen_ns)
         elif seen_ns > job.last_seen_ns:
             job.last_seen_ns = seen_ns
         return job
@@ -378,8 +390,10 @@ class Aggregator:
         if last_seen is None and len(streams) >= self.config.max_streams:
             if self._is_late(_window_start(end_ns, self._window_ns)):
                 self._late += 1  # a late point is counted as late only
+                self.refusal = "late"
             else:
                 self._rejected_streams += 1
+                self.refusal = "max_streams"
             return False
         if self._last_start < end_ns <= self._last_end:
             window_start = self._last_start
@@ -493,6 +507,7 @@ class Aggregator:
             previous = self._energy.get(stream_key)
             if previous is None and len(self._energy) >= self.config.max_streams:
                 self._rejected_streams += 1
+                self.refusal = "max_streams"
                 return False
             if previous is not None and end_ns <= previous[1]:
                 return True  # a retry or an older point: already counted
@@ -516,6 +531,7 @@ class Aggregator:
         if inputs is None:
             if len(window.gpus) >= self.config.max_streams:
                 self._rejected_streams += 1
+                self.refusal = "max_streams"
                 return False
             inputs = window.gpus[stream_key] = _GpuInputs(identity)
         self._points_gpu += len(values) + len(throttle)
@@ -805,6 +821,7 @@ class Aggregator:
         for job_id, job in self._jobs.items():
             if job.live and job.last_seen_ns <= cutoff:
                 job.live = False
+                self._live_jobs -= 1
                 job.reset_flags()  # lets go of their state (a baseline); a revived job starts afresh anyway
                 job.attributes = {}
                 self._evicted_jobs += 1
@@ -816,6 +833,16 @@ class Aggregator:
             del self._jobs[job_id]
         if len(self._profiles) > 2 * len(self._streams) + 1024:
             self._reintern()
+
+    def _forget_an_evicted_job(self) -> None:
+        """Make room among the evicted jobs' lingering horizon blocks: drop the longest-silent one's."""
+        oldest: str | None = None
+        oldest_seen = 0
+        for job_id, job in self._jobs.items():
+            if not job.live and (oldest is None or job.last_seen_ns < oldest_seen):
+                oldest, oldest_seen = job_id, job.last_seen_ns
+        if oldest is not None:
+            del self._jobs[oldest]
 
     def _reintern(self) -> None:
         """Drop profiles no open window uses any more (the intern table would otherwise only grow)."""

@@ -61,6 +61,10 @@ _INLINE_KEY_BYTES = 384
 
 # The same bound the MFU reporter applies: one vocabulary, so a value one side takes the other does not drop.
 DEFAULT_MAX_MFU = names.MFU_MAX
+# The longest identity attribute value (job.id, host.name, ...) taken, in characters. Real ones are tens of
+# characters; a megabyte one would be copied into every output of its job and could make a window too large
+# for any downstream. Over it the point is rejected (counted by reason), never silently truncated.
+DEFAULT_MAX_ATTRIBUTE_LENGTH = 4096
 _EMPTY: Mapping[str, str] = {}
 
 
@@ -211,6 +215,11 @@ def _identity_of(attributes: Any, base: Mapping[str, str]) -> Mapping[str, str]:
     return base if found is None else found
 
 
+def _overlong(identity: Mapping[str, str], limit: int) -> bool:
+    """Whether any identity value is longer than ``limit`` characters."""
+    return any(len(value) > limit for value in identity.values())
+
+
 def stream_key(identity: Mapping[str, str]) -> str | None:
     """One GPU (or MIG instance) on one host: ``host|hw.id[|mig]``; None without ``hw.id``."""
     hw_id = identity.get(_HW_ID)
@@ -285,6 +294,7 @@ class Decoder:
     # clock() + max_future_ns are rejected. None: no such check.
     clock: Callable[[], int] | None = None
     max_future_ns: int | None = None
+    max_attribute_length: int = DEFAULT_MAX_ATTRIBUTE_LENGTH
     # Producers send the same Resource every interval: its identity, stream key and profile are looked up by
     # the Resource's encoding instead of re-reading its attributes. Entries (about 1.3 KB each) outlive their
     # Resources as jobs come and go, and some Resources carry no accepted point at all: the cache is cleared
@@ -339,6 +349,8 @@ class Decoder:
         if self.clock is not None and self.max_future_ns is not None:
             latest = self.clock() + self.max_future_ns
         cache = self._resource_cache
+        max_length = self.max_attribute_length
+        overlong_reason = f"attribute value longer than {max_length} characters"
         encodings: list[bytes] | None = None  # read once, when the first of our points needs identity
         lock = self.lock
         locked = False  # taken with the encodings: nothing before the first point needing them touches shared state
@@ -347,6 +359,7 @@ class Decoder:
                 resource_identity: Mapping[str, str] | None = None
                 resource_key: str | None = None
                 resource_profile: Any = None
+                resource_overlong = False
                 batch: _Batch | None = None  # the Resource's loss inputs, taken in one call per GPU interval
                 for sm in rm.scope_metrics:
                     for metric in sm.metrics:
@@ -380,6 +393,10 @@ class Decoder:
                             if found is None:
                                 found = self._resource_identity(rm, cache_key, profile_of)
                             resource_identity, resource_key, resource_profile = found
+                            resource_overlong = _overlong(resource_identity, max_length)
+                        if resource_overlong:
+                            rejections.add(f"{name} {overlong_reason}", len(points))
+                            continue
                         if name == _OFU:
                             for point in points:
                                 # as_double reads 0.0 when unset or when the value is as_int: only then ask which.
@@ -394,6 +411,9 @@ class Decoder:
                                 if attributes:
                                     identity = _identity_of(attributes, resource_identity)
                                     if identity is not resource_identity:
+                                        if _overlong(identity, max_length):
+                                            rejections.add(f"gpu.ofu {overlong_reason}")
+                                            continue
                                         key = stream_key(identity)
                                         profile = None
                                 if key is None:
@@ -406,12 +426,12 @@ class Decoder:
                                 if add_ofu(key, value, point.start_time_unix_nano or end_ns, end_ns, identity, profile):
                                     accepted += 1
                                 else:
-                                    rejections.add("gpu.ofu late or beyond the collector's state bounds")
+                                    rejections.add(_refused("gpu.ofu", sink))
                         elif name != _MFU:
                             if batch is None:
                                 batch = {}
                             accepted += _gpu_inputs(
-                                batch, name, points, resource_identity, resource_key, latest, rejections
+                                batch, name, points, resource_identity, resource_key, latest, rejections, max_length
                             )
                         else:
                             for point in points:
@@ -423,6 +443,9 @@ class Decoder:
                                 identity = (
                                     _identity_of(attributes, resource_identity) if attributes else resource_identity
                                 )
+                                if identity is not resource_identity and _overlong(identity, max_length):
+                                    rejections.add(f"job.mfu {overlong_reason}")
+                                    continue
                                 job_id = identity.get(_JOB_ID)
                                 if not job_id:
                                     rejections.add("job.mfu without job.id")
@@ -434,7 +457,7 @@ class Decoder:
                                 if add_mfu(job_id, value, time_ns, identity):
                                     accepted += 1
                                 else:
-                                    rejections.add("job.mfu late or beyond the collector's state bounds")
+                                    rejections.add(_refused("job.mfu", sink))
                 if batch:
                     assert add_gpu_inputs is not None
                     for (key, start_ns, end_ns), groups in batch.items():
@@ -442,7 +465,7 @@ class Decoder:
                             if not add_gpu_inputs(key, start_ns, end_ns, identity, values, throttle):
                                 refused = len(values) + len(throttle)
                                 accepted -= refused
-                                rejections.add("loss inputs late or beyond the collector's state bounds", refused)
+                                rejections.add(_refused("loss inputs", sink), refused)
         finally:
             if locked:
                 lock.release()
@@ -521,6 +544,7 @@ def _gpu_inputs(
     resource_key: str | None,
     latest: int,
     rejections: _Rejections,
+    max_length: int,
 ) -> int:
     """The valid points of one loss-input metric into the Resource's batch; how many it took.
 
@@ -559,6 +583,9 @@ def _gpu_inputs(
                 identity = _identity_of(attributes, resource_identity)
                 if identity is not resource_identity:
                     key = stream_key(identity)
+            if identity is not resource_identity and _overlong(identity, max_length):
+                rejections.add(f"{name} attribute value longer than {max_length} characters")
+                continue
         if key is None:
             rejections.add(f"{name} without hw.id")
             continue
@@ -578,6 +605,19 @@ def _gpu_inputs(
         (last[2] if reason is not None else last[1])[field] = value
         accepted += 1
     return accepted
+
+
+_REFUSALS = {
+    "late": "late (its window already closed)",
+    "max_streams": "over --max-streams (a new GPU stream)",
+    "max_jobs": "over --max-jobs (a new job)",
+}
+
+
+def _refused(name: str, sink: object) -> str:
+    """The rejection reason of a point the sink refused: the Aggregator says why (``refusal``)."""
+    why = _REFUSALS.get(getattr(sink, "refusal", ""), "late or beyond the collector's state bounds")
+    return f"{name} {why}"
 
 
 def _without_profile(sink: PointSink) -> _ProfilingAdd:

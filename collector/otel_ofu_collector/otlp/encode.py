@@ -69,8 +69,10 @@ def _histogram_point(
         positive=Buckets(offset=histogram.offset, bucket_counts=list(histogram.counts)),
         negative=Buckets(offset=0, bucket_counts=[]),
         flags=0,
-        min=histogram.min if histogram.min is not None else 0.0,
-        max=histogram.max if histogram.max is not None else 0.0,
+        # Unknown bounds (a shard's partial sent without them) stay absent, never 0.0: protobuf leaves an
+        # optional field given None unset, so the encoded point has no min/max rather than wrong ones.
+        min=histogram.min,  # type: ignore[arg-type]
+        max=histogram.max,  # type: ignore[arg-type]
     )
 
 

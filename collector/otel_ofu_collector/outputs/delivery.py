@@ -3,11 +3,15 @@
 Window outputs are encoded once (``otlp.encode.encode_request``) and from then on travel as serialized
 ExportMetricsServiceRequest bytes, the same as pass-through data; a ``transports`` client sends both.
 
-A failed send stays at the head of its queue and is retried with exponential backoff (honouring the
-receiver's RetryInfo / Retry-After); a permanent refusal (bad request, unauthenticated) is dropped
-and counted; a full queue drops its oldest request and counts it. Nothing is dropped silently. An
-error nobody foresaw (from the transport or the spool) is logged and retried the same way: the sender
-thread outlives it, so the queue never silently stops draining.
+A request larger than ``max_request_bytes`` is split on submit (``split.split_request``) into requests
+that fit, so one huge window or foreign request can never be refused for its size and block the queue;
+a single data point over the limit is dropped and counted. A failed send stays at the head of its
+queue and is retried with exponential backoff (honouring the receiver's RetryInfo / Retry-After); new
+submissions do not cut a backoff short. A permanent refusal (the OTLP spec's non-retryable codes) is
+dropped and counted; a full queue drops its oldest request and counts it. Nothing is dropped silently.
+An error nobody foresaw (from the transport or the spool) is logged and retried the same way: the
+sender thread outlives it, so the queue never silently stops draining. Failures are logged as the
+retries back off: the 1st, 2nd, 4th, 8th... of a run of failures, and once when the downstream is back.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Callable
 import attrs
 
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue
+from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES, split_request
 from otel_ofu_collector.outputs.transports import Transport
 
 logger = logging.getLogger(__name__)
@@ -31,6 +36,9 @@ class DeliveryStats:
     retries: int = 0
     dropped_overflow: int = 0  # pushed out of a full queue or spool
     dropped_rejected: int = 0  # refused permanently by the downstream
+    dropped_oversized: int = 0  # data points that alone exceed the request size limit
+    split: int = 0  # requests split to fit the request size limit
+    failures: int = 0  # sends that failed, retryable or not
     last_error: str = ""
 
 
@@ -51,7 +59,9 @@ class Delivery:
     sleep: Callable[[float], object] | None = None  # None: wait on the wake-up event (interruptible)
     stats: DeliveryStats = attrs.field(factory=DeliveryStats)
     owns_transport: bool = True
+    max_request_bytes: int = DEFAULT_MAX_EXPORT_BYTES
     _backoff_s: float = 0.0
+    _failing: int = 0  # consecutive failed sends (retryable ones), for the log's own backoff
     _wake: threading.Event = attrs.field(factory=threading.Event)
     _stopping: bool = False
     _thread: threading.Thread | None = None
@@ -60,29 +70,48 @@ class Delivery:
     _closed: bool = False
 
     def submit(self, payload: bytes) -> None:
-        dropped = self.queue.put(payload)
-        if dropped:
-            # Every receiver thread submits pass-through: the count needs its own lock (``_lock`` is
-            # held for whole sends, which would stall the receivers behind a slow downstream).
+        pieces, unfit = split_request(payload, self.max_request_bytes)
+        dropped = 0
+        for piece in pieces:
+            dropped += self.queue.put(piece)
+        # Every receiver thread submits pass-through: the counts need their own lock (``_lock`` is
+        # held for whole sends, which would stall the receivers behind a slow downstream).
+        if dropped or unfit or len(pieces) > 1:
             with self._stats_lock:
                 self.stats.dropped_overflow += dropped
+                self.stats.dropped_oversized += unfit
+                self.stats.split += len(pieces) > 1
+        if dropped:
             logger.warning("%s queue full: dropped %d oldest request(s)", self.name, dropped)
+        if unfit:
+            logger.error(
+                "%s: dropped %d data point(s) that alone exceed the %d-byte request limit",
+                self.name,
+                unfit,
+                self.max_request_bytes,
+            )
         self._wake.set()
 
-    def pump(self) -> bool:
-        """Send queued requests in order until the queue is empty (True) or a retryable failure (False)."""
-        with self._lock:
+    def pump(self, wait_s: float = -1) -> bool:
+        """Send queued requests in order until the queue is empty (True) or a retryable failure (False).
+
+        ``wait_s``: how long to wait for a send the sender thread has in flight (-1: as long as it takes);
+        False when that is not long enough."""
+        if not self._lock.acquire(timeout=wait_s):
+            return False
+        try:
             if self._closed:  # the sender thread woke after stop closed the queue and transport
                 return True
-            try:
-                return self._drain()
-            except Exception as error:  # unforeseen (a closed channel, sqlite3.Error): retried, never fatal
-                self.stats.last_error = f"{type(error).__name__}: {error}"
-                self._back_off(None)
-                logger.error(
-                    "%s: sending failed unexpectedly; retrying in %.1fs", self.name, self._backoff_s, exc_info=True
-                )
-                return False
+            return self._drain()
+        except Exception as error:  # unforeseen (a closed channel, sqlite3.Error): retried, never fatal
+            self.stats.last_error = f"{type(error).__name__}: {error}"
+            self._back_off(None)
+            logger.error(
+                "%s: sending failed unexpectedly; retrying in %.1fs", self.name, self._backoff_s, exc_info=True
+            )
+            return False
+        finally:
+            self._lock.release()
 
     def _drain(self) -> bool:
         while True:
@@ -96,15 +125,27 @@ class Delivery:
                 self.queue.remove(entry_id)
                 self.stats.sent += 1
                 self._backoff_s = 0.0
+                if self._failing:
+                    logger.info("%s: downstream back after %d failed attempt(s)", self.name, self._failing)
+                    self._failing = 0
                 continue
             self.stats.last_error = outcome.error
+            self.stats.failures += 1
             if not outcome.retryable:
                 self.queue.remove(entry_id)
                 self.stats.dropped_rejected += 1
                 logger.error("%s: downstream refused a request permanently (%s); dropped", self.name, outcome.error)
                 continue
             self._back_off(outcome.retry_after_s)
-            logger.warning("%s: downstream failed (%s); retrying in %.1fs", self.name, outcome.error, self._backoff_s)
+            self._failing += 1
+            if self._failing & (self._failing - 1) == 0:  # the 1st, 2nd, 4th, 8th...: the log backs off too
+                logger.warning(
+                    "%s: downstream failed (%s); retrying in %.1fs (%d failed attempt(s) in a row)",
+                    self.name,
+                    outcome.error,
+                    self._backoff_s,
+                    self._failing,
+                )
             return False
 
     def _back_off(self, retry_after_s: float | None) -> None:
@@ -130,27 +171,42 @@ class Delivery:
             elif self.sleep is not None:
                 self.sleep(self._backoff_s)
             else:
-                self._wake.wait(self._backoff_s)
-                self._wake.clear()
+                # The whole backoff, even when new requests arrive meanwhile (each submit wakes the
+                # event): only stop cuts it short. Else every flush and pass-through request would
+                # retry a down downstream at once.
+                until = time.monotonic() + self._backoff_s
+                while not self._stopping and (left := until - time.monotonic()) > 0:
+                    self._wake.wait(left)
+                    self._wake.clear()
 
     def stop(self, timeout_s: float = 5.0) -> int:
         """Try to empty the queue within ``timeout_s``, then stop; returns how many requests were left
-        undelivered (a spool keeps them for the next start, a memory queue loses them)."""
+        undelivered (a spool keeps them for the next start, a memory queue loses them).
+
+        Returns within ``timeout_s`` plus at most one send of its own (bounded by the transport's
+        timeout): a send the sender thread has in flight is not waited for past the deadline.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and len(self.queue):
-            if not self.pump():
-                time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            if not self.pump(max(0.0, deadline - time.monotonic())):
+                time.sleep(min(max(self._backoff_s, 0.05), max(0.0, deadline - time.monotonic())))
         self._stopping = True
         self._wake.set()
-        # Closing under the lock waits out a send still in flight (bounded by the transport's timeout):
-        # closing the spool under it would lose its remove, and the request would be sent again after a
-        # restart. The sender then finds the delivery closed and returns at once.
-        with self._lock:
+        # Closing under the lock waits out a send still in flight: closing the spool under it would lose
+        # its remove, and the request would be sent again after a restart. The sender then finds the
+        # delivery closed and returns at once. Past the deadline the send is left to finish on its own
+        # (the thread is a daemon; a spool's rows stay until the next start).
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            logger.warning("%s: a send still in flight at the shutdown deadline was abandoned", self.name)
+            return len(self.queue)
+        try:
             left = len(self.queue)
             self._closed = True
             if self.owns_transport:
                 self.transport.close()
             self.queue.close()
+        finally:
+            self._lock.release()
         if self._thread is not None:
             self._thread.join()
         return left

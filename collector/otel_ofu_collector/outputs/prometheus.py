@@ -5,7 +5,9 @@ the fleet correlation and MAE), built from the window values themselves (``resul
 points the OTLP encoder writes), and leaves the exponential histogram out: Prometheus text has no
 exponential histogram, and the SDK's Prometheus reader fails on them. Names follow the OpenTelemetry-to-Prometheus
 convention (``otel_ofu.prometheus_names``): dots become underscores (``fleet.ofu.quantile`` ->
-``fleet_ofu_quantile``), attribute keys too; the outputs' names get no unit suffix.
+``fleet_ofu_quantile``), attribute keys too; the outputs' names get no unit suffix. The one exception is the
+percentile gauge's ``quantile`` attribute, exposed as ``ofu_quantile`` (``names.PROMETHEUS_QUANTILE_LABEL``):
+Prometheus reserves ``quantile`` for summaries, and ``promtool check metrics`` refuses it on a gauge.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from prometheus_client.registry import Collector
 from otel_ofu import names
 from otel_ofu.prometheus_names import label_name, metric_name
 from otel_ofu_collector.results import OUTPUT_METRICS, WindowReport, gauge_points
+
+
+def output_label(key: str) -> str:
+    """The Prometheus label of an output attribute (``label_name``, but quantile -> ofu_quantile)."""
+    return names.PROMETHEUS_QUANTILE_LABEL if key == names.QUANTILE else label_name(key)
 
 
 def prometheus_name(name: str) -> str:
@@ -52,7 +59,7 @@ def gauge_series(reports: Sequence[WindowReport]) -> list[_Series]:
         _Series(
             prometheus_name(point.spec.name),
             point.spec.description or point.spec.name,
-            tuple(sorted((label_name(key), str(value)) for key, value in point.attributes.items())),
+            tuple(sorted((output_label(key), str(value)) for key, value in point.attributes.items())),
             float(point.value),
         )
         for point in points
@@ -107,7 +114,7 @@ def _self_metric_families(values: Mapping[str, Any]) -> Iterable[GaugeMetricFami
         base = prometheus_name(name)
         is_gauge = _SELF_METRIC_KINDS.get(name) == "gauge"
         if isinstance(value, Mapping):
-            label = "stream" if is_gauge else "reason"
+            label = label_name(names.COLLECTOR_SELF_METRIC_KEYS.get(name, "reason"))
             family: GaugeMetricFamily | CounterMetricFamily = (
                 GaugeMetricFamily(base, name, labels=[label])
                 if is_gauge

@@ -118,6 +118,12 @@ class SqliteSpool:
             if self._left is None:
                 self._db.execute("DELETE FROM spool WHERE id = ?", (entry_id,))
 
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of requests held (0 once closed)."""
+        with self._lock:
+            return 0 if self._left is not None else self._size()
+
     def __len__(self) -> int:
         # A scrape of the self-metrics may come while the service shuts down, after the spool closed.
         with self._lock:

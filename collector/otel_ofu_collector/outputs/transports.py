@@ -25,11 +25,12 @@ from google.rpc import error_details_pb2  # type: ignore[import-untyped]
 logger = logging.getLogger(__name__)
 
 EXPORT_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+# The OTLP spec's retryable codes. RESOURCE_EXHAUSTED is retryable only when the server sends RetryInfo
+# (it is out of capacity for now); without it (a message over its size limit, a quota) no retry cures it.
 RETRYABLE_GRPC = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.ABORTED,
         grpc.StatusCode.CANCELLED,
         grpc.StatusCode.OUT_OF_RANGE,
@@ -184,7 +185,9 @@ class GrpcTransport:
         except grpc.RpcError as error:
             code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
             details = error.details() if hasattr(error, "details") else ""
-            return SendOutcome(False, code in RETRYABLE_GRPC, _grpc_retry_delay(error), f"{code.name}: {details}")
+            delay = _grpc_retry_delay(error)
+            retryable = code in RETRYABLE_GRPC or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
+            return SendOutcome(False, retryable, delay, f"{code.name}: {details}")
         return SendOutcome(True)
 
     def close(self) -> None:

@@ -35,6 +35,14 @@ class Gate:
             self._in_flight += 1
             return None
 
+    def count_refusal(self, why: str) -> None:
+        """Count a refusal made before ``enter`` (the HTTP receiver's body readers were all busy)."""
+        with self._lock:
+            if why == "shutdown":
+                self.refused_shutdown += 1
+            else:
+                self.refused_overload += 1
+
     def leave(self) -> None:
         with self._lock:
             self._in_flight -= 1
@@ -50,3 +58,36 @@ class Gate:
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+
+@attrs.define
+class BodyBudget:
+    """What OTLP/HTTP bodies may hold while they are received, before the gate: connections reading a body
+    at once, and the bytes their declared lengths add up to (a chunked body counts as the largest allowed).
+
+    A body is read before its request takes a gate slot, so a client sending its body slowly holds one of
+    these and never the slots meant for work; the body deadline bounds how long.
+    """
+
+    max_readers: int = 256
+    max_bytes: int = 4 * MAX_REQUEST_BYTES
+    _readers: int = 0
+    _bytes: int = 0
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def take(self, size: int) -> bool:
+        with self._lock:
+            if self._readers >= self.max_readers or (self._readers and self._bytes + size > self.max_bytes):
+                return False
+            self._readers += 1
+            self._bytes += size
+            return True
+
+    def give(self, size: int) -> None:
+        with self._lock:
+            self._readers -= 1
+            self._bytes -= size
+
+    @property
+    def readers(self) -> int:
+        return self._readers

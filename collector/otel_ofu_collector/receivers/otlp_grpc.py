@@ -2,6 +2,11 @@
 
 The method is registered with a generic handler and no request deserializer, so a malformed body
 reaches our code as bytes and is answered INVALID_ARGUMENT rather than failing inside grpc.
+
+The bearer token is checked by a server interceptor, on the call's metadata alone: grpc runs interceptors
+when the call arrives, before a unary handler asks for its request message. A call without the token gets
+a handler that takes its request as a stream it never reads and answers UNAUTHENTICATED at once, so an
+unauthenticated client cannot make us buffer its (up to 128 MiB) body.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent import futures
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import grpc
@@ -53,6 +58,42 @@ def retry_trailers(
     return status, trailers
 
 
+def _unauthenticated(_requests: object, context: grpc.ServicerContext) -> bytes:
+    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+    raise AssertionError("abort raises")  # pragma: no cover
+
+
+_REFUSE_UNAUTHENTICATED = grpc.stream_unary_rpc_method_handler(_unauthenticated)
+
+
+if TYPE_CHECKING:  # the stubs' classes are generic, grpc's own are not subscriptable
+    _Interceptor = grpc.ServerInterceptor[Any, Any]
+    _Handler = grpc.RpcMethodHandler[Any, Any]
+else:
+    _Interceptor = grpc.ServerInterceptor
+    _Handler = grpc.RpcMethodHandler
+
+
+@attrs.frozen
+class BearerInterceptor(_Interceptor):
+    """Refuses a call without the bearer token before its request is received (see the module's doc)."""
+
+    auth: BearerAuth
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], _Handler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> _Handler | None:
+        header = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization" and isinstance(value, str):
+                header = value
+        if not self.auth.allows(header):
+            return _REFUSE_UNAUTHENTICATED
+        return continuation(handler_call_details)
+
+
 @attrs.define
 class GrpcReceiver:
     """Serves Export on ``host:port`` (port 0 picks a free one; ``port`` tells which after ``start``)."""
@@ -79,7 +120,9 @@ class GrpcReceiver:
         ]
         workers = self.workers or self.gate.max_in_flight + 4
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"), options=options
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+            options=options,
+            interceptors=[BearerInterceptor(self.auth)] if self.auth is not None else None,
         )
         handler = grpc.unary_unary_rpc_method_handler(self._export)  # bytes in, bytes out
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, {"Export": handler}),))
@@ -117,11 +160,7 @@ class GrpcReceiver:
         context.abort(status.code, status.details)
 
     def _export(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
-        if self.auth is not None:
-            metadata = dict(context.invocation_metadata())
-            header = metadata.get("authorization")
-            if not self.auth.allows(header if isinstance(header, str) else None):
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        # The bearer token was checked already, before the request was read (BearerInterceptor).
         why = self.gate.enter()
         if why is not None:
             self._refuse(context, why)

@@ -9,9 +9,13 @@ The body is framed by Content-Length or by chunked transfer encoding, parsed str
 a bad one 400, and either closes the connection, since the next request's start is then unknown.
 
 A body must arrive within one overall deadline (408 and the connection closed after it), not merely
-without long silences: a client dripping a byte now and then would otherwise hold its gate slot for
-ever. A request refused before its body is read (401, 404, 415, 503) has a small body read and
-discarded, so the connection stays usable; a larger one is not read at all and the connection closes.
+without long silences, and the request line and headers within one of their own from their first byte
+(the connection is closed after it): a client dripping a byte now and then is cut off however steady.
+A body is received before its request enters the admission gate, under its own bound (``BodyBudget``:
+connections reading a body at once and their declared bytes; 503 beyond it), so slow senders never hold
+the gate's slots, which are for requests being processed. A request refused before its body is read
+(401, 404, 415, 503) has a small body read and discarded, so the connection stays usable; a larger one
+is not read at all and the connection closes.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, BodyBudget, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.otlp_grpc import Ingest
 
@@ -51,6 +55,10 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 READ_TIMEOUT_S = 30.0
 BODY_DEADLINE_S = 60.0  # a whole body, 64 MiB at about 1 MB/s; READ_TIMEOUT_S still bounds each silence
+HEADER_DEADLINE_S = 10.0  # the request line and headers, from their first byte; real ones take milliseconds
+LISTEN_BACKLOG = 4096  # as gRPC's: a burst of new connections waits to be accepted instead of being reset
+# A Content-Length longer than this many digits is over any limit (and int() refuses past 4300 digits).
+_MAX_LENGTH_DIGITS = 18
 SKIP_MAX_BYTES = 1024 * 1024  # the most read and discarded of a body refused before it was read
 _PIECE = 1024 * 1024  # the most one read asks for: the deadline is checked between reads
 _MAX_LINE = 1024  # a chunk-size or trailer line; real ones are a few bytes
@@ -147,6 +155,45 @@ class _BodyReader:
         return bytes(line)
 
 
+class _DeadlineSocketIO(io.RawIOBase):
+    """The connection's reads for the handler's ``rfile``, with a deadline for the request line and headers.
+
+    ``arm(window_s)`` before a request: its first recv waits as long as the idle timeout allows (a keep-alive
+    connection between requests); from its first byte the rest of the head must come within ``window_s``,
+    each recv's timeout cut to what is left. ``disarm`` once the headers are in (the body has its own).
+    """
+
+    def __init__(self, connection: socket.socket, idle_s: float) -> None:
+        super().__init__()
+        self._connection = connection
+        self._idle_s = idle_s
+        self._window_s: float | None = None
+        self._deadline: float | None = None
+
+    def arm(self, window_s: float) -> None:
+        self._window_s, self._deadline = window_s, None
+
+    def disarm(self) -> None:
+        if self._window_s is not None or self._deadline is not None:
+            self._window_s = self._deadline = None
+            self._connection.settimeout(self._idle_s)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        deadline = self._deadline
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("request headers deadline passed")
+            self._connection.settimeout(min(remaining, self._idle_s))
+        count = self._connection.recv_into(buffer)
+        if count and deadline is None and self._window_s is not None:
+            self._deadline = time.monotonic() + self._window_s
+        return count
+
+
 def _read_chunked(reader: _BodyReader, limit: int) -> bytes:
     """A chunked body (RFC 9112 7.1) of at most ``limit`` bytes; extensions and trailers are skipped."""
     body = bytearray()
@@ -197,6 +244,9 @@ class HttpReceiver:
     # A body not complete this long after its headers is answered 408 however steadily it drips: the
     # request holds one of the gate's slots meanwhile.
     body_deadline_s: float = BODY_DEADLINE_S
+    header_deadline_s: float = HEADER_DEADLINE_S
+    # Bodies being received, before the gate (None: 4 x gate.max_in_flight readers, 4 x max_request_bytes).
+    bodies: BodyBudget | None = None
     port: int = 0
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -205,6 +255,8 @@ class HttpReceiver:
         """Bind and serve; OSError (one line, naming the address) when the port cannot be had."""
         host, _, port = self.listen.rpartition(":")
         receiver = self
+        if self.bodies is None:
+            self.bodies = BodyBudget(max_readers=4 * self.gate.max_in_flight, max_bytes=4 * self.max_request_bytes)
 
         class Handler(_Handler):
             owner: ClassVar[HttpReceiver] = receiver
@@ -245,6 +297,7 @@ class HttpReceiver:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG  # socketserver's default is 5
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver prints a traceback on stderr for any error; a client that hangs up or goes silent
@@ -259,6 +312,9 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     owner: ClassVar[HttpReceiver]
     protocol_version = "HTTP/1.1"
+    # What a request line without a (valid) version is answered as: http.server's default, HTTP/0.9, sends an
+    # error page with no status line at all; every answer here has one.
+    default_request_version = "HTTP/1.1"
     server_version = "otel-ofu-collector"
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -266,6 +322,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()  # applies the read timeout to the connection first
+        self._head = _DeadlineSocketIO(self.connection, self.owner.read_timeout_s)
+        self.rfile.close()  # socketserver's own reader (nothing read yet): ours reads under the head's deadline
+        self.rfile = io.BufferedReader(self._head, self.rbufsize if self.rbufsize > 0 else io.DEFAULT_BUFFER_SIZE)
         self._handshake_failed = False
         do_handshake = getattr(self.connection, "do_handshake", None)
         if do_handshake is None:
@@ -281,6 +340,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         super().handle()
+
+    def handle_one_request(self) -> None:
+        self._head.arm(self.owner.header_deadline_s)
+        try:
+            super().handle_one_request()  # a TimeoutError there closes the connection, logged at debug
+        finally:
+            self._head.disarm()
 
     def _reply(self, status: int, message: Message, as_json: bool, headers: dict[str, str] | None = None) -> None:
         body = json_format.MessageToJson(message).encode() if as_json else message.SerializeToString()
@@ -315,7 +381,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not declared:
             raise _BadFraming(HTTPStatus.LENGTH_REQUIRED, "Content-Length (or a chunked body) required")
         if len(declared) > 1 or not _DIGITS.fullmatch(text := declared.pop()):
-            raise _BadFraming(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {self.headers.get('Content-Length')!r}")
+            shown = (self.headers.get("Content-Length") or "")[:40]
+            raise _BadFraming(HTTPStatus.BAD_REQUEST, f"invalid Content-Length {shown!r}")
+        if len(text.lstrip("0")) > _MAX_LENGTH_DIGITS:
+            raise _BadFraming(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"Content-Length of {len(text)} digits")
         return int(text)
 
     def _body_reader(self) -> _BodyReader:
@@ -339,12 +408,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.settimeout(self.owner.read_timeout_s)
 
     def do_POST(self) -> None:
+        self._head.disarm()  # the headers are in; the body has a deadline of its own
         owner = self.owner
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         as_json = content_type == JSON
         try:
             length = self._body_length()
         except _BadFraming as bad:
+            logger.info("OTLP/HTTP client %s: %s (%d)", self.address_string(), bad.message, bad.status)
             self.close_connection = True
             self._error(bad.status, bad.message, as_json)
             return
@@ -366,18 +437,41 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body exceeds {owner.max_request_bytes} bytes", as_json)
             return
-        why = owner.gate.enter()
-        if why is not None:
+        retry = {"Retry-After": str(max(1, math.ceil(owner.gate.retry_after_s)))}
+        if owner.gate.closing:
+            owner.gate.count_refusal("shutdown")
             self._skip_body(length)
-            retry = {"Retry-After": str(max(1, math.ceil(owner.gate.retry_after_s)))}
-            self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"collector {why}, retry later", as_json, retry)
+            self._error(HTTPStatus.SERVICE_UNAVAILABLE, "collector shutdown, retry later", as_json, retry)
+            return
+        # The body is received first, under the body budget, and only then does the request take a gate
+        # slot: however slowly a client sends, it holds no slot meant for processing.
+        bodies = owner.bodies
+        assert bodies is not None  # set by start()
+        reserved = length if length is not None else owner.max_request_bytes
+        if not bodies.take(reserved):
+            owner.gate.count_refusal("overload")
+            self._skip_body(length)
+            self._error(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                "collector overload (bodies being received), retry later",
+                as_json,
+                retry,
+            )
             return
         try:
             body = self._read_body(length, as_json)
-            if body is not None:
+            if body is None:
+                return
+            why = owner.gate.enter()
+            if why is not None:
+                self._error(HTTPStatus.SERVICE_UNAVAILABLE, f"collector {why}, retry later", as_json, retry)
+                return
+            try:
                 self._export(body, as_json)
+            finally:
+                owner.gate.leave()
         finally:
-            owner.gate.leave()
+            bodies.give(reserved)
 
     def _read_body(self, length: int | None, as_json: bool) -> bytes | None:
         """The whole body, or None after answering why not (the connection then closes)."""

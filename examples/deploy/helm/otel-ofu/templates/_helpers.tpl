@@ -61,6 +61,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 - name: OTEL_OFU_COLLECTOR_PROMETHEUS_PORT
   value: {{ .Values.collector.prometheusPort | quote }}
+- name: OTEL_OFU_COLLECTOR_PROMETHEUS_HOST
+  value: "0.0.0.0"
 - name: OTEL_OFU_COLLECTOR_WINDOW
   value: {{ .Values.collector.window | quote }}
 {{- if .Values.collector.exportEndpoint }}

@@ -1,0 +1,438 @@
+"""Collector end to end: CPU of the real ``otel-ofu collector`` process per GPU report, beside real peers.
+
+Each collector runs as its own process on 127.0.0.1; one client in this process sends the same
+pre-serialised OTLP/gRPC ``Export`` requests to each, one in flight at a time, and waits for every reply.
+The requests are the producer's layout: one Resource per GPU (its identity) and either 1 point
+(``gpu.ofu``) or 8 points (the producer's eight gauges) per GPU report, for a fleet whose GPUs report
+again and again (as they do every 10 s), ``GPUs per request`` GPUs in one request (1 is a producer
+sending straight to the collector; more is an agent batching a node or a rack). A collector's CPU is
+utime + stime of its process from ``/proc/<pid>/stat`` (every thread), read after a warm-up and again
+after the last reply plus a settle pause (so asynchronous batch work is counted); the client's CPU is
+not counted. /proc counts in clock ticks (10 ms), so each case sends enough reports for hundreds of ticks.
+
+Peers, in the same run on the same requests:
+
+- ``otel-ofu collector``: receive, decode, aggregate per window (no downstream, so nothing is exported).
+- Rotel (``rotel-agent``, Rust, PyPI ``rotel``): receive and pass everything to its blackhole exporter; the
+  least any OTLP receiver can do, so it bounds what is possible in a compiled collector.
+- The OpenTelemetry Collector (``build/otelcol/otelcol-ofu``): an OTLP receiver and a ``signaltometrics``
+  connector computing the per-``hw.model`` exponential histogram of ``gpu.ofu`` (the same aggregate as
+  ours), to a ``nop`` exporter. Run only where that binary has been built (``make otelcol``), else
+  reported as not run.
+
+GPUs per core at a 10 s interval = 10 s / CPU per GPU report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, new_figure, save_figure
+from otel_ofu import names
+from otel_ofu.testing.otlp_requests import set_attribute
+
+ROOT = Path(__file__).resolve().parents[1]
+# The console script beside this interpreter (the venv's), else the one on PATH.
+OTEL_OFU = (
+    str(Path(sys.executable).with_name("otel-ofu"))
+    if Path(sys.executable).with_name("otel-ofu").is_file()
+    else (shutil.which("otel-ofu") or "otel-ofu")
+)
+OTELCOL = ROOT / "build" / "otelcol" / "otelcol-ofu"
+EXPORT_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+S = 1_000_000_000
+INTERVAL_S = 10.0
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+SETTLE_S = 0.5  # after the last reply: batching peers finish their asynchronous work
+MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
+# Targets, per GPU report of 8 points at 1 GPU per request (a producer exporting to the collector).
+TARGET_US_PER_REPORT = 20.0
+NODE_GPUS = 8  # GPUs per request of one producer: one host's GPUs, one Resource each
+OURS, ROTEL, OTELCOL_NAME = "otel-ofu collector", "rotel", "otelcol (signaltometrics)"
+TARGET_RATIO_TO_ROTEL = 2.0  # our CPU per point / Rotel's
+TARGET_THROUGHPUT_TO_OTELCOL = 0.5  # our GPU reports per CPU second / the OpenTelemetry Collector's
+
+
+def producer_requests(gpus_per_request: int, points_per_gpu: int, requests: int, fleet: int) -> list[bytes]:
+    """``requests`` serialised requests of ``gpus_per_request`` GPU reports each, in the producer's layout.
+
+    The fleet's GPUs take turns, so each Resource comes back every ``fleet // gpus_per_request`` requests;
+    point times advance 1 ms per request from now, so no two reports of a GPU share a timestamp.
+    """
+    metrics = names.PRODUCER_METRICS[:points_per_gpu]
+    now_ns = time.time_ns()
+    payloads = []
+    for index in range(requests):
+        request = ExportMetricsServiceRequest()
+        time_ns = now_ns + index * 1_000_000
+        for slot in range(gpus_per_request):
+            gpu = (index * gpus_per_request + slot) % fleet
+            rm = request.resource_metrics.add()
+            for key, value in (
+                (names.SERVICE_NAME, names.PRODUCER_SERVICE_NAME),
+                (names.HOST_NAME, f"node-{gpu // 8:05d}"),
+                (names.HW_ID, f"GPU-{gpu:08x}-1d2c-4b5a-9e8f-0a1b2c3d4e5f"),
+                (names.HW_MODEL, MODELS[gpu % len(MODELS)]),
+                (names.HW_TYPE, names.HW_TYPE_GPU),
+                (names.HW_VENDOR, names.HW_VENDOR_NVIDIA),
+                (names.GPU_INDEX, gpu % 8),
+                (names.JOB_ID, f"job-{gpu // 16}"),
+                (names.GPU_PRECISION, "bf16"),
+            ):
+                set_attribute(rm.resource.attributes, key, value)
+            sm = rm.scope_metrics.add()
+            sm.scope.name = names.INSTRUMENTATION_SCOPE
+            for position, spec in enumerate(metrics):
+                metric = sm.metrics.add(name=spec.name, unit=spec.unit)
+                point = metric.gauge.data_points.add(
+                    as_double=0.1 + 0.8 * ((gpu * 7 + index + position) % 10) / 10, time_unix_nano=time_ns
+                )
+                point.start_time_unix_nano = time_ns - int(INTERVAL_S * S)
+        payloads.append(request.SerializeToString())
+    return payloads
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of every thread of ``pid`` (fields 14 and 15 of /proc/<pid>/stat), in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S
+
+
+def unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@attrs.frozen
+class Peer:
+    """A collector to run: how to start it on a gRPC port, or why it cannot run here (``missing``)."""
+
+    name: str
+    version: str
+    argv: Callable[[int, Path], list[str]]
+    missing: str | None = None
+    config: Callable[[int, Path], None] | None = None  # writes the peer's config file before it starts
+
+
+def ours() -> Peer:
+    from importlib.metadata import version
+
+    def argv(port: int, work: Path) -> list[str]:
+        return [OTEL_OFU, "collector", f"--listen=127.0.0.1:{port}", "--http-listen=off"]
+
+    return Peer("otel-ofu collector", version("otel-ofu"), argv)
+
+
+def rotel_binary() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("rotel")
+    for place in list(spec.submodule_search_locations or []) if spec is not None else []:
+        binary = Path(place) / "rotel-agent"
+        if binary.is_file():
+            return binary
+    return None
+
+
+def rotel() -> Peer:
+    binary = rotel_binary()
+    if binary is None:
+        return Peer("rotel", "-", lambda port, work: [], missing="the rotel wheel (a dev extra) is not installed")
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False).stdout.strip()
+
+    def argv(port: int, work: Path) -> list[str]:
+        return [
+            str(binary),
+            "start",
+            f"--otlp-grpc-endpoint=127.0.0.1:{port}",
+            f"--otlp-http-endpoint=127.0.0.1:{unused_port()}",
+            "--exporter=blackhole",
+            f"--pid-file={work / 'rotel.pid'}",
+            f"--log-file={work / 'rotel.log'}",
+        ]
+
+    return Peer("rotel", version.removeprefix("rotel ").strip() or "?", argv)
+
+
+OTELCOL_CONFIG = """\
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:{port}
+connectors:
+  signaltometrics:
+    datapoints:
+      - name: gpu.ofu.fleet
+        description: exponential histogram of gpu.ofu per hw.model
+        conditions:
+          - metric.name == "gpu.ofu"
+        include_resource_attributes:
+          - key: hw.model
+        exponential_histogram:
+          max_size: 160
+          value: Double(value_double)
+exporters:
+  nop:
+service:
+  telemetry:
+    metrics:
+      level: none
+  pipelines:
+    metrics/in:
+      receivers: [otlp]
+      exporters: [signaltometrics]
+    metrics/out:
+      receivers: [signaltometrics]
+      exporters: [nop]
+"""
+
+
+def otelcol() -> Peer:
+    def write_config(port: int, work: Path) -> None:
+        (work / "otelcol.yaml").write_text(OTELCOL_CONFIG.format(port=port))
+
+    def argv(port: int, work: Path) -> list[str]:
+        return [str(OTELCOL), f"--config={work / 'otelcol.yaml'}"]
+
+    if not OTELCOL.is_file():
+        return Peer(
+            "otelcol (signaltometrics)",
+            "-",
+            argv,
+            missing=f"{OTELCOL.relative_to(ROOT)} is not built here (make otelcol builds it)",
+        )
+    out = subprocess.run([str(OTELCOL), "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    return Peer("otelcol (signaltometrics)", out.split()[-1] if out else "?", argv, config=write_config)
+
+
+@contextlib.contextmanager
+def running(peer: Peer, work: Path) -> Iterator[tuple[subprocess.Popen[bytes], grpc.Channel]]:
+    port = unused_port()
+    if peer.config is not None:
+        peer.config(port, work)
+    log = (work / f"{peer.name.split()[0]}.out").open("wb")
+    process = subprocess.Popen(peer.argv(port, work), stdout=log, stderr=subprocess.STDOUT, cwd=work)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=30)
+        except grpc.FutureTimeoutError:
+            log.flush()
+            tail = (work / f"{peer.name.split()[0]}.out").read_text(errors="replace")[-400:]
+            raise RuntimeError(f"{peer.name} did not listen on port {port} within 30 s: {tail}") from None
+        yield process, channel
+    finally:
+        channel.close()
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def cpu_per_report(
+    channel: grpc.Channel, pid: int, payloads: Sequence[bytes], gpus_per_request: int, warmup: int
+) -> float:
+    """CPU seconds the process at ``pid`` spends per GPU report, over ``payloads`` after ``warmup`` of them."""
+    export = channel.unary_unary(EXPORT_METHOD, request_serializer=None, response_deserializer=None)
+    for payload in payloads[:warmup]:
+        export(payload, timeout=30)
+    time.sleep(SETTLE_S)
+    before = process_cpu_s(pid)
+    for payload in payloads[warmup:]:
+        export(payload, timeout=30)
+    time.sleep(SETTLE_S)
+    spent = process_cpu_s(pid) - before
+    return spent / ((len(payloads) - warmup) * gpus_per_request)
+
+
+def measure(
+    peers: Sequence[Peer], gpus_per_request: Sequence[int], points: Sequence[int], reports: int, fleet: int
+) -> list[dict[str, Any]]:
+    """One row per (peer, points per GPU, GPUs per request): us of CPU per GPU report and per point."""
+    rows: list[dict[str, Any]] = []
+    cases = [(p, g) for p in points for g in gpus_per_request]
+    workloads = {(p, g): producer_requests(g, p, max(100, reports // g) + max(20, 200 // g), fleet) for p, g in cases}
+    for peer in peers:
+        if peer.missing is not None:
+            continue
+        with tempfile.TemporaryDirectory(prefix="bench-e2e-") as scratch:
+            for p, g in cases:
+                # A fresh process per case: each starts with no state, and one case's backlog never
+                # lands in the next one's CPU.
+                payloads = workloads[(p, g)]
+                with running(peer, Path(scratch)) as (process, channel):
+                    per_report = cpu_per_report(channel, process.pid, payloads, g, warmup=max(20, 200 // g))
+                rows.append(
+                    {
+                        "peer": peer.name,
+                        "points_per_gpu": p,
+                        "gpus_per_request": g,
+                        "reports": (len(payloads) - max(20, 200 // g)) * g,
+                        "us_per_report": per_report * 1e6,
+                        "us_per_point": per_report * 1e6 / p,
+                        "gpus_per_core": INTERVAL_S / per_report if per_report > 0 else None,
+                    }
+                )
+    return rows
+
+
+def measure_all(quick: bool = False) -> dict[str, Any]:
+    peers = [ours(), rotel(), otelcol()]
+    sweep = (1, 8, 64) if quick else (1, 8, 64, 512)
+    rows = measure(peers, sweep, (1, 8), reports=2_000 if quick else 8_000, fleet=4_096)
+    return {
+        "peers": [{"name": p.name, "version": p.version, "not_run": p.missing} for p in peers],
+        "rows": rows,
+        "interval_s": INTERVAL_S,
+        "tick_s": TICK_S,
+        "settle_s": SETTLE_S,
+        "cpu_count": os.cpu_count(),
+        "otelcol_path": str(OTELCOL.relative_to(ROOT)),
+        "targets": {
+            "us_per_report": TARGET_US_PER_REPORT,
+            "ratio_to_rotel": TARGET_RATIO_TO_ROTEL,
+            "throughput_to_otelcol": TARGET_THROUGHPUT_TO_OTELCOL,
+        },
+    }
+
+
+def row(rows: Sequence[dict[str, Any]], peer: str, points: int, gpus: int) -> dict[str, Any] | None:
+    return next(
+        (r for r in rows if r["peer"] == peer and r["points_per_gpu"] == points and r["gpus_per_request"] == gpus),
+        None,
+    )
+
+
+def run(ctx: RunContext) -> BenchResult:
+    data = measure_all(quick=ctx.quick)
+    rows = data["rows"]
+    targets = data["targets"]
+    table_rows = [
+        (
+            r["peer"],
+            str(r["points_per_gpu"]),
+            str(r["gpus_per_request"]),
+            f"{r['reports']:,}",
+            f"{r['us_per_report']:.1f}",
+            f"{r['us_per_point']:.2f}",
+            f"{r['gpus_per_core']:,.0f}" if r["gpus_per_core"] else "-",
+        )
+        for r in sorted(rows, key=lambda r: (r["points_per_gpu"], r["gpus_per_request"], r["peer"]))
+    ]
+    not_run = [f"{p['name']}: not run, {p['not_run']}" for p in data["peers"] if p["not_run"]]
+    verdicts: list[Verdict] = []
+    for points in (8, 1):
+        mine = row(rows, OURS, points, NODE_GPUS)
+        rust = row(rows, ROTEL, points, NODE_GPUS)
+        col = row(rows, OTELCOL_NAME, points, NODE_GPUS)
+        case = f"{points} point{'s' if points > 1 else ''} per GPU, {NODE_GPUS} GPUs per request"
+        if mine is None:
+            continue
+        if points == 8:
+            verdicts.append(
+                Verdict(
+                    f"CPU per GPU report, {case}",
+                    mine["us_per_report"],
+                    targets["us_per_report"],
+                    "us",
+                    kind="absolute",
+                )
+            )
+        if rust is not None and points == 8:
+            verdicts.append(
+                Verdict(
+                    f"CPU per point / Rotel's, {case}",
+                    mine["us_per_point"] / rust["us_per_point"],
+                    targets["ratio_to_rotel"],
+                    "x",
+                    kind="ratio",
+                )
+            )
+        if col is not None and points == 8:
+            verdicts.append(
+                Verdict(
+                    f"throughput / the OpenTelemetry Collector's (signaltometrics), {case}",
+                    col["us_per_report"] / mine["us_per_report"],
+                    targets["throughput_to_otelcol"],
+                    "x",
+                    higher_is_better=True,
+                    kind="ratio",
+                )
+            )
+    data["peer_versions"] = {p["name"]: p["version"] for p in data["peers"] if not p["not_run"] and p["name"] != OURS}
+    return BenchResult(
+        "collector_e2e",
+        "Collector end to end: process CPU per GPU report over real gRPC, beside Rotel and otelcol",
+        doc_summary(__doc__),
+        tables=(
+            Table(
+                "CPU of the collector process (utime + stime from /proc) per GPU report",
+                (
+                    "collector",
+                    "points per GPU",
+                    "GPUs per request",
+                    "GPU reports",
+                    "us CPU per report",
+                    "us CPU per point",
+                    "GPUs per core at 10 s",
+                ),
+                table_rows,
+                note="Targets (8 points per GPU, 8 GPUs per request: one producer's host): at most 20 us of CPU per "
+                "GPU report, i.e. at least 500k GPUs per core at a 10 s interval (absolute, reported); CPU per point "
+                "at most 2x Rotel's (ratio); at least 0.5x the OpenTelemetry Collector's throughput (ratio). "
+                + " ".join(not_run),
+            ),
+        ),
+        verdicts=verdicts,
+        data=data,
+        plots=(_plot(ctx, rows),),
+    )
+
+
+def _plot(ctx: RunContext, rows: Sequence[dict[str, Any]]) -> str:
+    figure, axes = new_figure(ncols=2, width=10.0)
+    for ax, points in zip(axes, (1, 8), strict=True):
+        for peer in sorted({r["peer"] for r in rows}):
+            mine = sorted(
+                (r for r in rows if r["peer"] == peer and r["points_per_gpu"] == points),
+                key=lambda r: r["gpus_per_request"],
+            )
+            ax.plot([r["gpus_per_request"] for r in mine], [r["us_per_report"] for r in mine], marker="o", label=peer)
+        ax.axhline(TARGET_US_PER_REPORT, color="grey", linestyle="--", linewidth=0.8, label="target 20 us")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("GPUs per request")
+        ax.set_ylabel("us of collector CPU per GPU report")
+        ax.set_title(f"{points} point{'s' if points > 1 else ''} per GPU report")
+        ax.legend(fontsize=7)
+    return save_figure(figure, ctx, "collector_e2e")
+
+
+def main() -> None:
+    import json
+
+    print(json.dumps(measure_all(quick="--quick" in sys.argv), indent=2))
+
+
+if __name__ == "__main__":
+    main()
