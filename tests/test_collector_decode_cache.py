@@ -57,7 +57,7 @@ def _value(point: Any) -> float:
 
 @attrs.define
 class ReferenceDecoder:
-    """Every gpu.ofu and job.mfu point into ``sink``, its identity the data point's attributes over its
+    """Every gpu.ofu, gpu.clock.sm and job.mfu point into ``sink``, its identity the data point's attributes over its
     Resource's (parsed, so a Resource sent in pieces is already one)."""
 
     sink: Aggregator
@@ -75,6 +75,8 @@ class ReferenceDecoder:
                             taken = self._ofu(point, identity)
                         elif metric.name == names.JOB_MFU.name:
                             taken = self._mfu(point, identity)
+                        elif metric.name == names.GPU_CLOCK_SM.name:
+                            taken = self._gpu_input(metric.name, point, identity)
                         else:
                             continue
                         if taken:
@@ -87,6 +89,12 @@ class ReferenceDecoder:
         if not 0.0 <= value <= 1.0 or key is None or not end_ns:
             return False
         return self.sink.add_ofu(key, value, point.start_time_unix_nano or end_ns, end_ns, identity)
+
+    def _gpu_input(self, name: str, point: Any, identity: dict[str, str]) -> bool:
+        value, key, end_ns = _value(point), _stream(identity), point.time_unix_nano
+        if not 0.0 <= value < float("inf") or key is None or not end_ns:
+            return False
+        return self.sink.add_gpu_input(key, name, value, point.start_time_unix_nano or end_ns, end_ns, identity)
 
     def _mfu(self, point: Any, identity: dict[str, str]) -> bool:
         value, job_id, time_ns = _value(point), identity.get(names.JOB_ID), point.time_unix_nano

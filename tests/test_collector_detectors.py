@@ -9,7 +9,14 @@ from otel_ofu import names
 from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.detectors import DETECTORS, NOT_ASSESSABLE, JobWindowValues
+from otel_ofu_collector.detectors import (
+    DETECTORS,
+    GPU_DETECTORS,
+    NOT_ASSESSABLE,
+    Detector,
+    GpuDetector,
+    JobWindowValues,
+)
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
 from otel_ofu_collector.outputs.prometheus import OutputsCollector
 from otel_ofu_collector.outputs.record_codec import report_from_line, report_to_line
@@ -20,9 +27,11 @@ S = 1_000_000_000
 
 
 def test_every_flag_module_is_found_in_the_order_of_the_vocabulary() -> None:
-    assert [d.metric for d in DETECTORS] == [names.JOB_FLOPS_MISCOUNT, names.JOB_OFU_REGRESSION]
-    assert [d.record_key for d in DETECTORS] == ["flops_miscount", "regression"]
-    assert len({d.kind for d in DETECTORS}) == len(DETECTORS)
+    assert [d.metric for d in DETECTORS] == [names.JOB_FLOPS_MISCOUNT, names.JOB_OFU_REGRESSION, names.JOB_GPUS_IDLE]
+    assert [d.record_key for d in DETECTORS] == ["flops_miscount", "regression", "gpus_idle"]
+    assert [d.metric for d in GPU_DETECTORS] == [names.GPU_STRAGGLER]
+    every: tuple[Detector | GpuDetector, ...] = (*DETECTORS, *GPU_DETECTORS)
+    assert len({d.kind for d in every}) == len(every)
 
 
 def test_the_windows_run_every_detector_for_every_job() -> None:
@@ -30,7 +39,26 @@ def test_the_windows_run_every_detector_for_every_job() -> None:
     aggregator.add_ofu("gpu-0", 0.4, 20 * S, 30 * S, {names.JOB_ID: "job-1"})
     (report,) = aggregator.flush(60 * S)
     (job,) = report.jobs
-    assert job.flags == {d.metric.name: 0 for d in DETECTORS}
+    # No MFU reported, no baseline yet: those two cannot be assessed (absent, not 0); its one GPU works.
+    assert job.flags == {
+        names.JOB_FLOPS_MISCOUNT.name: None,
+        names.JOB_OFU_REGRESSION.name: None,
+        names.JOB_GPUS_IDLE.name: 0,
+    }
+
+
+def test_a_job_that_never_reported_mfu_has_no_miscount_value_and_one_without_a_baseline_no_regression() -> None:
+    aggregator = Aggregator(AggregatorConfig(window_s=60, lateness_s=0, baseline_windows=4))
+    reports = []
+    for window in range(4):
+        start = window * 60 * S
+        aggregator.add_ofu("gpu-0", 0.4, start + 20 * S, start + 30 * S, {names.JOB_ID: "job-1"})
+        if window >= 1:
+            aggregator.add_mfu("job-1", 0.41, start + 30 * S, {names.JOB_ID: "job-1"})
+        reports += aggregator.flush(start + 60 * S)
+    flags = [(r.jobs[0].flops_miscount, r.jobs[0].regression) for r in reports]
+    # MFU from the second window on; the baseline needs 2 windows (half of 4) before it judges.
+    assert flags == [(None, None), (0, None), (0, 0), (0, 0)]
 
 
 def test_a_fresh_flag_state_per_job_judges_only_what_it_is_given() -> None:
@@ -59,7 +87,13 @@ def _window(flags: dict[str, int | None]) -> WindowReport:
 
 
 def test_a_flag_that_cannot_be_assessed_is_absent_from_every_output() -> None:
-    report = _window({names.JOB_FLOPS_MISCOUNT.name: NOT_ASSESSABLE, names.JOB_OFU_REGRESSION.name: 1})
+    report = _window(
+        {
+            names.JOB_FLOPS_MISCOUNT.name: NOT_ASSESSABLE,
+            names.JOB_OFU_REGRESSION.name: 1,
+            names.JOB_GPUS_IDLE.name: NOT_ASSESSABLE,
+        }
+    )
     shown = {point.spec for point in gauge_points(report)}
     assert names.JOB_FLOPS_MISCOUNT not in shown
     assert names.JOB_OFU_REGRESSION in shown
@@ -73,7 +107,7 @@ def test_a_flag_that_cannot_be_assessed_is_absent_from_every_output() -> None:
     assert names.JOB_OFU_REGRESSION.name in metrics
     prometheus = OutputsCollector()
     prometheus.consume_windows([report])
-    assert {family.name for family in prometheus.collect()} == {"job_ofu", "job_ofu_regression"}
+    assert {family.name for family in prometheus.collect()} == {"job_ofu", "job_ofu_regression", "job_gpus"}
     line = report_to_line(report)
     assert '"flops_miscount":null' in line
     assert report_from_line(line) == report

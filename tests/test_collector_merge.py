@@ -59,6 +59,13 @@ def fleet_points(seed: int, windows: int = 8, jobs: int = 14) -> list[Point]:
                         value = min(1.0, max(0.0, rng.gauss(level, 0.05)))
                         start = base + tick * S
                         points.append(("ofu", f"{j}-{g}", value, start, start + 15 * S, identity))
+                        # the loss inputs beside it: tensor activity, clock, power (the energy from power)
+                        tpa = min(1.0, value * rng.uniform(1.0, 1.3))
+                        points.append((names.GPU_TENSOR_ACTIVE.name, f"{j}-{g}", tpa, start, start + 15 * S, identity))
+                        clock = rng.uniform(1.4e9, 1.98e9)
+                        points.append((names.GPU_CLOCK_SM.name, f"{j}-{g}", clock, start, start + 15 * S, identity))
+                        power = rng.uniform(80.0, 700.0)
+                        points.append((names.GPU_POWER.name, f"{j}-{g}", power, start, start + 15 * S, identity))
             if reports_mfu:
                 for tick in (20, 50):
                     identity = {names.JOB_ID: job, names.JOB_NAME: f"train-{j}"}
@@ -84,8 +91,10 @@ def feed(agg: Aggregator, point: Point) -> None:
     kind, key, value, start, end, identity = point
     if kind == "ofu":
         agg.add_ofu(key, value, start, end, identity)
-    else:
+    elif kind == "mfu":
         agg.add_mfu(key, value, end, identity)
+    else:
+        agg.add_gpu_input(key, kind, value, start, end, identity)
 
 
 def run(
@@ -161,6 +170,20 @@ def assert_merged_equals_single(
         assert (f2.mae is None) == (f1.mae is None)
         if f1.mae is not None:
             assert f2.mae == pytest.approx(f1.mae, rel=1e-12, abs=1e-12)
+        # where OFU is lost: the fleet's totals are sums, added across shards
+        l1, l2 = f1.loss, f2.loss
+        assert set(l2.lost_s) == set(l1.lost_s)
+        for cause, seconds in l1.lost_s.items():
+            assert l2.lost_s[cause] == pytest.approx(seconds, rel=1e-12, abs=1e-9)
+        assert (l2.energy_j is None) == (l1.energy_j is None)
+        if l1.energy_j is not None:
+            assert l2.energy_j == pytest.approx(l1.energy_j, rel=1e-12)
+        assert (l2.cost_lost is None) == (l1.cost_lost is None)
+        if l1.cost_lost is not None:
+            assert l2.cost_lost is not None
+            for cause, cost in l1.cost_lost.items():
+                assert l2.cost_lost[cause] == pytest.approx(cost, rel=1e-12, abs=1e-12)
+        assert l2.currency == l1.currency
         # job outputs pass through from the one shard that owns each job, unchanged
         passed = sorted(
             (job for reports in shards for r in reports if r.end_ns == one.end_ns for job in r.jobs),
@@ -172,9 +195,11 @@ def assert_merged_equals_single(
 @pytest.mark.parametrize("shards", [2, 3, 8])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_n_shards_merged_equal_one_process(shards: int, seed: int) -> None:
-    config = AggregatorConfig(horizon_s=300, histogram_max_buckets=160)
+    config = AggregatorConfig(horizon_s=300, histogram_max_buckets=160, price_per_gpu_hour={"default": 2.0})
     single, parts = run(fleet_points(seed), config, shards)
     assert sum(len(r.jobs) for r in single) > 0
+    assert any(r.fleet.loss.energy_j for r in single)
+    assert any(r.fleet.loss.cost_lost for r in single)
     assert any(r.fleet.correlation is not None for r in single)
     assert_merged_equals_single(single, merge_all(parts, config), parts)
 
@@ -239,7 +264,7 @@ def test_merged_quantiles_meet_the_design_target_with_default_buckets() -> None:
 
 @pytest.mark.parametrize("shards", [2, 5])
 def test_shards_over_otlp_merged_equal_one_process(shards: int) -> None:
-    config = AggregatorConfig(horizon_s=300)
+    config = AggregatorConfig(horizon_s=300, price_per_gpu_hour={MODELS[0]: 2.5}, currency="EUR")
     single, parts = run(fleet_points(21), config, shards)
 
     def over_the_wire(report: WindowReport, shard: str) -> list[PartialWindow]:

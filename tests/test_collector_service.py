@@ -143,7 +143,8 @@ def test_foreign_metrics_pass_through_and_rejections_are_reported(service: Colle
     assert forwarded.resource_metrics[0].resource == request.resource_metrics[0].resource
     assert [m.name for m in forwarded.resource_metrics[0].scope_metrics[0].metrics] == ["node.memory.usage"]
     counters = service.self_metrics()
-    assert counters[names.COLLECTOR_POINTS_ACCEPTED.name] == 1
+    # GPU-1's OFU and both GPUs' SM clocks (a loss input: taken even where the OFU is refused)
+    assert counters[names.COLLECTOR_POINTS_ACCEPTED.name] == 3
     assert sum(counters[names.COLLECTOR_POINTS_REJECTED.name].values()) == 1
     assert counters[names.COLLECTOR_REQUESTS_FORWARDED.name] == 1
 
@@ -325,14 +326,14 @@ def test_a_point_from_the_future_cannot_drag_the_windows_ahead() -> None:
     now = [W0 + 30 * S]
     service = CollectorService(options(None), clock=lambda: now[0], environ={})
     far = service.ingest(producer_request({"GPU-x": ("j", 0.5)}, now[0] + 3600 * S))
-    assert far.rejected == 1
+    assert far.rejected == 2  # its OFU and its SM clock
     assert "future" in far.error_message
-    assert service.ingest(producer_request({"GPU-1": ("j", 0.5)}, now[0])).accepted == 1
+    assert service.ingest(producer_request({"GPU-1": ("j", 0.5)}, now[0])).accepted == 2
     now[0] = W0 + 75 * S
     [report] = service.flush()  # the clock closes only the first window...
     assert report.end_ns == W0 + WINDOW
     # ...so the next window is still open for the fleet's points
-    assert service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 80 * S)).accepted == 1
+    assert service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 80 * S)).accepted == 2
 
 
 def test_a_producer_a_minute_ahead_does_not_close_the_current_window() -> None:
@@ -341,10 +342,10 @@ def test_a_producer_a_minute_ahead_does_not_close_the_current_window() -> None:
     service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 30 * S))
     service.ingest(producer_request({"GPU-2": ("j", 0.5)}, W0 + 70 * S))  # the current window
     ahead = service.ingest(producer_request({"GPU-3": ("j", 0.5)}, now[0] + 60 * S, host="fast-clock"))
-    assert ahead.accepted == 1  # well within the accepted clock skew
+    assert ahead.accepted == 2  # well within the accepted clock skew (its OFU and SM clock)
     [report] = service.flush()  # the timer's path: the collector's clock decides, not the data's watermark
     assert report.end_ns == W0 + WINDOW
-    assert service.ingest(producer_request({"GPU-2": ("j", 0.4)}, W0 + 100 * S)).accepted == 1  # still open
+    assert service.ingest(producer_request({"GPU-2": ("j", 0.4)}, W0 + 100 * S)).accepted == 2  # still open
 
 
 @attrs.define

@@ -213,8 +213,9 @@ def test_regression_flagged_for_a_2_5x_drop_and_never_for_a_healthy_job() -> Non
         (report,) = close(agg, window)
         regressing.append(job_of(report, "reg").regression)
         healthy.append(job_of(report, "ok").regression)
-    assert regressing == [0] * 15 + [1] * 15  # flagged windows stay out of the baseline
-    assert healthy == [0] * 30
+    # Not assessable (absent) until the baseline holds 5 windows; flagged windows stay out of the baseline.
+    assert regressing == [None] * 5 + [0] * 10 + [1] * 15
+    assert healthy == [None] * 5 + [0] * 25
 
 
 def test_regression_needs_a_baseline_first() -> None:
@@ -225,7 +226,7 @@ def test_regression_needs_a_baseline_first() -> None:
         (report,) = close(agg, window)
         flags.append(job_of(report, "reg").regression)
     # window 4 has only 4 windows behind it; by window 6 the baseline holds 6 (median 0.5)
-    assert flags == [0, 0, 0, 0, 0, 0, 1]
+    assert flags == [None, None, None, None, None, 0, 1]
 
 
 def test_an_idle_job_near_zero_is_never_a_regression() -> None:
@@ -237,7 +238,7 @@ def test_an_idle_job_near_zero_is_never_a_regression() -> None:
         agg.add_ofu("idle", 0.002 * rng.uniform(0.0, 2.0), at(window, 0), at(window, 30), ident("idle"))
         (report,) = close(agg, window)
         flags.append(job_of(report, "idle").regression)
-    assert flags == [0] * 30
+    assert flags == [None] * 5 + [0] * 25
 
 
 def test_jobs_with_one_side_missing_are_reported() -> None:

@@ -208,7 +208,23 @@ def test_summary_numbers() -> None:
     assert ">0.35</div>" in summary  # fleet r
     assert ">9.0%</div>" in summary  # fleet MAE
     assert "OFU percentiles of the last window" in summary
-    assert summary.count("<tr>") == 1 + 3  # header, the fleet, two models
+    # header, then one row per group (model, precision): the rows the terminal report prints
+    assert summary.count("<tr>") == 1 + 2
+
+
+def test_the_last_windows_percentiles_are_the_terminals_rows() -> None:
+    reports = synthetic_reports()
+    summary = _summary_section(build_report(reports))
+    last = max(reports, key=lambda r: r.end_ns)
+    assert last.groups
+    for group in last.groups:
+        cells = "".join(f'<td class="num">{group.quantiles[q]:.1%}</td>' for q in names.QUANTILES)
+        row = (
+            f"<tr><td>{html.escape(group.attributes[names.HW_MODEL])}</td>"
+            f"<td>{html.escape(group.attributes[names.GPU_PRECISION])}</td>"
+            f'<td class="num">{group.gpus}</td>{cells}</tr>'
+        )
+        assert row in summary
 
 
 def _summary_section(page: str) -> str:

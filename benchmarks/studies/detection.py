@@ -15,6 +15,14 @@ Note on the miscount threshold: it compares reported MFU with OFU, and a healthy
 its OFU (MFU ignores recompute and padding; the simulator's MFU/OFU efficiency is 0.93-0.99), so a 1.5x
 miscount shows as MFU/OFU of 1.40-1.49 - under a 1.5 ratio.
 
+Stragglers and idle allocations: a second fleet of the same kind, some of whose jobs are allocated but
+idle (``job.gpus.idle``), and in which one GPU of some multi-GPU dense jobs is power-capped (to
+``STRAGGLER_CAP_W``) from a random moment of the run: a straggler at 0.55-0.75x the median OFU of its
+job's other GPUs. Counted per GPU: a straggler is detected when ``gpu.straggler`` rose on it at or after
+its cap began; any flag on another GPU, or on it before its cap, is a false positive. Target: every
+straggler and idle allocation found, no healthy GPU or job flagged, at the defaults
+(``--straggler-factor 1.25``, 3 windows; 3 idle windows).
+
 Fleet correlation: Pearson r across jobs of their run-mean OFU vs run-mean MFU, over all jobs, without
 the injected miscounts, and without the jobs the collector flagged (published: r 0.53 over all jobs,
 0.78 after excluding known miscounts).
@@ -22,6 +30,7 @@ the injected miscounts, and without the jobs the collector flagged (published: r
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Mapping, Sequence
 
@@ -30,10 +39,11 @@ import attrs
 from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, fmt, new_figure, pct, save_figure
 from otel_ofu import gpu_values, names, ofu_math
 from otel_ofu.clock import ManualClock
-from otel_ofu.sources.simulated import JobSpec, SimulatedFleet
+from otel_ofu.sources.simulated import GpuFault, JobSpec, ProfileKind, SimulatedFleet
 from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.results import WindowReport
 
 INTERVAL_S = 10.0
 MISCOUNT_RATIOS = (1.2, 1.3, 1.4, 1.5, 1.75, 2.0)
@@ -278,12 +288,13 @@ def run(ctx: RunContext) -> BenchResult:
             "jobs",
         ),
     )
+    gpu_table, gpu_verdicts, gpu_data = gpu_faults(ctx)
     return BenchResult(
         "detection",
         "Study: miscount and regression detection",
         doc_summary(__doc__),
-        tables=tables,
-        verdicts=verdicts,
+        tables=(*tables, gpu_table),
+        verdicts=(*verdicts, *gpu_verdicts),
         data={
             "jobs": n_jobs,
             "seconds": seconds,
@@ -297,6 +308,7 @@ def run(ctx: RunContext) -> BenchResult:
                 "without_flagged": r_unflagged,
                 "fleet_gauge": d.fleet_r,
             },
+            "gpu_faults": gpu_data,
         },
         plots=(_plot(ctx, d, fleet, sweep),),
     )
@@ -344,3 +356,135 @@ def _plot(ctx: RunContext, outcome: Outcome, fleet: SimulatedFleet, sweep: Seque
     curves.set_title("Flags vs thresholds")
     curves.legend(fontsize=7)
     return save_figure(figure, ctx, "detection")
+
+
+# --- stragglers and idle allocations ---------------------------------------------------------------------
+
+STRAGGLER_CAP_W = 170.0  # the capped GPU's power limit: its clock ~1050-1350 MHz under load, 0.55-0.75x its peers
+STRAGGLER_SHARE = 0.25  # of the dense jobs with two GPUs or more
+
+
+def straggler_fleet(n_jobs: int, seconds: float, clock: ManualClock, seed: int = 43) -> SimulatedFleet:
+    """A random fleet with idle jobs, and a power-capped GPU from a random onset in a share of its dense jobs."""
+    fleet = SimulatedFleet.random_fleet(
+        n_jobs,
+        seed=seed,
+        miscount_share=0.0,
+        regression_share=0.0,
+        idle_share=0.1,
+        mixed_share=0.1,
+        clock=clock,
+        duration_s=seconds,
+    )
+    rng = random.Random(f"{seed}/stragglers")
+    candidates = [job for job in fleet.jobs if job.kind == ProfileKind.DENSE and len(job.gpu_keys) >= 2]
+    chosen = {job.job_id for job in rng.sample(candidates, max(1, round(len(candidates) * STRAGGLER_SHARE)))}
+    capped: dict[str, float] = {}
+    for job in fleet.jobs:
+        if job.job_id in chosen:
+            capped[rng.choice(job.gpu_keys)] = rng.uniform(0.2, 0.6) * seconds
+    gpus = tuple(
+        attrs.evolve(gpu, fault=GpuFault.POWER_CAP, power_cap_w=STRAGGLER_CAP_W, fault_from_s=capped[gpu.key])
+        if gpu.key in capped
+        else gpu
+        for gpu in fleet.gpus
+    )
+    fleet.close()
+    return SimulatedFleet(gpus=gpus, jobs=fleet.jobs, seed=seed, clock=clock, name="sim-stragglers")
+
+
+def gpu_faults(ctx: RunContext) -> tuple[Table, tuple[Verdict, ...], dict[str, object]]:
+    n_jobs, seconds = (60, 1800.0) if ctx.quick else (240, 3600.0)
+    clock = ManualClock()
+    fleet = straggler_fleet(n_jobs, seconds, clock)
+    steps = simulate(fleet, clock, seconds)
+    onset = {gpu.key: fleet.start_ns + round(gpu.fault_from_s * 1e9) for gpu in fleet.gpus if gpu.fault}
+    idle_jobs = {job.job_id for job in fleet.jobs if job.kind == ProfileKind.IDLE}
+    aggregator = Aggregator(DEFAULT)
+    found: set[str] = set()
+    early: set[str] = set()  # flagged before its fault began: a false positive
+    wrong_gpus: set[str] = set()
+    idle_found: set[str] = set()
+    idle_wrong: set[str] = set()
+
+    def collect(reports: Sequence[WindowReport]) -> None:
+        for report in reports:
+            for flag in report.gpu_flags:
+                if flag.metric != names.GPU_STRAGGLER.name or not flag.value:
+                    continue
+                gpu = flag.attributes.get(names.HW_ID, "")
+                if gpu not in onset:
+                    wrong_gpus.add(gpu)
+                elif report.end_ns <= onset[gpu]:
+                    early.add(gpu)
+                else:
+                    found.add(gpu)
+            for job in report.jobs:
+                if job.flag(names.JOB_GPUS_IDLE):
+                    (idle_found if job.job_id in idle_jobs else idle_wrong).add(job.job_id)
+
+    for step in steps:
+        for p in step.ofu:
+            aggregator.add_ofu(p.key, p.value, p.start_ns, p.end_ns, p.identity)
+        for job_id, value, identity in step.mfu:
+            aggregator.add_mfu(job_id, value, step.now_ns, identity)
+        collect(aggregator.flush(step.now_ns))
+    collect(aggregator.close_all())
+    healthy_gpus = sum(1 for gpu in fleet.gpus if not gpu.fault)
+    table = Table(
+        f"Stragglers and idle allocations ({n_jobs} jobs, {len(fleet.gpus)} GPUs: {len(onset)} power-capped "
+        f"from a random onset, {len(idle_jobs)} idle jobs; {seconds / 60:.0f} min, default thresholds)",
+        ("fault", "injected", "found", "missed", "false positives"),
+        (
+            (
+                "straggler GPU (power cap)",
+                str(len(onset)),
+                str(len(found)),
+                str(len(set(onset) - found)),
+                f"{len(wrong_gpus)} of {healthy_gpus} healthy GPUs; {len(early)} before their fault",
+            ),
+            (
+                "idle allocation",
+                str(len(idle_jobs)),
+                str(len(idle_found)),
+                str(len(idle_jobs - idle_found)),
+                f"{len(idle_wrong)} of {len(fleet.jobs) - len(idle_jobs)} working jobs",
+            ),
+        ),
+        note="A straggler counts as found when gpu.straggler rose on that GPU in a window ending after its cap "
+        "began; a flag on it before then, or on any other GPU, is a false positive.",
+    )
+    verdicts = (
+        Verdict(
+            "every injected straggler GPU flagged (default thresholds)",
+            len(found) / len(onset) * 100 if onset else 0.0,
+            100.0,
+            "%",
+            higher_is_better=True,
+        ),
+        Verdict(
+            "every idle allocation flagged (default thresholds)",
+            len(idle_found) / len(idle_jobs) * 100 if idle_jobs else 0.0,
+            100.0,
+            "%",
+            higher_is_better=True,
+        ),
+        Verdict(
+            "healthy GPUs or jobs flagged, or stragglers before their fault",
+            float(len(wrong_gpus) + len(early) + len(idle_wrong)),
+            0.0,
+            "flags",
+        ),
+    )
+    data: dict[str, object] = {
+        "jobs": n_jobs,
+        "gpus": len(fleet.gpus),
+        "stragglers": len(onset),
+        "stragglers_found": len(found),
+        "stragglers_early": sorted(early),
+        "healthy_gpus_flagged": sorted(wrong_gpus),
+        "idle_jobs": len(idle_jobs),
+        "idle_found": len(idle_found),
+        "working_jobs_flagged_idle": sorted(idle_wrong),
+    }
+    return table, verdicts, data

@@ -22,7 +22,7 @@ from otel_ofu.cli_support import (
     positive_int,
     url_or_host_port,
 )
-from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.config import AggregatorConfig, parse_prices
 from otel_ofu_collector.otlp.decode import DEFAULT_MAX_ATTRIBUTE_LENGTH
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.recorder import ReportRecorder
@@ -98,6 +98,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=non_negative_float,
         help="baseline OFU under which a job is idle, not regressing",
     )
+    _loss_options(options)
     options.option(
         "--mode",
         default="process",
@@ -183,6 +184,58 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
+def _prices(text: str) -> dict[str, float]:
+    try:
+        return parse_prices(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _currency(text: str) -> str:
+    code = text.strip().upper()
+    if not (code.isascii() and code.isalnum() and 1 <= len(code) <= 8):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a currency code such as USD or EUR")
+    return code
+
+
+def _loss_options(options: CommandOptions) -> None:
+    """Where OFU is lost and what it costs: the straggler and idle flags, prices, PUE and grid intensity."""
+    options.option(
+        "--straggler-factor",
+        default=1.25,
+        type=positive_float,
+        help="a GPU straggles while its OFU x this stays below its job's median OFU",
+    )
+    options.option(
+        "--straggler-windows", default=3, type=positive_int, help="consecutive windows before gpu.straggler rises"
+    )
+    options.option(
+        "--idle-windows",
+        default=3,
+        type=positive_int,
+        help="windows without tensor activity before a GPU counts in job.gpus.idle",
+    )
+    options.option(
+        "--price-per-gpu-hour",
+        metavar="MODEL=PRICE,...",
+        default=None,
+        type=_prices,
+        help="price per GPU-hour by hw.model, 'default' for the others (e.g. 'NVIDIA H100 80GB HBM3=2.5,default=2.0');"
+        " job.cost and the lost cost are absent without it",
+    )
+    options.option("--currency", default="USD", type=_currency, help="currency code of the prices (the cost unit)")
+    options.option(
+        "--pue", default=1.0, type=positive_float, help="power usage effectiveness: facility energy / GPU energy"
+    )
+    options.option(
+        "--grid-intensity",
+        metavar="KG_PER_KWH",
+        default=None,
+        type=non_negative_float,
+        help="grid carbon intensity in kg CO2e per kWh; job.emissions is absent without it",
+    )
+
+
 def environment_resource_attributes() -> dict[str, str]:
     """``OTEL_RESOURCE_ATTRIBUTES`` as the SDK reads it, less ``service.name``: the outputs are always the
     collector's own service (``OTEL_SERVICE_NAME`` does not rename it either)."""
@@ -208,6 +261,13 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         max_jobs=int(args.max_jobs),
         # Never evict what an open window still holds.
         stale_after_s=max(float(args.stale_after), window + lateness),
+        straggler_factor=float(args.straggler_factor),
+        straggler_windows=int(args.straggler_windows),
+        idle_windows=int(args.idle_windows),
+        price_per_gpu_hour=dict(args.price_per_gpu_hour or {}),
+        currency=str(args.currency),
+        pue=float(args.pue),
+        grid_intensity=None if args.grid_intensity is None else float(args.grid_intensity),
     )
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import attrs
 
@@ -18,6 +18,9 @@ NS_PER_S = 1_000_000_000
 # on a heavy-tailed fleet. The histogram is per group and window, not per GPU, so the size costs little.
 # Below that range the histogram downscales and the bound widens, by exphist.relative_error_bound.
 DEFAULT_HISTOGRAM_MAX_BUCKETS = 1280
+
+# The price-table entry that prices every GPU model without one of its own.
+DEFAULT_PRICE_KEY = "default"
 
 
 def _positive(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -40,6 +43,48 @@ def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], int], Non
 
 def _as_keys(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
+
+
+def _prices(value: Mapping[str, float]) -> dict[str, float]:
+    return dict(value)
+
+
+def _price_table(_instance: object, attribute: attrs.Attribute[dict[str, float]], value: dict[str, float]) -> None:
+    for model, price in value.items():
+        if not model or not isinstance(price, int | float) or not math.isfinite(price) or price < 0:
+            raise ValueError(f"{attribute.name}: {model!r}={price!r} is not a GPU model with a price >= 0")
+
+
+def _currency(_instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not (isinstance(value, str) and value.isascii() and value.isalnum() and 1 <= len(value) <= 8):
+        raise ValueError(f"{attribute.name} must be a currency code such as USD or EUR, got {value!r}")
+
+
+def _optional_non_negative(_instance: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
+    if value is not None:
+        _non_negative(_instance, attribute, value)  # type: ignore[arg-type]
+
+
+def parse_prices(text: str) -> dict[str, float]:
+    """``MODEL=PRICE[,MODEL=PRICE...]`` (price per GPU-hour; ``default`` for every other model) as a table.
+
+    Models are split at the last ``=`` of each entry, so a model name may hold anything but a comma.
+    """
+    prices: dict[str, float] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        model, sep, raw = item.rpartition("=")
+        model = model.strip()
+        try:
+            price = float(raw)
+        except ValueError:
+            price = math.nan
+        if not sep or not model or not math.isfinite(price) or price < 0:
+            raise ValueError(f"price entry {item!r} is not MODEL=PRICE (a price per GPU-hour >= 0)")
+        prices[model] = price
+    return prices
 
 
 def _group_keys(_instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
@@ -80,6 +125,19 @@ class AggregatorConfig:
     max_jobs: int = attrs.field(default=50_000, validator=_at_least(1))
     stale_after_s: float = attrs.field(default=600.0, validator=_positive)
     histogram_max_buckets: int = attrs.field(default=DEFAULT_HISTOGRAM_MAX_BUCKETS, validator=_at_least(2))
+    # Where OFU is lost and what it costs. A GPU straggles while its OFU x straggler_factor stays below its
+    # job's median OFU for straggler_windows windows; a GPU is idle after idle_windows without tensor work.
+    straggler_factor: float = attrs.field(default=1.25, validator=_positive)
+    straggler_windows: int = attrs.field(default=3, validator=_at_least(1))
+    idle_windows: int = attrs.field(default=3, validator=_at_least(1))
+    # Price per GPU-hour by hw.model ("default": every other model); empty: no cost outputs.
+    price_per_gpu_hour: dict[str, float] = attrs.field(
+        factory=dict, converter=_prices, validator=_price_table, hash=False
+    )
+    currency: str = attrs.field(default="USD", validator=_currency)
+    pue: float = attrs.field(default=1.0, validator=_positive)
+    # kg CO2e per kWh of facility energy; None: no emissions output.
+    grid_intensity: float | None = attrs.field(default=None, validator=_optional_non_negative)
 
     def __attrs_post_init__(self) -> None:
         if self.window_ns <= 0:
@@ -107,6 +165,13 @@ class AggregatorConfig:
     @property
     def stale_after_ns(self) -> int:
         return round(self.stale_after_s * NS_PER_S)
+
+    def price_of(self, model: str | None) -> float | None:
+        """The price per GPU-hour of a GPU of ``model``: its own, else the default, else None (not priced)."""
+        prices = self.price_per_gpu_hour
+        if model is not None and model in prices:
+            return prices[model]
+        return prices.get(DEFAULT_PRICE_KEY)
 
     @property
     def baseline_min_windows(self) -> int:

@@ -2,10 +2,13 @@
 
 A simulated fleet (3 hosts x 8 H100s, six jobs: two healthy dense trainings, an MoE job whose framework
 over-counts FLOPs ~2x, a job that regresses 2.5x mid-run, a mixed-precision job, an allocated but idle
-GPU, plus a GPU that fails now and then) runs through the real producer, the real OTLP/gRPC transport
-and the real collector; each job's framework reports its MFU over OTLP too. Simulated time runs as
-fast as the machine allows, so half an hour of fleet time takes seconds. It ends with the fleet report:
-percentiles, each job's OFU against its reported MFU, correlations, and which jobs are flagged and why.
+GPU, plus a GPU that fails now and then and a power-capped straggler GPU inside a healthy job) runs through
+the real producer, the real OTLP/gRPC transport and the real collector; each job's framework reports its
+MFU over OTLP too. Simulated time runs as fast as the machine allows, so half an hour of fleet time takes
+seconds. It ends with the fleet report: percentiles, each job's OFU against its reported MFU,
+correlations, where OFU is lost (GPU-hours and cost by cause, at an example price), and which jobs and
+GPUs are flagged and why. One seed, one report: the simulation is keyed by offsets from the fleet's start
+and the demo closes its windows itself, so two runs print the same numbers.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from otel_ofu.clock import ManualClock
 from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.producer.loop import Producer
-from otel_ofu.sources.simulated import SimulatedFleet
+from otel_ofu.sources.simulated import H100_SXM_NAME, SimulatedFleet
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.detectors import detector_for
 from otel_ofu_collector.prefixes import DEMO_PREFIX
-from otel_ofu_collector.report.summary import FleetSummary, summarize
+from otel_ofu_collector.report.summary import CAUSES, FleetSummary, hours, money, share, summarize
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 
@@ -40,10 +44,18 @@ The embedded default, end to end on loopback.
 
 A simulated fleet (3 hosts x 8 H100s, six jobs: two healthy dense trainings, an MoE job whose framework
 over-counts FLOPs ~2x, a job that regresses 2.5x mid-run, a mixed-precision job, an allocated but idle
-GPU, plus a GPU that fails now and then) runs through the real producer, the real OTLP/gRPC transport
-and the real collector; each job's framework reports its MFU over OTLP too. Simulated time runs as
-fast as the machine allows, so half an hour of fleet time takes seconds. It ends with the fleet report:
-percentiles, each job's OFU against its reported MFU, correlations, and which jobs are flagged and why."""
+GPU, plus a GPU that fails now and then and a power-capped straggler GPU inside a healthy job) runs through
+the real producer, the real OTLP/gRPC transport and the real collector; each job's framework reports its
+MFU over OTLP too. Simulated time runs as fast as the machine allows, so half an hour of fleet time takes
+seconds. It ends with the fleet report: percentiles, each job's OFU against its reported MFU,
+correlations, where OFU is lost (GPU-hours and cost by cause, at an example price of 2.50 USD per H100
+GPU-hour), and which jobs and GPUs are flagged and why."""
+
+
+# The demo prices its GPUs to show the cost outputs: an example, not a quote.
+EXAMPLE_PRICE_PER_GPU_HOUR = 2.50
+EXAMPLE_CURRENCY = "USD"
+EXAMPLE_PRICES = {H100_SXM_NAME: EXAMPLE_PRICE_PER_GPU_HOUR}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -99,19 +111,29 @@ def run_demo(
     window_s: float = 60.0,
     seed: int = 7,
     console: Console | None = None,
+    start_ns: int | None = None,
 ) -> list[WindowReport]:
-    """Run the simulated fleet end to end and return the collector's closed windows."""
+    """Run the simulated fleet end to end and return the collector's closed windows.
+
+    ``start_ns``: the fleet's start (rounded down to the window); None: now. The numbers do not depend on it.
+    """
     if duration_s <= 0 or interval_s <= 0 or window_s <= 0:
         raise ValueError("duration, interval and window must be positive")
     console = console or Console(quiet=True)
     # Aligned to the window so the first window is whole.
     window_ns = int(window_s * 1e9)
-    clock = ManualClock(start_ns=time.time_ns() // window_ns * window_ns)
+    start = time.time_ns() if start_ns is None else start_ns
+    clock = ManualClock(start_ns=start // window_ns * window_ns)
     fleet = SimulatedFleet.demo(seed=seed, clock=clock, duration_s=duration_s)
     reports: list[WindowReport] = []
     service = CollectorService(
         CollectorOptions(
-            aggregator=AggregatorConfig(window_s=window_s, lateness_s=interval_s),
+            aggregator=AggregatorConfig(
+                window_s=window_s,
+                lateness_s=interval_s,
+                price_per_gpu_hour=EXAMPLE_PRICES,
+                currency=EXAMPLE_CURRENCY,
+            ),
             grpc_listen="127.0.0.1:0",
             flush_interval_s=0,  # simulated time: the demo closes windows itself
             pass_through=False,
@@ -176,6 +198,10 @@ def print_report(summary: FleetSummary, console: Console) -> None:
         f"{len(summary.jobs)} jobs; fleet OFU-MFU correlation r = {_number(summary.correlation)}, "
         f"mean absolute error {_fraction(summary.mae)}"
     )
+    console.print(
+        "  (fleet r compares each job's mean OFU with its mean reported MFU: the job whose framework over-counts "
+        "FLOPs drags it down, which is what it is for)"
+    )
     groups = Table(title="Fleet OFU percentiles, last window", title_justify="left")
     groups.add_column("GPU model")
     groups.add_column("precision")
@@ -209,11 +235,7 @@ def print_report(summary: FleetSummary, console: Console) -> None:
         ratio = job.mfu_over_ofu
         verdict = "[green]ok"
         if job.flagged:
-            verdict = "[red]" + " + ".join(
-                label
-                for label, windows in (("FLOP miscount", job.miscount_windows), ("regression", job.regression_windows))
-                if windows
-            )
+            verdict = "[red]" + " + ".join(detector_for(flag.kind).label for flag in job.flags())
         elif job.mean_mfu is None:
             verdict = "[yellow]no MFU reported"
         jobs.add_row(
@@ -227,14 +249,61 @@ def print_report(summary: FleetSummary, console: Console) -> None:
             verdict,
         )
     console.print(jobs)
+    print_loss(summary, console)
     flagged = [job for job in summary.jobs if job.flagged]
     if flagged:
-        console.print("[bold]Flagged jobs:")
+        console.print("[bold]Flagged jobs and GPUs:")
         for job in flagged:
             for reason in job.reasons():
                 console.print(f"  {job.job_id} ({job.attributes.get(names.JOB_NAME) or 'unnamed'}): {reason}")
     else:
         console.print("No job flagged.")
+
+
+def print_loss(summary: FleetSummary, console: Console) -> None:
+    """Where the fleet's OFU went: per job, each cause's share of its GPU time, and the lost GPU-hours and cost."""
+    table = Table(
+        title="Where OFU is lost: shares of each job's GPU time, lost GPU-hours and their cost",
+        title_justify="left",
+    )
+    for column, justify in (
+        ("job", "left"),
+        ("GPU-h", "right"),
+        ("OFU", "right"),
+        *((cause, "right") for cause in CAUSES),
+        ("lost", "right"),
+        ("lost cost", "right"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for job in summary.jobs:
+        shares = job.loss_shares()
+        if shares is None:
+            continue
+        lost = job.lost_s
+        cost_lost = job.cost_lost
+        table.add_row(
+            job.job_id,
+            f"{job.gpu_time_s / 3600:.2f}",
+            share(shares["ofu"]),
+            *(share(shares[cause]) for cause in CAUSES),
+            hours(sum(lost.values())),
+            "-" if cost_lost is None else money(sum(cost_lost.values()), job.currency),
+        )
+    console.print(table)
+    fleet_lost = summary.lost_s
+    if not fleet_lost:
+        return
+    by_cause = ", ".join(f"{cause} {hours(fleet_lost.get(cause, 0.0))}" for cause in CAUSES)
+    line = f"Fleet lost {hours(summary.lost_total_s)} of GPU time ({by_cause})"
+    cost = summary.cost_lost_total
+    if cost is not None:
+        line += (
+            f", costing {money(cost, summary.currency)} at an example price of "
+            f"{money(EXAMPLE_PRICE_PER_GPU_HOUR, EXAMPLE_CURRENCY)} per GPU-hour (the demo's example, not a quote)"
+        )
+    if summary.energy_j is not None:
+        line += f"; the fleet's GPUs used {summary.energy_j / 3.6e6:.1f} kWh"
+    console.print(line + ".")
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - convenience for python -m

@@ -41,6 +41,69 @@ class GroupReport:
     ofu_max: float
 
 
+_NO_LOSS: Final[Mapping[str, float]] = {}
+
+
+@attrs.frozen
+class JobLoss:
+    """Where a job's 1 - OFU went in one window, and what it cost (see ``aggregation.loss``).
+
+    ``shares`` by ``ofu.loss.cause``: with the job's OFU they sum to 1. ``lost_s``: GPU-seconds lost by cause.
+    None: not known (no energy reading, no peak, no price, no grid intensity configured).
+    """
+
+    gpu_time_s: float
+    shares: Mapping[str, float]
+    lost_s: Mapping[str, float]
+    energy_j: float | None = None
+    flops_per_joule: float | None = None
+    cost: float | None = None
+    cost_lost: Mapping[str, float] | None = None
+    emissions_kg: float | None = None
+    currency: str | None = None  # of cost and cost_lost
+
+
+@attrs.frozen
+class FleetLoss:
+    """The fleet's totals for one window: sums over its jobs (lost time and cost) and its GPUs (energy)."""
+
+    lost_s: Mapping[str, float] = _NO_LOSS
+    energy_j: float | None = None
+    cost_lost: Mapping[str, float] | None = None
+    currency: str | None = None
+
+    def merge(self, other: FleetLoss) -> FleetLoss:
+        """Both parts' totals: every value is a sum, so shards add exactly."""
+        return FleetLoss(
+            lost_s=_add(self.lost_s, other.lost_s) or {},
+            energy_j=_add_number(self.energy_j, other.energy_j),
+            cost_lost=_add(self.cost_lost, other.cost_lost),
+            currency=self.currency or other.currency,
+        )
+
+
+def _add_number(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _add(a: Mapping[str, float] | None, b: Mapping[str, float] | None) -> Mapping[str, float] | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return {cause: a.get(cause, 0.0) + b.get(cause, 0.0) for cause in (*a, *(k for k in b if k not in a))}
+
+
+@attrs.frozen
+class GpuFlagReport:
+    """One GPU's verdict on one GPU-level flag in one window (only GPUs whose flag is to be shown)."""
+
+    metric: str  # the flag's metric name (a GPU detector's)
+    job_id: str
+    attributes: Mapping[str, str]  # the GPU's identity (host.name, hw.id, ...) and the flag's own labels
+    value: int
+    ofu: float
+    job_median_ofu: float  # the median OFU of the job's other GPUs (the GPU's peers) in the window
+
+
 @attrs.frozen
 class JobReport:
     job_id: str
@@ -53,6 +116,7 @@ class JobReport:
     flags: Mapping[str, int | None]
     status: str  # STATUS_OK | STATUS_NO_MFU | STATUS_NO_OFU
     gpus: int
+    loss: JobLoss | None = None  # None: the job had no GPU in the window
 
     def flag(self, metric: names.MetricSpec) -> int | None:
         """The verdict of the flag exported as ``metric``; None when absent."""
@@ -74,6 +138,7 @@ class FleetReport:
     jobs: int  # jobs with an (OFU, MFU) pair in the horizon: those behind correlation and mae
     comoments: CoMoments
     abs_diff_sum: float
+    loss: FleetLoss = FleetLoss()
 
 
 @attrs.frozen
@@ -83,6 +148,7 @@ class WindowReport:
     groups: tuple[GroupReport, ...]
     jobs: tuple[JobReport, ...]
     fleet: FleetReport
+    gpu_flags: tuple[GpuFlagReport, ...] = ()
 
 
 @attrs.frozen
@@ -103,6 +169,7 @@ class PartialWindow:
     abs_diff_sum: float
     jobs_count: int
     shard_id: str
+    fleet_loss: FleetLoss | None = None  # None: this part carries no fleet loss totals
 
 
 def partial_of(report: WindowReport, shard_id: str) -> PartialWindow:
@@ -115,10 +182,20 @@ def partial_of(report: WindowReport, shard_id: str) -> PartialWindow:
         abs_diff_sum=report.fleet.abs_diff_sum,
         jobs_count=report.fleet.jobs,
         shard_id=shard_id,
+        fleet_loss=report.fleet.loss,
     )
 
 
-_COLLECTOR_METRICS: Final = {spec.name: spec for spec in names.COLLECTOR_METRICS}
+# Every window output in the contract's order: the OFU outputs, then where OFU is lost.
+OUTPUT_METRICS: Final = (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS)
+_COLLECTOR_METRICS: Final = {spec.name: spec for spec in OUTPUT_METRICS}
+
+
+def cost_spec(spec: names.MetricSpec, currency: str | None) -> names.MetricSpec:
+    """A cost metric with the currency's code as its unit annotation (``{USD}``); others unchanged."""
+    if spec.unit != names.COST_UNIT or not currency:
+        return spec
+    return attrs.evolve(spec, unit=f"{{{currency}}}")
 
 
 @attrs.frozen
@@ -131,8 +208,8 @@ class GaugePoint:
 
 
 def gauge_points(report: WindowReport) -> Iterator[GaugePoint]:
-    """The window's gauge outputs (every collector metric but the ``fleet.ofu`` histogram), in report
-    order; a value that is None is not a point."""
+    """The window's gauge and sum outputs (every collector metric but the ``fleet.ofu`` histogram), in report
+    order; a value that is None is not a point. Sums (``spec.kind == "sum"``) are the window's delta."""
     for group in report.groups:
         attributes: dict[str, str | float | int] = dict(group.attributes)
         for q, value in group.quantiles.items():
@@ -150,6 +227,12 @@ def gauge_points(report: WindowReport) -> Iterator[GaugePoint]:
         for name, verdict in job.flags.items():
             if verdict is not None:
                 yield GaugePoint(_COLLECTOR_METRICS[name], job_attributes, verdict)
+        if job.gpus:
+            yield GaugePoint(names.JOB_GPUS, job_attributes, job.gpus)
+        if job.loss is not None:
+            yield from _job_loss_points(job_attributes, job.loss)
+    for flag in report.gpu_flags:
+        yield GaugePoint(_COLLECTOR_METRICS[flag.metric], {names.JOB_ID: flag.job_id, **flag.attributes}, flag.value)
     fleet = report.fleet
     for spec, fleet_value in (
         (names.FLEET_OFU_MFU_CORRELATION, fleet.correlation),
@@ -157,3 +240,33 @@ def gauge_points(report: WindowReport) -> Iterator[GaugePoint]:
     ):
         if fleet_value is not None:
             yield GaugePoint(spec, {}, fleet_value)
+    loss = fleet.loss
+    yield from _by_cause(names.FLEET_GPU_TIME_LOST, {}, loss.lost_s)
+    if loss.energy_j is not None:
+        yield GaugePoint(names.FLEET_ENERGY, {}, loss.energy_j)
+    if loss.cost_lost is not None:
+        yield from _by_cause(cost_spec(names.FLEET_COST_LOST, loss.currency), {}, loss.cost_lost)
+
+
+def _by_cause(
+    spec: names.MetricSpec, attributes: Mapping[str, str | float | int], values: Mapping[str, float]
+) -> Iterator[GaugePoint]:
+    for cause in names.OfuLossCause.ALL:
+        if cause in values:
+            yield GaugePoint(spec, {**attributes, names.OFU_LOSS_CAUSE: cause}, values[cause])
+
+
+def _job_loss_points(attributes: Mapping[str, str | float | int], loss: JobLoss) -> Iterator[GaugePoint]:
+    yield GaugePoint(names.JOB_GPU_TIME, attributes, loss.gpu_time_s)
+    yield from _by_cause(names.JOB_OFU_LOSS, attributes, loss.shares)
+    yield from _by_cause(names.JOB_GPU_TIME_LOST, attributes, loss.lost_s)
+    for spec, value in (
+        (names.JOB_ENERGY, loss.energy_j),
+        (names.JOB_FLOPS_PER_JOULE, loss.flops_per_joule),
+        (cost_spec(names.JOB_COST, loss.currency), loss.cost),
+        (names.JOB_EMISSIONS, loss.emissions_kg),
+    ):
+        if value is not None:
+            yield GaugePoint(spec, attributes, value)
+    if loss.cost_lost is not None:
+        yield from _by_cause(cost_spec(names.JOB_COST_LOST, loss.currency), attributes, loss.cost_lost)

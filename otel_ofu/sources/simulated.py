@@ -36,6 +36,7 @@ import random
 import uuid
 from array import array
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 import attrs
 
@@ -63,6 +64,10 @@ _MFU_NOISE = 0.015
 _POWER_LIMIT_W = 700.0
 _IDLE_POWER_FRACTION = 0.1
 _POWER_CAP_FRACTION = 0.6  # a "power_cap" GPU's enforced limit (420 W on a 700 W board)
+# The demo fleet's straggler: (host index, GPU index) in the healthy job-1001, capped hard enough (245 W) that
+# its clock, ~1350 MHz under load, puts its OFU near 0.74x its job's median.
+DEMO_STRAGGLER: Final = (0, 3)
+DEMO_STRAGGLER_CAP_W: Final = 245.0
 # A "thermal" GPU overheats in cycles: the second half of every period at the thermal slowdown clock.
 _THERMAL_PERIOD_S = 120.0
 _THERMAL_CLOCK_FRACTION = 0.7
@@ -197,6 +202,9 @@ class SimGpu:
     fault: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(GpuFault.ALL))
     )
+    # A power_cap GPU's enforced limit in W; None: 60% of the board's 700 W.
+    power_cap_w: float | None = attrs.field(default=None, validator=attrs.validators.optional(_positive))
+    fault_from_s: float = 0.0  # the fault begins this many seconds after the fleet's start
 
     @property
     def key(self) -> str:
@@ -398,7 +406,9 @@ class SimulatedFleet:
         ofu = self.truth_ofu(job_id, start_ns, end_ns)
         if ofu is None:
             return None
-        noise = random.Random(f"{self.seed}/mfu/{job_id}/{start_ns}/{end_ns}").gauss(0.0, _MFU_NOISE)
+        # Keyed by the interval's offsets from the fleet's start, not by wall time: one seed, one series.
+        offsets = f"{start_ns - self._start_ns}/{end_ns - self._start_ns}"
+        noise = random.Random(f"{self.seed}/mfu/{job_id}/{offsets}").gauss(0.0, _MFU_NOISE)
         return max(0.0, ofu * job.mfu_ratio * (1.0 + noise))
 
     # --- generation and integration ---------------------------------------------------------------
@@ -472,12 +482,17 @@ class SimulatedFleet:
         power_held = 1.0 if boost_held and activity > 0 else 0.0
         thermal_held = 0.0
         fault = track.gpu.fault
-        if fault == GpuFault.THERMAL and activity > 0 and t_s % _THERMAL_PERIOD_S >= _THERMAL_PERIOD_S / 2:
+        if (
+            fault == GpuFault.THERMAL
+            and activity > 0
+            and t_s >= track.gpu.fault_from_s
+            and t_s % _THERMAL_PERIOD_S >= _THERMAL_PERIOD_S / 2
+        ):
             hot = _quantize(max_mhz * _THERMAL_CLOCK_FRACTION, max_mhz)
             if hot < mhz:
                 mhz, thermal_held = hot, 1.0
-        if fault == GpuFault.POWER_CAP and activity > 0:
-            cap_w = _POWER_LIMIT_W * _POWER_CAP_FRACTION
+        if fault == GpuFault.POWER_CAP and activity > 0 and t_s >= track.gpu.fault_from_s:
+            cap_w = track.gpu.power_cap_w or _POWER_LIMIT_W * _POWER_CAP_FRACTION
             if power(mhz) > cap_w:
                 allowed = max_mhz * ((cap_w - idle_w) / ((_POWER_LIMIT_W - idle_w) * activity)) ** (1.0 / 3.0)
                 mhz = max(_CLOCK_BIN_MHZ, _CLOCK_BIN_MHZ * math.floor(allowed / _CLOCK_BIN_MHZ))
@@ -568,7 +583,8 @@ class SimulatedFleet:
 
         ``job-1001``/``job-1002`` healthy dense, ``job-1003`` MoE over-counting ~2x, ``job-1004`` regresses
         2.5x at 40% of ``duration_s``, ``job-1005`` switches bf16 <-> fp8 every 3 minutes, ``job-1006`` an
-        allocated GPU that sits idle; GPU 6 of the third host (in ``job-1002``) is flaky.
+        allocated GPU that sits idle; GPU 6 of the third host (in ``job-1002``) is flaky, and GPU 3 of the
+        first host (in the healthy ``job-1001``) is power-capped to ``DEMO_STRAGGLER_CAP_W``: a straggler.
         """
         hosts = ("dgx-h100-01", "dgx-h100-02", "dgx-h100-03")
         max_mhz = _max_clock_mhz(H100_SXM_NAME, None)
@@ -584,6 +600,8 @@ class SimulatedFleet:
                     max_clock_mhz=max_mhz,
                     job_id=job_id,
                     flaky=(host_index, index) == (2, 6),
+                    fault=GpuFault.POWER_CAP if (host_index, index) == DEMO_STRAGGLER else None,
+                    power_cap_w=DEMO_STRAGGLER_CAP_W if (host_index, index) == DEMO_STRAGGLER else None,
                 )
                 for index in range(first, first + count)
             ]

@@ -4,7 +4,8 @@ Shards are split by ``job.id`` (the otelcol loadbalancing exporter), so every jo
 ``job.*`` outputs pass through untouched (the transport forwards them; ``otlp.partials.is_partial_metric`` says
 which metrics are not to be forwarded). What spans shards merges exactly: the per-group exponential
 histograms (any scales: the merge downscales to the common one), the GPU counts, and the fleet co-moments
-and |OFU - MFU| sums. Quantiles are then read from the merged histogram, within
+and |OFU - MFU| sums, and the fleet's loss totals (lost GPU-time and cost by cause, energy: sums).
+Quantiles are then read from the merged histogram, within
 ``exphist.relative_error_bound(scale)`` of the exact ones a single process would report.
 
 A window is identified by its end time; the same shard sending the same group or fleet state twice for a
@@ -22,7 +23,7 @@ from otel_ofu import names
 from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.results import FleetReport, GroupReport, PartialGroup, PartialWindow, WindowReport
+from otel_ofu_collector.results import FleetLoss, FleetReport, GroupReport, PartialGroup, PartialWindow, WindowReport
 
 # Windows the merge tier keeps open at once; a live deployment has one or two, so this only stops a
 # flood of made-up timestamps from growing the state.
@@ -53,6 +54,7 @@ class _MergeWindow:
     start_ns: int
     groups: dict[tuple[str, _GroupKey], PartialGroup] = attrs.field(factory=dict)
     fleets: dict[str, _Fleet] = attrs.field(factory=dict)
+    losses: dict[str, FleetLoss] = attrs.field(factory=dict)  # by shard
 
 
 @attrs.define
@@ -106,6 +108,10 @@ class MergeAggregator:
             if shard in window.fleets:
                 self._replaced += 1
             window.fleets[shard] = _Fleet(partial.fleet_comoments, partial.abs_diff_sum, partial.jobs_count)
+        if partial.fleet_loss is not None:
+            if shard in window.losses:
+                self._replaced += 1
+            window.losses[shard] = partial.fleet_loss
         self._partials += 1
         return True
 
@@ -147,12 +153,16 @@ class MergeAggregator:
             comoments = comoments.merge(fleet.comoments)
             abs_diff_sum += fleet.abs_diff_sum
             jobs += fleet.jobs
+        loss = FleetLoss()
+        for _shard, part in sorted(window.losses.items(), key=lambda item: item[0]):
+            loss = loss.merge(part)
         fleet_report = FleetReport(
             correlation=comoments.pearson(),
             mae=abs_diff_sum / jobs if jobs else None,
             jobs=jobs,
             comoments=comoments,
             abs_diff_sum=abs_diff_sum,
+            loss=loss,
         )
         self._closed += 1
         return WindowReport(window.start_ns, end, groups, (), fleet_report)

@@ -20,6 +20,14 @@ so the state stays small: the horizon is then honoured to within one block). Fla
 ``detectors.DETECTORS`` (``flops_miscount``, ``regression``: each module says when its flag rises) judges
 each of the job's windows, with state of its own per job.
 
+Where OFU is lost (``aggregation.loss``). Beside ``gpu.ofu`` each GPU stream sends its tensor activity,
+clocks, achieved FLOP/s, power, energy counter and throttle shares (``add_gpu_input``); per window they are
+time-weighted means like OFU's, energy a sum of the counter's deltas. Closing a window splits each job's
+1 - OFU by cause, sums its GPU-seconds, energy and cost, and runs the GPU-level flags (``gpu.straggler``)
+on each of its GPUs against the job's median OFU; the fleet totals add its jobs' lost time and cost and
+every GPU's energy. A GPU's seconds in a window are those its OFU points cover (at most the window); a
+GPU whose points carry no durations counts the whole window.
+
 Fleet. Pearson r across jobs of each job's horizon mean OFU vs horizon mean MFU (the means of its
 co-moments), and the MAE of those means, over every job with a pair in the horizon - including jobs whose
 live state was evicted: their co-moment blocks stay until they leave the horizon. Windows without data
@@ -35,22 +43,32 @@ blocks are bounded apart (``max_jobs`` of them again, the longest-silent dropped
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Mapping
 
 import attrs
 
-from otel_ofu import names
+from otel_ofu import catalog, names
+from otel_ofu_collector.aggregation import loss
 from otel_ofu_collector.aggregation.comoments import AbsDiff, CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.detectors import DETECTORS, JobFlag, JobWindowValues
+from otel_ofu_collector.detectors import (
+    DETECTORS,
+    GPU_DETECTORS,
+    GpuFlag,
+    GpuWindowValues,
+    JobFlag,
+    JobWindowValues,
+)
 from otel_ofu_collector.results import (
     STATUS_NO_MFU,
     STATUS_NO_OFU,
     STATUS_OK,
     FleetReport,
+    GpuFlagReport,
     GroupReport,
     JobReport,
     WindowReport,
@@ -59,6 +77,29 @@ from otel_ofu_collector.results import (
 UNKNOWN = "unknown"
 JOB_ATTRIBUTE_KEYS = (names.JOB_NAME, names.HW_MODEL, names.GPU_PRECISION)
 _HORIZON_BLOCKS = 48
+# The per-GPU inputs of the loss split the windows average (gpu.throttle by reason, gpu.energy summed apart).
+GPU_INPUT_METRICS: frozenset[str] = frozenset(
+    spec.name
+    for spec in (
+        names.GPU_TENSOR_ACTIVE,
+        names.GPU_CLOCK_SM,
+        names.GPU_CLOCK_SM_MAX,
+        names.GPU_FLOPS_ACHIEVED,
+        names.GPU_POWER,
+        names.GPU_ENERGY,
+        names.GPU_THROTTLE,
+    )
+)
+_TENSOR = names.GPU_TENSOR_ACTIVE.name
+_CLOCK = names.GPU_CLOCK_SM.name
+_CLOCK_MAX = names.GPU_CLOCK_SM_MAX.name
+_FLOPS = names.GPU_FLOPS_ACHIEVED.name
+_POWER = names.GPU_POWER.name
+_ENERGY = names.GPU_ENERGY.name
+_THROTTLE = names.GPU_THROTTLE.name
+_GPU_IDENTITY_KEYS = (names.HOST_NAME, names.HW_ID, names.GPU_MIG_INSTANCE_ID)
+# A GPU whose OFU points cover less than this of a window carried no durations: it counts the whole window.
+_MIN_COVERED_NS = 1_000_000
 
 # A stream's identity as the windows need it: (job.id, *group values, *JOB_ATTRIBUTE_KEYS values), None if
 # absent. Interned, so the streams of one job share one tuple.
@@ -70,6 +111,7 @@ class AggregatorStats:
     points_ofu: int = 0
     points_mfu: int = 0
     late_points: int = 0
+    points_gpu_inputs: int = 0
     rejected_stream_cap: int = 0
     rejected_job_cap: int = 0
     evicted_streams: int = 0
@@ -88,6 +130,49 @@ class _Cell:
     job_id: str | None
 
 
+# Where each averaged loss input keeps its (weighted sum, weight) pair in ``_GpuInputs.sums``; after them, each
+# throttle reason's weighted share (over the GPU's OFU weight: the same intervals).
+_SLOTS: dict[str, int] = {_TENSOR: 0, _CLOCK: 2, _CLOCK_MAX: 4, _FLOPS: 6, _POWER: 8}
+_REASON_SLOTS: dict[str, int] = {reason: 10 + i for i, reason in enumerate(names.ThrottleReason.ALL)}
+_SUMS = 10 + len(_REASON_SLOTS)
+
+
+def _no_sums() -> array[float]:
+    return array("d", bytes(8 * _SUMS))
+
+
+@attrs.define(slots=True)
+class _GpuInputs:
+    """One stream's loss inputs in one window: time-weighted sums and weights per metric and the weighted
+    throttle shares, in one flat array of doubles (a few hundred bytes less per GPU than tables)."""
+
+    identity: Mapping[str, str]
+    sums: array[float] = attrs.field(factory=_no_sums)
+    energy_j: float | None = None
+
+    def mean(self, metric: str) -> float | None:
+        slot = _SLOTS[metric]
+        weight = self.sums[slot + 1]
+        return self.sums[slot] / weight if weight else None
+
+    def throttle_shares(self, covered: float) -> dict[str, float]:
+        """Each reason's share of the window, over ``covered`` (the GPU's OFU weight: the same intervals; the
+        decoder leaves zero shares out), for the reasons that held the clock at all."""
+        sums = self.sums
+        return {
+            reason: min(1.0, sums[slot] / covered) if covered > 0 else 0.0
+            for reason, slot in _REASON_SLOTS.items()
+            if sums[slot] > 0
+        }
+
+    def energy(self, seconds: float) -> float | None:
+        """The counter's deltas in the window; else mean power x seconds; else None."""
+        if self.energy_j is not None:
+            return self.energy_j
+        power = self.mean(_POWER)
+        return None if power is None else power * seconds
+
+
 @attrs.define(slots=True)
 class _MfuCell:
     total: float
@@ -101,6 +186,7 @@ class _Window:
     # that job under (key, job.id). One table, so that cells keep the order their first points came in.
     cells: dict[str | tuple[str, str | None], _Cell] = attrs.field(factory=dict)
     mfu: dict[str, _MfuCell] = attrs.field(factory=dict)
+    gpus: dict[str, _GpuInputs] = attrs.field(factory=dict)  # loss inputs by stream key
 
 
 @attrs.define
@@ -140,6 +226,7 @@ class _Job:
     live: bool = True
     attributes: Mapping[str, str] = attrs.field(factory=dict)
     flags: dict[str, JobFlag] = attrs.field(init=False)  # by the flag's metric name
+    gpu_flags: dict[str, dict[str, GpuFlag]] = attrs.field(init=False)  # by stream key, then metric name
     horizon: _Horizon = attrs.field(factory=_Horizon)
 
     def __attrs_post_init__(self) -> None:
@@ -147,6 +234,7 @@ class _Job:
 
     def reset_flags(self) -> None:
         self.flags = {detector.metric.name: detector.start(self.config) for detector in DETECTORS}
+        self.gpu_flags = {}
 
     def revive(self, seen_ns: int) -> None:
         """A job back after eviction starts its flags (and their baselines) afresh; its horizon blocks carry on."""
@@ -190,6 +278,11 @@ class Aggregator:
     # "max_jobs" (read by the decoder on that path only, to count rejections by their own reason).
     refusal: str = attrs.field(init=False, default="")
     _windows_closed: int = attrs.field(init=False, default=0)
+    _points_gpu: int = attrs.field(init=False, default=0)
+    # A stream's energy counter as last seen: (series start, time, joules), for deltas.
+    _energy: dict[str, tuple[int, int, float]] = attrs.field(init=False, factory=dict)
+    _tensor_clocks: dict[str | None, float | None] = attrs.field(init=False, factory=dict)  # by hw.model
+    _gpu_flag_reports: list[GpuFlagReport] = attrs.field(init=False, factory=list)  # of the window closing
     # The window the last point went to, (start, start + width]: consecutive points mostly share it.
     _last_start: int = attrs.field(init=False, default=-1)
     _last_end: int = attrs.field(init=False, default=-1)
@@ -215,6 +308,7 @@ class Aggregator:
             points_ofu=self._points_ofu,
             points_mfu=self._points_mfu,
             late_points=self._late,
+            points_gpu_inputs=self._points_gpu,
             rejected_stream_cap=self._rejected_streams,
             rejected_job_cap=self._rejected_jobs,
             evicted_streams=self._evicted_streams,
@@ -369,6 +463,94 @@ class Aggregator:
         self._points_mfu += 1
         return True
 
+    def add_gpu_input(
+        self,
+        stream_key: str,
+        metric: str,
+        value: float,
+        start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        reason: str | None = None,
+    ) -> bool:
+        """One loss input of a GPU stream (a ``GPU_INPUT_METRICS`` point, value finite and >= 0, checked by
+        the caller; ``reason`` its gpu.throttle.reason); see ``add_gpu_inputs``."""
+        if metric == _THROTTLE:
+            if reason is None:
+                return False
+            return self.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {}, {reason: value})
+        return self.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {metric: value}, {})
+
+    def add_gpu_inputs(
+        self,
+        stream_key: str,
+        start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        values: Mapping[str, float],
+        throttle: Mapping[str, float],
+    ) -> bool:
+        """A GPU stream's loss inputs of one interval: ``values`` by metric name, ``throttle`` shares by
+        reason (a reason left out reads as 0). False when late or over the stream cap.
+
+        ``gpu.energy`` is the board's cumulative counter (``start_ns`` its series start): its delta since the
+        stream's previous point goes to the window of this point; a first point (or one after a reset: a new
+        start time, a lower value) counts whole only when its series began within one window before it, else
+        it only sets the baseline (a collector restarting mid-series must not book a day's energy into one
+        window).
+        """
+        if end_ns > self._watermark_ns:
+            self._watermark_ns = end_ns
+        delta: float | None = None
+        joules = values.get(_ENERGY)
+        if joules is not None:
+            previous = self._energy.get(stream_key)
+            if previous is None and len(self._energy) >= self.config.max_streams:
+                self._rejected_streams += 1
+                self.refusal = "max_streams"
+                return False
+            if previous is not None and end_ns <= previous[1]:
+                return True  # a retry or an older point: already counted
+            if previous is not None and previous[0] == start_ns and joules >= previous[2]:
+                delta = joules - previous[2]
+            elif 0 < start_ns < end_ns and end_ns - start_ns <= self._window_ns:
+                delta = joules
+            self._energy[stream_key] = (start_ns, end_ns, joules)
+            if delta is None and len(values) == 1 and not throttle:
+                return True
+        if self._last_start < end_ns <= self._last_end:
+            window = self._last_window
+            window_start = self._last_start
+        else:
+            found = self._open_window(end_ns)
+            if found is None:
+                return False
+            window = found
+            window_start = end_ns - 1 - (end_ns - 1) % self._window_ns
+        inputs = window.gpus.get(stream_key)
+        if inputs is None:
+            if len(window.gpus) >= self.config.max_streams:
+                self._rejected_streams += 1
+                self.refusal = "max_streams"
+                return False
+            inputs = window.gpus[stream_key] = _GpuInputs(identity)
+        self._points_gpu += len(values) + len(throttle)
+        if delta is not None:
+            inputs.energy_j = delta if inputs.energy_j is None else inputs.energy_j + delta
+        overlap = end_ns - (start_ns if start_ns > window_start else window_start)
+        weight = float(overlap) if overlap > 0 else 1.0
+        sums = inputs.sums
+        for metric, value in values.items():
+            slot = _SLOTS.get(metric)
+            if slot is not None:
+                sums[slot] += value * weight
+                sums[slot + 1] += weight
+        for reason, value in throttle.items():
+            slot = _REASON_SLOTS.get(reason)
+            if slot is not None:
+                sums[slot] += value * weight
+        return True
+
     # --- closing -----------------------------------------------------------------------------------
 
     def flush(self, now_ns: int) -> list[WindowReport]:
@@ -416,10 +598,11 @@ class Aggregator:
         end = start + self._window_ns
         groups_values: dict[tuple[str, ...], list[float]] = {}
         jobs_values: dict[str, list[float]] = {}
+        jobs_gpus: dict[str, list[tuple[str, _Cell]]] = {}  # the job's cells with their stream keys
         jobs_latest: dict[str, _Cell] = {}
         group_end = 1 + self._groups
         group_of: dict[Profile, tuple[str, ...]] = {}
-        for cell in window.cells.values():
+        for cell_key, cell in window.cells.items():
             value = cell.weighted / cell.weight
             profile = cell.profile
             group = group_of.get(profile)
@@ -429,6 +612,7 @@ class Aggregator:
             job_id = profile[0]
             if job_id is not None:
                 jobs_values.setdefault(job_id, []).append(value)
+                jobs_gpus.setdefault(job_id, []).append((cell_key if isinstance(cell_key, str) else cell_key[0], cell))
                 latest = jobs_latest.get(job_id)
                 if latest is None or cell.last_end_ns > latest.last_end_ns:
                     jobs_latest[job_id] = cell
@@ -446,9 +630,106 @@ class Aggregator:
                 newest = jobs_latest[job_id].profile[group_end:]
                 attributes.update((k, v) for k, v in zip(JOB_ATTRIBUTE_KEYS, newest, strict=True) if v is not None)
             job.attributes = attributes
-            job_reports.append(self._job_report(job_id, job, start, end, jobs_values.get(job_id), mfu_cell))
+            job_reports.append(
+                self._job_report(
+                    job_id, job, start, end, jobs_values.get(job_id), mfu_cell, window, jobs_gpus.get(job_id, [])
+                )
+            )
         self._windows_closed += 1
-        return WindowReport(start, end, groups, tuple(job_reports), self._fleet_report(end))
+        fleet = self._fleet_report(end)
+        job_losses = [job.loss for job in job_reports if job.loss is not None]
+        fleet = attrs.evolve(fleet, loss=loss.fleet_loss(job_losses, self._fleet_energy(window), self._currency()))
+        gpu_flags, self._gpu_flag_reports = tuple(self._gpu_flag_reports), []
+        return WindowReport(start, end, groups, tuple(job_reports), fleet, gpu_flags)
+
+    def _currency(self) -> str | None:
+        return self.config.currency if self.config.price_per_gpu_hour else None
+
+    def _seconds(self, cell: _Cell) -> float:
+        covered = min(cell.weight, float(self._window_ns))
+        return (covered if covered >= _MIN_COVERED_NS else self._window_ns) / 1e9
+
+    def _fleet_energy(self, window: _Window) -> float | None:
+        """Every GPU's energy in the window: those of jobs and those of none, with or without OFU."""
+        seconds: dict[str, float] = {}
+        for cell_key, cell in window.cells.items():
+            key = cell_key if isinstance(cell_key, str) else cell_key[0]
+            seconds[key] = max(seconds.get(key, 0.0), self._seconds(cell))
+        total: float | None = None
+        for key, inputs in window.gpus.items():
+            energy = inputs.energy(seconds.get(key, self._window_ns / 1e9))
+            if energy is not None:
+                total = energy if total is None else total + energy
+        return total
+
+    def _tensor_clock(self, model: str | None) -> float | None:
+        if model not in self._tensor_clocks:
+            spec = catalog.lookup(model) if model else None
+            self._tensor_clocks[model] = spec.tensor_clock_hz if spec is not None else None
+        return self._tensor_clocks[model]
+
+    def _gpu_losses(
+        self, window: _Window, gpus: list[tuple[str, _Cell]]
+    ) -> list[tuple[str, loss.GpuLoss, _GpuInputs | None, float]]:
+        """Each GPU's split, with its inputs and its OFU weight (what its throttle shares are over)."""
+        config = self.config
+        model_index = 1 + self._groups + 1  # the profile: job.id, the group values, then JOB_ATTRIBUTE_KEYS
+        found: list[tuple[str, loss.GpuLoss, _GpuInputs | None, float]] = []
+        for key, cell in gpus:
+            ofu = cell.weighted / cell.weight
+            inputs = window.gpus.get(key)
+            seconds = self._seconds(cell)
+            model = cell.profile[model_index]
+            if inputs is None:
+                split = loss.split_gpu(ofu, None, None, seconds=seconds, price=config.price_of(model))
+            else:
+                ratio = loss.clock_ratio(inputs.mean(_CLOCK), inputs.mean(_CLOCK_MAX), self._tensor_clock(model))
+                split = loss.split_gpu(
+                    ofu,
+                    inputs.mean(_TENSOR),
+                    ratio,
+                    seconds=seconds,
+                    energy_j=inputs.energy(seconds),
+                    flops_per_s=inputs.mean(_FLOPS),
+                    price=config.price_of(model),
+                )
+            found.append((key, split, inputs, cell.weight))
+        return found
+
+    def _assess_gpus(
+        self,
+        job_id: str,
+        job: _Job,
+        start: int,
+        end: int,
+        gpus: list[tuple[str, loss.GpuLoss, _GpuInputs | None, float]],
+    ) -> None:
+        """Run the GPU-level flags on each of the job's GPUs; keep the points they have to show."""
+        if not GPU_DETECTORS or not gpus:
+            return
+        peers = _peer_medians([split.ofu for _key, split, _inputs, _weight in gpus])
+        states: dict[str, dict[str, GpuFlag]] = {}
+        for (key, split, inputs, weight), median in zip(gpus, peers, strict=True):
+            flags = job.gpu_flags.get(key)
+            if flags is None:
+                flags = {detector.metric.name: detector.start(self.config) for detector in GPU_DETECTORS}
+            states[key] = flags
+            values = GpuWindowValues(
+                start,
+                end,
+                split.ofu,
+                split.tensor_active,
+                split.is_idle,
+                median,
+                len(gpus),
+                inputs.throttle_shares(weight) if inputs is not None else {},
+            )
+            for name, flag in flags.items():
+                verdict = flag.assess(values)
+                if verdict is not None:
+                    attributes = {**_gpu_identity(key, inputs), **flag.labels}
+                    self._gpu_flag_reports.append(GpuFlagReport(name, job_id, attributes, verdict, split.ofu, median))
+        job.gpu_flags = states  # a GPU gone from the job lets go of its state
 
     def _group_report(self, key: tuple[str, ...], values: list[float]) -> GroupReport:
         values.sort()
@@ -463,7 +744,15 @@ class Aggregator:
         )
 
     def _job_report(
-        self, job_id: str, job: _Job, start: int, end: int, ofus: list[float] | None, mfu_cell: _MfuCell | None
+        self,
+        job_id: str,
+        job: _Job,
+        start: int,
+        end: int,
+        ofus: list[float] | None,
+        mfu_cell: _MfuCell | None,
+        window: _Window,
+        gpus: list[tuple[str, _Cell]],
     ) -> JobReport:
         config = self.config
         ofu = sum(ofus) / len(ofus) if ofus else None
@@ -472,9 +761,17 @@ class Aggregator:
             job.horizon.add(start - start % self._block_ns, ofu, mfu)
             if self._last_pair_start is None or start > self._last_pair_start:
                 self._last_pair_start = start
-        gpus = len(ofus) if ofus else 0
-        values = JobWindowValues(start, end, ofu, mfu, gpus)
+        splits = self._gpu_losses(window, gpus)
+        job_loss = loss.job_loss(
+            (split for _key, split, _inputs, _weight in splits),
+            currency=self._currency(),
+            pue=config.pue,
+            grid_intensity=config.grid_intensity,
+        )
+        idle = frozenset(key for key, split, _inputs, _weight in splits if split.is_idle)
+        values = JobWindowValues(start, end, ofu, mfu, len(splits), idle)
         flags = {name: flag.assess(values) for name, flag in job.flags.items()}
+        self._assess_gpus(job_id, job, start, end, splits)
         job.horizon.prune(end - config.horizon_ns)
         status = STATUS_NO_OFU if ofu is None else STATUS_NO_MFU if mfu is None else STATUS_OK
         return JobReport(
@@ -486,7 +783,8 @@ class Aggregator:
             correlation=job.horizon.total().pearson(),
             flags=flags,
             status=status,
-            gpus=gpus,
+            gpus=len(splits),
+            loss=job_loss,
         )
 
     def _fleet_report(self, end: int) -> FleetReport:
@@ -515,6 +813,9 @@ class Aggregator:
         for key in stale_streams:
             del self._streams[key]
         self._evicted_streams += len(stale_streams)
+        stale_energy = [key for key, (_start, seen, _joules) in self._energy.items() if seen <= cutoff]
+        for key in stale_energy:
+            del self._energy[key]
         oldest_horizon = now_ns - self.config.horizon_ns
         gone: list[str] = []
         for job_id, job in self._jobs.items():
@@ -550,3 +851,46 @@ class Aggregator:
             for cell in window.cells.values():
                 used[cell.profile] = cell.profile
         self._profiles = used
+
+
+def _peer_medians(values: list[float]) -> list[float]:
+    """For each value, the median of the others (a GPU's peers: its own OFU is not its reference); O(n log n).
+
+    A lone value has no peers: its own value stands in (nothing is below itself).
+    """
+    n = len(values)
+    if n < 2:
+        return list(values)
+    order = sorted(range(n), key=values.__getitem__)
+    ordered = [values[i] for i in order]
+    rank = [0] * n
+    for position, index in enumerate(order):
+        rank[index] = position
+    m = n - 1
+
+    def kth(k: int, skip: int) -> float:  # the k-th smallest of the others
+        return ordered[k] if k < skip else ordered[k + 1]
+
+    found = []
+    for index in range(n):
+        skip = rank[index]
+        if m % 2:
+            found.append(kth(m // 2, skip))
+        else:
+            found.append((kth(m // 2 - 1, skip) + kth(m // 2, skip)) / 2)
+    return found
+
+
+def _gpu_identity(key: str, inputs: _GpuInputs | None) -> dict[str, str]:
+    """The GPU's identity attributes: from its points where it sent loss inputs, else from its stream key."""
+    if inputs is not None:
+        found = {k: inputs.identity[k] for k in _GPU_IDENTITY_KEYS if inputs.identity.get(k)}
+        if found.get(names.HW_ID):
+            return found
+    parts = key.split("|")  # host|hw.id[|mig], decode.stream_key
+    if len(parts) < 2:
+        return {names.HW_ID: key}
+    found = {names.HOST_NAME: parts[0], names.HW_ID: parts[1]} if parts[0] else {names.HW_ID: parts[1]}
+    if len(parts) > 2:
+        found[names.GPU_MIG_INSTANCE_ID] = parts[2]
+    return found

@@ -1,7 +1,9 @@
-"""Job flags: one module per flag, each defining ``DETECTOR`` (a ``base.Detector``).
+"""Flags: one module per flag, each defining ``DETECTOR`` (a job flag, ``base.Detector``) or ``GPU_DETECTOR``
+(a GPU-level flag, ``base.GpuDetector``).
 
-``DETECTORS`` holds every module's detector, found here at import, in the order of their metrics in
-``names.COLLECTOR_METRICS``: a new flag is a module in this folder plus its metric in ``otel_ofu.names``.
+``DETECTORS`` and ``GPU_DETECTORS`` hold every module's detector, found here at import, in the order of their
+metrics in the collector's outputs (``names.COLLECTOR_METRICS``, then ``names.COLLECTOR_LOSS_METRICS``): a new
+flag is a module in this folder plus its metric in ``otel_ofu.names``.
 The windows run every detector for every job; the outputs, the records and the report take the flags
 from ``JobReport.flags`` without naming any.
 """
@@ -12,33 +14,66 @@ import importlib
 import pkgutil
 
 from otel_ofu import names
-from otel_ofu_collector.detectors.base import NOT_ASSESSABLE, Detector, JobFlag, JobWindowValues
+from otel_ofu_collector.detectors.base import (
+    NOT_ASSESSABLE,
+    Detector,
+    GpuDetector,
+    GpuFlag,
+    GpuWindowValues,
+    JobFlag,
+    JobWindowValues,
+)
 
-__all__ = ["DETECTORS", "NOT_ASSESSABLE", "Detector", "JobFlag", "JobWindowValues", "detector_for"]
+__all__ = [
+    "DETECTORS",
+    "GPU_DETECTORS",
+    "NOT_ASSESSABLE",
+    "Detector",
+    "GpuDetector",
+    "GpuFlag",
+    "GpuWindowValues",
+    "JobFlag",
+    "JobWindowValues",
+    "detector_for",
+]
+
+_ORDER = {spec.name: index for index, spec in enumerate((*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS))}
 
 
-def _discover() -> tuple[Detector, ...]:
-    found: list[Detector] = []
+def _discover() -> tuple[tuple[Detector, ...], tuple[GpuDetector, ...]]:
+    jobs: list[Detector] = []
+    gpus: list[GpuDetector] = []
     for module in pkgutil.iter_modules(__path__):
         if module.name == "base":
             continue
-        detector: Detector | None = getattr(importlib.import_module(f"{__name__}.{module.name}"), "DETECTOR", None)
-        if detector is None:
-            raise ImportError(f"detector module {__name__}.{module.name} defines no DETECTOR")
-        found.append(detector)
-    order = {spec.name: index for index, spec in enumerate(names.COLLECTOR_METRICS)}
-    missing = [d.metric.name for d in found if d.metric.name not in order]
+        loaded = importlib.import_module(f"{__name__}.{module.name}")
+        detector: Detector | None = getattr(loaded, "DETECTOR", None)
+        gpu_detector: GpuDetector | None = getattr(loaded, "GPU_DETECTOR", None)
+        if detector is None and gpu_detector is None:
+            raise ImportError(f"detector module {__name__}.{module.name} defines no DETECTOR nor GPU_DETECTOR")
+        if detector is not None:
+            jobs.append(detector)
+        if gpu_detector is not None:
+            gpus.append(gpu_detector)
+    every: list[Detector | GpuDetector] = [*jobs, *gpus]
+    missing = [d.metric.name for d in every if d.metric.name not in _ORDER]
     if missing:
-        raise ImportError(f"flag metric(s) {', '.join(missing)} not in names.COLLECTOR_METRICS")
-    return tuple(sorted(found, key=lambda d: order[d.metric.name]))
+        raise ImportError(f"flag metric(s) {', '.join(missing)} not among the collector's outputs in names")
+    return (
+        tuple(sorted(jobs, key=lambda d: _ORDER[d.metric.name])),
+        tuple(sorted(gpus, key=lambda d: _ORDER[d.metric.name])),
+    )
 
 
-DETECTORS: tuple[Detector, ...] = _discover()
+DETECTORS: tuple[Detector, ...]
+GPU_DETECTORS: tuple[GpuDetector, ...]
+DETECTORS, GPU_DETECTORS = _discover()
 
 
-def detector_for(kind: str) -> Detector:
+def detector_for(kind: str) -> Detector | GpuDetector:
     """The detector a run report's flag kind names; KeyError for none."""
-    for detector in DETECTORS:
+    every: tuple[Detector | GpuDetector, ...] = (*DETECTORS, *GPU_DETECTORS)
+    for detector in every:
         if detector.kind == kind:
             return detector
     raise KeyError(kind)

@@ -2,7 +2,8 @@
 
 It rises after ``miscount_windows`` consecutive windows with both values and MFU > ``miscount_ratio`` x OFU,
 and falls at the first such window without it; windows missing either value neither extend nor break the
-run (the flag keeps its value through them).
+run (the flag keeps its value through them). Until a window has both values (a job that never reported
+MFU) the flag cannot be assessed: absent, not 0.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class _Miscount:
     ratio: float
     windows: int
     run: int = 0
-    up: int = 0
+    up: int | None = None  # None until a window had both values
 
     def assess(self, window: JobWindowValues) -> int | None:
         ofu, mfu = window.ofu, window.mfu

@@ -3,7 +3,8 @@
 1 while window OFU < baseline / ``regression_factor``, the baseline being the MEDIAN (robust to one
 checkpoint pause) of the job's last ``baseline_windows`` unflagged window OFUs, once it has
 ``config.baseline_min_windows`` and the baseline is at least ``config.regression_min_baseline`` (an idle
-job has nothing to regress from). A window without OFU keeps the flag's value.
+job has nothing to regress from). A window without OFU keeps the flag's value. Until the baseline has
+its windows the flag cannot be assessed: absent, not 0.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from otel_ofu_collector.detectors.base import JobWindowValues
 class _Regression:
     config: AggregatorConfig
     baseline: deque[float] = attrs.field(init=False)
-    up: int = 0
+    up: int | None = None  # None until the baseline has its windows
 
     def __attrs_post_init__(self) -> None:
         self.baseline = deque(maxlen=self.config.baseline_windows)
@@ -33,10 +34,11 @@ class _Regression:
             return self.up
         config = self.config
         baseline = self.baseline
-        flagged = False
-        if len(baseline) >= config.baseline_min_windows:
-            median = statistics.median(baseline)
-            flagged = median >= config.regression_min_baseline and ofu < median / config.regression_factor
+        if len(baseline) < config.baseline_min_windows:
+            baseline.append(ofu)
+            return self.up  # no baseline yet: not assessable
+        median = statistics.median(baseline)
+        flagged = median >= config.regression_min_baseline and ofu < median / config.regression_factor
         self.up = int(flagged)
         if not flagged:
             baseline.append(ofu)

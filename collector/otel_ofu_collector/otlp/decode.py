@@ -13,6 +13,7 @@ before, cost about a fifth of the ingest time.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping
 from hashlib import blake2b
@@ -34,6 +35,22 @@ _HOST = names.HOST_NAME
 _MIG = names.GPU_MIG_INSTANCE_ID
 _JOB_ID = names.JOB_ID
 _IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
+_THROTTLE = names.GPU_THROTTLE.name
+_THROTTLE_REASON = names.GPU_THROTTLE_REASON
+_THROTTLE_REASONS = frozenset(names.ThrottleReason.ALL)
+# The per-GPU inputs of the loss split (what ``Aggregator.add_gpu_input`` takes), beside gpu.ofu.
+GPU_INPUT_NAMES: frozenset[str] = frozenset(
+    spec.name
+    for spec in (
+        names.GPU_TENSOR_ACTIVE,
+        names.GPU_CLOCK_SM,
+        names.GPU_CLOCK_SM_MAX,
+        names.GPU_FLOPS_ACHIEVED,
+        names.GPU_POWER,
+        names.GPU_ENERGY,
+        names.GPU_THROTTLE,
+    )
+)
 
 # Everything the producer and the MFU reporter send us: consumed here, forwarded only on request.
 INPUT_METRIC_NAMES: frozenset[str] = frozenset({spec.name for spec in names.PRODUCER_METRICS} | {_MFU})
@@ -59,6 +76,26 @@ class PointSink(Protocol):
     ) -> bool: ...
 
     def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> bool: ...
+
+
+class _GpuInputAdd(Protocol):
+    """``Aggregator.add_gpu_inputs``: a GPU stream's loss inputs of one interval."""
+
+    def __call__(
+        self,
+        stream_key: str,
+        start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        values: Mapping[str, float],
+        throttle: Mapping[str, float],
+    ) -> bool: ...
+
+
+# A Resource's loss inputs, grouped by (stream key, start, end): (identity, values by metric, throttle by reason)
+# per group; a metric sent twice for one interval opens another group, so each point counts as sent.
+_Group = tuple[Mapping[str, str], dict[str, float], dict[str, float]]
+_Batch = dict[tuple[str, int, int], list[_Group]]
 
 
 class _ProfilingAdd(Protocol):
@@ -301,6 +338,8 @@ class Decoder:
         profile_of: Callable[[Mapping[str, str]], Any] | None = getattr(sink, "profile_of", None)
         add_ofu = _without_profile(sink) if profile_of is None else cast(_ProfilingAdd, sink.add_ofu)
         add_mfu = sink.add_mfu
+        # A sink that takes the loss inputs (the Aggregator) gets them; another only consumes them.
+        add_gpu_inputs: _GpuInputAdd | None = getattr(sink, "add_gpu_inputs", None)
         max_mfu = self.max_mfu
         inputs = INPUT_METRIC_NAMES
         accepted = 0
@@ -321,6 +360,7 @@ class Decoder:
                 resource_key: str | None = None
                 resource_profile: Any = None
                 resource_overlong = False
+                batch: _Batch | None = None  # the Resource's loss inputs, taken in one call per GPU interval
                 for sm in rm.scope_metrics:
                     for metric in sm.metrics:
                         name = metric.name
@@ -328,7 +368,7 @@ class Decoder:
                             any_foreign = True
                             continue
                         any_ours = True
-                        if name != _OFU and name != _MFU:
+                        if name != _OFU and name != _MFU and (add_gpu_inputs is None or name not in GPU_INPUT_NAMES):
                             continue  # other producer metrics: consumed, nothing to aggregate
                         # Reading an unset gauge gives an empty default: ask for the kind only when no gauge points.
                         points = metric.gauge.data_points
@@ -387,6 +427,12 @@ class Decoder:
                                     accepted += 1
                                 else:
                                     rejections.add(_refused("gpu.ofu", sink))
+                        elif name != _MFU:
+                            if batch is None:
+                                batch = {}
+                            accepted += _gpu_inputs(
+                                batch, name, points, resource_identity, resource_key, latest, rejections, max_length
+                            )
                         else:
                             for point in points:
                                 value = _number(point)
@@ -412,6 +458,14 @@ class Decoder:
                                     accepted += 1
                                 else:
                                     rejections.add(_refused("job.mfu", sink))
+                if batch:
+                    assert add_gpu_inputs is not None
+                    for (key, start_ns, end_ns), groups in batch.items():
+                        for identity, values, throttle in groups:
+                            if not add_gpu_inputs(key, start_ns, end_ns, identity, values, throttle):
+                                refused = len(values) + len(throttle)
+                                accepted -= refused
+                                rejections.add(_refused("loss inputs", sink), refused)
         finally:
             if locked:
                 lock.release()
@@ -480,6 +534,77 @@ class Decoder:
         if not any_foreign:
             return None
         return _subset(request, lambda name: not self._ours(name)).SerializeToString()
+
+
+def _gpu_inputs(
+    batch: _Batch,
+    name: str,
+    points: Any,
+    resource_identity: Mapping[str, str],
+    resource_key: str | None,
+    latest: int,
+    rejections: _Rejections,
+    max_length: int,
+) -> int:
+    """The valid points of one loss-input metric into the Resource's batch; how many it took.
+
+    A throttle share of 0 is taken and left out: the windows average throttle shares over the GPU's OFU
+    time, so a reason absent from an interval reads as 0 for it (most intervals hold most reasons at 0).
+    """
+    accepted = 0
+    throttle = name == _THROTTLE
+    for point in points:
+        value = point.as_double or _number(point)
+        if value is None or not 0.0 <= value < math.inf:  # NaN fails both comparisons
+            rejections.add(f"{name} not finite or negative")
+            continue
+        if throttle and value == 0.0:
+            accepted += 1  # no share held: nothing to add (see above), and no reason to read
+            continue
+        attributes = point.attributes
+        identity = resource_identity
+        key = resource_key
+        reason: str | None = None
+        if attributes:
+            if throttle:
+                own_identity = False
+                for kv in attributes:
+                    if kv.key == _THROTTLE_REASON:
+                        reason = kv.value.string_value
+                    elif kv.key in _IDENTITY:
+                        own_identity = True
+                if reason not in _THROTTLE_REASONS:
+                    rejections.add(f"{name} without a known {_THROTTLE_REASON}")
+                    continue
+                if own_identity:
+                    identity = _identity_of(attributes, resource_identity)
+                    key = stream_key(identity)
+            else:
+                identity = _identity_of(attributes, resource_identity)
+                if identity is not resource_identity:
+                    key = stream_key(identity)
+            if identity is not resource_identity and _overlong(identity, max_length):
+                rejections.add(f"{name} attribute value longer than {max_length} characters")
+                continue
+        if key is None:
+            rejections.add(f"{name} without hw.id")
+            continue
+        if throttle and reason not in _THROTTLE_REASONS:
+            rejections.add(f"{name} without a known {_THROTTLE_REASON}")
+            continue
+        end_ns = point.time_unix_nano
+        if not end_ns or end_ns > latest:
+            rejections.add(f"{name} without a timestamp or stamped in the future")
+            continue
+        groups = batch.setdefault((key, point.start_time_unix_nano or end_ns, end_ns), [])
+        field = reason if reason is not None else name
+        last = groups[-1] if groups else None
+        if last is None or last[0] is not identity or field in (last[2] if reason is not None else last[1]):
+            last = (identity, {}, {})
+            groups.append(last)
+        (last[2] if reason is not None else last[1])[field] = value
+        accepted += 1
+    return accepted
 
 
 _REFUSALS = {

@@ -23,6 +23,7 @@ from opentelemetry.sdk.metrics.export import (
     NumberDataPoint,
     ResourceMetrics,
     ScopeMetrics,
+    Sum,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -30,7 +31,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_ofu import names
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.otlp import partials
-from otel_ofu_collector.results import WindowReport, gauge_points
+from otel_ofu_collector.results import OUTPUT_METRICS, WindowReport, gauge_points
 
 Attributes = dict[str, str | float | int]
 
@@ -40,11 +41,13 @@ class _Points:
 
     def __init__(self) -> None:
         self.gauges: dict[str, list[NumberDataPoint]] = {}
+        self.specs: dict[str, names.MetricSpec] = {}  # as the points said (a cost metric's unit is its currency)
         self.histograms: list[ExponentialHistogramDataPoint] = []
 
     def gauge(self, spec: names.MetricSpec, attributes: Attributes, report: WindowReport, value: float | None) -> None:
         if value is None:
             return
+        self.specs.setdefault(spec.name, spec)
         self.gauges.setdefault(spec.name, []).append(
             NumberDataPoint(
                 attributes=attributes, start_time_unix_nano=report.start_ns, time_unix_nano=report.end_ns, value=value
@@ -99,10 +102,18 @@ def reports_to_metrics_data(
         spec = names.FLEET_OFU
         data = ExponentialHistogram(points.histograms, AggregationTemporality.DELTA)
         metrics.append(Metric(spec.name, spec.description, spec.unit, data))
-    specs = [*names.COLLECTOR_METRICS, *(names.COLLECTOR_PARTIAL_METRICS if include_partials else ())]
+    specs = [*OUTPUT_METRICS, *(names.COLLECTOR_PARTIAL_METRICS if include_partials else ())]
     for spec in specs:
         if spec.name in points.gauges:
-            metrics.append(Metric(spec.name, spec.description, spec.unit, Gauge(points.gauges[spec.name])))
+            spec = points.specs[spec.name]
+            data_points = points.gauges[spec.name]
+            # The loss sums are the window's deltas (GPU-seconds, joules, cost: never negative).
+            values: Gauge | Sum = (
+                Sum(data_points, AggregationTemporality.DELTA, is_monotonic=True)
+                if spec.kind == "sum"
+                else Gauge(data_points)
+            )
+            metrics.append(Metric(spec.name, spec.description, spec.unit, values))
     resource = Resource({**resource_attributes, names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME})
     scope = InstrumentationScope(names.COLLECTOR_INSTRUMENTATION_SCOPE)
     scope_metrics = [ScopeMetrics(scope, metrics, "")] if metrics else []

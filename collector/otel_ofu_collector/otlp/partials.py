@@ -2,7 +2,9 @@
 
 A shard (``--mode shard``) exports, besides its window outputs, the fleet co-moments and |OFU - MFU| sum
 as gauges (``names.COLLECTOR_PARTIAL_METRICS``); with the ``fleet.ofu`` histograms they are all a merge
-tier needs to compute fleet-wide windows. ``encode`` writes the gauges from ``fleet_state_gauges``; the
+tier needs to compute fleet-wide windows. The fleet's loss totals (``fleet.gpu_time.lost``, ``fleet.energy``,
+``fleet.cost.lost``) are sums already: the merge tier reads the shards' and adds them.
+``encode`` writes the gauges from ``fleet_state_gauges``; the
 merge tier's ``Decoder`` reads requests back with ``partials_from_request``.
 """
 
@@ -17,10 +19,15 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from otel_ofu import names
 from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
-from otel_ofu_collector.results import FleetReport, PartialGroup, PartialWindow
+from otel_ofu_collector.results import FleetLoss, FleetReport, PartialGroup, PartialWindow
 
+_FLEET_LOSS_NAMES = frozenset(
+    spec.name for spec in (names.FLEET_GPU_TIME_LOST, names.FLEET_ENERGY, names.FLEET_COST_LOST)
+)
 # What partials_from_request reads: the merge tier consumes these from shards instead of forwarding them.
-_PARTIAL_NAMES = frozenset([names.FLEET_OFU.name, *(spec.name for spec in names.COLLECTOR_PARTIAL_METRICS)])
+_PARTIAL_NAMES = frozenset(
+    [names.FLEET_OFU.name, *(spec.name for spec in names.COLLECTOR_PARTIAL_METRICS), *_FLEET_LOSS_NAMES]
+)
 # Fleet outputs a shard reports for its own slice only; the merge tier drops the shards' copies and emits its own.
 _MERGE_RECOMPUTED_NAMES = frozenset(
     spec.name
@@ -108,6 +115,28 @@ class _PartialBuilder:
         self.start_ns = 0
         self.groups: list[PartialGroup] = []
         self.gauges: dict[str, float] = {}
+        self.lost_s: dict[str, float] = {}
+        self.energy_j: float | None = None
+        self.cost_lost: dict[str, float] | None = None
+        self.currency: str | None = None
+        self.has_loss = False
+
+    def add_loss(self, name: str, unit: str, point: Any) -> None:
+        value = _number(point)
+        if value < 0:
+            raise ValueError(f"{name} is negative: {value!r}")
+        self.has_loss = True
+        if name == names.FLEET_ENERGY.name:
+            self.energy_j = (self.energy_j or 0.0) + value
+            return
+        cause = _attributes(point.attributes).get(names.OFU_LOSS_CAUSE)
+        if cause not in names.OfuLossCause.ALL:
+            raise ValueError(f"{name} point without a known {names.OFU_LOSS_CAUSE}: {cause!r}")
+        table = self.lost_s
+        if name == names.FLEET_COST_LOST.name:
+            self.cost_lost = table = self.cost_lost if self.cost_lost is not None else {}
+            self.currency = unit.removeprefix("{").removesuffix("}") or None
+        table[cause] = table.get(cause, 0.0) + value
 
 
 def partials_from_request(request: ExportMetricsServiceRequest) -> list[PartialWindow]:
@@ -129,6 +158,11 @@ def partials_from_request(request: ExportMetricsServiceRequest) -> list[PartialW
                         part.start_ns = part.start_ns or point.start_time_unix_nano
                         histogram = _histogram(point)
                         part.groups.append(PartialGroup(_attributes(point.attributes), histogram, histogram.count))
+                elif metric.name in _FLEET_LOSS_NAMES and metric.WhichOneof("data") == "sum":
+                    for number in metric.sum.data_points:
+                        part = partials.setdefault((shard, number.time_unix_nano), _PartialBuilder())
+                        part.start_ns = part.start_ns or number.start_time_unix_nano
+                        part.add_loss(metric.name, metric.unit, number)
                 elif metric.name in partial_gauges and metric.WhichOneof("data") == "gauge":
                     for number in metric.gauge.data_points:
                         part = partials.setdefault((shard, number.time_unix_nano), _PartialBuilder())
@@ -167,4 +201,5 @@ def _partial(shard: str, end_ns: int, part: _PartialBuilder) -> PartialWindow:
         abs_diff_sum=abs_diff_sum,
         jobs_count=jobs,
         shard_id=shard,
+        fleet_loss=FleetLoss(part.lost_s, part.energy_j, part.cost_lost, part.currency) if part.has_loss else None,
     )

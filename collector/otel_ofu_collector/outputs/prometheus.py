@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from otel_ofu import names
 from otel_ofu.prometheus_names import label_name, metric_name
-from otel_ofu_collector.results import WindowReport, gauge_points
+from otel_ofu_collector.results import OUTPUT_METRICS, WindowReport, gauge_points
 
 
 def output_label(key: str) -> str:
@@ -45,7 +45,7 @@ class _Series:
     value: float
 
 
-_GAUGE_ORDER: Mapping[str, int] = {spec.name: index for index, spec in enumerate(names.COLLECTOR_METRICS)}
+_GAUGE_ORDER: Mapping[str, int] = {spec.name: index for index, spec in enumerate(OUTPUT_METRICS)}
 
 
 def gauge_series(reports: Sequence[WindowReport]) -> list[_Series]:

@@ -4,7 +4,11 @@ Format (version 1), one closed window per line, UTF-8, keys as below; optional n
 the collector had no value (never 0 or NaN). Readers skip and count lines they cannot use, and lines of a
 newer version; a later version may add keys, which version-1 readers ignore. Each job carries one key per
 flag (its detector's ``record_key``); a record without one (written before that flag existed) reads as
-the flag absent.
+the flag absent. Where OFU is lost (added in version 1 without a version change, as optional keys): a job's
+``"loss"`` (``gpu_time_s``, ``shares`` and ``lost_s`` by cause, ``energy_j``, ``flops_per_joule``, ``cost``,
+``cost_lost``, ``emissions_kg``, ``currency``), the fleet's ``"loss"`` (``lost_s``, ``energy_j``,
+``cost_lost``, ``currency``) and the window's ``"gpu_flags"`` (GPU-level flags: ``metric``, ``job_id``,
+``attributes``, ``value``, ``ofu``, ``job_median_ofu``); a record without them reads as none known.
 
     {"otel_ofu_report": 1, "start_ns": 1700000000000000000, "end_ns": 1700000060000000000,
      "groups": [{"attributes": {"hw.model": "NVIDIA H100 80GB HBM3", "gpu.precision": "bf16"}, "gpus": 8,
@@ -36,7 +40,15 @@ import attrs
 from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.detectors import DETECTORS
-from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
+from otel_ofu_collector.results import (
+    FleetLoss,
+    FleetReport,
+    GpuFlagReport,
+    GroupReport,
+    JobLoss,
+    JobReport,
+    WindowReport,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +103,7 @@ def _job_to_json(job: JobReport) -> dict[str, Any]:
         **{detector.record_key: job.flags.get(detector.metric.name) for detector in DETECTORS},
         "status": job.status,
         "gpus": job.gpus,
+        **({"loss": attrs.asdict(job.loss)} if job.loss is not None else {}),
     }
 
 
@@ -109,6 +122,7 @@ def _fleet_to_json(fleet: FleetReport) -> dict[str, Any]:
             "m2_y": moments.m2_y,
             "c_xy": moments.c_xy,
         },
+        "loss": attrs.asdict(fleet.loss),
     }
 
 
@@ -120,6 +134,7 @@ def report_to_json(report: WindowReport) -> dict[str, Any]:
         "groups": [_group_to_json(group) for group in report.groups],
         "jobs": [_job_to_json(job) for job in report.jobs],
         "fleet": _fleet_to_json(report.fleet),
+        **({"gpu_flags": [attrs.asdict(flag) for flag in report.gpu_flags]} if report.gpu_flags else {}),
     }
 
 
@@ -221,6 +236,59 @@ def _job_from_json(value: object) -> JobReport:
         flags={detector.metric.name: _flag(data, detector.record_key) for detector in DETECTORS},
         status=_get(data, "status", str, "job"),
         gpus=_get(data, "gpus", int, "job"),
+        loss=_job_loss_from_json(data["loss"]) if data.get("loss") is not None else None,
+    )
+
+
+def _by_cause(value: object, what: str) -> dict[str, float]:
+    data = _object(value, what)
+    return {str(cause): _number(data, cause, what) for cause in data}
+
+
+def _optional_by_cause(data: Mapping[str, Any], key: str, what: str) -> dict[str, float] | None:
+    return None if data.get(key) is None else _by_cause(data[key], f"{what}.{key}")
+
+
+def _optional_text(data: Mapping[str, Any], key: str, what: str) -> str | None:
+    return None if data.get(key) is None else str(_get(data, key, str, what))
+
+
+def _job_loss_from_json(value: object) -> JobLoss:
+    data = _object(value, "job.loss")
+    return JobLoss(
+        gpu_time_s=_number(data, "gpu_time_s", "job.loss"),
+        shares=_by_cause(data.get("shares"), "job.loss.shares"),
+        lost_s=_by_cause(data.get("lost_s"), "job.loss.lost_s"),
+        energy_j=_optional_number(data, "energy_j", "job.loss"),
+        flops_per_joule=_optional_number(data, "flops_per_joule", "job.loss"),
+        cost=_optional_number(data, "cost", "job.loss"),
+        cost_lost=_optional_by_cause(data, "cost_lost", "job.loss"),
+        emissions_kg=_optional_number(data, "emissions_kg", "job.loss"),
+        currency=_optional_text(data, "currency", "job.loss"),
+    )
+
+
+def _fleet_loss_from_json(value: object) -> FleetLoss:
+    if value is None:
+        return FleetLoss()
+    data = _object(value, "fleet.loss")
+    return FleetLoss(
+        lost_s=_by_cause(data.get("lost_s", {}), "fleet.loss.lost_s"),
+        energy_j=_optional_number(data, "energy_j", "fleet.loss"),
+        cost_lost=_optional_by_cause(data, "cost_lost", "fleet.loss"),
+        currency=_optional_text(data, "currency", "fleet.loss"),
+    )
+
+
+def _gpu_flag_from_json(value: object) -> GpuFlagReport:
+    data = _object(value, "gpu_flag")
+    return GpuFlagReport(
+        metric=_get(data, "metric", str, "gpu_flag"),
+        job_id=_get(data, "job_id", str, "gpu_flag"),
+        attributes=_attributes(data.get("attributes", {}), "gpu_flag.attributes"),
+        value=_get(data, "value", int, "gpu_flag"),
+        ofu=_number(data, "ofu", "gpu_flag"),
+        job_median_ofu=_number(data, "job_median_ofu", "gpu_flag"),
     )
 
 
@@ -240,6 +308,7 @@ def _fleet_from_json(value: object) -> FleetReport:
             c_xy=_number(moments, "c_xy", "fleet.comoments"),
         ),
         abs_diff_sum=_number(data, "abs_diff_sum", "fleet"),
+        loss=_fleet_loss_from_json(data.get("loss")),
     )
 
 
@@ -258,6 +327,7 @@ def report_from_json(data: object) -> WindowReport:
             groups=tuple(_group_from_json(group) for group in _list(record.get("groups"), "groups")),
             jobs=tuple(_job_from_json(job) for job in _list(record.get("jobs"), "jobs")),
             fleet=_fleet_from_json(record.get("fleet")),
+            gpu_flags=tuple(_gpu_flag_from_json(flag) for flag in _list(record.get("gpu_flags", []), "gpu_flags")),
         )
     except (TypeError, ValueError) as error:  # attrs validators (a negative count, say)
         if isinstance(error, RecordFormatError):

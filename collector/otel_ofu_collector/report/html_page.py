@@ -36,14 +36,20 @@ from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.detectors import detector_for
 from otel_ofu_collector.report.summary import (
+    CAUSE_WORDS,
+    CAUSES,
     FLAG_KINDS,
+    IDLE,
     MISCOUNT,
     REGRESSION,
+    STRAGGLER,
     Flag,
     FleetSummary,
     JobSummary,
     JobWindow,
     format_time,
+    hours,
+    money,
     plural,
     summarize,
 )
@@ -60,12 +66,35 @@ COLOUR_HEALTHY: Final = "#1f77b4"
 COLOUR_MISCOUNT: Final = "#d62728"
 COLOUR_REGRESSION: Final = "#ff7f0e"
 COLOUR_MFU: Final = "#2ca02c"
-SHADE: Final = {MISCOUNT: "rgba(214, 39, 40, 0.16)", REGRESSION: "rgba(255, 127, 14, 0.22)"}
-SHADE_LEGEND: Final = {MISCOUNT: "rgba(214, 39, 40, 0.5)", REGRESSION: "rgba(255, 127, 14, 0.55)"}
+COLOUR_STRAGGLER: Final = "#9467bd"
+SHADE: Final = {
+    MISCOUNT: "rgba(214, 39, 40, 0.16)",
+    REGRESSION: "rgba(255, 127, 14, 0.22)",
+    STRAGGLER: "rgba(148, 103, 189, 0.18)",
+    IDLE: "rgba(127, 127, 127, 0.18)",
+}
+SHADE_LEGEND: Final = {
+    MISCOUNT: "rgba(214, 39, 40, 0.5)",
+    REGRESSION: "rgba(255, 127, 14, 0.55)",
+    STRAGGLER: "rgba(148, 103, 189, 0.5)",
+    IDLE: "rgba(127, 127, 127, 0.5)",
+}
+# Where OFU went: achieved (the blue of OFU), then each cause of loss.
+LOSS_COLOURS: Final = {
+    "ofu": COLOUR_HEALTHY,
+    names.OfuLossCause.IDLE: "#7f7f7f",
+    names.OfuLossCause.CLOCK: "#ff7f0e",
+    names.OfuLossCause.TENSOR: "#c7c7c7",
+}
 # A flag without a colour of its own (any but the two above) is shaded grey.
 _OTHER_SHADE: Final = "rgba(127, 127, 127, 0.18)"
 _OTHER_SHADE_LEGEND: Final = "rgba(127, 127, 127, 0.5)"
-_SHADE_TITLE: Final = {MISCOUNT: "FLOP-miscount flag up", REGRESSION: "OFU-regression flag up"}
+_SHADE_TITLE: Final = {
+    MISCOUNT: "FLOP-miscount flag up",
+    REGRESSION: "OFU-regression flag up",
+    STRAGGLER: "straggler GPU flagged",
+    IDLE: "idle GPUs flagged",
+}
 PLOTLY_CONFIG: Final = {"displaylogo": False, "responsive": True}
 # GPU models get colours apart from the flag colours (red, orange), the same in every figure.
 MODEL_PALETTE: Final = ("#1f77b4", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f")
@@ -417,6 +446,24 @@ def timelines_figure(jobs: Sequence[JobSummary]) -> go.Figure | None:
                 row=row,
                 col=1,
             )
+        if any(w.gpu_flags for w in job.history):
+            # The straggler on its job's timeline: its OFU in the windows it was flagged.
+            figure.add_trace(
+                go.Scatter(
+                    x=times,
+                    y=[min((f.ofu for f in w.gpu_flags), default=None) for w in job.history],
+                    mode="lines+markers",
+                    name="straggler GPU OFU",
+                    legendgroup="straggler",
+                    showlegend=not any(any(w.gpu_flags for w in j.history) for j in jobs[: row - 1]),
+                    line={"color": COLOUR_STRAGGLER, "width": 2, "dash": "dot"},
+                    marker={"size": 4},
+                    connectgaps=False,
+                    hovertemplate="straggler GPU OFU %{y:.1%}<extra></extra>",
+                ),
+                row=row,
+                col=1,
+            )
         for kind in FLAG_KINDS:
             for start, end in _runs(job.history, kind):
                 figure.add_vrect(
@@ -559,22 +606,97 @@ def _summary(summary: FleetSummary, flags: Sequence[Flag]) -> str:
         f"from {format_time(summary.start_ns)} to {format_time(summary.end_ns)}"
     )
     header = "".join(f'<th class="num">p{round(q * 100)}</th>' for q in names.QUANTILES)
+    # One row per group (GPU model and precision), as the terminal report shows them: the same numbers.
     rows = []
-    models = sorted({_model_of(g.attributes) for g in last_groups})
-    for model in [None, *models] if len(models) > 1 else models:
-        quantiles = group_quantiles(last_groups, model) or {}
-        gpus = sum(g.gpus for g in last_groups if model is None or _model_of(g.attributes) == model)
+    for group in last_groups:
+        quantiles = group_quantiles([group]) or {}
         cells = "".join(f'<td class="num">{_percent(quantiles.get(q))}</td>' for q in names.QUANTILES)
-        rows.append(f'<tr><td>{_e(model or FLEET_LABEL)}</td><td class="num">{gpus}</td>{cells}</tr>')
+        rows.append(
+            f"<tr><td>{_e(group.attributes.get(names.HW_MODEL, 'unknown'))}</td>"
+            f"<td>{_e(group.attributes.get(names.GPU_PRECISION, 'unknown'))}</td>"
+            f'<td class="num">{group.gpus}</td>{cells}</tr>'
+        )
     table = (
-        f'<table class="percentiles"><thead><tr><th>GPU model</th><th class="num">GPUs</th>{header}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
+        '<table class="percentiles"><thead><tr><th>GPU model</th><th>precision</th><th class="num">GPUs</th>'
+        f"{header}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
         if rows
         else '<p class="note">No GPU reported OFU in the last window.</p>'
     )
     return (
         f'<section class="summary"><p class="lead">{_e(span)}.</p><div class="stats">{"".join(cards)}</div>'
         f'<section class="card"><h3>OFU percentiles of the last window</h3>{table}</section></section>'
+    )
+
+
+def loss_figure(summary: FleetSummary) -> go.Figure | None:
+    """Each job's GPU time split into OFU and the causes of loss (GPU-time weighted), the fleet on top."""
+    rows: list[tuple[str, dict[str, float]]] = []
+    fleet_time = sum(job.gpu_time_s for job in summary.jobs)
+    if fleet_time > 0 and summary.lost_s:
+        lost = {cause: summary.lost_s.get(cause, 0.0) / fleet_time for cause in CAUSES}
+        rows.append(("the fleet", {"ofu": 1.0 - sum(lost.values()), **lost}))
+    for job in summary.jobs[:MAX_TIMELINE_JOBS]:
+        shares = job.loss_shares()
+        if shares is not None:
+            rows.append((job.name if job.name == job.job_id else f"{job.name} ({job.job_id})", shares))
+    if not rows:
+        return None
+    figure = go.Figure()
+    labels = [_label(label) for label, _ in reversed(rows)]
+    for part in ("ofu", *CAUSES):
+        name = "OFU (useful tensor work)" if part == "ofu" else f"{part}: {CAUSE_WORDS[part]}"
+        figure.add_trace(
+            go.Bar(
+                x=[shares[part] for _, shares in reversed(rows)],
+                y=labels,
+                orientation="h",
+                name=name,
+                marker={"color": LOSS_COLOURS[part]},
+                hovertemplate=f"{name}: %{{x:.1%}}<extra></extra>",
+            )
+        )
+    _layout(
+        figure,
+        70 + 34 * len(rows) + 80,
+        title={"text": "Where each job's GPU time went: OFU and the loss by cause"},
+        barmode="stack",
+        xaxis={"tickformat": ".0%", "range": [0, 1]},
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return figure
+
+
+def _loss_table(summary: FleetSummary) -> str:
+    """The lost GPU-hours and their cost by cause, per job and for the fleet."""
+    header = "".join(f'<th class="num">{_e(cause)}</th>' for cause in CAUSES)
+    rows = []
+    for job in summary.jobs[:MAX_TABLE_JOBS]:
+        if job.gpu_time_s <= 0:
+            continue
+        lost, cost_lost = job.lost_s, job.cost_lost
+        cells = "".join(f'<td class="num">{_e(hours(lost[cause]))}</td>' for cause in CAUSES)
+        cost = "-" if cost_lost is None else money(sum(cost_lost.values()), job.currency)
+        rows.append(
+            f"<tr><td>{_e(job.name)}</td><td>{_e(job.job_id)}</td>"
+            f'<td class="num">{_e(hours(job.gpu_time_s))}</td>{cells}'
+            f'<td class="num">{_e(hours(sum(lost.values())))}</td><td class="num">{_e(cost)}</td></tr>'
+        )
+    if summary.lost_s:
+        cells = "".join(f'<td class="num">{_e(hours(summary.lost_s.get(cause, 0.0)))}</td>' for cause in CAUSES)
+        total = summary.cost_lost_total
+        cost = "-" if total is None else money(total, summary.currency)
+        gpu_time = sum(job.gpu_time_s for job in summary.jobs)
+        rows.append(
+            f'<tr class="fleet"><td><b>the fleet</b></td><td></td><td class="num">{_e(hours(gpu_time))}</td>'
+            f'{cells}<td class="num"><b>{_e(hours(summary.lost_total_s))}</b></td>'
+            f'<td class="num"><b>{_e(cost)}</b></td></tr>'
+        )
+    if not rows:
+        return '<p class="note">No GPU time in this record.</p>'
+    return (
+        '<table id="loss-by-cause"><thead><tr><th>job</th><th>id</th><th class="num">GPU time</th>'
+        f'{header}<th class="num">lost</th><th class="num">lost cost</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
     )
 
 
@@ -690,11 +812,26 @@ def build_report(
         percentiles = percentiles_figure(ordered)
         if percentiles is not None:
             parts.append(f'<section class="card">{_figure_html(percentiles, "ofu-percentiles")}</section>')
+        loss = loss_figure(summary)
+        if loss is not None:
+            note = (
+                "Each bar is a job's GPU time: the share that did useful tensor work (OFU) and the share lost to "
+                "idle GPUs (no tensor activity), to a clock held below its max (power cap, heat, other limits) "
+                "and to tensor pipes not kept busy (including tile padding). Lost GPU-hours and their cost below; "
+                "the cost is GPU time x the configured price per GPU-hour."
+            )
+            parts.append(
+                f'<h2>Where OFU is lost</h2><p class="note">{_e(note)}</p>'
+                f'<section class="card">{_figure_html(loss, "ofu-loss")}{_loss_table(summary)}</section>'
+            )
         shown = _timeline_jobs(jobs)
         timelines = timelines_figure(shown)
         if timelines is not None:
             left_out = len(jobs) - len(shown)
-            note = "Shaded: the windows a flag was up (red: FLOP miscount, orange: OFU regression)."
+            note = (
+                "Shaded: the windows a flag was up (red: FLOP miscount, orange: OFU regression, purple: a "
+                "straggler GPU, grey: idle GPUs); dotted purple: the straggler GPU's own OFU."
+            )
             if left_out:
                 note += f" {plural(left_out, 'more job')} not drawn; all are in the table below."
             parts.append(

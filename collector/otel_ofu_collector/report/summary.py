@@ -6,6 +6,11 @@ report and the HTML report both read it, so they say the same thing.
 - A FLOP miscount is sized by MFU / OFU over the windows the flag was up (mean MFU over mean OFU there).
 - A regression is measured against the job's own baseline: the median OFU of its unflagged windows before
   the first regression window, against the median OFU of the regression windows.
+- Every flag says the GPU-hours (and, where prices were configured, the cost) it accounts for: a miscount the
+  job's GPU time while it was up; a regression the GPU time its OFU fell short of its baseline
+  ((baseline - OFU) x GPU-hours); idle GPUs their idle GPU-time; a straggler its shortfall against its job's
+  median ((median - OFU) x its hours), priced at the job's mean price per GPU-hour.
+- Where OFU is lost: GPU-hours lost by cause (idle, clock, tensor) and their cost, per job and for the fleet.
 """
 
 from __future__ import annotations
@@ -18,12 +23,30 @@ from typing import Final
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.detectors import DETECTORS, detector_for, flops_miscount, regression
-from otel_ofu_collector.results import GroupReport, WindowReport, finite_or_none
+from otel_ofu_collector.detectors import (
+    DETECTORS,
+    GPU_DETECTORS,
+    detector_for,
+    flops_miscount,
+    idle_gpus,
+    regression,
+    straggler,
+)
+from otel_ofu_collector.results import GpuFlagReport, GroupReport, JobLoss, WindowReport, finite_or_none
 
 MISCOUNT: Final = flops_miscount.DETECTOR.kind
 REGRESSION: Final = regression.DETECTOR.kind
-FLAG_KINDS: Final = tuple(detector.kind for detector in DETECTORS)  # every flag, in the vocabulary's order
+IDLE: Final = idle_gpus.DETECTOR.kind
+STRAGGLER: Final = straggler.GPU_DETECTOR.kind
+# Every flag, in the vocabulary's order: the job flags, then the GPU flags (shown on their job).
+FLAG_KINDS: Final = tuple(d.kind for d in DETECTORS) + tuple(d.kind for d in GPU_DETECTORS)
+CAUSES: Final = names.OfuLossCause.ALL
+CAUSE_WORDS: Final = {
+    names.OfuLossCause.IDLE: "idle GPUs",
+    names.OfuLossCause.CLOCK: "clock held below max",
+    names.OfuLossCause.TENSOR: "tensor pipes not busy",
+}
+_H: Final = 3600.0
 
 
 def format_time(time_ns: int) -> str:
@@ -38,6 +61,20 @@ def plural(count: int, word: str) -> str:
 def share(value: float) -> str:
     """A fraction as a percentage with enough digits to tell small values apart."""
     return f"{value:.1%}" if value >= 0.01 or value == 0 else f"{value * 100:.2g}%"
+
+
+def hours(seconds: float) -> str:
+    """GPU-seconds as GPU-hours, with enough digits for a short run."""
+    value = seconds / _H
+    return f"{value:.2f} GPU-h" if value >= 0.1 or value == 0 else f"{value:.2g} GPU-h"
+
+
+def money(value: float, currency: str | None) -> str:
+    return f"{value:,.2f} {currency or ''}".rstrip()
+
+
+def _sum_causes(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    return {cause: sum(part.get(cause, 0.0) for part in parts) for cause in CAUSES}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -59,6 +96,9 @@ class JobWindow:
     correlation: float | None
     flags_up: frozenset[str]  # the kinds of the flags up in this window
     gpus: int
+    loss: JobLoss | None = None
+    gpu_flags: tuple[GpuFlagReport, ...] = ()  # the job's GPUs flagged (value 1) in this window
+    precision: str | None = None  # the job's gpu.precision in this window
 
     def flag_up(self, kind: str) -> bool:
         return kind in self.flags_up
@@ -103,7 +143,10 @@ class JobSummary:
 
     @property
     def precision(self) -> str | None:
-        return self.attributes.get(names.GPU_PRECISION)
+        """Every precision the job ran in over the record, in the order first seen ("bf16+fp8" for a job that
+        switches): one answer whichever window a reader looks at, as a producer shows it interval by interval."""
+        seen = dict.fromkeys(w.precision for w in self.history if w.precision)
+        return "+".join(seen) if seen else self.attributes.get(names.GPU_PRECISION)
 
     @property
     def windows(self) -> int:
@@ -192,6 +235,61 @@ class JobSummary:
                 found.append(Flag(self, kind, reason, flagged[0].start_ns, len(flagged), active))
         return found
 
+    # --- where the job's OFU was lost, over the run ---
+
+    @property
+    def gpu_time_s(self) -> float:
+        return sum(w.loss.gpu_time_s for w in self.history if w.loss is not None)
+
+    @property
+    def lost_s(self) -> dict[str, float]:
+        return _sum_causes([w.loss.lost_s for w in self.history if w.loss is not None])
+
+    @property
+    def currency(self) -> str | None:
+        return next((w.loss.currency for w in self.history if w.loss is not None and w.loss.currency), None)
+
+    @property
+    def cost(self) -> float | None:
+        costs = [w.loss.cost for w in self.history if w.loss is not None and w.loss.cost is not None]
+        return sum(costs) if costs else None
+
+    @property
+    def cost_lost(self) -> dict[str, float] | None:
+        parts = [w.loss.cost_lost for w in self.history if w.loss is not None and w.loss.cost_lost is not None]
+        return _sum_causes(parts) if parts else None
+
+    @property
+    def energy_j(self) -> float | None:
+        parts = [w.loss.energy_j for w in self.history if w.loss is not None and w.loss.energy_j is not None]
+        return sum(parts) if parts else None
+
+    def loss_shares(self) -> dict[str, float] | None:
+        """OFU and each cause as shares of the run's GPU time (GPU-time weighted): they sum to 1."""
+        total = self.gpu_time_s
+        if total <= 0:
+            return None
+        lost = self.lost_s
+        shares = {cause: lost[cause] / total for cause in CAUSES}
+        return {"ofu": 1.0 - sum(shares.values()), **shares}
+
+    def _sized(self, seconds: float, windows: Sequence[JobWindow]) -> str:
+        """``X GPU-h`` and, where the windows were priced, its cost at their mean price per GPU-hour."""
+        priced = [w.loss for w in windows if w.loss is not None and w.loss.cost is not None and w.loss.gpu_time_s]
+        text = hours(seconds)
+        if priced:
+            price = sum(p.cost or 0.0 for p in priced) / sum(p.gpu_time_s for p in priced) * _H
+            text += f", {money(seconds / _H * price, priced[0].currency)}"
+        return text
+
+    def straggler_gpus(self) -> list[str]:
+        """The GPUs of the job flagged as stragglers, by hw.id (host.name/hw.id where known), in order."""
+        seen: dict[str, None] = {}
+        for w in self.history:
+            for flag in w.gpu_flags:
+                seen.setdefault(_gpu_name(flag), None)
+        return list(seen)
+
     def reasons(self) -> list[str]:
         """Why the job was flagged, in words; empty for a job that never was."""
         return [flag.reason for flag in self.flags()]
@@ -201,6 +299,10 @@ class JobSummary:
             return self._miscount_reason(flagged)
         if kind == REGRESSION:
             return self._regression_reason(flagged)
+        if kind == IDLE:
+            return self._idle_reason(flagged)
+        if kind == STRAGGLER:
+            return self._straggler_reason(flagged)
         # A flag with no sizing of its own: when and for how long it was up.
         since = format_time(flagged[0].start_ns)
         return f"{detector_for(kind).label}: flag up for {plural(len(flagged), 'window')} (from {since})"
@@ -208,9 +310,11 @@ class JobSummary:
     def _miscount_reason(self, flagged: list[JobWindow]) -> str:
         ratio = self.miscount_ratio
         size = f"{ratio:.1f}x" if ratio is not None else "far above"
+        seconds = sum(w.loss.gpu_time_s for w in flagged if w.loss is not None)
+        sized = f", over {self._sized(seconds, flagged)} of GPU time" if _has_loss(flagged) else ""
         return (
             f"suspected FLOP miscount: reported MFU {size} its OFU for {plural(len(flagged), 'window')} "
-            f"(from {format_time(flagged[0].start_ns)})"
+            f"(from {format_time(flagged[0].start_ns)}){sized}"
         )
 
     def _regression_reason(self, flagged: list[JobWindow]) -> str:
@@ -220,10 +324,64 @@ class JobSummary:
             return f"regression: OFU fell below its own baseline from {when} (baseline not in this record)"
         factor = _ratio(baseline, level)
         drop = f"fell {factor:.1f}x below its own baseline" if factor is not None else "fell to zero from its baseline"
+        short = sum(
+            max(0.0, baseline - w.ofu) * w.loss.gpu_time_s for w in flagged if w.ofu is not None and w.loss is not None
+        )
+        sized = f": {self._sized(short, flagged)} lost against its baseline" if _has_loss(flagged) else ""
         return (
             f"regression: OFU {drop} from {when} ({share(baseline)} -> {share(level)}, "
-            f"{plural(len(flagged), 'window')})"
+            f"{plural(len(flagged), 'window')}){sized}"
         )
+
+    def _idle_reason(self, flagged: list[JobWindow]) -> str:
+        idle = sum(w.loss.lost_s.get(names.OfuLossCause.IDLE, 0.0) for w in flagged if w.loss is not None)
+        most = max(w.gpus for w in flagged)
+        return (
+            f"idle allocation: {plural(most, 'GPU')} attributed with no tensor activity for "
+            f"{plural(len(flagged), 'window')} (from {format_time(flagged[0].start_ns)}): "
+            f"{self._sized(idle, flagged)} idle"
+        )
+
+    def _straggler_reason(self, flagged: list[JobWindow]) -> str:
+        parts = []
+        for name in self.straggler_gpus():
+            flags = [(w, f) for w in flagged for f in w.gpu_flags if _gpu_name(f) == name]
+            if not flags:
+                continue
+            ratio = _ratio(sum(f.ofu for _, f in flags), sum(f.job_median_ofu for _, f in flags))
+            reasons = sorted(
+                {f.attributes[names.GPU_THROTTLE_REASON] for _, f in flags if names.GPU_THROTTLE_REASON in f.attributes}
+            )
+            cause = f", clock held down by {' and '.join(THROTTLE_WORDS.get(r, r) for r in reasons)}" if reasons else ""
+            short = sum(max(0.0, f.job_median_ofu - f.ofu) * (w.end_ns - w.start_ns) / 1e9 for w, f in flags)
+            size = f"{ratio:.2f}x" if ratio is not None else "far below"
+            parts.append(
+                f"GPU {name} at {size} the median OFU of its job's other GPUs for {plural(len(flags), 'window')} "
+                f"(from {format_time(flags[0][0].start_ns)}){cause}: {self._sized(short, [w for w, _ in flags])} "
+                f"short of its peers"
+            )
+        return "straggler: " + "; ".join(parts)
+
+
+THROTTLE_WORDS: Final = {
+    names.ThrottleReason.POWER: "its power cap",
+    names.ThrottleReason.THERMAL: "heat (thermal slowdown)",
+    names.ThrottleReason.HW_SLOWDOWN: "a hardware slowdown",
+    names.ThrottleReason.SYNC_BOOST: "sync boost",
+    names.ThrottleReason.APP_CLOCK: "application clocks",
+    names.ThrottleReason.OTHER: "another limit",
+}
+
+
+def _has_loss(windows: Sequence[JobWindow]) -> bool:
+    """Whether the windows carry loss figures (records written before the collector had them do not)."""
+    return any(w.loss is not None for w in windows)
+
+
+def _gpu_name(flag: GpuFlagReport) -> str:
+    host = flag.attributes.get(names.HOST_NAME)
+    gpu = flag.attributes.get(names.HW_ID, "?")
+    return f"{host}/{gpu}" if host else gpu
 
 
 @attrs.frozen
@@ -238,6 +396,18 @@ class FleetSummary:
     fleet_jobs: int = 0  # jobs with an (OFU, MFU) pair behind the last window's correlation and MAE
     peak_gpus: int = 0  # the most GPUs any one window held
     last_width_ns: int | None = None
+    lost_s: Mapping[str, float] = attrs.field(factory=dict)  # the fleet's lost GPU-seconds by cause, over the run
+    cost_lost: Mapping[str, float] | None = None
+    energy_j: float | None = None
+    currency: str | None = None
+
+    @property
+    def lost_total_s(self) -> float:
+        return sum(self.lost_s.values())
+
+    @property
+    def cost_lost_total(self) -> float | None:
+        return sum(self.cost_lost.values()) if self.cost_lost is not None else None
 
     @property
     def gpus(self) -> int:
@@ -255,7 +425,14 @@ def summarize(reports: Sequence[WindowReport]) -> FleetSummary:
     history: dict[str, list[JobWindow]] = {}
     attributes: dict[str, Mapping[str, str]] = {}
     for report in ordered:
+        gpu_flags: dict[str, list[GpuFlagReport]] = {}
+        for flag in report.gpu_flags:
+            if flag.value:
+                gpu_flags.setdefault(flag.job_id, []).append(flag)
         for job in report.jobs:
+            job_gpu_flags = tuple(gpu_flags.get(job.job_id, ()))
+            up = {d.kind for d in DETECTORS if job.flags.get(d.metric.name)}
+            up |= {d.kind for d in GPU_DETECTORS if any(f.metric == d.metric.name for f in job_gpu_flags)}
             history.setdefault(job.job_id, []).append(
                 JobWindow(
                     report.start_ns,
@@ -263,14 +440,19 @@ def summarize(reports: Sequence[WindowReport]) -> FleetSummary:
                     finite_or_none(job.ofu),
                     finite_or_none(job.mfu),
                     finite_or_none(job.correlation),
-                    frozenset(d.kind for d in DETECTORS if job.flags.get(d.metric.name)),
+                    frozenset(up),
                     job.gpus,
+                    job.loss,
+                    job_gpu_flags,
+                    job.attributes.get(names.GPU_PRECISION),
                 )
             )
             if job.attributes:
                 attributes[job.job_id] = job.attributes  # the latest that said anything
     jobs = tuple(JobSummary(job_id, attributes.get(job_id, {}), tuple(history[job_id])) for job_id in sorted(history))
     last = ordered[-1] if ordered else None
+    fleet_costs = [r.fleet.loss.cost_lost for r in ordered if r.fleet.loss.cost_lost is not None]
+    energies = [r.fleet.loss.energy_j for r in ordered if r.fleet.loss.energy_j is not None]
     return FleetSummary(
         windows=len(ordered),
         start_ns=min(r.start_ns for r in ordered) if ordered else None,
@@ -282,4 +464,8 @@ def summarize(reports: Sequence[WindowReport]) -> FleetSummary:
         fleet_jobs=last.fleet.jobs if last else 0,
         peak_gpus=max((sum(group.gpus for group in r.groups) for r in ordered), default=0),
         last_width_ns=last.end_ns - last.start_ns if last else None,
+        lost_s=_sum_causes([r.fleet.loss.lost_s for r in ordered]),
+        cost_lost=_sum_causes(fleet_costs) if fleet_costs else None,
+        energy_j=sum(energies) if energies else None,
+        currency=next((r.fleet.loss.currency for r in ordered if r.fleet.loss.currency), None),
     )

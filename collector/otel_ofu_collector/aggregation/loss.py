@@ -1,0 +1,172 @@
+"""Where a job's OFU is lost, and what it costs: pure arithmetic over one window's per-GPU values.
+
+Per GPU, from its window means (OFU ``O``, tensor pipe activity ``T``, SM clock ``f``):
+
+    idle   = 1 - O when the GPU had no tensor activity all window (T < IDLE_TENSOR_ACTIVE), else 0
+    clock  = T x (1 - r), r = min(1, f / f_ref), clamped to [0, T - O]      (0 for an idle GPU)
+    tensor = 1 - O - idle - clock                                            (0 for an idle GPU)
+
+"No tensor activity" allows a stray kernel: tensor pipes active under 1% of the window do no work worth
+the allocation, and an idle GPU's whole 1 - O is idle loss.
+
+``f_ref`` is the clock OFU itself is measured against: the tensor clock of the GPU model where the catalog
+knows it (the clock the datasheet's dense peak is specified at: an SM boosting above it adds no tensor
+FLOPs, so it is no loss either), the board's maximum SM clock otherwise. Since the producer's OFU is
+``T x r x calibration``, ``T - O = T(1 - r) + T r (1 - calibration)``: the clock term is the first part,
+and calibration's share (tile quantization: tensor pipes busy on padding) stays in ``tensor``, as tensor
+work that did no useful FLOPs. The clamp keeps every share >= 0 when window means of separate gauges do
+not multiply exactly; without a clock reading ``clock`` is 0 and the whole ``T - O`` reads as ``tensor``;
+without ``T`` (a producer that sends only ``gpu.ofu``), ``T`` is taken as ``O``: everything lost is tensor.
+
+Per job: each share is the plain mean over its GPUs, as ``job.ofu`` is, and the job's ``tensor`` share is
+taken as ``1 - OFU - idle - clock`` of those means, so ``OFU + idle + clock + tensor = 1`` holds to the
+last bit of that one subtraction. GPU-seconds lost by cause = sum over GPUs of share x the GPU's seconds.
+Energy, FLOPs per joule, cost and emissions are sums over the GPUs that have the inputs (see ``GpuLoss``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from otel_ofu import names
+from otel_ofu_collector.results import FleetLoss, JobLoss
+
+CAUSES = names.OfuLossCause.ALL
+IDLE, CLOCK, TENSOR = names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.OfuLossCause.TENSOR
+IDLE_TENSOR_ACTIVE = 0.01  # mean tensor pipe activity below which a GPU did no tensor work in the window
+J_PER_KWH = 3.6e6
+S_PER_HOUR = 3600.0
+
+
+@attrs.frozen
+class GpuLoss:
+    """One GPU's split of 1 - OFU in one window, and its inputs to the job's sums."""
+
+    ofu: float
+    tensor_active: float  # T as used (O where T was not reported)
+    idle: float
+    clock: float
+    tensor: float
+    seconds: float  # GPU-seconds in the window
+    energy_j: float | None  # None: no energy counter nor power reading
+    flops: float | None  # achieved FLOPs in the window (None where the dense peak is not known)
+    price: float | None  # per GPU-hour, None: not priced
+
+    @property
+    def is_idle(self) -> bool:
+        """No tensor activity all window: its whole 1 - OFU is idle loss."""
+        return self.tensor_active < IDLE_TENSOR_ACTIVE
+
+
+def split_gpu(
+    ofu: float,
+    tensor_active: float | None,
+    clock_ratio: float | None,
+    *,
+    seconds: float,
+    energy_j: float | None = None,
+    flops_per_s: float | None = None,
+    price: float | None = None,
+) -> GpuLoss:
+    """One GPU's split (see the module doc); ``clock_ratio`` is ``min(1, f / f_ref)`` or None when unknown."""
+    tpa = ofu if tensor_active is None else max(tensor_active, ofu)
+    if tpa < IDLE_TENSOR_ACTIVE:
+        return GpuLoss(ofu, tpa, 1.0 - ofu, 0.0, 0.0, seconds, energy_j, _flops(flops_per_s, seconds), price)
+    clock = 0.0
+    if clock_ratio is not None:
+        clock = min(max(tpa * (1.0 - clock_ratio), 0.0), tpa - ofu)
+    tensor = 1.0 - ofu - clock
+    return GpuLoss(ofu, tpa, 0.0, clock, tensor, seconds, energy_j, _flops(flops_per_s, seconds), price)
+
+
+def _flops(flops_per_s: float | None, seconds: float) -> float | None:
+    return None if flops_per_s is None else flops_per_s * seconds
+
+
+def clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, tensor_clock_hz: float | None) -> float | None:
+    """``min(1, f / f_ref)``: the tensor clock where known, else the board's max; None without the clocks."""
+    reference = tensor_clock_hz if tensor_clock_hz else max_clock_hz
+    if sm_clock_hz is None or not reference or reference <= 0.0:
+        return None
+    return min(1.0, max(0.0, sm_clock_hz / reference))
+
+
+def job_loss(
+    gpus: Iterable[GpuLoss],
+    *,
+    currency: str | None,
+    pue: float = 1.0,
+    grid_intensity: float | None = None,
+) -> JobLoss | None:
+    """The job's window values from its GPUs' splits; None for a job without GPUs in the window."""
+    parts = list(gpus)
+    if not parts:
+        return None
+    n = len(parts)
+    ofu = sum(g.ofu for g in parts) / n
+    idle = sum(g.idle for g in parts) / n
+    clock = sum(g.clock for g in parts) / n
+    shares = {IDLE: idle, CLOCK: clock, TENSOR: 1.0 - ofu - idle - clock}
+    lost = dict.fromkeys(CAUSES, 0.0)
+    seconds = 0.0
+    energy: float | None = None
+    flops = 0.0
+    flops_energy = 0.0
+    cost: float | None = None
+    cost_lost: dict[str, float] | None = None
+    for g in parts:
+        seconds += g.seconds
+        own = {IDLE: g.idle, CLOCK: g.clock, TENSOR: g.tensor}
+        for cause in CAUSES:
+            lost[cause] += own[cause] * g.seconds
+        if g.energy_j is not None:
+            energy = g.energy_j if energy is None else energy + g.energy_j
+            if g.flops is not None:
+                flops += g.flops
+                flops_energy += g.energy_j
+        if g.price is not None:
+            hours = g.seconds / S_PER_HOUR
+            cost = (cost or 0.0) + g.price * hours
+            if cost_lost is None:
+                cost_lost = dict.fromkeys(CAUSES, 0.0)
+            for cause in CAUSES:
+                cost_lost[cause] += g.price * own[cause] * hours
+    return JobLoss(
+        gpu_time_s=seconds,
+        shares=shares,
+        lost_s=lost,
+        energy_j=energy,
+        flops_per_joule=flops / flops_energy if flops_energy > 0.0 else None,
+        cost=cost,
+        cost_lost=cost_lost,
+        emissions_kg=emissions_kg(energy, pue, grid_intensity),
+        currency=currency if cost is not None else None,
+    )
+
+
+def emissions_kg(energy_j: float | None, pue: float, grid_intensity: float | None) -> float | None:
+    """kg CO2e: facility energy (GPU energy x PUE, in kWh) x the grid's intensity (kg CO2e per kWh)."""
+    if energy_j is None or grid_intensity is None:
+        return None
+    return energy_j / J_PER_KWH * pue * grid_intensity
+
+
+def fleet_loss(jobs: Iterable[JobLoss], energy_j: float | None, currency: str | None) -> FleetLoss:
+    """The fleet's totals: lost time and cost summed over its jobs; ``energy_j`` over all its GPUs."""
+    lost: dict[str, float] = {}
+    cost_lost: dict[str, float] | None = None
+    for job in jobs:
+        for cause, seconds in job.lost_s.items():
+            lost[cause] = lost.get(cause, 0.0) + seconds
+        if job.cost_lost is not None:
+            cost_lost = cost_lost or {}
+            for cause, value in job.cost_lost.items():
+                cost_lost[cause] = cost_lost.get(cause, 0.0) + value
+    return FleetLoss(lost, energy_j, cost_lost, currency if cost_lost is not None else None)
+
+
+def shares_total(ofu: float, shares: Mapping[str, float]) -> float:
+    """OFU plus every cause's share: 1 by construction (what the tests check on real windows)."""
+    return ofu + sum(shares[cause] for cause in CAUSES)

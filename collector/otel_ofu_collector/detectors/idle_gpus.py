@@ -1,0 +1,41 @@
+"""``job.gpus.idle``: GPUs attributed to the job with no tensor activity for ``idle_windows`` windows running.
+
+Counted per window: the job's GPUs whose tensor pipes were inactive all window (``gpu.tensor.active`` 0, or
+OFU 0 where activity is not reported) for ``idle_windows`` consecutive windows of the job. A window in which
+the job has no GPU says nothing (not assessable); a GPU missing from a window starts its count afresh.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from otel_ofu import names
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.detectors.base import JobWindowValues
+
+
+@attrs.define
+class _IdleGpus:
+    windows: int
+    runs: dict[str, int] = attrs.field(factory=dict)  # idle GPU (stream key) -> consecutive idle windows
+
+    def assess(self, window: JobWindowValues) -> int | None:
+        if not window.gpus:
+            return None
+        runs = self.runs
+        self.runs = {key: runs.get(key, 0) + 1 for key in window.idle_gpus}
+        return sum(1 for run in self.runs.values() if run >= self.windows)
+
+
+@attrs.frozen
+class IdleGpus:
+    metric: names.MetricSpec = names.JOB_GPUS_IDLE
+    record_key: str = "gpus_idle"
+    kind: str = "idle"
+    label: str = "idle GPUs"
+
+    def start(self, config: AggregatorConfig) -> _IdleGpus:
+        return _IdleGpus(config.idle_windows)
+
+
+DETECTOR = IdleGpus()
