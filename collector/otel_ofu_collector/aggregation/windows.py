@@ -639,7 +639,11 @@ class Aggregator:
         fleet = self._fleet_report(end)
         job_losses = [job.loss for job in job_reports if job.loss is not None]
         fleet = attrs.evolve(fleet, loss=loss.fleet_loss(job_losses, self._fleet_energy(window), self._currency()))
-        gpu_flags, self._gpu_flag_reports = tuple(self._gpu_flag_reports), []
+        # In a stable order, whatever order the GPUs' points arrived in: the same data gives the same outputs.
+        gpu_flags = tuple(
+            sorted(self._gpu_flag_reports, key=lambda r: (r.job_id, r.metric, sorted(r.attributes.items())))
+        )
+        self._gpu_flag_reports = []
         return WindowReport(start, end, groups, tuple(job_reports), fleet, gpu_flags)
 
     def _currency(self) -> str | None:
