@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from otel_ofu.sources.nvml import NvmlSource
+from otel_ofu.testing import fake_nvml
+from otel_ofu.testing.fake_nvml import FakeNvml
+from tests.nvml_helpers import ManualClock
 
 
 def _require(available: bool, reason: str) -> None:
@@ -27,3 +32,36 @@ def require() -> Callable[[bool, str], None]:
 def shared_fixtures() -> Path:
     """The real dcgm-exporter and dcgmi output in tests/data."""
     return Path(__file__).parent / "data"
+
+
+# --- the NVML source against the fake NVML library (real pynvml, no Python-level mocking) -------------
+
+
+@pytest.fixture
+def fake(require: Callable[[bool, str], None]) -> Iterator[FakeNvml]:
+    """The fake NVML library, built from C source and installed for pynvml, reset after the test."""
+    require(fake_nvml.compiler() is not None, "gcc not found: the fake NVML library is built from C source")
+    fake = FakeNvml.build()
+    with fake.installed():
+        yield fake
+    fake.reset()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def open_source(fake: FakeNvml, clock: ManualClock) -> Iterator[Callable[[], NvmlSource]]:
+    """``open_source()``: an NvmlSource on the fake library and the test's clock, closed when the test ends."""
+    opened: list[NvmlSource] = []
+
+    def open_() -> NvmlSource:
+        source = NvmlSource(host="node-1", clock=clock, background=False)
+        opened.append(source)
+        return source
+
+    yield open_
+    for source in opened:
+        source.close()
