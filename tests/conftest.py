@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,6 +27,15 @@ def _require(available: bool, reason: str) -> None:
 @pytest.fixture
 def require() -> Callable[[bool, str], None]:
     return _require
+
+
+@pytest.fixture
+def promtool(require: Callable[[bool, str], None]) -> str:
+    """The real promtool (Debian package prometheus: tests/setup installs it)."""
+    found = shutil.which("promtool")
+    require(found is not None, "promtool (Debian package prometheus) is not installed")
+    assert found is not None
+    return found
 
 
 @pytest.fixture

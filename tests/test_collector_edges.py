@@ -7,7 +7,6 @@ import http.client
 import logging
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -290,10 +289,7 @@ def test_a_bearer_token_on_the_command_line_is_warned_about_once(tmp_path: Any) 
 # --- 12. promtool --------------------------------------------------------------------------------------
 
 
-def test_the_prometheus_exposition_passes_promtool_check_metrics(require: Callable[[bool, str], None]) -> None:
-    promtool = shutil.which("promtool")
-    require(promtool is not None, "promtool is not installed (Debian package prometheus, tests/setup)")
-    assert promtool is not None
+def test_the_prometheus_exposition_passes_promtool_check_metrics(promtool: str) -> None:
     window = 60 * S
     start = T0 - T0 % window
     options = CollectorOptions(
