@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 
+from otel_ofu.attribution import podresources_pb2_grpc as pb_grpc
 from otel_ofu.sources.nvml import NvmlSource
 from otel_ofu.testing import fake_nvml
 from otel_ofu.testing.fake_nvml import FakeNvml
+from otel_ofu.testing.pki import Pki, make_pki
+from tests.k8s_helpers import FakeKubelet
 from tests.nvml_helpers import ManualClock
 
 
@@ -75,3 +81,38 @@ def open_source(fake: FakeNvml, clock: ManualClock) -> Iterator[Callable[[], Nvm
     yield open_
     for source in opened:
         source.close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA with server and client certificates for 127.0.0.1, once per module."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+# --- Kubernetes: a fake kubelet's PodResources over real gRPC on a unix socket ----------------------
+
+
+@pytest.fixture
+def socket_path(tmp_path: Path) -> Iterator[Path]:
+    # AF_UNIX paths are limited to 107 bytes; pytest's tmp_path can be longer than that.
+    if len(str(tmp_path / "kubelet.sock")) < 100:
+        yield tmp_path / "kubelet.sock"
+        return
+    short = Path(tempfile.mkdtemp(prefix="ofu-k8s-"))
+    try:
+        yield short / "kubelet.sock"
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(socket_path: Path) -> Iterator[FakeKubelet]:
+    fake = FakeKubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_PodResourcesListerServicer_to_server(fake, server)
+    server.add_insecure_port(f"unix://{socket_path}")
+    server.start()
+    try:
+        yield fake
+    finally:
+        server.stop(grace=None).wait()
