@@ -54,13 +54,20 @@ def shared_fixtures() -> Path:
 
 
 @pytest.fixture
-def fake(require: Callable[[bool, str], None]) -> Iterator[FakeNvml]:
-    """The fake NVML library, built from C source and installed for pynvml, reset after the test."""
+def fake_library(require: Callable[[bool, str], None]) -> Iterator[FakeNvml]:
+    """The fake NVML library built from C source, not installed (a test may pass its path), reset after."""
     require(fake_nvml.compiler() is not None, "gcc not found: the fake NVML library is built from C source")
     fake = FakeNvml.build()
-    with fake.installed():
-        yield fake
+    yield fake
+    fake.uninstall()  # what the test ran may have pointed pynvml at it
     fake.reset()
+
+
+@pytest.fixture
+def fake(fake_library: FakeNvml) -> Iterator[FakeNvml]:
+    """The fake NVML library installed for pynvml for the whole test."""
+    with fake_library.installed():
+        yield fake_library
 
 
 @pytest.fixture
