@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from otel_ofu import names
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# Every attribute key of the vocabulary (dotted OTel keys, and the quantile keys): what a generated query
+# may group or filter by.
+ATTRIBUTE_KEYS = {
+    value
+    for key, value in vars(names).items()
+    if key.isupper()
+    and isinstance(value, str)
+    and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile|ofu_quantile", value)
+}
 
 
 def load_generator(folder: str) -> ModuleType:

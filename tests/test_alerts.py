@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from otel_ofu import names
 from otel_ofu.prometheus_names import label_name, metric_name
-from tests.example_checks import EXAMPLES, load_generator, unparsed_paths
+from tests.example_checks import ATTRIBUTE_KEYS, EXAMPLES, load_generator, unparsed_paths
 
 ALERTS = EXAMPLES / "alerts"
 
@@ -29,13 +29,6 @@ generate = load_generator("alerts")
 
 OUTPUT_SPECS = (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS)
 METRIC_NAMES = {spec.name for spec in OUTPUT_SPECS}
-ATTRIBUTE_KEYS = {
-    value
-    for key, value in vars(names).items()
-    if key.isupper()
-    and isinstance(value, str)
-    and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile|ofu_quantile", value)
-}
 ALERT_NAMES = {alert.name for alert in generate.ALERTS}
 
 

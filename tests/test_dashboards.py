@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from otel_ofu import names
-from tests.example_checks import EXAMPLES, load_generator, unparsed_paths
+from tests.example_checks import ATTRIBUTE_KEYS, EXAMPLES, load_generator, unparsed_paths
 
 DASHBOARDS = EXAMPLES / "dashboards"
 
@@ -22,13 +22,6 @@ generate = load_generator("dashboards")
 METRIC_NAMES = {
     spec.name
     for spec in (*names.PRODUCER_METRICS, *names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS, names.JOB_MFU)
-}
-ATTRIBUTE_KEYS = {
-    value
-    for key, value in vars(names).items()
-    if key.isupper()
-    and isinstance(value, str)
-    and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile|ofu_quantile", value)
 }
 
 
