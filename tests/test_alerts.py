@@ -7,14 +7,11 @@ models with nothing unparsed; Honeycomb triggers follow the Triggers API's docum
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -23,31 +20,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from otel_ofu import names
 from otel_ofu.prometheus_names import label_name, metric_name
+from tests.example_checks import ATTRIBUTE_KEYS, EXAMPLES, load_generator, unparsed_paths
 
-ALERTS = Path(__file__).resolve().parents[1] / "examples" / "alerts"
-Require = Callable[[bool, str], None]
-
-
-def _load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("alerts_generate", ALERTS / "generate.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+ALERTS = EXAMPLES / "alerts"
 
 
-generate = _load_generator()
+generate = load_generator("alerts")
 
 OUTPUT_SPECS = (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS)
 METRIC_NAMES = {spec.name for spec in OUTPUT_SPECS}
-ATTRIBUTE_KEYS = {
-    value
-    for key, value in vars(names).items()
-    if key.isupper()
-    and isinstance(value, str)
-    and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile|ofu_quantile", value)
-}
 ALERT_NAMES = {alert.name for alert in generate.ALERTS}
 
 
@@ -65,14 +46,6 @@ def test_generator_check_mode_passes_on_committed_files_and_catches_a_stale_one(
 
 
 # --- Prometheus: promtool itself --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def promtool(require: Require) -> str:
-    found = shutil.which("promtool")
-    require(found is not None, "promtool (Debian package prometheus) is not installed")
-    assert found is not None
-    return found
 
 
 def _promtool(promtool: str, *args: str, cwd: Path = ALERTS) -> subprocess.CompletedProcess[str]:
@@ -162,27 +135,6 @@ def test_rules_query_only_series_the_collector_exposes() -> None:
 # --- Datadog: the official client's Monitor model ----------------------------------------------------------
 
 
-def _unparsed_paths(node: Any, path: str = "monitor") -> list[str]:
-    """Paths of every part the datadog-api-client could keep only as an unparsed object."""
-    from datadog_api_client.model_utils import OpenApiModel, UnparsedObject
-
-    if isinstance(node, UnparsedObject) or getattr(node, "_unparsed", False):
-        return [path]
-    found: list[str] = []
-    if isinstance(node, OpenApiModel):
-        for key, value in node._data_store.items():
-            found += _unparsed_paths(value, f"{path}.{key}")
-        for index, instance in enumerate(getattr(node, "_composed_instances", ())):
-            found += _unparsed_paths(instance, f"{path}<{index}>")
-    elif isinstance(node, list | tuple):
-        for index, item in enumerate(node):
-            found += _unparsed_paths(item, f"{path}[{index}]")
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            found += _unparsed_paths(value, f"{path}.{key}")
-    return found
-
-
 def _monitor(monitor: dict[str, Any]) -> Any:
     from datadog_api_client import ApiClient, Configuration
     from datadog_api_client.v1.model.monitor import Monitor
@@ -199,7 +151,7 @@ def _datadog_monitors() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("index", range(len(generate.datadog_monitors())))
 def test_datadog_monitor_loads_in_the_official_client_with_nothing_unparsed(index: int) -> None:
     monitor = _monitor(_datadog_monitors()[index])
-    assert _unparsed_paths(monitor) == []
+    assert unparsed_paths(monitor, "monitor") == []
     assert str(monitor.type) == "query alert"
     assert monitor.options.thresholds.critical is not None
 

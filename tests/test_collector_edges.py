@@ -7,7 +7,6 @@ import http.client
 import logging
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -79,18 +78,22 @@ class Receivers:
     grpc: GrpcReceiver
 
 
+def serving(sink: RecordingSink, gate: Gate, http: HttpReceiver, grpc_receiver: GrpcReceiver) -> Iterator[Receivers]:
+    """Both receivers started on one decoder and gate for as long as the fixture holds, then stopped."""
+    http.start()
+    grpc_receiver.start()
+    yield Receivers(sink, gate, http, grpc_receiver)
+    grpc_receiver.stop(0)
+    http.stop()
+
+
 @pytest.fixture
 def receivers() -> Iterator[Receivers]:
     sink = RecordingSink()
     decoder = Decoder(sink)
     gate = Gate(max_in_flight=2, retry_after_s=1.0)
     http_receiver = HttpReceiver(decoder.decode, gate, "127.0.0.1:0", read_timeout_s=10.0, body_deadline_s=30.0)
-    grpc_receiver = GrpcReceiver(decoder.decode, gate, "127.0.0.1:0")
-    http_receiver.start()
-    grpc_receiver.start()
-    yield Receivers(sink, gate, http_receiver, grpc_receiver)
-    grpc_receiver.stop(0)
-    http_receiver.stop()
+    yield from serving(sink, gate, http_receiver, GrpcReceiver(decoder.decode, gate, "127.0.0.1:0"))
 
 
 # --- 2. slow clients hold no admission meant for work ------------------------------------------------
@@ -290,10 +293,7 @@ def test_a_bearer_token_on_the_command_line_is_warned_about_once(tmp_path: Any) 
 # --- 12. promtool --------------------------------------------------------------------------------------
 
 
-def test_the_prometheus_exposition_passes_promtool_check_metrics(require: Callable[[bool, str], None]) -> None:
-    promtool = shutil.which("promtool")
-    require(promtool is not None, "promtool is not installed (Debian package prometheus, tests/setup)")
-    assert promtool is not None
+def test_the_prometheus_exposition_passes_promtool_check_metrics(promtool: str) -> None:
     window = 60 * S
     start = T0 - T0 % window
     options = CollectorOptions(
@@ -375,12 +375,7 @@ def fuzzed() -> Iterator[Receivers]:
     http_receiver = HttpReceiver(
         decoder.decode, gate, "127.0.0.1:0", read_timeout_s=0.5, body_deadline_s=1.0, header_deadline_s=1.0
     )
-    grpc_receiver = GrpcReceiver(decoder.decode, gate, "127.0.0.1:0")
-    http_receiver.start()
-    grpc_receiver.start()
-    yield Receivers(sink, gate, http_receiver, grpc_receiver)
-    grpc_receiver.stop(0)
-    http_receiver.stop()
+    yield from serving(sink, gate, http_receiver, GrpcReceiver(decoder.decode, gate, "127.0.0.1:0"))
 
 
 _GRPC_ANSWERS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}

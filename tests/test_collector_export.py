@@ -238,13 +238,19 @@ class BlockingTransport:
         self.events.append("closed")
 
 
-def test_stop_lets_a_send_in_flight_finish_and_remove_its_request(tmp_path: Path) -> None:
+def send_in_flight(tmp_path: Path) -> tuple[str, BlockingTransport, Delivery]:
+    """A spooled delivery whose one request's send is running (and blocked until the test releases it)."""
     spool_path = str(tmp_path / "spool.sqlite")
     transport = BlockingTransport()
     delivery = Delivery(transport, SqliteSpool(spool_path))
     delivery.submit(payload("w1"))
     delivery.start()
     assert transport.inside.wait(10)
+    return spool_path, transport, delivery
+
+
+def test_stop_lets_a_send_in_flight_finish_and_remove_its_request(tmp_path: Path) -> None:
+    spool_path, transport, delivery = send_in_flight(tmp_path)
     left: list[int] = []
     stopper = threading.Thread(target=lambda: left.append(delivery.stop(10)))
     stopper.start()
@@ -256,12 +262,7 @@ def test_stop_lets_a_send_in_flight_finish_and_remove_its_request(tmp_path: Path
 
 
 def test_stop_does_not_wait_for_a_send_in_flight_past_its_deadline(tmp_path: Path) -> None:
-    spool_path = str(tmp_path / "spool.sqlite")
-    transport = BlockingTransport()
-    delivery = Delivery(transport, SqliteSpool(spool_path))
-    delivery.submit(payload("w1"))
-    delivery.start()
-    assert transport.inside.wait(10)
+    spool_path, transport, delivery = send_in_flight(tmp_path)
     assert delivery.stop(0) == 1  # returned while the send still hangs: the shutdown grace holds
     assert transport.events == []  # and closed nothing under it
     transport.release.set()

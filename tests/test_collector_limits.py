@@ -28,7 +28,8 @@ from otel_ofu_collector.outputs.split import split_request
 from otel_ofu_collector.outputs.transports import DownstreamConfig, GrpcTransport, SendOutcome
 from otel_ofu_collector.receivers.otlp_grpc import SERVICE_NAME as OTLP_SERVICE
 from otel_ofu_collector.receivers.otlp_grpc import retry_trailers
-from otel_ofu_collector.service import CollectorOptions, CollectorService
+from otel_ofu_collector.service import CollectorService
+from tests.collector_helpers import collector_options as options
 
 S = 1_000_000_000
 W0 = 1_700_000_040 * S  # a multiple of 60 s
@@ -40,20 +41,6 @@ GRPC_DEFAULT_LIMIT = 4 * 1024 * 1024  # what a gRPC server (the sink among them)
 def sink() -> Iterator[OtlpSink]:
     with OtlpSink.start(hold_limit_s=5) as started:
         yield started
-
-
-def options(sink: OtlpSink | None, **overrides: Any) -> CollectorOptions:
-    settings: dict[str, Any] = {
-        "aggregator": AggregatorConfig(window_s=60.0, lateness_s=10.0),
-        "grpc_listen": None,
-        "export_endpoint": sink.grpc_endpoint if sink else None,
-        "flush_interval_s": 0.0,
-        "initial_backoff_s": 0.01,
-        "max_backoff_s": 0.05,
-        "instance_id": "test-1",
-    }
-    settings.update(overrides)
-    return CollectorOptions(**settings)
 
 
 def points_of(requests: list[Any], name: str) -> list[Any]:

@@ -36,6 +36,7 @@ from otel_ofu_collector.outputs.transports import SendOutcome
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, GrpcReceiver
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, CollectorOptions, CollectorService
+from tests.collector_helpers import collector_options
 
 S = 1_000_000_000
 W0 = 1_700_000_040 * S  # a multiple of 60 s: windows are aligned to the epoch
@@ -77,17 +78,9 @@ def metric_names(sink: OtlpSink) -> set[str]:
 
 
 def options(sink: OtlpSink | None, **overrides: Any) -> CollectorOptions:
-    settings: dict[str, Any] = {
-        "aggregator": AggregatorConfig(window_s=60.0, lateness_s=10.0, miscount_windows=2),
-        "grpc_listen": "127.0.0.1:0",
-        "export_endpoint": sink.grpc_endpoint if sink else None,
-        "flush_interval_s": 0.0,
-        "initial_backoff_s": 0.01,
-        "max_backoff_s": 0.05,
-        "instance_id": "test-1",
-    }
-    settings.update(overrides)
-    return CollectorOptions(**settings)
+    """With a gRPC receiver on a free port and the miscount flag after two windows."""
+    aggregator = AggregatorConfig(window_s=60.0, lateness_s=10.0, miscount_windows=2)
+    return collector_options(sink, **{"aggregator": aggregator, "grpc_listen": "127.0.0.1:0", **overrides})
 
 
 @pytest.fixture

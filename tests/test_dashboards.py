@@ -3,44 +3,25 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import re
-import shutil
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from otel_ofu import names
+from tests.example_checks import ATTRIBUTE_KEYS, EXAMPLES, load_generator, unparsed_paths
 
-DASHBOARDS = Path(__file__).resolve().parents[1] / "examples" / "dashboards"
-
-
-def _load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dashboards_generate", DASHBOARDS / "generate.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+DASHBOARDS = EXAMPLES / "dashboards"
 
 
-generate = _load_generator()
+generate = load_generator("dashboards")
 
 METRIC_NAMES = {
     spec.name
     for spec in (*names.PRODUCER_METRICS, *names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS, names.JOB_MFU)
-}
-ATTRIBUTE_KEYS = {
-    value
-    for key, value in vars(names).items()
-    if key.isupper()
-    and isinstance(value, str)
-    and re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+|quantile|ofu_quantile", value)
 }
 
 
@@ -57,27 +38,6 @@ def test_generator_check_mode_passes_on_committed_files() -> None:
 # --- Datadog: the official client must parse every part into its model classes ----------------------
 
 
-def _unparsed_paths(node: Any, path: str = "dashboard") -> list[str]:
-    """Paths of every part the datadog-api-client could keep only as an unparsed object."""
-    from datadog_api_client.model_utils import OpenApiModel, UnparsedObject
-
-    if isinstance(node, UnparsedObject) or getattr(node, "_unparsed", False):
-        return [path]
-    found: list[str] = []
-    if isinstance(node, OpenApiModel):
-        for key, value in node._data_store.items():
-            found += _unparsed_paths(value, f"{path}.{key}")
-        for index, instance in enumerate(getattr(node, "_composed_instances", ())):
-            found += _unparsed_paths(instance, f"{path}<{index}>")
-    elif isinstance(node, list | tuple):
-        for index, item in enumerate(node):
-            found += _unparsed_paths(item, f"{path}[{index}]")
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            found += _unparsed_paths(value, f"{path}.{key}")
-    return found
-
-
 def _datadog_parse(text: str) -> Any:
     from datadog_api_client import ApiClient, Configuration
     from datadog_api_client.v1.model.dashboard import Dashboard
@@ -88,7 +48,7 @@ def _datadog_parse(text: str) -> Any:
 
 def test_datadog_dashboard_loads_in_the_official_client_with_nothing_unparsed() -> None:
     dashboard = _datadog_parse((DASHBOARDS / "datadog.json").read_text())
-    assert _unparsed_paths(dashboard) == []
+    assert unparsed_paths(dashboard, "dashboard") == []
     kinds = [type(widget.definition._composed_instances[0]).__name__ for widget in dashboard.widgets]
     assert "TimeseriesWidgetDefinition" in kinds
     assert "ToplistWidgetDefinition" in kinds
@@ -98,7 +58,7 @@ def test_datadog_dashboard_loads_in_the_official_client_with_nothing_unparsed() 
 def test_datadog_check_catches_a_broken_widget() -> None:
     broken = copy.deepcopy(generate.datadog_dashboard())
     broken["widgets"][0]["definition"]["requests"][0]["queries"][0]["data_source"] = "no-such-source"
-    assert _unparsed_paths(_datadog_parse(json.dumps(broken))) != []
+    assert unparsed_paths(_datadog_parse(json.dumps(broken)), "dashboard") != []
 
 
 def test_datadog_queries_use_only_contract_names() -> None:
@@ -212,11 +172,8 @@ def test_grafana_shows_where_ofu_is_lost_and_what_it_costs() -> None:
         assert generate.prometheus_name(spec.name) in text, spec.name
 
 
-def test_grafana_exprs_parse_as_promql(tmp_path: Path, require: Callable[[bool, str], None]) -> None:
+def test_grafana_exprs_parse_as_promql(tmp_path: Path, promtool: str) -> None:
     """promtool parses every panel's expression (template variables given their "All" value)."""
-    promtool = shutil.which("promtool")
-    require(promtool is not None, "promtool (Debian package prometheus) is not installed")
-    assert promtool is not None
     dashboard = json.loads((DASHBOARDS / "grafana.json").read_text())
     rules = [
         {

@@ -6,29 +6,20 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator, Sequence
-from concurrent import futures
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
-import grpc
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_ofu import names
 from otel_ofu.attribution import build_chain
-from otel_ofu.attribution import podresources_pb2_grpc as pb_grpc
 from otel_ofu.attribution.kubernetes import KubernetesAttributor
 from otel_ofu.attribution.kubernetes_pods import PodDirectory, pods_url
 from otel_ofu.attribution.podresources_pb2 import (
-    ContainerDevices,
-    ContainerResources,
-    ListPodResourcesRequest,
     ListPodResourcesResponse,
-    PodResources,
 )
 from otel_ofu.commands import run
 from otel_ofu.mfu import MfuReporter
@@ -36,64 +27,10 @@ from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
 from otel_ofu.sources.capture import CaptureWriter
 from otel_ofu.testing.fake_kubernetes import FakeApiServer, jobset_pod, owner, pod, serve
 from otel_ofu.testing.otlp_sink import OtlpSink
-from otel_ofu.testing.pki import Pki, make_pki
+from otel_ofu.testing.pki import Pki
+from tests.k8s_helpers import GPU0, GPU1, GPU2, MIG_A, FakeClock, FakeKubelet, S, allocation, gpu
 
-GPU0 = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
-GPU1 = "GPU-1b2c3d4e-0000-1111-2222-333344445555"
-GPU2 = "GPU-99999999-8888-7777-6666-555544443333"
-MIG_A = "MIG-5a8cdc4a-0e6b-5f39-8e5c-5d52d8ec4a2f"
 MIG_B = "MIG-7f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
-S = 1_000_000_000
-
-
-@attrs.define
-class FakeClock:
-    now: int = 0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-@attrs.define
-class Kubelet(pb_grpc.PodResourcesListerServicer):
-    response: ListPodResourcesResponse = attrs.field(factory=ListPodResourcesResponse)
-
-    def List(self, request: ListPodResourcesRequest, context: grpc.ServicerContext) -> ListPodResourcesResponse:  # noqa: N802
-        return self.response
-
-
-def allocation(name: str, namespace: str, resource: str, device_ids: Sequence[str]) -> PodResources:
-    devices = ContainerDevices(resource_name=resource, device_ids=list(device_ids))
-    return PodResources(
-        name=name, namespace=namespace, containers=[ContainerResources(name="trainer", devices=[devices])]
-    )
-
-
-@pytest.fixture
-def socket_path() -> Iterator[Path]:
-    short = Path(tempfile.mkdtemp(prefix="ofu-k8s-"))  # AF_UNIX paths are limited to 107 bytes
-    try:
-        yield short / "kubelet.sock"
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
-
-
-@pytest.fixture
-def kubelet(socket_path: Path) -> Iterator[Kubelet]:
-    fake = Kubelet()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_PodResourcesListerServicer_to_server(fake, server)
-    server.add_insecure_port(f"unix://{socket_path}")
-    server.start()
-    try:
-        yield fake
-    finally:
-        server.stop(grace=None).wait()
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture
@@ -112,13 +49,6 @@ def api(pki: Pki, service_account: Path) -> Iterator[FakeApiServer]:
         yield served
 
 
-def gpu(uuid: str, index: int, *, mig: int | None = None, mig_uuid: str | None = None) -> GpuIdentity:
-    hints = {} if mig_uuid is None else {names.HINT_MIG_UUID: mig_uuid}
-    return GpuIdentity(
-        uuid=uuid, model="NVIDIA H100 80GB HBM3", index=index, host="node-a", mig_instance_id=mig, hints=hints
-    )
-
-
 def link(socket_path: Path, api: FakeApiServer, service_account: Path, **kwargs: Any) -> KubernetesAttributor:
     pods = PodDirectory(
         url=pods_url(api.url, "node-a"),
@@ -130,7 +60,7 @@ def link(socket_path: Path, api: FakeApiServer, service_account: Path, **kwargs:
 
 
 def test_mig_instances_and_time_sliced_gpus_get_their_pods_jobs(
-    kubelet: Kubelet, api: FakeApiServer, socket_path: Path, service_account: Path
+    kubelet: FakeKubelet, api: FakeApiServer, socket_path: Path, service_account: Path
 ) -> None:
     worker = jobset_pod("llama", "workers", 0, 0)
     api.pods = [
@@ -182,7 +112,7 @@ def test_mig_instances_and_time_sliced_gpus_get_their_pods_jobs(
 
 
 def test_without_the_pod_list_the_pod_still_comes_and_the_chain_falls_back(
-    kubelet: Kubelet, api: FakeApiServer, socket_path: Path, service_account: Path
+    kubelet: FakeKubelet, api: FakeApiServer, socket_path: Path, service_account: Path
 ) -> None:
     kubelet.response = ListPodResourcesResponse(pod_resources=[allocation("p", "n", "nvidia.com/gpu", [GPU0])])
     api.status = 403
@@ -226,7 +156,7 @@ def mfu_reporters_job_id(job_id: str) -> str:
 
 
 def test_a_jobset_worker_joins_its_jobs_mfu_with_no_environment_variable(
-    kubelet: Kubelet,
+    kubelet: FakeKubelet,
     api: FakeApiServer,
     socket_path: Path,
     service_account: Path,

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 
 from otel_ofu.attribution import AttributionError
@@ -22,17 +21,8 @@ from otel_ofu.attribution.kubernetes_pods import (
     resolve_pods_url,
 )
 from otel_ofu.testing.fake_kubernetes import FakeApiServer, jobset_pod, owner, pod, pod_list, serve
-from otel_ofu.testing.pki import Pki, make_pki
-
-S = 1_000_000_000
-
-
-@attrs.define
-class FakeClock:
-    now: int = 0
-
-    def __call__(self) -> int:
-        return self.now
+from otel_ofu.testing.pki import Pki
+from tests.k8s_helpers import FakeClock, S
 
 
 def workload_of(item: dict[str, object], job_label: str | None = None) -> tuple[str, str, str] | None:
@@ -125,11 +115,6 @@ def test_urls_for_the_api_server_the_kubelet_and_in_cluster(monkeypatch: pytest.
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     assert resolve_pods_url("auto") == "https://10.96.0.1:443"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture

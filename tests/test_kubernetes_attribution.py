@@ -3,104 +3,24 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import attrs
 import grpc
 import pytest
 from google.protobuf import descriptor_pb2
 
 from otel_ofu import names
 from otel_ofu.attribution import AttributionError, KubernetesAttributor, build_chain, podresources_pb2
-from otel_ofu.attribution import podresources_pb2_grpc as pb_grpc
 from otel_ofu.attribution.podresources_pb2 import (
     ContainerDevices,
     ContainerResources,
-    ListPodResourcesRequest,
     ListPodResourcesResponse,
     PodResources,
 )
-from otel_ofu.model import GpuIdentity
-
-GPU0 = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
-GPU1 = "GPU-1b2c3d4e-0000-1111-2222-333344445555"
-GPU2 = "GPU-99999999-8888-7777-6666-555544443333"
-MIG_A = "MIG-5a8cdc4a-0e6b-5f39-8e5c-5d52d8ec4a2f"
-S = 1_000_000_000
-
-
-def gpu(uuid: str, index: int, *, mig: int | None = None, mig_uuid: str | None = None) -> GpuIdentity:
-    hints = {} if mig_uuid is None else {names.HINT_MIG_UUID: mig_uuid}
-    return GpuIdentity(
-        uuid=uuid, model="NVIDIA H100 80GB HBM3", index=index, host="n", mig_instance_id=mig, hints=hints
-    )
-
-
-def pod(name: str, namespace: str, container: str, resource: str, device_ids: Sequence[str]) -> PodResources:
-    devices = ContainerDevices(resource_name=resource, device_ids=list(device_ids))
-    return PodResources(
-        name=name, namespace=namespace, containers=[ContainerResources(name=container, devices=[devices])]
-    )
-
-
-@attrs.define
-class FakeClock:
-    now: int = 0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-@attrs.define
-class FakeKubelet(pb_grpc.PodResourcesListerServicer):
-    """Answers List with whatever the test set; can fail on demand."""
-
-    response: ListPodResourcesResponse = attrs.field(factory=ListPodResourcesResponse)
-    fail_with: grpc.StatusCode | None = None
-    calls: int = 0
-    # A slow kubelet: each call moves this clock on by call_ns.
-    clock: FakeClock | None = None
-    call_ns: int = 0
-
-    def List(self, request: ListPodResourcesRequest, context: grpc.ServicerContext) -> ListPodResourcesResponse:  # noqa: N802
-        self.calls += 1
-        if self.clock is not None:
-            self.clock.now += self.call_ns
-        if self.fail_with is not None:
-            context.abort(self.fail_with, "kubelet says no")
-        return self.response
-
-
-@pytest.fixture
-def socket_path(tmp_path: Path) -> Iterator[Path]:
-    # AF_UNIX paths are limited to 107 bytes; pytest's tmp_path can be longer than that.
-    if len(str(tmp_path / "kubelet.sock")) < 100:
-        yield tmp_path / "kubelet.sock"
-        return
-    short = Path(tempfile.mkdtemp(prefix="ofu-k8s-"))
-    try:
-        yield short / "kubelet.sock"
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
-
-
-@pytest.fixture
-def kubelet(socket_path: Path) -> Iterator[FakeKubelet]:
-    fake = FakeKubelet()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    pb_grpc.add_PodResourcesListerServicer_to_server(fake, server)
-    server.add_insecure_port(f"unix://{socket_path}")
-    server.start()
-    try:
-        yield fake
-    finally:
-        server.stop(grace=None).wait()
+from tests.k8s_helpers import GPU0, GPU1, GPU2, MIG_A, FakeClock, FakeKubelet, S, allocation, gpu
 
 
 @pytest.fixture
@@ -116,7 +36,7 @@ def test_gpu_uuids_map_to_pod_namespace_and_container(kubelet: FakeKubelet, link
     kubelet.response = ListPodResourcesResponse(
         pod_resources=[
             PodResources(name="no-gpu", namespace="kube-system", containers=[ContainerResources(name="dns")]),
-            pod("trainer-0", "ml", "pytorch", "nvidia.com/gpu", [GPU0, GPU1]),
+            allocation("trainer-0", "ml", "nvidia.com/gpu", [GPU0, GPU1], container="pytorch"),
         ]
     )
     expected = {
@@ -134,12 +54,12 @@ def test_gpu_uuids_map_to_pod_namespace_and_container(kubelet: FakeKubelet, link
 def test_mig_devices_time_slicing_and_index_ids(kubelet: FakeKubelet, link: KubernetesAttributor) -> None:
     kubelet.response = ListPodResourcesResponse(
         pod_resources=[
-            pod("mig-new", "a", "c", "nvidia.com/mig-1g.10gb", [MIG_A]),
-            pod("mig-old", "b", "c", "nvidia.com/mig-1g.10gb", [f"MIG-{GPU1}/3/0"]),
-            pod("sliced-1", "c", "c", "nvidia.com/gpu", [f"{GPU2}::0"]),
-            pod("sliced-2", "c", "c", "nvidia.com/gpu", [f"{GPU2}::1"]),
-            pod("by-index", "d", "c", "nvidia.com/gpu", ["5"]),
-            pod("not-a-gpu", "e", "c", "example.com/fpga", ["6"]),
+            allocation("mig-new", "a", "nvidia.com/mig-1g.10gb", [MIG_A], container="c"),
+            allocation("mig-old", "b", "nvidia.com/mig-1g.10gb", [f"MIG-{GPU1}/3/0"], container="c"),
+            allocation("sliced-1", "c", "nvidia.com/gpu", [f"{GPU2}::0"], container="c"),
+            allocation("sliced-2", "c", "nvidia.com/gpu", [f"{GPU2}::1"], container="c"),
+            allocation("by-index", "d", "nvidia.com/gpu", ["5"], container="c"),
+            allocation("not-a-gpu", "e", "example.com/fpga", ["6"], container="c"),
         ]
     )
     assert link.attribute(gpu(GPU0, 0, mig=1, mig_uuid=MIG_A))[names.K8S_POD_NAME] == "mig-new"
@@ -166,7 +86,9 @@ def test_a_newer_kubelets_extra_fields_are_skipped(kubelet: FakeKubelet, link: K
 
 def test_one_list_answers_all_gpus_until_it_is_stale(kubelet: FakeKubelet, socket_path: Path) -> None:
     clock = FakeClock()
-    kubelet.response = ListPodResourcesResponse(pod_resources=[pod("p", "n", "c", "nvidia.com/gpu", [GPU0])])
+    kubelet.response = ListPodResourcesResponse(
+        pod_resources=[allocation("p", "n", "nvidia.com/gpu", [GPU0], container="c")]
+    )
     attributor = KubernetesAttributor(socket_path=socket_path, reuse_s=1.0, clock=clock)
     try:
         for index, uuid in enumerate((GPU0, GPU1, GPU2)):
@@ -207,7 +129,9 @@ def test_an_error_status_is_a_one_line_attribution_error_reused_until_stale(
             assert "\n" not in str(raised.value)
         assert kubelet.calls == 1
         kubelet.fail_with = None
-        kubelet.response = ListPodResourcesResponse(pod_resources=[pod("back", "n", "c", "nvidia.com/gpu", [GPU0])])
+        kubelet.response = ListPodResourcesResponse(
+            pod_resources=[allocation("back", "n", "nvidia.com/gpu", [GPU0], container="c")]
+        )
         clock.now += 2 * S
         assert attributor.attribute(gpu(GPU0, 0))[names.K8S_POD_NAME] == "back"
     finally:
@@ -225,7 +149,9 @@ def test_chain_survives_the_kubelet_going_away(
     kubelet: FakeKubelet, socket_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock()
-    kubelet.response = ListPodResourcesResponse(pod_resources=[pod("p", "n", "c", "nvidia.com/gpu", [GPU0])])
+    kubelet.response = ListPodResourcesResponse(
+        pod_resources=[allocation("p", "n", "nvidia.com/gpu", [GPU0], container="c")]
+    )
     chain = build_chain(kubelet_socket=socket_path, static_job_id="node-job", clock=clock)
     try:
         assert chain.attribute(gpu(GPU0, 0)) == {

@@ -2,60 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import attrs
 import pytest
 
 from otel_ofu import gpu_values, names
 from otel_ofu.model import EnergyCounter, GpuReading, Snapshot
 from otel_ofu.sources.nvml import NvmlSource
-from otel_ofu.testing import fake_nvml
 from otel_ofu.testing.fake_nvml import FakeNvml
+from tests.nvml_helpers import SECOND, T0, ManualClock
 
 R = names.ThrottleReason
-SECOND = 1_000_000_000
-T0 = 1_700_000_000 * SECOND
 SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, GPU_IDLE = 0x4, 0x8, 0x20, 0x40, 0x1
-
-
-@attrs.define
-class ManualClock:
-    now: int = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += round(seconds * SECOND)
-
-
-@pytest.fixture
-def fake(require: Callable[[bool, str], None]) -> Iterator[FakeNvml]:
-    require(fake_nvml.compiler() is not None, "gcc not found: the fake NVML library is built from C source")
-    fake = FakeNvml.build()
-    with fake.installed():
-        yield fake
-    fake.reset()
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def open_source(fake: FakeNvml, clock: ManualClock) -> Iterator[Callable[[], NvmlSource]]:
-    opened: list[NvmlSource] = []
-
-    def open_() -> NvmlSource:
-        source = NvmlSource(host="node-1", clock=clock, background=False)
-        opened.append(source)
-        return source
-
-    yield open_
-    for source in opened:
-        source.close()
 
 
 def gpu_reading(snapshot: Snapshot, uuid: str) -> GpuReading:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import attrs
 import pynvml
@@ -17,50 +17,10 @@ from otel_ofu.sources import nvml
 from otel_ofu.sources.nvml import NO_GPM_MESSAGE, NvmlSource
 from otel_ofu.testing import fake_nvml
 from otel_ofu.testing.fake_nvml import FakeNvml
+from tests.nvml_helpers import SECOND, T0, ManualClock
 
 Reason = names.ErrorReason
 Code = names.NvmlReturn
-SECOND = 1_000_000_000
-T0 = 1_700_000_000 * SECOND
-
-
-@attrs.define
-class ManualClock:
-    now: int = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += round(seconds * SECOND)
-
-
-@pytest.fixture
-def fake(require: Callable[[bool, str], None]) -> Iterator[FakeNvml]:
-    require(fake_nvml.compiler() is not None, "gcc not found: the fake NVML library is built from C source")
-    fake = FakeNvml.build()
-    with fake.installed():
-        yield fake
-    fake.reset()
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def open_source(fake: FakeNvml, clock: ManualClock) -> Iterator[Callable[[], NvmlSource]]:
-    opened: list[NvmlSource] = []
-
-    def open_() -> NvmlSource:
-        source = NvmlSource(host="node-1", clock=clock, background=False)
-        opened.append(source)
-        return source
-
-    yield open_
-    for source in opened:
-        source.close()
 
 
 def only_reading(snapshot: Snapshot, uuid: str) -> GpuReading:

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,6 @@ from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot, SourceUn
 from otel_ofu.sources.capture import CaptureWriter, ReplaySource
 from otel_ofu.sources.dcgmi_dmon import DcgmiDmonSource
 from otel_ofu.sources.factory import SOURCE_KINDS, open_source
-from otel_ofu.testing import fake_nvml
 from otel_ofu.testing.fake_nvml import FakeNvml
 
 H100_LABELS = (
@@ -251,19 +250,11 @@ def test_unknown_kind() -> None:
         open_source("gpu")
 
 
-def test_nvml_against_the_fake_library(
-    require: Callable[[bool, str], None], capsys: pytest.CaptureFixture[str]
-) -> None:
-    require(fake_nvml.compiler() is not None, "gcc not found: the fake NVML library is built from C source")
-    fake = FakeNvml.build()
+def test_nvml_against_the_fake_library(fake: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
     busy = fake.add_gpu("NVIDIA H100 80GB HBM3", sm_clock_mhz=1755)
     fake.set_tensor_util(busy, 50.0)
     fake.add_gpu("NVIDIA H100 80GB HBM3", gpm=False)
-    try:
-        with fake.installed():
-            code, lines, output = run_snapshot(["--source", "nvml", "--interval", "0.05", "--host", "n1"], capsys)
-    finally:
-        fake.reset()
+    code, lines, output = run_snapshot(["--source", "nvml", "--interval", "0.05", "--host", "n1"], capsys)
     assert code == 0
     assert "nvml:" in output
     good, no_gpm = sorted(lines, key=lambda line: int(line[names.GPU_INDEX]))
@@ -281,19 +272,12 @@ def test_nvml_against_the_fake_library(
     assert names.GPU_TENSOR_ACTIVE.name not in no_gpm
 
 
-def test_snapshot_takes_runs_nvml_library_option(
-    require: Callable[[bool, str], None], capsys: pytest.CaptureFixture[str]
-) -> None:
-    require(fake_nvml.compiler() is not None, "gcc not found: the fake NVML library is built from C source")
-    fake = FakeNvml.build()
+def test_snapshot_takes_runs_nvml_library_option(fake_library: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = fake_library
     busy = fake.add_gpu("NVIDIA H100 80GB HBM3", sm_clock_mhz=1755)
     fake.set_tensor_util(busy, 50.0)
     argv = ["--source", "nvml", "--nvml-library", str(fake.path), "--interval", "0.05", "--clock-sample-hz", "50"]
-    try:
-        code, lines, _ = run_snapshot(argv, capsys)  # the library is the option's, not installed by the test
-    finally:
-        fake.uninstall()
-        fake.reset()
+    code, lines, _ = run_snapshot(argv, capsys)  # the library is the option's, not installed by the test
     assert code == 0
     (line,) = lines
     assert line[names.HW_ID] == fake.uuid_of(busy)

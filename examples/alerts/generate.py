@@ -688,42 +688,31 @@ def _hc_trigger(
     }
 
 
+def _hc_flag_held(
+    alert: Alert, flag: names.MetricSpec, *, time_range: int, frequency: int, breakdowns: tuple[str, ...]
+) -> JSON:
+    """MIN of a 1/0 flag over the range >= 1: held the whole range; a group without the flag has no row."""
+    calculation = {"op": "MIN", "column": flag.name}
+    return _hc_trigger(alert, calculation, (">=", 1), time_range=time_range, frequency=frequency, breakdowns=breakdowns)
+
+
 def honeycomb_triggers() -> list[JSON]:
     job = (names.JOB_ID,)
     return [
-        # MIN of a 1/0 flag over the range >= 1: held the whole range; a job without the flag has no group.
-        _hc_trigger(
-            BY_NAME["OfuFlopsMiscount"],
-            {"op": "MIN", "column": names.JOB_FLOPS_MISCOUNT.name},
-            (">=", 1),
-            time_range=900,
-            frequency=300,
-            breakdowns=job,
+        _hc_flag_held(
+            BY_NAME["OfuFlopsMiscount"], names.JOB_FLOPS_MISCOUNT, time_range=900, frequency=300, breakdowns=job
         ),
-        _hc_trigger(
-            BY_NAME["OfuRegression"],
-            {"op": "MIN", "column": names.JOB_OFU_REGRESSION.name},
-            (">=", 1),
-            time_range=600,
-            frequency=300,
-            breakdowns=job,
+        _hc_flag_held(
+            BY_NAME["OfuRegression"], names.JOB_OFU_REGRESSION, time_range=600, frequency=300, breakdowns=job
         ),
-        _hc_trigger(
+        _hc_flag_held(
             BY_NAME["OfuStragglerGpu"],
-            {"op": "MIN", "column": names.GPU_STRAGGLER.name},
-            (">=", 1),
+            names.GPU_STRAGGLER,
             time_range=900,
             frequency=300,
             breakdowns=(names.HOST_NAME, names.HW_ID, names.JOB_ID, names.GPU_THROTTLE_REASON),
         ),
-        _hc_trigger(
-            BY_NAME["OfuIdleGpus"],
-            {"op": "MIN", "column": names.JOB_GPUS_IDLE.name},
-            (">=", 1),
-            time_range=1800,
-            frequency=900,
-            breakdowns=job,
-        ),
+        _hc_flag_held(BY_NAME["OfuIdleGpus"], names.JOB_GPUS_IDLE, time_range=1800, frequency=900, breakdowns=job),
         _hc_trigger(
             BY_NAME["OfuFleetLow"],
             {"op": "MAX", "column": names.FLEET_OFU_QUANTILE.name},

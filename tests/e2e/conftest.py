@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.helpers import StartProcess
+
 Require = Callable[[bool, str], None]
-StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0

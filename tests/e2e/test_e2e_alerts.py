@@ -11,13 +11,9 @@ evaluations) must hold exactly two alerts pending: the miscount for ``moe`` (nei
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,25 +22,15 @@ import pytest
 from otel_ofu import names
 from otel_ofu.prometheus_names import label_name
 from otel_ofu.testing.otlp_requests import gpu_request, mfu_request
-from otel_ofu.testing.otlp_sink import unused_port
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-
-StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]
+from tests.e2e.helpers import StartProcess, prometheus_config, start_prometheus
 
 RULES = Path(__file__).resolve().parents[2] / "examples" / "alerts" / "prometheus-rules.yaml"
 S = 1_000_000_000
 W0 = 1_700_000_040 * S  # a multiple of 60 s: windows are aligned to the epoch
 WINDOW = 60 * S
 WAIT_S = 30.0  # bounded poll for scrapes and rule evaluations at 1 s
-
-
-def _get(base: str, path: str, **params: str) -> Any:
-    url = f"{base}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
-    with urllib.request.urlopen(url, timeout=5) as response:
-        body = json.load(response)
-    assert body["status"] == "success", body
-    return body["data"]
 
 
 def _wait_for(condition: Callable[[], Any], what: str) -> Any:
@@ -84,42 +70,16 @@ def test_shipped_rules_alert_on_the_real_collector_series(
 
     rules = tmp_path / "otel-ofu-rules.yaml"
     shutil.copy(RULES, rules)
-    port = unused_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-        f"rule_files:\n  - {rules}\n"
-        "scrape_configs:\n  - job_name: otel-ofu-collector\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{collector.ports['prometheus']}']\n"
-    )
-    base = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(f"{base}/-/ready", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    start_process(
-        [
-            str(prometheus_binary),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        "prometheus",
-        ready,
-    )
+    config = prometheus_config("otel-ofu-collector", collector.ports["prometheus"], rule_files=[rules])
+    prometheus = start_prometheus(start_process, prometheus_binary, tmp_path, config)
     accepted = "otel_ofu_collector_points_accepted_total"
-    _wait_for(lambda: _get(base, "/api/v1/query", query=accepted)["result"], f"no scrape of {accepted}")
+    _wait_for(lambda: prometheus.get("/api/v1/query", query=accepted)["result"], f"no scrape of {accepted}")
     # Then a producer keeps sending points the collector cannot use (non-finite OFU): rejected and counted.
     # The rejected counter's series appears with its first rejection, so rate() sees the ones after it.
     rejected = "otel_ofu_collector_points_rejected_total"
     bad = gpu_request({"GPU-7": float("nan"), "GPU-8": float("inf")}, time_ns=W0 + 4 * WINDOW)
     assert collector.ingest(bad).rejected == 2
-    _wait_for(lambda: _get(base, "/api/v1/query", query=rejected)["result"], f"no scrape of {rejected}")
+    _wait_for(lambda: prometheus.get("/api/v1/query", query=rejected)["result"], f"no scrape of {rejected}")
     assert collector.ingest(bad).rejected == 2
 
     job, instance = label_name(names.JOB_ID), "instance"
@@ -129,7 +89,7 @@ def test_shipped_rules_alert_on_the_real_collector_series(
     }
 
     def active() -> set[tuple[str, str]]:
-        alerts = _get(base, "/api/v1/alerts")["alerts"]
+        alerts = prometheus.get("/api/v1/alerts")["alerts"]
         return {
             (alert["labels"]["alertname"], alert["labels"].get(job) or alert["labels"].get(instance, ""))
             for alert in alerts
@@ -138,7 +98,7 @@ def test_shipped_rules_alert_on_the_real_collector_series(
     _wait_for(lambda: active() >= expected, f"alerts {sorted(expected)} not active")
     assert active() == expected  # not dense (flag 0), not no-mfu (flag absent), no collector down/no windows
 
-    groups = _get(base, "/api/v1/rules")["groups"]
+    groups = prometheus.get("/api/v1/rules")["groups"]
     evaluated = [rule for group in groups for rule in group["rules"]]
     assert len(evaluated) == sum(1 for line in RULES.read_text().splitlines() if line.lstrip().startswith("- alert:"))
     assert all(rule["health"] == "ok" for rule in evaluated), [(r["name"], r.get("lastError")) for r in evaluated]

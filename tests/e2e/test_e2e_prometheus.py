@@ -21,14 +21,10 @@ in the window, the group median over GPUs, the job mean over its GPUs.
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +39,10 @@ from otel_ofu.model import GpuReading, Snapshot
 from otel_ofu.producer import Producer
 from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.sources.simulated import SimulatedFleet
-from otel_ofu.testing.otlp_sink import unused_port
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.prometheus import prometheus_name
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-
-StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]
+from tests.e2e.helpers import PrometheusApi, StartProcess, prometheus_config, start_prometheus
 
 WINDOW_S = 60.0
 INTERVAL_S = 10.0
@@ -124,39 +118,22 @@ def reported_mfu(fleet: SimulatedFleet, start_ns: int, end_ns: int) -> MetricsDa
     return timed_mfu_metrics_data(points)
 
 
-@attrs.define
-class PrometheusApi:
-    base: str
+def wait_for_scrape_after(prometheus: PrometheusApi, metrics: Sequence[str], wall_s: float) -> None:
+    """Bounded poll until every series of ``metrics`` comes from a scrape that started after ``wall_s``.
 
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        result: list[dict[str, Any]] = body["data"]["result"]
-        return result
-
-    def by_label(self, promql: str, label: str) -> dict[str, float]:
-        return {item["metric"][label]: float(item["value"][1]) for item in self.query(promql)}
-
-    def wait_for_scrape_after(self, metrics: Sequence[str], wall_s: float) -> None:
-        """Bounded poll until every series of ``metrics`` comes from a scrape that started after ``wall_s``.
-
-        A series the collector stopped showing gets Prometheus' staleness marker at that scrape and drops
-        out of the selector, so the oldest sample time covers exactly the series shown now.
-        """
-        deadline = time.monotonic() + SCRAPE_WAIT_S
-        for metric in metrics:
-            oldest: list[dict[str, Any]] = []
-            while time.monotonic() < deadline:
-                oldest = self.query(f"min(timestamp({metric}))")
-                if oldest and float(oldest[0]["value"][1]) > wall_s:
-                    break
-                time.sleep(0.1)
-            else:
-                pytest.fail(
-                    f"Prometheus did not scrape {metric} after {wall_s:.3f} within {SCRAPE_WAIT_S:g} s: {oldest}"
-                )
+    A series the collector stopped showing gets Prometheus' staleness marker at that scrape and drops
+    out of the selector, so the oldest sample time covers exactly the series shown now.
+    """
+    deadline = time.monotonic() + SCRAPE_WAIT_S
+    for metric in metrics:
+        oldest: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            oldest = prometheus.query(f"min(timestamp({metric}))")
+            if oldest and float(oldest[0]["value"][1]) > wall_s:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"Prometheus did not scrape {metric} after {wall_s:.3f} within {SCRAPE_WAIT_S:g} s: {oldest}")
 
 
 @pytest.fixture
@@ -175,41 +152,6 @@ def collector(tmp_path: Path) -> Iterator[tuple[CollectorService, ManualClock]]:
     service.stop(grace=1.0)
 
 
-def start_prometheus(start_process: StartProcess, binary: Path, tmp_path: Path, target_port: int) -> PrometheusApi:
-    port = unused_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n"
-        f"  scrape_interval: {PROMETHEUS_SCRAPE_S:g}s\n"
-        f"  scrape_timeout: {PROMETHEUS_SCRAPE_S:g}s\n"
-        "scrape_configs:\n"
-        "  - job_name: otel-ofu-collector\n"
-        "    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{target_port}']\n"
-    )
-    api = PrometheusApi(f"http://127.0.0.1:{port}")
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(f"{api.base}/-/ready", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    start_process(
-        [
-            str(binary),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        "prometheus",
-        ready,
-    )
-    return api
-
-
 def test_prometheus_sees_fleet_median_job_ofu_and_flags(
     prometheus_binary: Path,
     start_process: StartProcess,
@@ -217,7 +159,8 @@ def test_prometheus_sees_fleet_median_job_ofu_and_flags(
     tmp_path: Path,
 ) -> None:
     service, clock = collector
-    prometheus = start_prometheus(start_process, prometheus_binary, tmp_path, service.ports["prometheus"])
+    config = prometheus_config("otel-ofu-collector", service.ports["prometheus"], PROMETHEUS_SCRAPE_S)
+    prometheus = start_prometheus(start_process, prometheus_binary, tmp_path, config)
 
     fleet = SimulatedFleet.demo(seed=7, clock=clock, duration_s=DEMO_DURATION_S)
     source = RecordingSource(fleet)
@@ -255,7 +198,7 @@ def test_prometheus_sees_fleet_median_job_ofu_and_flags(
         published = time.time()
         asserted = (names.JOB_OFU, names.JOB_FLOPS_MISCOUNT, names.JOB_OFU_REGRESSION, names.FLEET_OFU_QUANTILE)
         selector = [prometheus_name(spec.name) for spec in asserted]
-        prometheus.wait_for_scrape_after(selector, published)
+        wait_for_scrape_after(prometheus, selector, published)
         miscount = flags(names.JOB_FLOPS_MISCOUNT)
         regression = flags(names.JOB_OFU_REGRESSION)
         assert set(regression) == expected_jobs
@@ -267,7 +210,7 @@ def test_prometheus_sees_fleet_median_job_ofu_and_flags(
         window_end = run_until(END_S)
         assert window_end - start_ns == 600 * 10**9
         published = time.time()
-        prometheus.wait_for_scrape_after(selector, published)
+        wait_for_scrape_after(prometheus, selector, published)
         miscount = flags(names.JOB_FLOPS_MISCOUNT)
         regression = flags(names.JOB_OFU_REGRESSION)
         assert miscount == {job: 1.0 if job == MIS_COUNT_JOB else 0.0 for job in mfu_jobs}

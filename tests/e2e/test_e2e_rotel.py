@@ -17,27 +17,19 @@ exactly as it went into Rotel: same resource, scope, name, unit, temporality, at
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Metric,
     MetricExportResult,
     MetricsData,
     NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-    Sum,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ofu import names
 from otel_ofu.clock import ManualClock
@@ -51,8 +43,7 @@ from otel_ofu_collector.consumer import CallbackConsumer
 from otel_ofu_collector.otlp.decode import GPU_INPUT_NAMES
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-
-StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]
+from tests.e2e.helpers import StartProcess, app_requests, attributes, port_open
 
 WINDOW_S = 60.0
 INTERVAL_S = 10.0
@@ -64,14 +55,6 @@ DELIVERY_WAIT_S = 15.0  # bound on each wait for Rotel and the collector's downs
 
 MIS_COUNT_JOB = "job-1003"
 APP_SERVICE = "checkout"
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 def wait_until_received(service: CollectorService, expected: int) -> None:
@@ -108,18 +91,7 @@ def app_metrics_data(end_ns: int, requests: int) -> MetricsData:
         )
         for route, status, value in (("/cart", 200, requests), ("/cart", 503, 3), ("/pay", 200, requests // 2))
     ]
-    metric = Metric(
-        name="app.requests",
-        description="HTTP requests served",
-        unit="{request}",
-        data=Sum(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE, is_monotonic=True),
-    )
-    scope = InstrumentationScope("checkout.http", "2.3.1")
-    return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, [metric], "")], "")])
-
-
-def attributes(kvs: Any) -> dict[str, Any]:
-    return {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in kvs}
+    return app_requests(resource, points)
 
 
 def downstream_metrics(sink: OtlpSink) -> Iterator[tuple[Any, Any, Any]]:

@@ -25,8 +25,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -36,17 +34,11 @@ import pytest
 import yaml
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Metric,
     MetricExportResult,
     MetricsData,
     NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-    Sum,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_ofu import names
@@ -54,8 +46,7 @@ from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from otel_ofu_collector.aggregation.exphist import relative_error_bound
-
-StartProcess = Callable[[Sequence[str], str, Callable[[], bool]], subprocess.Popen[bytes]]
+from tests.e2e.helpers import StartProcess, app_requests, attributes, port_open, prometheus_config, start_prometheus
 
 OTELCOL_DIR = Path(__file__).resolve().parents[2] / "collector" / "otelcol"
 OTEL_OFU = [sys.executable, "-m", "otel_ofu.cli"]
@@ -72,15 +63,13 @@ WAIT_S = 60.0  # bound on every wait for a process or a delivery (the machine is
 APP_SERVICE = "checkout"
 
 
+@pytest.fixture(autouse=True)
+def _no_bearer_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The configs here set no token (the reference run neither): one in the environment would be demanded."""
+    monkeypatch.delenv("OTEL_OFU_COLLECTOR_BEARER_TOKEN", raising=False)
+
+
 # --- small helpers ------------------------------------------------------------------------------
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
@@ -144,10 +133,6 @@ def backends_to_sink(config: dict[str, Any], sink: OtlpSink, built: set[str]) ->
     for pipeline in config["service"]["pipelines"].values():
         pipeline["exporters"] = [renamed.get(name, name) for name in pipeline["exporters"]]
     return prometheus_port
-
-
-def attributes(kvs: Iterable[Any]) -> dict[str, Any]:
-    return {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in kvs}
 
 
 def sink_metrics(sink: OtlpSink, transport: str = "grpc") -> Iterator[tuple[Any, Any, Any]]:
@@ -223,14 +208,7 @@ def app_metrics_data(end_ns: int) -> MetricsData:
         )
         for route, value in (("/cart", 1234), ("/pay", 617))
     ]
-    metric = Metric(
-        name="app.requests",
-        description="HTTP requests served",
-        unit="{request}",
-        data=Sum(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE, is_monotonic=True),
-    )
-    scope = InstrumentationScope("checkout.http", "2.3.1")
-    return MetricsData([ResourceMetrics(resource, [ScopeMetrics(scope, [metric], "")], "")])
+    return app_requests(resource, points)
 
 
 def send(endpoint: str, data: MetricsData) -> None:
@@ -419,10 +397,8 @@ def test_agent_topology_through_the_real_collector(
     otelcol_components: dict[str, set[str]],
     start_process: StartProcess,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """producers -> agent.yaml -> otel-ofu collector -> backend-gateway.yaml -> sink."""
-    monkeypatch.delenv("OTEL_OFU_COLLECTOR_BEARER_TOKEN", raising=False)  # the reference run has no token
     parts = Parts(start_process, otelcol_binary, tmp_path)
     with OtlpSink.start() as sink:
         gateway = load("backend-gateway.yaml")
@@ -592,9 +568,7 @@ def test_sharded_topology_through_the_real_collector(
     otelcol_components: dict[str, set[str]],
     start_process: StartProcess,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("OTEL_OFU_COLLECTOR_BEARER_TOKEN", raising=False)
     parts = Parts(start_process, otelcol_binary, tmp_path)
     with OtlpSink.start() as sink:
         topology = Sharded(parts, sink, otelcol_components["exporters"])
@@ -671,10 +645,9 @@ TELEMETRYGEN_METRICS = 25  # per worker, one request each (--batch=false)
 
 
 def test_telemetrygen_metrics_pass_through_otel_ofu_collector_counted(
-    telemetrygen_binary: Path, start_process: StartProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    telemetrygen_binary: Path, start_process: StartProcess, tmp_path: Path
 ) -> None:
     """The Collector project's load generator is a foreign client: accepted, forwarded untouched, counted."""
-    monkeypatch.delenv("OTEL_OFU_COLLECTOR_BEARER_TOKEN", raising=False)
     parts = Parts(start_process, telemetrygen_binary, tmp_path)
     with OtlpSink.start() as sink:
         _, port, metrics_port = parts.collector("collector", f"--export-endpoint={sink.grpc_endpoint}")
@@ -728,14 +701,12 @@ def test_backend_gateway_serves_a_real_prometheus_and_otlphttp(
     prometheus_binary: Path,
     start_process: StartProcess,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """collector -> backend-gateway.yaml -> its prometheus exporter -> Prometheus; and -> otlphttp.
 
     The Collector's prometheus exporter names a gauge of unit ``1`` ``<name>_ratio`` (job.ofu: job_ofu_ratio)
     and turns resource attributes into labels (resource_to_telemetry_conversion), job.id into job_id.
     """
-    monkeypatch.delenv("OTEL_OFU_COLLECTOR_BEARER_TOKEN", raising=False)
     parts = Parts(start_process, otelcol_binary, tmp_path)
     with OtlpSink.start() as sink:
         gateway = load("backend-gateway.yaml")
@@ -743,7 +714,9 @@ def test_backend_gateway_serves_a_real_prometheus_and_otlphttp(
         gateway["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"] = f"127.0.0.1:{gateway_port}"
         exporter_port = backends_to_sink(gateway, sink, otelcol_components["exporters"])
         parts.otelcol_process(gateway, "gateway", gateway_port)
-        api = start_prometheus(start_process, prometheus_binary, tmp_path, exporter_port)
+        api = start_prometheus(
+            start_process, prometheus_binary, tmp_path, prometheus_config("otelcol-gateway", exporter_port)
+        )
         collector, port, _ = parts.collector("collector", f"--export-endpoint=http://127.0.0.1:{gateway_port}")
         captures = parts.producers(f"http://127.0.0.1:{port}")
         send(f"http://127.0.0.1:{port}", mfu_reports(capture_intervals(captures)))
@@ -768,58 +741,6 @@ def test_backend_gateway_serves_a_real_prometheus_and_otlphttp(
             lambda: any(m.name == names.JOB_OFU.name for _rm, _sm, m in sink_metrics(sink, transport="http")),
             "job.ofu reaching the OTLP/HTTP backend",
         )
-
-
-def start_prometheus(start_process: StartProcess, binary: Path, tmp_path: Path, target_port: int) -> PrometheusQuery:
-    port = unused_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n"
-        "  scrape_interval: 1s\n"
-        "  scrape_timeout: 1s\n"
-        "scrape_configs:\n"
-        "  - job_name: otelcol-gateway\n"
-        "    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{target_port}']\n"
-    )
-    api = PrometheusQuery(f"http://127.0.0.1:{port}")
-    start_process(
-        [
-            str(binary),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        "prometheus",
-        api.ready,
-    )
-    return api
-
-
-class PrometheusQuery:
-    def __init__(self, base: str) -> None:
-        self.base = base
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.base}/-/ready", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        result: list[dict[str, Any]] = body["data"]["result"]
-        return result
-
-    def by_label(self, promql: str, label: str) -> dict[str, float]:
-        return {
-            item["metric"][label]: float(item["value"][1]) for item in self.query(promql) if label in item["metric"]
-        }
 
 
 # --- 3. one shard killed mid-run and restarted on its spool -------------------------------------
@@ -900,9 +821,7 @@ def test_a_shard_killed_mid_run_and_restarted_on_its_spool(
     otelcol_components: dict[str, set[str]],
     start_process: StartProcess,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv("OTEL_OFU_COLLECTOR_BEARER_TOKEN", raising=False)
     parts = Parts(start_process, otelcol_binary, tmp_path, window_s=KILL_WINDOW_S, lateness_s=KILL_LATENESS_S)
     measured: dict[str, Any] = {}
     with OtlpSink.start() as sink:
@@ -1009,13 +928,12 @@ def test_a_shard_killed_mid_run_and_restarted_on_its_spool(
 
 
 def test_signaltometrics_builds_the_per_model_ofu_histogram(
-    otelcol_binary: Path, start_process: StartProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    otelcol_binary: Path, start_process: StartProcess, tmp_path: Path
 ) -> None:
     """producers -> otelcol (signaltometrics: exponential histogram of gpu.ofu by hw.model) -> sink.
 
     The histogram counts every gpu.ofu point the producers sent, per model (the demo fleet: one, the H100).
     """
-    monkeypatch.delenv("OTEL_OFU_COLLECTOR_BEARER_TOKEN", raising=False)
     parts = Parts(start_process, otelcol_binary, tmp_path)
     port = unused_port()
     with OtlpSink.start() as sink:
