@@ -18,8 +18,8 @@ recorded captures replayed (``--source replay`` keeps their timestamps) and the 
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import signal
 import socket
 import subprocess
