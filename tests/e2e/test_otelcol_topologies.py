@@ -863,6 +863,19 @@ def test_a_shard_killed_mid_run_and_restarted_on_its_spool(
         for name, samples in rejected.items()
     }
     points = points_by_window(captures, KILL_WINDOW_S)
+    # The collector's point counters count every point it takes: gpu.ofu and the loss inputs read with it
+    # (tensor activity, clocks, power, energy, throttle). Each simulated reading carries the same number of them,
+    # so every count below is put in gpu.ofu readings, the unit of the captures and of this test's accounting.
+    per_reading = direct / sum(points.values())
+    assert per_reading >= 1 and per_reading == round(per_reading), per_reading
+    direct /= per_reading
+    before = {name: value / per_reading for name, value in before.items()}
+    after = {name: value / per_reading for name, value in after.items()}
+    rejected_points = {
+        name: {reason: value / per_reading for reason, value in reasons.items()}
+        for name, reasons in rejected_points.items()
+    }
+    measured["victim_accepted_at_last_scrape_before_kill"] = before[victim]
     victim_jobs = {job["job_id"] for record in read_records(tmp_path / f"{victim}.jsonl") for job in record["jobs"]}
     delivered_before_kill = sum(
         points[record["end_ns"], job["job_id"]] for record in closed_before_kill for job in record["jobs"]
