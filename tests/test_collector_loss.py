@@ -4,6 +4,8 @@ windows of the simulated fleet through the real producer, OTLP encoding and deco
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.metrics.export import Gauge, Sum
@@ -142,6 +144,35 @@ def test_a_job_window_by_hand() -> None:
     assert fleet.energy_j == pytest.approx(34_200.0 + 100.0 * 60)  # the spare GPU too
     # job.gpus.idle needs 3 windows: not yet
     assert job.flag(names.JOB_GPUS_IDLE) == 0
+
+
+def test_the_same_gpus_in_any_arrival_order_give_the_same_bits() -> None:
+    """A single collector and a shard behind the load balancer see a job's GPUs in different orders: the
+    job's values must not depend on it. An idle job's residual tensor share (1 - OFU - idle, ~0) is where a
+    running sum shows it first: +1e-16 one way, -1e-16 the other."""
+    ofus = [1.2e-05, 3.7e-06, 2.1e-05, 9.9e-07, 4.4e-06, 1.7e-05]
+    seen = set()
+    for order in itertools.permutations(range(len(ofus))):
+        agg = Aggregator(_config())
+        for index in order:
+            values = {"ofu": ofus[index], names.GPU_TENSOR_ACTIVE.name: ofus[index], names.GPU_POWER.name: 70.0 + index}
+            _gpu(agg, f"g{index}", _identity(f"GPU-{index}", "idle-job"), 0, values)
+        (report,) = agg.flush(T0 + W)
+        (job,) = report.jobs
+        assert job.loss is not None
+        seen.add(
+            (
+                job.ofu,
+                tuple(sorted(job.loss.shares.items())),
+                tuple(sorted(job.loss.lost_s.items())),
+                job.loss.energy_j,
+                job.loss.cost,
+                report.fleet.loss.energy_j,
+            )
+        )
+    assert len(seen) == 1, seen
+    ((_ofu, shares, _lost, _energy, _cost, _fleet),) = seen
+    assert abs(dict(shares)[TENSOR]) < 1e-15  # 0 but for the rounding of that one subtraction
 
 
 def test_the_outputs_carry_the_split_by_cause_as_sums_with_the_currency_as_unit() -> None:

@@ -43,6 +43,7 @@ blocks are bounded apart (``max_jobs`` of them again, the longest-silent dropped
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import deque
 from collections.abc import Mapping
@@ -659,12 +660,9 @@ class Aggregator:
         for cell_key, cell in window.cells.items():
             key = cell_key if isinstance(cell_key, str) else cell_key[0]
             seconds[key] = max(seconds.get(key, 0.0), self._seconds(cell))
-        total: float | None = None
-        for key, inputs in window.gpus.items():
-            energy = inputs.energy(seconds.get(key, self._window_ns / 1e9))
-            if energy is not None:
-                total = energy if total is None else total + energy
-        return total
+        found = [inputs.energy(seconds.get(key, self._window_ns / 1e9)) for key, inputs in window.gpus.items()]
+        energies = [energy for energy in found if energy is not None]
+        return math.fsum(energies) if energies else None  # exactly rounded: the same in any arrival order
 
     def _tensor_clock(self, model: str | None) -> float | None:
         if model not in self._tensor_clocks:
@@ -759,7 +757,7 @@ class Aggregator:
         gpus: list[tuple[str, _Cell]],
     ) -> JobReport:
         config = self.config
-        ofu = sum(ofus) / len(ofus) if ofus else None
+        ofu = math.fsum(ofus) / len(ofus) if ofus else None  # exactly rounded: the same in any GPU order
         mfu = mfu_cell.total / mfu_cell.count if mfu_cell is not None else None
         if ofu is not None and mfu is not None:
             job.horizon.add(start - start % self._block_ns, ofu, mfu)
