@@ -237,6 +237,32 @@ def test_energy_counter_deltas_resets_and_a_collector_joining_mid_series() -> No
     assert second.jobs[0].loss.energy_j == pytest.approx(3_500)
 
 
+def test_an_older_interval_arriving_late_keeps_its_inputs() -> None:
+    """A load balancer's parallel exports can deliver a GPU's intervals out of order: the older one's
+    counter reading is already inside the newer delta, but its tensor activity and clocks still count."""
+
+    def window(order: list[int]) -> WindowReport:
+        agg = Aggregator(AggregatorConfig(window_s=60, lateness_s=0))
+        identity = _identity("GPU-a", "j")
+        for tick in order:
+            start, end = T0 + tick * 10 * S, T0 + (tick + 1) * 10 * S
+            agg.add_ofu("a", 0.3, start, end, identity)
+            values = {
+                names.GPU_ENERGY.name: 1_000_000.0 + 5_000.0 * tick,
+                names.GPU_TENSOR_ACTIVE.name: 0.4 + 0.1 * tick,
+                names.GPU_CLOCK_SM.name: 1.5e9 + 1e8 * tick,
+                names.GPU_CLOCK_SM_MAX.name: 1.98e9,
+            }
+            assert agg.add_gpu_inputs("a", T0 - 3600 * S, end, identity, values, {})
+        (report,) = agg.flush(T0 + W)
+        return report
+
+    in_order, reordered = window([0, 1, 2]), window([0, 2, 1])
+    assert in_order.jobs[0].loss is not None
+    assert reordered.jobs[0].loss == in_order.jobs[0].loss
+    assert in_order.jobs[0].loss.energy_j == pytest.approx(10_000.0)
+
+
 def test_idle_gpus_counted_after_the_idle_windows() -> None:
     agg = Aggregator(_config(idle_windows=3))
     counts = []

@@ -510,13 +510,18 @@ class Aggregator:
                 self._rejected_streams += 1
                 self.refusal = "max_streams"
                 return False
-            if previous is not None and end_ns <= previous[1]:
-                return True  # a retry or an older point: already counted
-            if previous is not None and previous[0] == start_ns and joules >= previous[2]:
+            if previous is not None and end_ns == previous[1]:
+                return True  # a retry: already counted
+            if previous is not None and end_ns < previous[1]:
+                # An older interval arriving after a newer one (a load balancer's parallel exports reorder):
+                # its counter reading is already inside the newer delta, but its other inputs still count.
+                pass
+            elif previous is not None and previous[0] == start_ns and joules >= previous[2]:
                 delta = joules - previous[2]
             elif 0 < start_ns < end_ns and end_ns - start_ns <= self._window_ns:
                 delta = joules
-            self._energy[stream_key] = (start_ns, end_ns, joules)
+            if previous is None or end_ns > previous[1]:
+                self._energy[stream_key] = (start_ns, end_ns, joules)
             if delta is None and len(values) == 1 and not throttle:
                 return True
         if self._last_start < end_ns <= self._last_end:
