@@ -4,6 +4,8 @@ windows of the simulated fleet through the real producer, OTLP encoding and deco
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.sdk.metrics.export import Gauge, Sum
@@ -144,6 +146,35 @@ def test_a_job_window_by_hand() -> None:
     assert job.flag(names.JOB_GPUS_IDLE) == 0
 
 
+def test_the_same_gpus_in_any_arrival_order_give_the_same_bits() -> None:
+    """A single collector and a shard behind the load balancer see a job's GPUs in different orders: the
+    job's values must not depend on it. An idle job's residual tensor share (1 - OFU - idle, ~0) is where a
+    running sum shows it first: +1e-16 one way, -1e-16 the other."""
+    ofus = [1.2e-05, 3.7e-06, 2.1e-05, 9.9e-07, 4.4e-06, 1.7e-05]
+    seen = set()
+    for order in itertools.permutations(range(len(ofus))):
+        agg = Aggregator(_config())
+        for index in order:
+            values = {"ofu": ofus[index], names.GPU_TENSOR_ACTIVE.name: ofus[index], names.GPU_POWER.name: 70.0 + index}
+            _gpu(agg, f"g{index}", _identity(f"GPU-{index}", "idle-job"), 0, values)
+        (report,) = agg.flush(T0 + W)
+        (job,) = report.jobs
+        assert job.loss is not None
+        seen.add(
+            (
+                job.ofu,
+                tuple(sorted(job.loss.shares.items())),
+                tuple(sorted(job.loss.lost_s.items())),
+                job.loss.energy_j,
+                job.loss.cost,
+                report.fleet.loss.energy_j,
+            )
+        )
+    assert len(seen) == 1, seen
+    ((_ofu, shares, _lost, _energy, _cost, _fleet),) = seen
+    assert abs(dict(shares)[TENSOR]) < 1e-15  # 0 but for the rounding of that one subtraction
+
+
 def test_the_outputs_carry_the_split_by_cause_as_sums_with_the_currency_as_unit() -> None:
     agg = Aggregator(_config(currency="EUR"))
     _gpu(agg, "a", _identity("GPU-a", "j"), 0, {"ofu": 0.3, names.GPU_TENSOR_ACTIVE.name: 0.5})
@@ -204,6 +235,32 @@ def test_energy_counter_deltas_resets_and_a_collector_joining_mid_series() -> No
     assert second.jobs[0].loss is not None
     assert first.jobs[0].loss.energy_j == pytest.approx(4_000 + 3_000 + 2_500)
     assert second.jobs[0].loss.energy_j == pytest.approx(3_500)
+
+
+def test_an_older_interval_arriving_late_keeps_its_inputs() -> None:
+    """A load balancer's parallel exports can deliver a GPU's intervals out of order: the older one's
+    counter reading is already inside the newer delta, but its tensor activity and clocks still count."""
+
+    def window(order: list[int]) -> WindowReport:
+        agg = Aggregator(AggregatorConfig(window_s=60, lateness_s=0))
+        identity = _identity("GPU-a", "j")
+        for tick in order:
+            start, end = T0 + tick * 10 * S, T0 + (tick + 1) * 10 * S
+            agg.add_ofu("a", 0.3, start, end, identity)
+            values = {
+                names.GPU_ENERGY.name: 1_000_000.0 + 5_000.0 * tick,
+                names.GPU_TENSOR_ACTIVE.name: 0.4 + 0.1 * tick,
+                names.GPU_CLOCK_SM.name: 1.5e9 + 1e8 * tick,
+                names.GPU_CLOCK_SM_MAX.name: 1.98e9,
+            }
+            assert agg.add_gpu_inputs("a", T0 - 3600 * S, end, identity, values, {})
+        (report,) = agg.flush(T0 + W)
+        return report
+
+    in_order, reordered = window([0, 1, 2]), window([0, 2, 1])
+    assert in_order.jobs[0].loss is not None
+    assert reordered.jobs[0].loss == in_order.jobs[0].loss
+    assert in_order.jobs[0].loss.energy_j == pytest.approx(10_000.0)
 
 
 def test_idle_gpus_counted_after_the_idle_windows() -> None:

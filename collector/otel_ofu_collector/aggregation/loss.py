@@ -22,10 +22,16 @@ Per job: each share is the plain mean over its GPUs, as ``job.ofu`` is, and the 
 taken as ``1 - OFU - idle - clock`` of those means, so ``OFU + idle + clock + tensor = 1`` holds to the
 last bit of that one subtraction. GPU-seconds lost by cause = sum over GPUs of share x the GPU's seconds.
 Energy, FLOPs per joule, cost and emissions are sums over the GPUs that have the inputs (see ``GpuLoss``).
+
+Every sum over GPUs is exactly rounded (``math.fsum``): the GPUs come in the order their points arrived,
+which differs between a single collector and a shard behind the load balancer, and a plain running sum
+would round differently by order; the residual ``tensor`` share of an idle job (1 - OFU - idle, ~0)
+would then come out +1e-16 one way and -1e-16 the other. Same GPUs, same bits, whatever the order.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -105,34 +111,23 @@ def job_loss(
     if not parts:
         return None
     n = len(parts)
-    ofu = sum(g.ofu for g in parts) / n
-    idle = sum(g.idle for g in parts) / n
-    clock = sum(g.clock for g in parts) / n
+    ofu = math.fsum(g.ofu for g in parts) / n
+    idle = math.fsum(g.idle for g in parts) / n
+    clock = math.fsum(g.clock for g in parts) / n
     shares = {IDLE: idle, CLOCK: clock, TENSOR: 1.0 - ofu - idle - clock}
-    lost = dict.fromkeys(CAUSES, 0.0)
-    seconds = 0.0
-    energy: float | None = None
-    flops = 0.0
-    flops_energy = 0.0
-    cost: float | None = None
+    own = [{IDLE: g.idle, CLOCK: g.clock, TENSOR: g.tensor} for g in parts]
+    lost = {cause: math.fsum(o[cause] * g.seconds for o, g in zip(own, parts, strict=True)) for cause in CAUSES}
+    metered = [g for g in parts if g.energy_j is not None]
+    energy = math.fsum(g.energy_j for g in metered if g.energy_j is not None) if metered else None
+    with_flops = [g for g in metered if g.flops is not None]
+    flops = math.fsum(g.flops for g in with_flops if g.flops is not None)
+    flops_energy = math.fsum(g.energy_j for g in with_flops if g.energy_j is not None)
+    priced = [(g.price, g.seconds / S_PER_HOUR, o) for g, o in zip(parts, own, strict=True) if g.price is not None]
+    cost = math.fsum(price * hours for price, hours, _o in priced) if priced else None
     cost_lost: dict[str, float] | None = None
-    for g in parts:
-        seconds += g.seconds
-        own = {IDLE: g.idle, CLOCK: g.clock, TENSOR: g.tensor}
-        for cause in CAUSES:
-            lost[cause] += own[cause] * g.seconds
-        if g.energy_j is not None:
-            energy = g.energy_j if energy is None else energy + g.energy_j
-            if g.flops is not None:
-                flops += g.flops
-                flops_energy += g.energy_j
-        if g.price is not None:
-            hours = g.seconds / S_PER_HOUR
-            cost = (cost or 0.0) + g.price * hours
-            if cost_lost is None:
-                cost_lost = dict.fromkeys(CAUSES, 0.0)
-            for cause in CAUSES:
-                cost_lost[cause] += g.price * own[cause] * hours
+    if priced:
+        cost_lost = {cause: math.fsum(price * o[cause] * hours for price, hours, o in priced) for cause in CAUSES}
+    seconds = math.fsum(g.seconds for g in parts)
     return JobLoss(
         gpu_time_s=seconds,
         shares=shares,

@@ -43,6 +43,7 @@ blocks are bounded apart (``max_jobs`` of them again, the longest-silent dropped
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import deque
 from collections.abc import Mapping
@@ -509,13 +510,18 @@ class Aggregator:
                 self._rejected_streams += 1
                 self.refusal = "max_streams"
                 return False
-            if previous is not None and end_ns <= previous[1]:
-                return True  # a retry or an older point: already counted
-            if previous is not None and previous[0] == start_ns and joules >= previous[2]:
+            if previous is not None and end_ns == previous[1]:
+                return True  # a retry: already counted
+            if previous is not None and end_ns < previous[1]:
+                # An older interval arriving after a newer one (a load balancer's parallel exports reorder):
+                # its counter reading is already inside the newer delta, but its other inputs still count.
+                pass
+            elif previous is not None and previous[0] == start_ns and joules >= previous[2]:
                 delta = joules - previous[2]
             elif 0 < start_ns < end_ns and end_ns - start_ns <= self._window_ns:
                 delta = joules
-            self._energy[stream_key] = (start_ns, end_ns, joules)
+            if previous is None or end_ns > previous[1]:
+                self._energy[stream_key] = (start_ns, end_ns, joules)
             if delta is None and len(values) == 1 and not throttle:
                 return True
         if self._last_start < end_ns <= self._last_end:
@@ -659,12 +665,9 @@ class Aggregator:
         for cell_key, cell in window.cells.items():
             key = cell_key if isinstance(cell_key, str) else cell_key[0]
             seconds[key] = max(seconds.get(key, 0.0), self._seconds(cell))
-        total: float | None = None
-        for key, inputs in window.gpus.items():
-            energy = inputs.energy(seconds.get(key, self._window_ns / 1e9))
-            if energy is not None:
-                total = energy if total is None else total + energy
-        return total
+        found = [inputs.energy(seconds.get(key, self._window_ns / 1e9)) for key, inputs in window.gpus.items()]
+        energies = [energy for energy in found if energy is not None]
+        return math.fsum(energies) if energies else None  # exactly rounded: the same in any arrival order
 
     def _tensor_clock(self, model: str | None) -> float | None:
         if model not in self._tensor_clocks:
@@ -759,7 +762,7 @@ class Aggregator:
         gpus: list[tuple[str, _Cell]],
     ) -> JobReport:
         config = self.config
-        ofu = sum(ofus) / len(ofus) if ofus else None
+        ofu = math.fsum(ofus) / len(ofus) if ofus else None  # exactly rounded: the same in any GPU order
         mfu = mfu_cell.total / mfu_cell.count if mfu_cell is not None else None
         if ofu is not None and mfu is not None:
             job.horizon.add(start - start % self._block_ns, ofu, mfu)
