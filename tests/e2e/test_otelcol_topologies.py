@@ -867,7 +867,8 @@ def test_a_shard_killed_mid_run_and_restarted_on_its_spool(
     # (tensor activity, clocks, power, energy, throttle). Each simulated reading carries the same number of them,
     # so every count below is put in gpu.ofu readings, the unit of the captures and of this test's accounting.
     per_reading = direct / sum(points.values())
-    assert per_reading >= 1 and per_reading == round(per_reading), per_reading
+    assert per_reading >= 1, per_reading
+    assert per_reading == round(per_reading), per_reading
     direct /= per_reading
     before = {name: value / per_reading for name, value in before.items()}
     after = {name: value / per_reading for name, value in after.items()}
