@@ -466,6 +466,16 @@ GPU_THROTTLE: Final = MetricSpec(
 )
 LOSS_INPUT_METRICS: Final = (GPU_POWER, GPU_ENERGY, GPU_THROTTLE)
 PRODUCER_METRICS = (*PRODUCER_METRICS, *LOSS_INPUT_METRICS)  # one tuple of every producer metric
+# The producer metrics the collector's loss split takes per GPU, beside gpu.ofu (decoded and averaged per window).
+LOSS_SPLIT_INPUTS: Final = (
+    GPU_TENSOR_ACTIVE,
+    GPU_CLOCK_SM,
+    GPU_CLOCK_SM_MAX,
+    GPU_FLOPS_ACHIEVED,
+    GPU_POWER,
+    GPU_ENERGY,
+    GPU_THROTTLE,
+)
 
 GPU_THROTTLE_REASON: Final = "gpu.throttle.reason"
 

@@ -79,18 +79,7 @@ UNKNOWN = "unknown"
 JOB_ATTRIBUTE_KEYS = (names.JOB_NAME, names.HW_MODEL, names.GPU_PRECISION)
 _HORIZON_BLOCKS = 48
 # The per-GPU inputs of the loss split the windows average (gpu.throttle by reason, gpu.energy summed apart).
-GPU_INPUT_METRICS: frozenset[str] = frozenset(
-    spec.name
-    for spec in (
-        names.GPU_TENSOR_ACTIVE,
-        names.GPU_CLOCK_SM,
-        names.GPU_CLOCK_SM_MAX,
-        names.GPU_FLOPS_ACHIEVED,
-        names.GPU_POWER,
-        names.GPU_ENERGY,
-        names.GPU_THROTTLE,
-    )
-)
+GPU_INPUT_METRICS: frozenset[str] = frozenset(spec.name for spec in names.LOSS_SPLIT_INPUTS)
 _TENSOR = names.GPU_TENSOR_ACTIVE.name
 _CLOCK = names.GPU_CLOCK_SM.name
 _CLOCK_MAX = names.GPU_CLOCK_SM_MAX.name

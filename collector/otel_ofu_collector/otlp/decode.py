@@ -39,18 +39,7 @@ _THROTTLE = names.GPU_THROTTLE.name
 _THROTTLE_REASON = names.GPU_THROTTLE_REASON
 _THROTTLE_REASONS = frozenset(names.ThrottleReason.ALL)
 # The per-GPU inputs of the loss split (what ``Aggregator.add_gpu_input`` takes), beside gpu.ofu.
-GPU_INPUT_NAMES: frozenset[str] = frozenset(
-    spec.name
-    for spec in (
-        names.GPU_TENSOR_ACTIVE,
-        names.GPU_CLOCK_SM,
-        names.GPU_CLOCK_SM_MAX,
-        names.GPU_FLOPS_ACHIEVED,
-        names.GPU_POWER,
-        names.GPU_ENERGY,
-        names.GPU_THROTTLE,
-    )
-)
+GPU_INPUT_NAMES: frozenset[str] = frozenset(spec.name for spec in names.LOSS_SPLIT_INPUTS)
 
 # Everything the producer and the MFU reporter send us: consumed here, forwarded only on request.
 INPUT_METRIC_NAMES: frozenset[str] = frozenset({spec.name for spec in names.PRODUCER_METRICS} | {_MFU})
