@@ -924,7 +924,8 @@ def test_a_shard_killed_mid_run_and_restarted_on_its_spool(
     # that plus the agent's batches of the kill's moment (2 s batch timeout: three reads of the whole fleet).
     assert sum(points.values()) == direct
     per_read = direct / (KILL_DURATION_S / KILL_INTERVAL_S)
-    assert before[victim] <= accepted_before_kill <= before[victim] + 3 * per_read
+    slack = 1e-6  # the counts were divided by the points per reading above: allow for the rounding
+    assert before[victim] - slack <= accepted_before_kill <= before[victim] + 3 * per_read + slack
     # The agent lost nothing: it queued and retried what the dead shard could not take (delayed, not dropped).
     assert agent["send_failed"] == agent["enqueue_failed"] == 0
     assert agent["sent"] == agent["accepted"]
