@@ -933,9 +933,11 @@ def test_a_shard_killed_mid_run_and_restarted_on_its_spool(
     assert {job for _end, job in [*missing, *differing]} <= victim_jobs
     assert all(same(union[key], job) for key, job in want.items() if key[1] not in victim_jobs)
     assert {name for name, reasons in rejected_points.items() if reasons} <= {victim}  # late only where it was down
+    # The windows of the outage, its lateness, the one the kill cut and the one the restart's write-ahead replay
+    # and catch-up straddle on a loaded machine (seen: 25 s of affected windows for a 6.7 s outage).
     kill_window = {end for end, _job in [*missing, *differing]}
     assert max(kill_window) - min(kill_window) <= round(
-        (measured["down_s"] + KILL_LATENESS_S + 2 * KILL_WINDOW_S) * 1e9
+        (measured["down_s"] + KILL_LATENESS_S + 3 * KILL_WINDOW_S) * 1e9
     )
 
 
