@@ -44,6 +44,18 @@ GPU_INPUT_NAMES: frozenset[str] = frozenset(spec.name for spec in names.LOSS_SPL
 # Everything the producer and the MFU reporter send us: consumed here, forwarded only on request.
 INPUT_METRIC_NAMES: frozenset[str] = frozenset({spec.name for spec in names.PRODUCER_METRICS} | {_MFU})
 
+# What the decoder does with each of those, by name (one lookup per metric): aggregate it as gpu.ofu, job.mfu or
+# a loss input, or only consume it. A name not here is foreign (forwarded on pass-through).
+_CONSUMED, _OFU_ROLE, _MFU_ROLE, _INPUT = range(4)
+_ROLES: dict[str, int] = {
+    **dict.fromkeys(INPUT_METRIC_NAMES, _CONSUMED),
+    **dict.fromkeys(GPU_INPUT_NAMES, _INPUT),
+    _OFU: _OFU_ROLE,
+    _MFU: _MFU_ROLE,
+}
+# For a sink that does not take the loss inputs: they are consumed only.
+_ROLES_WITHOUT_INPUTS: dict[str, int] = {**_ROLES, **dict.fromkeys(GPU_INPUT_NAMES, _CONSUMED)}
+
 # The resource cache keys a Resource by its encoding up to this size (the producer's are about 250 bytes),
 # a longer one by a 128-bit digest of it: a key never holds more than this, and no collision is realistic.
 _INLINE_KEY_BYTES = 384
@@ -85,6 +97,9 @@ class _GpuInputAdd(Protocol):
 # per group; a metric sent twice for one interval opens another group, so each point counts as sent.
 _Group = tuple[Mapping[str, str], dict[str, float], dict[str, float]]
 _Batch = dict[tuple[str, int, int], list[_Group]]
+# A Resource's cached reading: identity, stream key (None without hw.id), profile, and whether any identity value
+# is over the length limit.
+_Resource = tuple[Mapping[str, str], str | None, Any, bool]
 
 
 class _ProfilingAdd(Protocol):
@@ -289,7 +304,8 @@ class Decoder:
     # Resources as jobs come and go, and some Resources carry no accepted point at all: the cache is cleared
     # when it outgrows twice the sink's live streams and jobs plus 1024, and at ``resource_cache_size``.
     resource_cache_size: int = 262_144
-    _resource_cache: dict[bytes, tuple[Mapping[str, str], str | None, Any]] = attrs.field(factory=dict)
+    _resource_cache: dict[bytes, _Resource] = attrs.field(factory=dict)
+    _cache_limit: int = 0  # the cache bound last read (see ``_resource_identity``)
 
     @property
     def cached_resources(self) -> int:
@@ -329,8 +345,8 @@ class Decoder:
         add_mfu = sink.add_mfu
         # A sink that takes the loss inputs (the Aggregator) gets them; another only consumes them.
         add_gpu_inputs: _GpuInputAdd | None = getattr(sink, "add_gpu_inputs", None)
+        roles = _ROLES if add_gpu_inputs is not None else _ROLES_WITHOUT_INPUTS
         max_mfu = self.max_mfu
-        inputs = INPUT_METRIC_NAMES
         accepted = 0
         any_ours = False
         any_foreign = False
@@ -345,19 +361,27 @@ class Decoder:
         locked = False  # taken with the encodings: nothing before the first point needing them touches shared state
         try:
             for index, rm in enumerate(request.resource_metrics):
-                resource_identity: Mapping[str, str] | None = None
+                resource: _Resource | None = None
+                resource_identity: Mapping[str, str] = _EMPTY
                 resource_key: str | None = None
                 resource_profile: Any = None
-                resource_overlong = False
-                batch: _Batch | None = None  # the Resource's loss inputs, taken in one call per GPU interval
+                # The Resource's loss inputs, taken in one call per GPU interval once the Resource is read.
+                # ``group`` is the last group of ``batch`` touched, under (group_key, group_start, group_end):
+                # the producer sends all of an interval's inputs under one identity, so nearly every point
+                # lands in it without a lookup of ``batch``.
+                batch: _Batch | None = None
+                group: _Group | None = None
+                group_key: str | None = None
+                group_start = group_end = 0
                 for sm in rm.scope_metrics:
                     for metric in sm.metrics:
                         name = metric.name
-                        if name not in inputs:
+                        role = roles.get(name)
+                        if role is None:
                             any_foreign = True
                             continue
                         any_ours = True
-                        if name != _OFU and name != _MFU and (add_gpu_inputs is None or name not in GPU_INPUT_NAMES):
+                        if role == _CONSUMED:
                             continue  # other producer metrics: consumed, nothing to aggregate
                         # Reading an unset gauge gives an empty default: ask for the kind only when no gauge points.
                         points = metric.gauge.data_points
@@ -370,7 +394,7 @@ class Decoder:
                                     count = len(getattr(metric, kind).data_points)
                                     rejections.add(f"{name} not a gauge ({kind})", count)
                                 continue
-                        if resource_identity is None:
+                        if resource is None:
                             if encodings is None:
                                 encodings = resource_encodings(request, raw)  # a parse, outside the lock
                                 lock.acquire()
@@ -378,15 +402,14 @@ class Decoder:
                             cache_key = encodings[index]
                             if len(cache_key) > _INLINE_KEY_BYTES:
                                 cache_key = blake2b(cache_key, digest_size=16).digest()
-                            found = cache.get(cache_key)
-                            if found is None:
-                                found = self._resource_identity(rm, cache_key, profile_of)
-                            resource_identity, resource_key, resource_profile = found
-                            resource_overlong = _overlong(resource_identity, max_length)
-                        if resource_overlong:
+                            resource = cache.get(cache_key)
+                            if resource is None:
+                                resource = self._resource_identity(rm, cache_key, profile_of)
+                            resource_identity, resource_key, resource_profile, _ = resource
+                        if resource[3]:
                             rejections.add(f"{name} {overlong_reason}", len(points))
                             continue
-                        if name == _OFU:
+                        if role == _OFU_ROLE:
                             for point in points:
                                 # as_double reads 0.0 when unset or when the value is as_int: only then ask which.
                                 value = point.as_double or _number(point)
@@ -416,12 +439,69 @@ class Decoder:
                                     accepted += 1
                                 else:
                                     rejections.add(_refused("gpu.ofu", sink))
-                        elif name != _MFU:
-                            if batch is None:
-                                batch = {}
-                            accepted += _gpu_inputs(
-                                batch, name, points, resource_identity, resource_key, latest, rejections, max_length
-                            )
+                        elif role == _INPUT:
+                            throttle = name == _THROTTLE
+                            for point in points:
+                                value = point.as_double or _number(point)
+                                if value is None or not 0.0 <= value < math.inf:  # NaN fails both comparisons
+                                    rejections.add(f"{name} not finite or negative")
+                                    continue
+                                if throttle and value == 0.0:
+                                    # The windows average throttle shares over the GPU's OFU time, so a reason
+                                    # absent from an interval reads as 0 for it: taken, nothing to add.
+                                    accepted += 1
+                                    continue
+                                identity = resource_identity
+                                key = resource_key
+                                field = name
+                                attributes = point.attributes
+                                if attributes:
+                                    found = _input_identity(name, throttle, attributes, resource_identity, resource_key)
+                                    if isinstance(found, str):
+                                        rejections.add(found)
+                                        continue
+                                    identity, key, field = found
+                                    if identity is not resource_identity and _overlong(identity, max_length):
+                                        rejections.add(f"{name} {overlong_reason}")
+                                        continue
+                                elif throttle:
+                                    rejections.add(f"{name} without a known {_THROTTLE_REASON}")
+                                    continue
+                                if key is None:
+                                    rejections.add(f"{name} without hw.id")
+                                    continue
+                                end_ns = point.time_unix_nano
+                                if not end_ns or end_ns > latest:
+                                    rejections.add(f"{name} without a timestamp or stamped in the future")
+                                    continue
+                                start_ns = point.start_time_unix_nano or end_ns
+                                accepted += 1
+                                # A metric sent twice for one interval (or another identity) opens a new group,
+                                # so that each point counts as sent.
+                                if (
+                                    group is not None
+                                    and end_ns == group_end
+                                    and start_ns == group_start
+                                    and key == group_key
+                                    and identity is group[0]
+                                ):
+                                    target = group[2] if throttle else group[1]
+                                    if field not in target:
+                                        target[field] = value
+                                        continue
+                                if batch is None:
+                                    batch = {}
+                                groups = batch.setdefault((key, start_ns, end_ns), [])
+                                group = groups[-1] if groups else None
+                                if (
+                                    group is None
+                                    or group[0] is not identity
+                                    or field in (group[2] if throttle else group[1])
+                                ):
+                                    group = (identity, {}, {})
+                                    groups.append(group)
+                                (group[2] if throttle else group[1])[field] = value
+                                group_key, group_start, group_end = key, start_ns, end_ns
                         else:
                             for point in points:
                                 value = _number(point)
@@ -450,9 +530,9 @@ class Decoder:
                 if batch:
                     assert add_gpu_inputs is not None
                     for (key, start_ns, end_ns), groups in batch.items():
-                        for identity, values, throttle in groups:
-                            if not add_gpu_inputs(key, start_ns, end_ns, identity, values, throttle):
-                                refused = len(values) + len(throttle)
+                        for identity, values, shares in groups:
+                            if not add_gpu_inputs(key, start_ns, end_ns, identity, values, shares):
+                                refused = len(values) + len(shares)
                                 accepted -= refused
                                 rejections.add(_refused("loss inputs", sink), refused)
         finally:
@@ -465,13 +545,22 @@ class Decoder:
         resource_metrics: Any,
         key: bytes,
         profile_of: Callable[[Mapping[str, str]], Any] | None,
-    ) -> tuple[Mapping[str, str], str | None, Any]:
-        """Identity, stream key and profile of a Resource not in the cache; cached under ``key``."""
+    ) -> _Resource:
+        """Identity, stream key, profile and overlong-ness of a Resource not in the cache; cached under ``key``."""
         identity = _identity_of(resource_metrics.resource.attributes, _EMPTY)
-        found = (identity, stream_key(identity), None if profile_of is None else profile_of(identity))
+        found = (
+            identity,
+            stream_key(identity),
+            None if profile_of is None else profile_of(identity),
+            _overlong(identity, self.max_attribute_length),
+        )
         cache = self._resource_cache
-        if len(cache) >= self._resource_cache_bound():
-            cache.clear()
+        if len(cache) >= self._cache_limit:
+            # The bound is read again only when the cache reaches the last one read (it moves with the
+            # sink's live streams), not on every new Resource: a fleet's first interval is all new ones.
+            self._cache_limit = self._resource_cache_bound()
+            if len(cache) >= self._cache_limit:
+                cache.clear()
         cache[key] = found
         return found
 
@@ -525,75 +614,27 @@ class Decoder:
         return _subset(request, lambda name: not self._ours(name)).SerializeToString()
 
 
-def _gpu_inputs(
-    batch: _Batch,
-    name: str,
-    points: Any,
-    resource_identity: Mapping[str, str],
-    resource_key: str | None,
-    latest: int,
-    rejections: _Rejections,
-    max_length: int,
-) -> int:
-    """The valid points of one loss-input metric into the Resource's batch; how many it took.
-
-    A throttle share of 0 is taken and left out: the windows average throttle shares over the GPU's OFU
-    time, so a reason absent from an interval reads as 0 for it (most intervals hold most reasons at 0).
-    """
-    accepted = 0
-    throttle = name == _THROTTLE
-    for point in points:
-        value = point.as_double or _number(point)
-        if value is None or not 0.0 <= value < math.inf:  # NaN fails both comparisons
-            rejections.add(f"{name} not finite or negative")
-            continue
-        if throttle and value == 0.0:
-            accepted += 1  # no share held: nothing to add (see above), and no reason to read
-            continue
-        attributes = point.attributes
-        identity = resource_identity
-        key = resource_key
-        reason: str | None = None
-        if attributes:
-            if throttle:
-                own_identity = False
-                for kv in attributes:
-                    if kv.key == _THROTTLE_REASON:
-                        reason = kv.value.string_value
-                    elif kv.key in _IDENTITY:
-                        own_identity = True
-                if reason not in _THROTTLE_REASONS:
-                    rejections.add(f"{name} without a known {_THROTTLE_REASON}")
-                    continue
-                if own_identity:
-                    identity = _identity_of(attributes, resource_identity)
-                    key = stream_key(identity)
-            else:
-                identity = _identity_of(attributes, resource_identity)
-                if identity is not resource_identity:
-                    key = stream_key(identity)
-            if identity is not resource_identity and _overlong(identity, max_length):
-                rejections.add(f"{name} attribute value longer than {max_length} characters")
-                continue
-        if key is None:
-            rejections.add(f"{name} without hw.id")
-            continue
-        if throttle and reason not in _THROTTLE_REASONS:
-            rejections.add(f"{name} without a known {_THROTTLE_REASON}")
-            continue
-        end_ns = point.time_unix_nano
-        if not end_ns or end_ns > latest:
-            rejections.add(f"{name} without a timestamp or stamped in the future")
-            continue
-        groups = batch.setdefault((key, point.start_time_unix_nano or end_ns, end_ns), [])
-        field = reason if reason is not None else name
-        last = groups[-1] if groups else None
-        if last is None or last[0] is not identity or field in (last[2] if reason is not None else last[1]):
-            last = (identity, {}, {})
-            groups.append(last)
-        (last[2] if reason is not None else last[1])[field] = value
-        accepted += 1
-    return accepted
+def _input_identity(
+    name: str, throttle: bool, attributes: Any, resource_identity: Mapping[str, str], resource_key: str | None
+) -> tuple[Mapping[str, str], str | None, str] | str:
+    """A loss-input point's identity, stream key and field (its metric, or a gpu.throttle point's reason) from
+    its own attributes; or why it is rejected."""
+    if not throttle:
+        identity = _identity_of(attributes, resource_identity)
+        return identity, (resource_key if identity is resource_identity else stream_key(identity)), name
+    reason: str | None = None
+    own_identity = False
+    for kv in attributes:
+        if kv.key == _THROTTLE_REASON:
+            reason = kv.value.string_value
+        elif kv.key in _IDENTITY:
+            own_identity = True
+    if reason is None or reason not in _THROTTLE_REASONS:
+        return f"{name} without a known {_THROTTLE_REASON}"
+    if not own_identity:
+        return resource_identity, resource_key, reason
+    identity = _identity_of(attributes, resource_identity)
+    return identity, stream_key(identity), reason
 
 
 _REFUSALS = {
