@@ -10,6 +10,13 @@ utime + stime of its process from ``/proc/<pid>/stat`` (every thread), read afte
 after the last reply plus a settle pause (so asynchronous batch work is counted); the client's CPU is
 not counted. /proc counts in clock ticks (10 ms), so each case sends enough reports for hundreds of ticks.
 
+Steady state: before the measured reports, every collector is sent one interval of the whole fleet (each
+GPU once) and a settle pause, so the measured reports are the ones a fleet sends every 10 s from then on.
+A collector that remembers what it saw (ours keeps each Resource's identity) is measured as it runs; the
+first sight of a Resource is dearer, and is measured apart: ours with every Resource new (a fleet larger
+than the run), reported beside the rest with no target. Until 2026-12-01 the quick run sent 2,000 reports
+over a 4,096-GPU fleet and no warm-up of the fleet, so every report was a first sight.
+
 Peers, in the same run on the same requests:
 
 - ``otel-ofu collector``: receive, decode, aggregate per window (no downstream, so nothing is exported).
@@ -63,6 +70,7 @@ MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
 TARGET_US_PER_REPORT = 20.0
 NODE_GPUS = 8  # GPUs per request of one producer: one host's GPUs, one Resource each
 OURS, ROTEL, OTELCOL_NAME = "otel-ofu collector", "rotel", "otelcol (signaltometrics)"
+FIRST_SIGHT = "(every Resource new)"
 TARGET_RATIO_TO_ROTEL = 2.0  # our CPU per point / Rotel's
 TARGET_THROUGHPUT_TO_OTELCOL = 0.5  # our GPU reports per CPU second / the OpenTelemetry Collector's
 
@@ -265,29 +273,50 @@ def cpu_per_report(
     return spent / ((len(payloads) - warmup) * gpus_per_request)
 
 
+def warmup_requests(gpus_per_request: int, fleet: int) -> int:
+    """Requests sent before the measured ones: one interval of the whole fleet, and at least 20."""
+    return max(20, -(-fleet // gpus_per_request))
+
+
 def measure(
-    peers: Sequence[Peer], gpus_per_request: Sequence[int], points: Sequence[int], reports: int, fleet: int
+    peers: Sequence[Peer],
+    gpus_per_request: Sequence[int],
+    points: Sequence[int],
+    reports: int,
+    fleet: int,
+    first_sight: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (peer, points per GPU, GPUs per request): us of CPU per GPU report and per point."""
+    """One row per (peer, points per GPU, GPUs per request): us of CPU per GPU report and per point, in the
+    steady state (after one interval of the fleet); plus, for ``first_sight`` = (points, GPUs per request), one
+    row of ours with every Resource new."""
     rows: list[dict[str, Any]] = []
-    cases = [(p, g) for p in points for g in gpus_per_request]
-    workloads = {(p, g): producer_requests(g, p, max(100, reports // g) + max(20, 200 // g), fleet) for p, g in cases}
+    cases = [(p, g, False) for p in points for g in gpus_per_request]
+    if first_sight is not None:
+        cases.append((*first_sight, True))
+    workloads = {}
+    for p, g, new in cases:
+        warmup = warmup_requests(g, fleet) if not new else max(20, 200 // g)
+        measured = max(100, reports // g)
+        # Every Resource new: a fleet larger than the run, so no GPU comes back.
+        workloads[(p, g, new)] = (warmup, producer_requests(g, p, warmup + measured, fleet if not new else 2**30))
     for peer in peers:
         if peer.missing is not None:
             continue
         with tempfile.TemporaryDirectory(prefix="bench-e2e-") as scratch:
-            for p, g in cases:
+            for p, g, new in cases:
+                if new and peer.name != OURS:
+                    continue  # the peers keep nothing per Resource: their first sight is their steady state
                 # A fresh process per case: each starts with no state, and one case's backlog never
                 # lands in the next one's CPU.
-                payloads = workloads[(p, g)]
+                warmup, payloads = workloads[(p, g, new)]
                 with running(peer, Path(scratch)) as (process, channel):
-                    per_report = cpu_per_report(channel, process.pid, payloads, g, warmup=max(20, 200 // g))
+                    per_report = cpu_per_report(channel, process.pid, payloads, g, warmup=warmup)
                 rows.append(
                     {
-                        "peer": peer.name,
+                        "peer": f"{peer.name} {FIRST_SIGHT}" if new else peer.name,
                         "points_per_gpu": p,
                         "gpus_per_request": g,
-                        "reports": (len(payloads) - max(20, 200 // g)) * g,
+                        "reports": (len(payloads) - warmup) * g,
                         "us_per_report": per_report * 1e6,
                         "us_per_point": per_report * 1e6 / p,
                         "gpus_per_core": INTERVAL_S / per_report if per_report > 0 else None,
@@ -299,7 +328,9 @@ def measure(
 def measure_all(quick: bool = False) -> dict[str, Any]:
     peers = [ours(), rotel(), otelcol()]
     sweep = (1, 8, 64) if quick else (1, 8, 64, 512)
-    rows = measure(peers, sweep, (1, 8), reports=2_000 if quick else 8_000, fleet=4_096)
+    rows = measure(
+        peers, sweep, (1, 8), reports=2_000 if quick else 8_000, fleet=1_024 if quick else 4_096, first_sight=(8, 8)
+    )
     return {
         "peers": [{"name": p.name, "version": p.version, "not_run": p.missing} for p in peers],
         "rows": rows,

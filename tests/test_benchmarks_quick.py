@@ -213,11 +213,31 @@ def test_end_to_end_requests_are_the_producer_layout() -> None:
 
 def test_end_to_end_measures_the_real_collector_process_over_grpc() -> None:
     e2e = _bench_module("benchmarks.bench_collector_e2e")
-    [row] = e2e.measure([e2e.ours()], (8,), (8,), reports=400, fleet=64)
+    row, first = e2e.measure([e2e.ours()], (8,), (8,), reports=400, fleet=64, first_sight=(8, 8))
     assert row["peer"] == "otel-ofu collector"
     assert row["reports"] == 100 * 8  # 100 measured requests of 8 GPU reports after the warm-up
     assert row["us_per_report"] > 0.0  # the process's own CPU, from /proc, grew while it served them
     assert row["us_per_point"] == pytest.approx(row["us_per_report"] / 8)
+    assert first["peer"] == "otel-ofu collector (every Resource new)"
+    assert first["reports"] == 100 * 8 and first["us_per_report"] > 0.0
+
+
+def test_end_to_end_warms_up_with_one_interval_of_the_whole_fleet() -> None:
+    e2e = _bench_module("benchmarks.bench_collector_e2e")
+    assert e2e.warmup_requests(1, 1024) == 1024  # each GPU once, one per request
+    assert e2e.warmup_requests(64, 1024) == 20  # 16 requests cover the fleet; at least 20 warm the process
+    assert e2e.warmup_requests(8, 1028) == 129  # a last, partly filled request
+    payloads = e2e.producer_requests(8, 1, e2e.warmup_requests(8, 1028) + 1, fleet=1028)
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    seen = {
+        rm.resource.SerializeToString()
+        for payload in payloads[:-1]
+        for rm in ExportMetricsServiceRequest.FromString(payload).resource_metrics
+    }
+    assert len(seen) == 1028  # the warm-up sent every Resource of the fleet
+    last = ExportMetricsServiceRequest.FromString(payloads[-1]).resource_metrics
+    assert all(rm.resource.SerializeToString() in seen for rm in last)  # a measured report: seen before
 
 
 def test_help_names_every_benchmark_and_the_strict_margin() -> None:
