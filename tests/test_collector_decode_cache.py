@@ -22,7 +22,7 @@ from otel_ofu import names
 from otel_ofu.testing.otlp_requests import T0, set_attribute
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, Decoder, resource_encodings
+from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, Decoder, resource_views
 from otel_ofu_collector.results import WindowReport
 
 S = 1_000_000_000
@@ -215,5 +215,5 @@ def test_a_resource_in_two_pieces_is_keyed_as_the_merged_resource() -> None:
     blob = first.SerializeToString() + second.SerializeToString()
     raw = b"\x0a" + _varint(len(blob)) + blob
     request = ExportMetricsServiceRequest.FromString(raw)
-    (encoding,) = resource_encodings(request, raw)
-    assert encoding == request.resource_metrics[0].resource.SerializeToString()
+    (view,) = resource_views(request, raw)
+    assert view.resource == request.resource_metrics[0].resource.SerializeToString()

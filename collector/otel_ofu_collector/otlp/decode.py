@@ -14,6 +14,7 @@ before, cost about a fifth of the ingest time.
 from __future__ import annotations
 
 import math
+import struct
 import threading
 from collections.abc import Callable, Mapping
 from hashlib import blake2b
@@ -25,7 +26,7 @@ from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
-from otel_ofu_collector.otlp import partials
+from otel_ofu_collector.otlp import partials, templates
 from otel_ofu_collector.results import PartialWindow
 
 _OFU = names.GPU_OFU.name
@@ -97,9 +98,26 @@ class _GpuInputAdd(Protocol):
 # per group; a metric sent twice for one interval opens another group, so each point counts as sent.
 _Group = tuple[Mapping[str, str], dict[str, float], dict[str, float]]
 _Batch = dict[tuple[str, int, int], list[_Group]]
-# A Resource's cached reading: identity, stream key (None without hw.id), profile, and whether any identity value
-# is over the length limit.
-_Resource = tuple[Mapping[str, str], str | None, Any, bool]
+
+
+@attrs.frozen
+class _Shape:
+    """A producer layout of ScopeMetrics (shared by every Resource that sends it): its template, and per point
+    read through it (role, field, is gpu.throttle, index of its start time or None, of its time, of its value)."""
+
+    template: templates.Template
+    plan: tuple[tuple[int, str, bool, int | None, int, int], ...]
+
+
+# A Resource's cached reading: identity, stream key (None without hw.id), profile, whether any identity value is
+# over the length limit, the shape its metrics came in (None: none yet, or none that a template can read), and
+# how many shapes were built for it since one was last read through (at most _MAX_SHAPE_BUILDS: a Resource whose
+# layout changes every interval is read point by point, not scanned again every interval).
+_Resource = tuple[Mapping[str, str], str | None, Any, bool, _Shape | None, int]
+_MAX_SHAPE_BUILDS = 3
+# Layouts kept to share (real fleets send a handful): lengths, and layouts of one length tried per Resource.
+_MAX_LAYOUT_LENGTHS = 256
+_MAX_LAYOUTS_PER_LENGTH = 4
 
 
 class _ProfilingAdd(Protocol):
@@ -163,8 +181,9 @@ def _resource_bytes_request_class() -> type[Message]:
 _ResourceBytesRequest: Any = _resource_bytes_request_class()
 
 
-def resource_encodings(request: ExportMetricsServiceRequest, raw: bytes | None) -> list[bytes]:
-    """Each ResourceMetrics' Resource as one complete encoding, in order: what its identity is cached under.
+def resource_views(request: ExportMetricsServiceRequest, raw: bytes | None) -> list[Any]:
+    """Each ResourceMetrics with its fields as sent, in order: ``.resource`` the Resource's complete encoding (what
+    its identity is cached under) and ``.scope_metrics`` each ScopeMetrics' (what its template is read from).
 
     ``raw`` must be ``request``'s own bytes (both receivers pass the bytes they parsed): read as bytes
     fields, each Resource comes out as sent. A field sent twice is merged by the real parser but only its
@@ -179,11 +198,10 @@ def resource_encodings(request: ExportMetricsServiceRequest, raw: bytes | None) 
         except DecodeError:
             view = None
         if view is not None and view.ByteSize() == len(raw):
-            found = [rm.resource for rm in view.resource_metrics]
+            found: list[Any] = list(view.resource_metrics)
             if len(found) == len(request.resource_metrics):
                 return found
-    view = _ResourceBytesRequest.FromString(request.SerializeToString())
-    return [rm.resource for rm in view.resource_metrics]
+    return list(_ResourceBytesRequest.FromString(request.SerializeToString()).resource_metrics)
 
 
 def any_value_text(value: Any) -> str | None:
@@ -272,6 +290,7 @@ class DecoderStats:
     rejected: int = 0
     rejected_by_reason: dict[str, int] = attrs.field(factory=dict)
     forwarded_requests: int = 0
+    shaped_resources: int = 0  # ResourceMetrics read through their layout's template (see ``_Shape``)
 
 
 @attrs.define
@@ -306,6 +325,11 @@ class Decoder:
     resource_cache_size: int = 262_144
     _resource_cache: dict[bytes, _Resource] = attrs.field(factory=dict)
     _cache_limit: int = 0  # the cache bound last read (see ``_resource_identity``)
+    # Read each Resource's points through the template of its layout once one is known (``otlp.templates``).
+    # False: always point by point (tests compare the two).
+    read_through_shapes: bool = True
+    # The shapes learnt, by the length of their ScopeMetrics: any Resource whose bytes fit one is read through it.
+    _layouts: dict[int, list[_Shape]] = attrs.field(factory=dict)
 
     @property
     def cached_resources(self) -> int:
@@ -356,12 +380,53 @@ class Decoder:
         cache = self._resource_cache
         max_length = self.max_attribute_length
         overlong_reason = f"attribute value longer than {max_length} characters"
-        encodings: list[bytes] | None = None  # read once, when the first of our points needs identity
+        views: list[Any] | None = None  # read once, when the first of our points needs identity
         lock = self.lock
-        locked = False  # taken with the encodings: nothing before the first point needing them touches shared state
+        locked = False  # taken with the views: nothing before the first point needing them touches shared state
+        use_shapes = self.read_through_shapes
+        layouts = self._layouts
         try:
             for index, rm in enumerate(request.resource_metrics):
                 resource: _Resource | None = None
+                cache_key: bytes | None = None
+                shape_missed = False  # a shape was tried and the bytes were not its layout
+                if use_shapes and layouts:
+                    # Known layouts exist: look the Resource up before walking its metrics, to read them
+                    # through a template when the bytes fit its shape, or another Resource's (a fleet's GPUs
+                    # send one layout, so a GPU seen the first time is read through it too).
+                    if views is None:
+                        views = resource_views(request, raw)  # a parse, outside the lock
+                        lock.acquire()
+                        locked = True
+                    view = views[index]
+                    cache_key = _cache_key(view.resource)
+                    resource = cache.get(cache_key)
+                    if resource is None:
+                        resource = self._resource_identity(rm, cache_key, profile_of)
+                    scopes = view.scope_metrics
+                    if len(scopes) == 1 and resource[1] is not None and not resource[3]:
+                        data = scopes[0]
+                        shape = resource[4]
+                        numbers = None if shape is None else shape.template.read(data)
+                        if numbers is None:
+                            shape_missed = shape is not None
+                            for shape in layouts.get(len(data), ()):
+                                numbers = shape.template.read(data)
+                                if numbers is not None:
+                                    break
+                        if numbers is not None:
+                            assert shape is not None
+                            taken = _through_shape(
+                                resource, shape.plan, numbers, latest, add_ofu, add_gpu_inputs, rejections, sink
+                            )
+                            if taken is not None:
+                                accepted += taken
+                                any_ours = True
+                                self.stats.shaped_resources += 1  # under the lock, taken with the views
+                                if shape is not resource[4] or resource[5]:
+                                    # A shape read through: the Resource's from now, with a fresh build budget.
+                                    cache[cache_key] = (*resource[:4], shape, 0)
+                                continue
                 resource_identity: Mapping[str, str] = _EMPTY
                 resource_key: str | None = None
                 resource_profile: Any = None
@@ -395,17 +460,15 @@ class Decoder:
                                     rejections.add(f"{name} not a gauge ({kind})", count)
                                 continue
                         if resource is None:
-                            if encodings is None:
-                                encodings = resource_encodings(request, raw)  # a parse, outside the lock
+                            if views is None:
+                                views = resource_views(request, raw)  # a parse, outside the lock
                                 lock.acquire()
                                 locked = True
-                            cache_key = encodings[index]
-                            if len(cache_key) > _INLINE_KEY_BYTES:
-                                cache_key = blake2b(cache_key, digest_size=16).digest()
+                            cache_key = _cache_key(views[index].resource)
                             resource = cache.get(cache_key)
                             if resource is None:
                                 resource = self._resource_identity(rm, cache_key, profile_of)
-                            resource_identity, resource_key, resource_profile, _ = resource
+                        resource_identity, resource_key, resource_profile = resource[0], resource[1], resource[2]
                         if resource[3]:
                             rejections.add(f"{name} {overlong_reason}", len(points))
                             continue
@@ -535,6 +598,17 @@ class Decoder:
                                 refused = len(values) + len(shares)
                                 accepted -= refused
                                 rejections.add(_refused("loss inputs", sink), refused)
+                if (
+                    use_shapes
+                    and resource is not None
+                    and cache_key is not None
+                    and resource[5] < _MAX_SHAPE_BUILDS
+                    and (resource[4] is None or shape_missed)
+                    and not resource[3]
+                    and resource[1] is not None
+                ):
+                    assert views is not None
+                    self._learn_shape(rm, views[index], cache_key, resource, roles)
         finally:
             if locked:
                 lock.release()
@@ -548,11 +622,13 @@ class Decoder:
     ) -> _Resource:
         """Identity, stream key, profile and overlong-ness of a Resource not in the cache; cached under ``key``."""
         identity = _identity_of(resource_metrics.resource.attributes, _EMPTY)
-        found = (
+        found: _Resource = (
             identity,
             stream_key(identity),
             None if profile_of is None else profile_of(identity),
             _overlong(identity, self.max_attribute_length),
+            None,
+            0,
         )
         cache = self._resource_cache
         if len(cache) >= self._cache_limit:
@@ -563,6 +639,25 @@ class Decoder:
                 cache.clear()
         cache[key] = found
         return found
+
+    def _learn_shape(self, rm: Any, view: Any, cache_key: bytes, resource: _Resource, roles: Mapping[str, int]) -> None:
+        """Build the shape of a Resource's metrics as just read point by point, and keep it with the Resource."""
+        scopes = view.scope_metrics
+        shape = _shape_of(rm, scopes[0], roles) if len(scopes) == 1 and len(rm.scope_metrics) == 1 else None
+        if shape is not None:
+            layouts = self._layouts
+            if len(layouts) >= _MAX_LAYOUT_LENGTHS:
+                layouts.clear()  # Resources keep the shapes they hold; only the sharing starts over
+            known = layouts.setdefault(shape.template.length, [])
+            same = next((k for k in known if k.template.gaps == shape.template.gaps), None)
+            if same is not None:
+                shape = same
+            else:
+                known.append(shape)
+                del known[:-_MAX_LAYOUTS_PER_LENGTH]
+        # A layout no template reads (a foreign metric, an attribute on a point) is often one interval's: the
+        # Resource keeps the shape it had, for the next report in its usual layout.
+        self._resource_cache[cache_key] = (*resource[:4], shape or resource[4], resource[5] + 1)
 
     def _resource_cache_bound(self) -> int:
         """How many Resources the cache may hold now: twice what the sink keeps alive, plus slack."""
@@ -635,6 +730,132 @@ def _input_identity(
         return resource_identity, resource_key, reason
     identity = _identity_of(attributes, resource_identity)
     return identity, stream_key(identity), reason
+
+
+def _cache_key(encoding: bytes) -> bytes:
+    """What a Resource is cached under: its encoding, or a 128-bit digest of a long one."""
+    return encoding if len(encoding) <= _INLINE_KEY_BYTES else blake2b(encoding, digest_size=16).digest()
+
+
+def _shape_of(rm: Any, scope_bytes: bytes, roles: Mapping[str, int]) -> _Shape | None:
+    """The shape of one ResourceMetrics' only ScopeMetrics (``scope_bytes`` its encoding as sent, ``rm`` the same
+    parsed), when a template can read it: only gpu.ofu, loss inputs and consumed metrics, each a gauge or sum of
+    as_double points with a time, no attributes but a gpu.throttle point's known reason, no field twice. The
+    slots ``templates.scan`` finds are checked against the parsed points: a template never reads what the parse
+    would read otherwise."""
+    scanned = templates.scan(scope_bytes)
+    metrics = rm.scope_metrics[0].metrics
+    if scanned is None or len(scanned) != len(metrics):
+        return None
+    read: list[tuple[int, str]] = []
+    skip: list[tuple[int, str]] = []
+    plan: list[tuple[int, str, bool, int | None, int, int]] = []
+    fields: set[str] = set()
+    for slots, metric in zip(scanned, metrics, strict=True):
+        name = metric.name
+        role = roles.get(name)
+        kind = metric.WhichOneof("data")
+        if slots.name != name or role is None or role == _MFU_ROLE or kind not in ("gauge", "sum"):
+            return None
+        points = getattr(metric, kind).data_points
+        if len(points) != len(slots.points):
+            return None
+        for slot, point in zip(slots.points, points, strict=True):
+            if role == _CONSUMED:
+                skip.extend(
+                    (offset, code)
+                    for offset, code in ((slot.start, "Q"), (slot.time, "Q"), (slot.value, "d"))
+                    if offset is not None
+                )
+                continue
+            if slot.time is None or slot.value is None:
+                return None
+            if not templates.same_number(struct.unpack_from("<d", scope_bytes, slot.value)[0], point.as_double):
+                return None
+            if struct.unpack_from("<Q", scope_bytes, slot.time)[0] != point.time_unix_nano:
+                return None
+            start = 0 if slot.start is None else struct.unpack_from("<Q", scope_bytes, slot.start)[0]
+            if start != point.start_time_unix_nano:
+                return None
+            throttle = name == _THROTTLE
+            field = name
+            if throttle:
+                attributes = point.attributes
+                if len(attributes) != 1 or attributes[0].key != _THROTTLE_REASON:
+                    return None
+                field = attributes[0].value.string_value
+                if field not in _THROTTLE_REASONS or attributes[0].value.WhichOneof("value") != "string_value":
+                    return None
+            elif slot.has_attributes or point.attributes:
+                return None
+            if role == _INPUT:
+                if field in fields:
+                    return None  # one interval's field twice: the point-by-point grouping decides
+                fields.add(field)
+            start_index = None
+            if slot.start is not None:
+                start_index = len(read)
+                read.append((slot.start, "Q"))
+            read.append((slot.time, "Q"))
+            read.append((slot.value, "d"))
+            plan.append((role, field, throttle, start_index, len(read) - 2, len(read) - 1))
+    if not plan:
+        return None
+    return _Shape(templates.Template.of(scope_bytes, read, skip), tuple(plan))
+
+
+def _through_shape(
+    resource: _Resource,
+    plan: tuple[tuple[int, str, bool, int | None, int, int], ...],
+    numbers: tuple[Any, ...],
+    latest: int,
+    add_ofu: _ProfilingAdd,
+    add_gpu_inputs: _GpuInputAdd | None,
+    rejections: _Rejections,
+    sink: object,
+) -> int | None:
+    """A Resource's points read through its shape into the sink; how many were taken. None, with nothing
+    taken, when any point would be refused: then the Resource is read point by point, where every refusal
+    has its reason. Loss inputs are grouped by their (start, end) as point by point (gpu.energy, a cumulative
+    counter, starts when its series did, the gauges when their interval did)."""
+    ofu: list[tuple[float, int, int]] = []
+    groups: dict[tuple[int, int], tuple[dict[str, float], dict[str, float]]] = {}
+    zeros = 0
+    for role, field, throttle, start_index, time_index, value_index in plan:
+        end_ns = numbers[time_index]
+        if not end_ns or end_ns > latest:
+            return None
+        value = numbers[value_index]
+        start_ns = (numbers[start_index] if start_index is not None else 0) or end_ns
+        if role == _OFU_ROLE:
+            if not 0.0 <= value <= 1.0:  # NaN fails both comparisons
+                return None
+            ofu.append((value, start_ns, end_ns))
+            continue
+        if add_gpu_inputs is None or not 0.0 <= value < math.inf:
+            return None
+        if throttle and value == 0.0:
+            zeros += 1  # taken, nothing to add (as point by point)
+            continue
+        group = groups.get((start_ns, end_ns))
+        if group is None:
+            group = groups[(start_ns, end_ns)] = ({}, {})
+        (group[1] if throttle else group[0])[field] = value
+    identity, key, profile = resource[0], resource[1], resource[2]
+    assert key is not None  # a shape is built only for a Resource with a stream key
+    accepted = zeros
+    for value, start_ns, end_ns in ofu:
+        if add_ofu(key, value, start_ns, end_ns, identity, profile):
+            accepted += 1
+        else:
+            rejections.add(_refused("gpu.ofu", sink))
+    for (start_ns, end_ns), (values, shares) in groups.items():
+        assert add_gpu_inputs is not None
+        if add_gpu_inputs(key, start_ns, end_ns, identity, values, shares):
+            accepted += len(values) + len(shares)
+        else:
+            rejections.add(_refused("loss inputs", sink), len(values) + len(shares))
+    return accepted
 
 
 _REFUSALS = {
