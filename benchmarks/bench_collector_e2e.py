@@ -329,7 +329,7 @@ def measure_all(quick: bool = False) -> dict[str, Any]:
     peers = [ours(), rotel(), otelcol()]
     sweep = (1, 8, 64) if quick else (1, 8, 64, 512)
     rows = measure(
-        peers, sweep, (1, 8), reports=2_000 if quick else 8_000, fleet=1_024 if quick else 4_096, first_sight=(8, 8)
+        peers, sweep, (1, 8), reports=4_000 if quick else 8_000, fleet=1_024 if quick else 4_096, first_sight=(8, 8)
     )
     return {
         "peers": [{"name": p.name, "version": p.version, "not_run": p.missing} for p in peers],

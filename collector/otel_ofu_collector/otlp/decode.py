@@ -9,6 +9,13 @@ encoding. That encoding comes from re-reading the request's bytes with a schema 
 ``ResourceMetrics.resource`` is a ``bytes`` field (a message and a bytes field share the wire format):
 one C-level pass that decodes nothing else. Serialising and digesting every Resource again, the key
 before, cost about a fifth of the ingest time.
+
+The same view holds each ScopeMetrics' bytes as sent. Producers send their metrics in the same layout every
+interval, so once a layout's shape is known (``_Shape``: a ``templates.Template`` and what each of its points
+is), a Resource whose bytes fit it is read with one ``struct`` call instead of a walk through a protobuf
+object per metric and point, which was most of the ingest time (about 1.5 us per metric to reach a value).
+Any point the template path would refuse sends the Resource to the point-by-point read, which gives every
+refusal its reason; the two take the same points (``tests/test_collector_decode_shapes.py``).
 """
 
 from __future__ import annotations
