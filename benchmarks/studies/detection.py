@@ -7,13 +7,18 @@ reading turned into ``gpu.ofu`` by ``gpu_values.compute`` (point-sampled clock, 
 the points, with each job's reported MFU per interval, go through the collector's ``Aggregator``
 (60 s windows) once per threshold setting. A job counts as detected when its flag rose in any window
 (a regression only at or after its injected onset); a false positive is a flag on a job without that
-fault, or a regression flag raised before the job's injected onset. Target: every miscount >= 1.5x and
-every regression >= 2x flagged, and no healthy job nor any flag before its onset,
-at the default thresholds (``--miscount-ratio 1.5``, ``--regression-factor 2.0``).
+fault, or a regression flag raised before the job's injected onset. Target: every miscount that puts
+reported MFU at 1.5x its OFU or more and every regression >= 2x flagged, and no healthy job nor any flag
+before its onset, at the default thresholds (``--miscount-ratio 1.5``, ``--regression-factor 2.0``).
 
-Note on the miscount threshold: it compares reported MFU with OFU, and a healthy job's true MFU is below
-its OFU (MFU ignores recompute and padding; the simulator's MFU/OFU efficiency is 0.93-0.99), so a 1.5x
-miscount shows as MFU/OFU of 1.40-1.49 - under a 1.5 ratio.
+Note on the miscount threshold: the flag compares reported MFU with OFU, and a healthy job's true MFU is
+below its OFU (MFU ignores recompute and padding; the simulator's MFU/OFU efficiency is 0.93-0.99), so an
+over-count by a factor f shows as MFU/OFU = f x efficiency: a 1.5x over-count as 1.40-1.49, under a 1.5
+ratio. The target therefore counts the miscounts whose reported MFU is at least 1.5x their OFU (f x
+efficiency >= 1.5, from the job's spec, before noise): what a ratio of MFU to OFU can see. Over-counts of
+1.5x or more that their efficiency puts under the ratio are not dropped: they have their own column and
+are listed with their MFU/OFU. At the default ratio they are undetectable by definition: flagging them
+would take a lower ratio, or knowing each job's efficiency, which the collector does not.
 
 Stragglers and idle allocations: a second fleet of the same kind, some of whose jobs are allocated but
 idle (``job.gpus.idle``), and in which one GPU of some multi-GPU dense jobs is power-capped (to
@@ -152,6 +157,24 @@ def evaluate(steps: Sequence[Step], config: AggregatorConfig, fleet: SimulatedFl
     )
 
 
+@attrs.frozen
+class MiscountGroups:
+    """The injected miscounts, by what the flag can see of them (from each job's spec, before noise)."""
+
+    target: list[JobSpec]  # reported MFU at least ``ratio`` x OFU: over-count x MFU/OFU efficiency >= ratio
+    under_ratio: list[JobSpec]  # over-counted by ``ratio`` or more, but their efficiency puts MFU/OFU under it
+    below: list[JobSpec]  # over-counted by less than ``ratio``
+
+
+def miscount_groups(jobs: Sequence[JobSpec], ratio: float = DEFAULT.miscount_ratio) -> MiscountGroups:
+    miscounted = [j for j in jobs if j.has_miscount]
+    return MiscountGroups(
+        target=[j for j in miscounted if j.mfu_ratio >= ratio],
+        under_ratio=[j for j in miscounted if j.miscount_factor >= ratio > j.mfu_ratio],
+        below=[j for j in miscounted if j.miscount_factor < ratio],
+    )
+
+
 def rate(flags: Mapping[str, bool], jobs: Sequence[JobSpec]) -> float | None:
     if not jobs:
         return None
@@ -173,8 +196,9 @@ def run(ctx: RunContext) -> BenchResult:
     miscounted = [j for j in fleet.jobs if j.has_miscount]
     regressing = [j for j in fleet.jobs if j.has_regression]
     healthy = [j for j in fleet.jobs if not j.has_miscount and not j.has_regression]
-    m_hi = [j for j in miscounted if j.miscount_factor >= 1.5]
-    m_lo = [j for j in miscounted if j.miscount_factor < 1.5]
+    groups = miscount_groups(miscounted)
+    m_hi, m_under, m_lo = groups.target, groups.under_ratio, groups.below
+    m_factor = [*m_hi, *m_under]
     r_hi = [j for j in regressing if j.regression_factor >= 2.0]
     r_lo = [j for j in regressing if j.regression_factor < 2.0]
     rows: list[tuple[str, ...]] = []
@@ -188,7 +212,9 @@ def run(ctx: RunContext) -> BenchResult:
         entry: dict[str, float | None] = {
             "miscount_ratio": ratio,
             "regression_factor": factor,
-            "miscount_detected_ge_1_5": rate(outcome.miscount, m_hi),
+            "miscount_detected_mfu_ge_1_5x_ofu": rate(outcome.miscount, m_hi),
+            "miscount_detected_ge_1_5_under_ratio": rate(outcome.miscount, m_under),
+            "miscount_detected_ge_1_5": rate(outcome.miscount, m_factor),
             "miscount_detected_lt_1_5": rate(outcome.miscount, m_lo),
             "miscount_false_positive": rate(outcome.miscount, [j for j in fleet.jobs if not j.has_miscount]),
             "regression_detected_ge_2": rate(outcome.regression, r_hi),
@@ -207,7 +233,8 @@ def run(ctx: RunContext) -> BenchResult:
         rows.append(
             (
                 f"{ratio}{marker}",
-                pct(entry["miscount_detected_ge_1_5"], 0),
+                pct(entry["miscount_detected_mfu_ge_1_5x_ofu"], 0),
+                pct(entry["miscount_detected_ge_1_5_under_ratio"], 0),
                 pct(entry["miscount_detected_lt_1_5"], 0),
                 pct(entry["miscount_false_positive"], 1),
                 f"{factor}{marker}",
@@ -223,6 +250,10 @@ def run(ctx: RunContext) -> BenchResult:
     missed_miscounts = sorted(
         (round(j.miscount_factor, 2), round(j.mfu_ratio, 3)) for j in m_hi if not d.miscount.get(j.job_id)
     )
+    under_ratio = sorted(
+        (round(j.miscount_factor, 2), round(j.mfu_ratio, 3), bool(d.miscount.get(j.job_id))) for j in m_under
+    )
+    factor_flagged = sum(bool(d.miscount.get(j.job_id)) for j in m_factor)
     missed_regressions = sorted(round(j.regression_factor, 2) for j in r_hi if not d.regression.get(j.job_id))
     flagged = {j for j, v in d.miscount.items() if v}
     r_all = pearson(d, fleet.jobs)
@@ -246,7 +277,8 @@ def run(ctx: RunContext) -> BenchResult:
             f"{len(healthy)} healthy; {seconds / 60:.0f} min, 10 s reads, 60 s windows)",
             (
                 "miscount ratio",
-                f"miscount >= 1.5x ({len(m_hi)})",
+                f"miscount, MFU >= 1.5x OFU ({len(m_hi)})",
+                f">= 1.5x, MFU < 1.5x OFU ({len(m_under)})",
                 f"1.2-1.5x ({len(m_lo)})",
                 "false positive",
                 "regression factor",
@@ -257,8 +289,11 @@ def run(ctx: RunContext) -> BenchResult:
             rows,
             note="Each row is one Aggregator over the same points with that pair of thresholds. "
             f"At the defaults: healthy jobs flagged {len(healthy_flagged)}; "
-            "miscounts >= 1.5x missed (factor, MFU/OFU): "
-            f"{missed_miscounts or 'none'}; regressions >= 2x missed (factor): {missed_regressions or 'none'}.",
+            "miscounts with MFU >= 1.5x OFU missed (factor, MFU/OFU): "
+            f"{missed_miscounts or 'none'}; over-counts >= 1.5x under the ratio by their MFU/OFU efficiency, "
+            f"undetectable at 1.5 by definition (factor, MFU/OFU, flagged): {under_ratio or 'none'}; "
+            f"all over-counts >= 1.5x: {factor_flagged} of {len(m_factor)} flagged; "
+            f"regressions >= 2x missed (factor): {missed_regressions or 'none'}.",
         ),
         Table(
             "Fleet OFU-MFU correlation across jobs (run means)",
@@ -268,7 +303,7 @@ def run(ctx: RunContext) -> BenchResult:
     )
     verdicts = (
         Verdict(
-            "every injected miscount >= 1.5x flagged (default thresholds)",
+            "every injected miscount with reported MFU >= 1.5x its OFU flagged (default thresholds)",
             (rate(d.miscount, m_hi) or 0.0) * 100,
             100.0,
             "%",
@@ -301,6 +336,8 @@ def run(ctx: RunContext) -> BenchResult:
             "sweep": sweep,
             "healthy_flagged": healthy_flagged,
             "missed_miscounts": missed_miscounts,
+            "miscounts_under_ratio": under_ratio,
+            "miscounts_ge_1_5_flagged": [factor_flagged, len(m_factor)],
             "missed_regressions": missed_regressions,
             "correlation": {
                 "all": r_all,
@@ -334,7 +371,10 @@ def _plot(ctx: RunContext, outcome: Outcome, fleet: SimulatedFleet, sweep: Seque
     ratios = [e["miscount_ratio"] or 0.0 for e in sweep]
     factors = [e["regression_factor"] or 0.0 for e in sweep]
     curves.plot(
-        ratios, [e["miscount_detected_ge_1_5"] for e in sweep], marker="o", label="miscount >= 1.5x detected (vs ratio)"
+        ratios,
+        [e["miscount_detected_mfu_ge_1_5x_ofu"] for e in sweep],
+        marker="o",
+        label="miscount, MFU >= 1.5x OFU, detected (vs ratio)",
     )
     curves.plot(
         ratios, [e["miscount_false_positive"] for e in sweep], marker="x", label="miscount false positives (vs ratio)"
