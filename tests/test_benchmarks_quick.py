@@ -261,5 +261,10 @@ def test_a_known_miss_fails_strict_only_when_it_gets_worse(tmp_path: Path) -> No
     assert not higher.worse(common.Verdict("t", 0.35, 0.5, "x", higher_is_better=True, kind="ratio"), 0.30)
     assert higher.worse(common.Verdict("t", 0.25, 0.5, "x", higher_is_better=True, kind="ratio"), 0.30)
     assert main.load_known_misses(tmp_path / "absent.json") == {}
+    assert not known.full_run_only
+    record.write_text(
+        json.dumps([{"benchmark": "b", "target": "t", "recorded": 92.2, "why": "w", "full_run_only": True}])
+    )
+    assert main.load_known_misses(record)[("b", "t")].full_run_only  # a quick run meeting it is not told to drop it
     shipped = main.load_known_misses(main.KNOWN_MISSES)
     assert all(miss.why for miss in shipped.values())  # every miss on record says why

@@ -309,6 +309,15 @@ def run(ctx: RunContext) -> BenchResult:
             "%",
             higher_is_better=True,
         ),
+        # The target as first stated, by the injected factor alone: kept, so that what a ratio of MFU to OFU
+        # cannot see stays in view (a known miss in the full run, see benchmarks/known_misses.json).
+        Verdict(
+            "every injected miscount >= 1.5x flagged, whatever its MFU/OFU (default thresholds)",
+            (rate(d.miscount, m_factor) or 0.0) * 100,
+            100.0,
+            "%",
+            higher_is_better=True,
+        ),
         Verdict(
             "every injected regression >= 2x flagged (default thresholds)",
             (rate(d.regression, r_hi) or 0.0) * 100,
