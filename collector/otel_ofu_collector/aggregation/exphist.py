@@ -13,7 +13,10 @@ of a quantile read from the buckets is then at most ``relative_error_bound(scale
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+import operator
 from collections import Counter
 from collections.abc import Iterable
 
@@ -27,6 +30,7 @@ _LOG_SCALE_FACTOR = (1 << MAX_SCALE) / math.log(2.0)
 # Bucket exponents (index / 2^scale) a float can reach: 2^-1075 .. 2^1024, with a margin.
 _MIN_EXPONENT = -1100
 _MAX_EXPONENT = 1100
+_MANTISSA = operator.itemgetter(0)
 
 
 def top_index(value: float) -> int:
@@ -36,6 +40,18 @@ def top_index(value: float) -> int:
         # value = 2^(exponent-1) is the inclusive upper bound of the bucket below it
         return ((exponent - 1) << MAX_SCALE) - 1
     return math.floor(math.log(value) * _LOG_SCALE_FACTOR)
+
+
+def _top_indices(positives: list[float]) -> list[int]:
+    """``top_index`` of each positive finite value, in C-level passes: the logarithm's bucket, then the
+    exact powers of two (found by their mantissa, rare in real data) moved to the bucket below."""
+    indices = list(map(math.floor, map(_LOG_SCALE_FACTOR.__mul__, map(math.log, positives))))
+    mantissas = list(map(_MANTISSA, map(math.frexp, positives)))
+    at = -1
+    for _ in range(mantissas.count(0.5)):
+        at = mantissas.index(0.5, at + 1)
+        indices[at] = top_index(positives[at])
+    return indices
 
 
 def relative_error_bound(scale: int) -> float:
@@ -98,27 +114,28 @@ class ExpHistogram:
 
     @classmethod
     def from_values(cls, values: Iterable[float], *, max_buckets: int) -> ExpHistogram:
-        """The histogram of a batch of values, at the highest scale that fits."""
-        zero_count = 0
-        total = 0.0
-        smallest = math.inf
-        largest = -math.inf
-        indices: list[int] = []
-        for raw in values:
-            value = _check_value(raw)
-            total += value
-            smallest = min(smallest, value)
-            largest = max(largest, value)
-            if value == 0.0:
-                zero_count += 1
-            else:
-                indices.append(top_index(value))
-        if zero_count == 0 and not indices:
+        """The histogram of a batch of values, at the highest scale that fits.
+
+        Built with C-level passes over the batch (a window closes with one histogram of up to every GPU):
+        the same buckets, sum (added in order), min and max as inserting the values one by one.
+        """
+        batch = list(map(float, values))
+        if not batch:
             return cls()
-        if not indices:
+        total = functools.reduce(operator.add, batch, 0.0)
+        smallest = min(batch)
+        largest = max(batch)
+        if not (smallest >= 0.0 and math.isfinite(total)):
+            # A bad value (negative, NaN, infinite) or a sum past the float range: check each, in order.
+            for value in batch:
+                _check_value(value)
+        positives = list(filter(None, batch))  # zero (either sign) has its own count
+        zero_count = len(batch) - len(positives)
+        if not positives:
             return cls(zero_count=zero_count, sum=total, min=smallest, max=largest)
+        indices = _top_indices(positives)
         shift = shift_to_fit(min(indices), max(indices), max_buckets)
-        by_bucket = Counter(index >> shift for index in indices)
+        by_bucket = Counter(map(operator.rshift, indices, itertools.repeat(shift)) if shift else indices)
         offset = min(by_bucket)
         counts = [0] * (max(by_bucket) - offset + 1)
         for index, count in by_bucket.items():

@@ -32,6 +32,7 @@ would then come out +1e-16 one way and -1e-16 the other. Same GPUs, same bits, w
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -77,14 +78,32 @@ def split_gpu(
     price: float | None = None,
 ) -> GpuLoss:
     """One GPU's split (see the module doc); ``clock_ratio`` is ``min(1, f / f_ref)`` or None when unknown."""
+    tpa, idle, clock, tensor = split_shares(ofu, tensor_active, clock_ratio)
+    return GpuLoss(ofu, tpa, idle, clock, tensor, seconds, energy_j, _flops(flops_per_s, seconds), price)
+
+
+def split_shares(
+    ofu: float, tensor_active: float | None, clock_ratio: float | None
+) -> tuple[float, float, float, float]:
+    """``split_gpu``'s shares alone: (T as used, idle, clock, tensor), for a caller that keeps them in columns."""
     tpa = ofu if tensor_active is None else max(tensor_active, ofu)
     if tpa < IDLE_TENSOR_ACTIVE:
-        return GpuLoss(ofu, tpa, 1.0 - ofu, 0.0, 0.0, seconds, energy_j, _flops(flops_per_s, seconds), price)
+        return tpa, 1.0 - ofu, 0.0, 0.0
     clock = 0.0
     if clock_ratio is not None:
         clock = min(max(tpa * (1.0 - clock_ratio), 0.0), tpa - ofu)
-    tensor = 1.0 - ofu - clock
-    return GpuLoss(ofu, tpa, 0.0, clock, tensor, seconds, energy_j, _flops(flops_per_s, seconds), price)
+    return tpa, 0.0, clock, 1.0 - ofu - clock
+
+
+def split_ofu_only(ofu: list[float]) -> tuple[list[float], list[float], list[float]]:
+    """``split_shares`` of GPUs that sent no tensor activity nor clocks, in columns: (idle, clock, tensor).
+
+    T is then O and there is no clock term: an idle GPU (O < IDLE_TENSOR_ACTIVE) loses 1 - O to idle, any
+    other 1 - O to tensor (``1 - O - 0``, the same bits).
+    """
+    idle = [1.0 - o if o < IDLE_TENSOR_ACTIVE else 0.0 for o in ofu]
+    tensor = [0.0 if o < IDLE_TENSOR_ACTIVE else 1.0 - o for o in ofu]
+    return idle, [0.0] * len(ofu), tensor
 
 
 def _flops(flops_per_s: float | None, seconds: float) -> float | None:
@@ -99,6 +118,35 @@ def clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, tensor_cl
     return min(1.0, max(0.0, sm_clock_hz / reference))
 
 
+@attrs.define
+class GpuColumns:
+    """A job's GPUs' splits in columns, one entry per GPU in one order: what a window close fills in one pass
+    over the job's GPUs (``GpuLoss``'s fields, without an object per GPU)."""
+
+    ofu: list[float] = attrs.field(factory=list)
+    idle: list[float] = attrs.field(factory=list)
+    clock: list[float] = attrs.field(factory=list)
+    tensor: list[float] = attrs.field(factory=list)
+    seconds: list[float] = attrs.field(factory=list)
+    energy_j: list[float | None] = attrs.field(factory=list)
+    flops: list[float | None] = attrs.field(factory=list)
+    price: list[float | None] = attrs.field(factory=list)
+
+    @classmethod
+    def of(cls, gpus: Iterable[GpuLoss]) -> GpuColumns:
+        columns = cls()
+        for g in gpus:
+            columns.ofu.append(g.ofu)
+            columns.idle.append(g.idle)
+            columns.clock.append(g.clock)
+            columns.tensor.append(g.tensor)
+            columns.seconds.append(g.seconds)
+            columns.energy_j.append(g.energy_j)
+            columns.flops.append(g.flops)
+            columns.price.append(g.price)
+        return columns
+
+
 def job_loss(
     gpus: Iterable[GpuLoss],
     *,
@@ -107,29 +155,49 @@ def job_loss(
     grid_intensity: float | None = None,
 ) -> JobLoss | None:
     """The job's window values from its GPUs' splits; None for a job without GPUs in the window."""
-    parts = list(gpus)
-    if not parts:
+    return job_loss_of(GpuColumns.of(gpus), currency=currency, pue=pue, grid_intensity=grid_intensity)
+
+
+def job_loss_of(
+    gpus: GpuColumns,
+    *,
+    currency: str | None,
+    pue: float = 1.0,
+    grid_intensity: float | None = None,
+) -> JobLoss | None:
+    """``job_loss`` of splits in columns (each sum a C-level pass over a column)."""
+    n = len(gpus.ofu)
+    if not n:
         return None
-    n = len(parts)
-    ofu = math.fsum(g.ofu for g in parts) / n
-    idle = math.fsum(g.idle for g in parts) / n
-    clock = math.fsum(g.clock for g in parts) / n
+    ofu = math.fsum(gpus.ofu) / n
+    idle = math.fsum(gpus.idle) / n
+    clock = math.fsum(gpus.clock) / n
     shares = {IDLE: idle, CLOCK: clock, TENSOR: 1.0 - ofu - idle - clock}
-    own = [{IDLE: g.idle, CLOCK: g.clock, TENSOR: g.tensor} for g in parts]
-    lost = {cause: math.fsum(o[cause] * g.seconds for o, g in zip(own, parts, strict=True)) for cause in CAUSES}
-    metered = [g for g in parts if g.energy_j is not None]
-    energy = math.fsum(g.energy_j for g in metered if g.energy_j is not None) if metered else None
-    with_flops = [g for g in metered if g.flops is not None]
-    flops = math.fsum(g.flops for g in with_flops if g.flops is not None)
-    flops_energy = math.fsum(g.energy_j for g in with_flops if g.energy_j is not None)
-    priced = [(g.price, g.seconds / S_PER_HOUR, o) for g, o in zip(parts, own, strict=True) if g.price is not None]
-    cost = math.fsum(price * hours for price, hours, _o in priced) if priced else None
+    own = {IDLE: gpus.idle, CLOCK: gpus.clock, TENSOR: gpus.tensor}
+    lost = {cause: math.fsum(map(operator.mul, own[cause], gpus.seconds)) for cause in CAUSES}
+    energy: float | None = None
+    flops = flops_energy = 0.0
+    if gpus.energy_j.count(None) < n:
+        energy = math.fsum(e for e in gpus.energy_j if e is not None)
+        with_flops = [(f, e) for f, e in zip(gpus.flops, gpus.energy_j, strict=True) if f is not None and e is not None]
+        flops = math.fsum(f for f, _e in with_flops)
+        flops_energy = math.fsum(e for _f, e in with_flops)
+    cost: float | None = None
     cost_lost: dict[str, float] | None = None
-    if priced:
-        cost_lost = {cause: math.fsum(price * o[cause] * hours for price, hours, o in priced) for cause in CAUSES}
-    seconds = math.fsum(g.seconds for g in parts)
+    prices = [price for price in gpus.price if price is not None]
+    if prices:
+        hours = [seconds / S_PER_HOUR for seconds in gpus.seconds]
+        parts = own
+        if len(prices) < n:  # some GPUs not priced: the others' columns alone
+            priced = [i for i, price in enumerate(gpus.price) if price is not None]
+            hours = [hours[i] for i in priced]
+            parts = {cause: [own[cause][i] for i in priced] for cause in CAUSES}
+        cost = math.fsum(map(operator.mul, prices, hours))
+        cost_lost = {
+            cause: math.fsum(map(operator.mul, map(operator.mul, prices, parts[cause]), hours)) for cause in CAUSES
+        }
     return JobLoss(
-        gpu_time_s=seconds,
+        gpu_time_s=math.fsum(gpus.seconds),
         shares=shares,
         lost_s=lost,
         energy_j=energy,

@@ -19,7 +19,7 @@ import attrs
 
 from otel_ofu import names
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.detectors.base import GpuWindowValues
+from otel_ofu_collector.detectors.base import GpuVerdict, GpuWindowValues
 
 # A reason that held the clock down for at least this share of the window explains a slow GPU.
 EXPLAINS_SHARE: Final = 0.25
@@ -37,29 +37,40 @@ def throttle_reason(throttle: Mapping[str, float]) -> str | None:
 
 
 @attrs.define
-class _Straggler:
+class _Stragglers:
+    """One job's GPUs: each GPU's run of windows below, kept only while it runs (a GPU not below, or gone from
+    the job, is where a fresh one starts), so a healthy job holds nothing per GPU."""
+
     factor: float
     windows: int
-    run: int = 0
-    up: bool = False
-    labels: Mapping[str, str] = _NO_LABELS
+    runs: dict[str, int] = attrs.field(factory=dict)  # stream key -> consecutive windows below, >= 1
 
-    def assess(self, window: GpuWindowValues) -> int | None:
-        below = (
-            window.job_gpus >= 2
-            and window.job_median_ofu > 0.0
-            and not window.idle
-            and window.ofu * self.factor < window.job_median_ofu
-        )
-        self.run = self.run + 1 if below else 0
-        was_up = self.up
-        self.up = self.run >= self.windows
-        if self.up:
-            reason = throttle_reason(window.throttle)
-            self.labels = {names.GPU_THROTTLE_REASON: reason} if reason else _NO_LABELS
-            return 1
-        self.labels = _NO_LABELS
-        return 0 if was_up else None
+    def assess(self, window: GpuWindowValues) -> list[GpuVerdict]:
+        keys, ofus, medians = window.keys, window.ofu, window.job_median_ofu
+        factor = self.factor
+        below: list[int] = []
+        if len(keys) >= 2:
+            below = [
+                i
+                for i, (ofu, median, idle) in enumerate(zip(ofus, medians, window.idle, strict=True))
+                if median > 0.0 and not idle and ofu * factor < median
+            ]
+        previous = self.runs
+        runs = {keys[i]: previous.get(keys[i], 0) + 1 for i in below}
+        self.runs = runs
+        windows = self.windows
+        shown = {i: 1 for i in below if runs[keys[i]] >= windows}
+        was_up = {key for key, run in previous.items() if run >= windows and runs.get(key, 0) < windows}
+        if was_up:  # cleared: shown once, with 0
+            shown.update((i, 0) for i, key in enumerate(keys) if key in was_up)
+        verdicts = []
+        for i in sorted(shown):
+            labels = _NO_LABELS
+            if shown[i]:
+                reason = throttle_reason(window.throttle(i))
+                labels = {names.GPU_THROTTLE_REASON: reason} if reason else _NO_LABELS
+            verdicts.append(GpuVerdict(i, shown[i], labels))
+        return verdicts
 
 
 @attrs.frozen
@@ -69,8 +80,8 @@ class Straggler:
     kind: str = "straggler"
     label: str = "straggler GPU"
 
-    def start(self, config: AggregatorConfig) -> _Straggler:
-        return _Straggler(config.straggler_factor, config.straggler_windows)
+    def start(self, config: AggregatorConfig) -> _Stragglers:
+        return _Stragglers(config.straggler_factor, config.straggler_windows)
 
 
 GPU_DETECTOR = Straggler()
