@@ -30,7 +30,7 @@ _LOG_SCALE_FACTOR = (1 << MAX_SCALE) / math.log(2.0)
 # Bucket exponents (index / 2^scale) a float can reach: 2^-1075 .. 2^1024, with a margin.
 _MIN_EXPONENT = -1100
 _MAX_EXPONENT = 1100
-_MANTISSA = operator.itemgetter(0)
+_POWERS_OF_TWO = frozenset(math.ldexp(1.0, exponent) for exponent in range(-1074, 1024))
 
 
 def top_index(value: float) -> int:
@@ -44,13 +44,14 @@ def top_index(value: float) -> int:
 
 def _top_indices(positives: list[float]) -> list[int]:
     """``top_index`` of each positive finite value, in C-level passes: the logarithm's bucket, then the
-    exact powers of two (found by their mantissa, rare in real data) moved to the bucket below."""
+    exact powers of two (rare in real data) moved to the bucket below, as ``top_index`` maps them."""
     indices = list(map(math.floor, map(_LOG_SCALE_FACTOR.__mul__, map(math.log, positives))))
-    mantissas = list(map(_MANTISSA, map(math.frexp, positives)))
-    at = -1
-    for _ in range(mantissas.count(0.5)):
-        at = mantissas.index(0.5, at + 1)
-        indices[at] = top_index(positives[at])
+    for power in _POWERS_OF_TWO.intersection(positives):
+        index = top_index(power)
+        at = -1
+        for _ in range(positives.count(power)):
+            at = positives.index(power, at + 1)
+            indices[at] = index
     return indices
 
 

@@ -31,6 +31,7 @@ would then come out +1e-16 one way and -1e-16 the other. Same GPUs, same bits, w
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Iterable, Mapping
@@ -45,6 +46,7 @@ IDLE, CLOCK, TENSOR = names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.O
 IDLE_TENSOR_ACTIVE = 0.01  # mean tensor pipe activity below which a GPU did no tensor work in the window
 J_PER_KWH = 3.6e6
 S_PER_HOUR = 3600.0
+_ONE = 1.0
 
 
 @attrs.frozen
@@ -101,9 +103,12 @@ def split_ofu_only(ofu: list[float]) -> tuple[list[float], list[float], list[flo
     T is then O and there is no clock term: an idle GPU (O < IDLE_TENSOR_ACTIVE) loses 1 - O to idle, any
     other 1 - O to tensor (``1 - O - 0``, the same bits).
     """
-    idle = [1.0 - o if o < IDLE_TENSOR_ACTIVE else 0.0 for o in ofu]
-    tensor = [0.0 if o < IDLE_TENSOR_ACTIVE else 1.0 - o for o in ofu]
-    return idle, [0.0] * len(ofu), tensor
+    n = len(ofu)
+    idle = [0.0] * n
+    tensor = list(map(_ONE.__sub__, ofu))  # 1 - O
+    for i in itertools.compress(range(n), map(IDLE_TENSOR_ACTIVE.__gt__, ofu)):  # the few idle GPUs
+        idle[i], tensor[i] = tensor[i], 0.0
+    return idle, [0.0] * n, tensor
 
 
 def _flops(flops_per_s: float | None, seconds: float) -> float | None:

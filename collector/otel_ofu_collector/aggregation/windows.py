@@ -48,7 +48,8 @@ import math
 import operator
 from array import array
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import cast
 
 import attrs
 
@@ -92,10 +93,13 @@ _THROTTLE = names.GPU_THROTTLE.name
 _GPU_IDENTITY_KEYS = (names.HOST_NAME, names.HW_ID, names.GPU_MIG_INSTANCE_ID)
 # A GPU whose OFU points cover less than this of a window carried no durations: it counts the whole window.
 _MIN_COVERED_NS = 1_000_000
+_NS_PER_S = 1e9
 
 # A stream's identity as the windows need it: (job.id, *group values, *JOB_ATTRIBUTE_KEYS values), None if
 # absent. Interned, so the streams of one job share one tuple.
 Profile = tuple[str | None, ...]
+# A cell's key in its window: the stream's key; (key, job.id) for the cell of a stream that moved job in it.
+CellKey = str | tuple[str, str | None]
 
 
 @attrs.frozen
@@ -176,11 +180,19 @@ class _GpuInputs:
 class _JobGpus:
     """A job's cells in a window closing, in columns: the cells' keys, the cells and their OFU."""
 
-    keys: list[str | tuple[str, str | None]] = attrs.field(factory=list)
+    keys: list[CellKey] = attrs.field(factory=list)
     cells: list[_Cell] = attrs.field(factory=list)
     ofus: list[float] = attrs.field(factory=list)
 
+    def stream_keys(self) -> list[str]:
+        keys = self.keys
+        if all(map(isinstance, keys, itertools.repeat(str))):  # no stream moved job: the keys as they are
+            return cast(list[str], keys)
+        return [key if isinstance(key, str) else key[0] for key in keys]
 
+
+# Where a cell goes when its window closes: the appends of its group's values and of its job's columns.
+_Route = tuple[Callable[[float], None], Callable[[CellKey], None], Callable[[_Cell], None], Callable[[float], None]]
 _LAST_END = operator.attrgetter("last_end_ns")
 _WEIGHT = operator.attrgetter("weight")
 _PROFILE = operator.attrgetter("profile")
@@ -197,7 +209,7 @@ class _MfuCell:
 class _Window:
     # A stream's cell under its key; should the stream move to another job inside the window, the cell for
     # that job under (key, job.id). One table, so that cells keep the order their first points came in.
-    cells: dict[str | tuple[str, str | None], _Cell] = attrs.field(factory=dict)
+    cells: dict[CellKey, _Cell] = attrs.field(factory=dict)
     mfu: dict[str, _MfuCell] = attrs.field(factory=dict)
     gpus: dict[str, _GpuInputs] = attrs.field(factory=dict)  # loss inputs by stream key
 
@@ -620,26 +632,27 @@ class Aggregator:
         # job with one identity) is resolved to its group's values and its job's GPUs once per window.
         groups_values: dict[tuple[str, ...], list[float]] = {}
         jobs_gpus: dict[str, _JobGpus] = {}
-        routes: dict[Profile, tuple[list[float], _JobGpus | None]] = {}
+        no_job = _JobGpus()  # the cells of no job go through the same steps, to be dropped
+        # The appends of each profile's group values and job columns, by the profile's id: profiles are interned,
+        # and one that is not only gets a route of its own to the same lists (a tuple's hash is not cached).
+        routes: dict[int, _Route] = {}
         for cell_key, cell in window.cells.items():
-            profile = cell.profile
-            route = routes.get(profile)
+            route = routes.get(id(cell.profile))
             if route is None:
+                profile = cell.profile
                 group = tuple(UNKNOWN if v is None else v for v in profile[1:group_end])
-                job_id = profile[0]
-                found = None
-                if job_id is not None:
-                    found = jobs_gpus.get(job_id)
-                    if found is None:
-                        found = jobs_gpus[job_id] = _JobGpus()
-                route = routes[profile] = (groups_values.setdefault(group, []), found)
+                target = no_job
+                if profile[0] is not None:
+                    target = jobs_gpus.setdefault(profile[0], _JobGpus())
+                values = groups_values.setdefault(group, [])
+                route = (values.append, target.keys.append, target.cells.append, target.ofus.append)
+                routes[id(profile)] = route
+            add_value, add_key, add_cell, add_ofu = route
             value = cell.weighted / cell.weight
-            route[0].append(value)
-            gpus = route[1]
-            if gpus is not None:
-                gpus.keys.append(cell_key)
-                gpus.cells.append(cell)
-                gpus.ofus.append(value)
+            add_value(value)
+            add_key(cell_key)
+            add_cell(cell)
+            add_ofu(value)
         groups = tuple(self._group_report(key, values) for key, values in sorted(groups_values.items()))
         job_reports: list[JobReport] = []
         for job_id in sorted(jobs_gpus.keys() | window.mfu.keys()):
@@ -652,7 +665,8 @@ class Aggregator:
                 attributes.update(mfu_cell.attributes)
             gpus = jobs_gpus.get(job_id)
             if gpus is not None:  # the GPUs' own identity wins over what the training side said
-                newest = max(gpus.cells, key=_LAST_END).profile[group_end:]
+                ends = list(map(_LAST_END, gpus.cells))
+                newest = gpus.cells[ends.index(max(ends))].profile[group_end:]  # the first of the latest
                 attributes.update((k, v) for k, v in zip(JOB_ATTRIBUTE_KEYS, newest, strict=True) if v is not None)
             job.attributes = attributes
             job_reports.append(self._job_report(job_id, job, start, end, mfu_cell, window, gpus))
@@ -718,20 +732,20 @@ class Aggregator:
         n = len(cells)
         full = float(self._window_ns)
         window_ns = self._window_ns
-        seconds = [
-            (covered if covered >= _MIN_COVERED_NS else window_ns) / 1e9
-            for covered in map(min, map(_WEIGHT, cells), itertools.repeat(full))
-        ]
-        profiles = list(map(_PROFILE, cells))
-        model_index = 1 + self._groups + 1  # the profile: job.id, the group values, then JOB_ATTRIBUTE_KEYS
-        if profiles.count(profiles[0]) == n:  # one identity for all (interned: compared by identity first)
-            models = [self._model(profiles[0][model_index])] * n
+        covered = list(map(min, map(_WEIGHT, cells), itertools.repeat(full)))
+        if min(covered) >= _MIN_COVERED_NS:
+            seconds = list(map(_NS_PER_S.__rtruediv__, covered))
         else:
-            models = [self._model(profile[model_index]) for profile in profiles]
+            seconds = [(ns if ns >= _MIN_COVERED_NS else window_ns) / _NS_PER_S for ns in covered]
+        # The profile: job.id, the group values, then JOB_ATTRIBUTE_KEYS, hw.model first.
+        model_names = list(map(operator.itemgetter(1 + self._groups + 1), map(_PROFILE, cells)))
+        for model in set(model_names):
+            self._model(model)
+        models = list(map(self._models.__getitem__, model_names))
         inputs_of = window.gpus
         found: list[_GpuInputs | None] = [None] * n
         if inputs_of:
-            found = [inputs_of.get(k if isinstance(k, str) else k[0]) for k in gpus.keys]
+            found = list(map(inputs_of.get, gpus.stream_keys()))
         ofus = gpus.ofus
         prices = [price for price, _clock in models]
         if found.count(None) == n:
@@ -826,8 +840,8 @@ class Aggregator:
             job_loss = loss.job_loss_of(
                 columns, currency=self._currency(), pue=config.pue, grid_intensity=config.grid_intensity
             )
-            keys = [k if isinstance(k, str) else k[0] for k in gpus.keys]
-            idle = [active < loss.IDLE_TENSOR_ACTIVE for active in tensor_active]
+            keys = gpus.stream_keys()
+            idle = list(map(loss.IDLE_TENSOR_ACTIVE.__gt__, tensor_active))  # active < IDLE_TENSOR_ACTIVE
             idle_gpus = frozenset(itertools.compress(keys, idle))
             count = len(keys)
         values = JobWindowValues(start, end, ofu, mfu, count, idle_gpus)
@@ -927,23 +941,39 @@ class Aggregator:
 def _peer_medians(values: list[float]) -> list[float]:
     """For each value, the median of the others (a GPU's peers: its own OFU is not its reference); O(n log n).
 
-    A lone value has no peers: its own value stands in (nothing is below itself). Without a value, the others'
-    median takes one of at most three values by the value's rank: each computed once, then handed out.
+    A lone value has no peers: its own value stands in (nothing is below itself). Without one value, the
+    others' median takes one of at most three values, by where that value lies against the middle one.
     """
     n = len(values)
     if n < 2:
         return list(values)
+    ordered = sorted(values)
+    half = (n - 1) // 2
+    pivot = ordered[half]
+    if pivot == 0.0:
+        return _peer_medians_by_rank(values)  # 0.0 and -0.0 tie there: which one is the median goes by rank
+    if n % 2 == 0:  # an odd number of peers: the middle one
+        above, at_or_below = ordered[half], ordered[half + 1]
+        return [above if value > pivot else at_or_below for value in values]
+    # An even number of peers: the mean of the two middle ones.
+    above = (ordered[half - 1] + ordered[half]) / 2
+    at = (ordered[half - 1] + ordered[half + 1]) / 2
+    below = (ordered[half] + ordered[half + 1]) / 2
+    return [above if value > pivot else below if value < pivot else at for value in values]
+
+
+def _peer_medians_by_rank(values: list[float]) -> list[float]:
+    """``_peer_medians`` by each value's rank in a stable sort (ties in input order)."""
+    n = len(values)
     order = sorted(range(n), key=values.__getitem__)
     ordered = [values[i] for i in order]
-    m = n - 1  # the peers
-    half = m // 2
-    if m % 2:  # the peers' middle one: the half-th of the others
+    half = (n - 1) // 2
+    if n % 2 == 0:  # below the middle the next one up is the median, from it up the middle one
         by_rank = [ordered[half + 1]] * (half + 1) + [ordered[half]] * (n - half - 1)
-    else:  # the mean of the peers' two middle ones, the (half - 1)-th and the half-th of the others
-        low, high = half - 1, half
-        by_rank = [(ordered[low + 1] + ordered[high + 1]) / 2] * (low + 1)
-        by_rank.append((ordered[low] + ordered[high + 1]) / 2)
-        by_rank += [(ordered[low] + ordered[high]) / 2] * (n - high - 1)
+    else:
+        by_rank = [(ordered[half] + ordered[half + 1]) / 2] * half
+        by_rank.append((ordered[half - 1] + ordered[half + 1]) / 2)
+        by_rank += [(ordered[half - 1] + ordered[half]) / 2] * (n - half - 1)
     found = [0.0] * n
     for index, median in zip(order, by_rank, strict=True):
         found[index] = median

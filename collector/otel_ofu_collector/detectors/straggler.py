@@ -12,6 +12,8 @@ clock down for the largest share of the window, if that share is at least ``EXPL
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping
 from typing import Final
 
@@ -46,20 +48,18 @@ class _Stragglers:
     runs: dict[str, int] = attrs.field(factory=dict)  # stream key -> consecutive windows below, >= 1
 
     def assess(self, window: GpuWindowValues) -> list[GpuVerdict]:
-        keys, ofus, medians = window.keys, window.ofu, window.job_median_ofu
-        factor = self.factor
+        keys, ofus, medians, idle = window.keys, window.ofu, window.job_median_ofu, window.idle
         below: list[int] = []
-        if len(keys) >= 2:
-            below = [
-                i
-                for i, (ofu, median, idle) in enumerate(zip(ofus, medians, window.idle, strict=True))
-                if median > 0.0 and not idle and ofu * factor < median
-            ]
+        if len(keys) >= 2:  # OFU x factor < the peers' median, in one C-level pass; then the few others' tests
+            slow = map(operator.lt, map(self.factor.__mul__, ofus), medians)
+            below = [i for i in itertools.compress(range(len(keys)), slow) if medians[i] > 0.0 and not idle[i]]
+        below_keys = list(map(keys.__getitem__, below))
         previous = self.runs
-        runs = {keys[i]: previous.get(keys[i], 0) + 1 for i in below}
+        get = previous.get
+        runs = {key: get(key, 0) + 1 for key in below_keys} if previous else dict.fromkeys(below_keys, 1)
         self.runs = runs
         windows = self.windows
-        shown = {i: 1 for i in below if runs[keys[i]] >= windows}
+        shown = dict.fromkeys(itertools.compress(below, map(windows.__le__, map(runs.__getitem__, below_keys))), 1)
         was_up = {key for key, run in previous.items() if run >= windows and runs.get(key, 0) < windows}
         if was_up:  # cleared: shown once, with 0
             shown.update((i, 0) for i, key in enumerate(keys) if key in was_up)
