@@ -13,6 +13,7 @@ of a quantile read from the buckets is then at most ``relative_error_bound(scale
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import math
@@ -30,7 +31,8 @@ _LOG_SCALE_FACTOR = (1 << MAX_SCALE) / math.log(2.0)
 # Bucket exponents (index / 2^scale) a float can reach: 2^-1075 .. 2^1024, with a margin.
 _MIN_EXPONENT = -1100
 _MAX_EXPONENT = 1100
-_POWERS_OF_TWO = frozenset(math.ldexp(1.0, exponent) for exponent in range(-1074, 1024))
+_FLOAT_MAX_EXP = 1024  # 2^1024 is past the largest float
+_POWERS_OF_TWO = frozenset(math.ldexp(1.0, exponent) for exponent in range(-1074, _FLOAT_MAX_EXP))
 
 
 def top_index(value: float) -> int:
@@ -134,7 +136,38 @@ class ExpHistogram:
         zero_count = len(batch) - len(positives)
         if not positives:
             return cls(zero_count=zero_count, sum=total, min=smallest, max=largest)
-        indices = _top_indices(positives)
+        return cls._of(_top_indices(positives), zero_count, total, smallest, largest, max_buckets)
+
+    @classmethod
+    def from_sorted(cls, values: list[float], *, max_buckets: int) -> ExpHistogram:
+        """``from_values`` of values already in ascending order (a window's, sorted for its percentiles),
+        with less to do: the zeros lead, min and max are at the ends, the powers of two are found by bisection."""
+        if not values or not values[0] >= 0.0:
+            return cls.from_values(values, max_buckets=max_buckets)
+        total = functools.reduce(operator.add, values, 0.0)
+        if not math.isfinite(total):
+            return cls.from_values(values, max_buckets=max_buckets)
+        zero_count = bisect.bisect_right(values, 0.0)
+        # max() gives the first of equal largest values: the last value unless all are zeros (of either sign).
+        smallest, largest = values[0], values[-1] if zero_count < len(values) else values[0]
+        if zero_count == len(values):
+            return cls(zero_count=zero_count, sum=total, min=smallest, max=largest)
+        positives = values[zero_count:]
+        indices = list(map(math.floor, map(_LOG_SCALE_FACTOR.__mul__, map(math.log, positives))))
+        exponent = math.frexp(positives[0])[1] - 1  # 2^exponent <= the smallest positive value
+        while exponent < _FLOAT_MAX_EXP and (power := math.ldexp(1.0, exponent)) <= positives[-1]:
+            low = bisect.bisect_left(positives, power)
+            high = bisect.bisect_right(positives, power, low)
+            if high > low:
+                indices[low:high] = [top_index(power)] * (high - low)
+            exponent += 1
+        return cls._of(indices, zero_count, total, smallest, largest, max_buckets)
+
+    @classmethod
+    def _of(
+        cls, indices: list[int], zero_count: int, total: float, smallest: float, largest: float, max_buckets: int
+    ) -> ExpHistogram:
+        """The histogram of positive values' top-scale bucket indices, at the highest scale that fits."""
         shift = shift_to_fit(min(indices), max(indices), max_buckets)
         by_bucket = Counter(map(operator.rshift, indices, itertools.repeat(shift)) if shift else indices)
         offset = min(by_bucket)

@@ -306,8 +306,9 @@ class Aggregator:
     _points_gpu: int = attrs.field(init=False, default=0)
     # A stream's energy counter as last seen: (series start, time, joules), for deltas.
     _energy: dict[str, tuple[int, int, float]] = attrs.field(init=False, factory=dict)
-    # By hw.model: its price per GPU-hour and its tensor clock (see _model).
-    _models: dict[str | None, tuple[float | None, float | None]] = attrs.field(init=False, factory=dict)
+    # By hw.model: its price per GPU-hour and its tensor clock (None: not priced, not in the catalog).
+    _prices: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
+    _tensor_clocks: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
     _gpu_flag_reports: list[GpuFlagReport] = attrs.field(init=False, factory=list)  # of the window closing
     # The window the last point went to, (start, start + width]: consecutive points mostly share it.
     _last_start: int = attrs.field(init=False, default=-1)
@@ -712,13 +713,14 @@ class Aggregator:
             energies.append(energy)
         return math.fsum(energies) if energies else None  # exactly rounded: the same in any arrival order
 
-    def _model(self, model: str | None) -> tuple[float | None, float | None]:
-        """A GPU model's price per GPU-hour and its tensor clock (None: not priced, not in the catalog)."""
-        found = self._models.get(model)
-        if found is None:
+    def _models(self, cells: list[_Cell]) -> list[str | None]:
+        """The cells' GPU models, each model's price and tensor clock looked up once."""
+        models = list(map(operator.itemgetter(1 + self._groups + 1), map(_PROFILE, cells)))  # see Profile
+        for model in set(models) - self._prices.keys():
             spec = catalog.lookup(model) if model else None
-            found = self._models[model] = (self.config.price_of(model), spec.tensor_clock_hz if spec else None)
-        return found
+            self._prices[model] = self.config.price_of(model)
+            self._tensor_clocks[model] = spec.tensor_clock_hz if spec is not None else None
+        return models
 
     def _gpu_losses(
         self, window: _Window, gpus: _JobGpus
@@ -737,18 +739,18 @@ class Aggregator:
             seconds = list(map(_NS_PER_S.__rtruediv__, covered))
         else:
             seconds = [(ns if ns >= _MIN_COVERED_NS else window_ns) / _NS_PER_S for ns in covered]
-        # The profile: job.id, the group values, then JOB_ATTRIBUTE_KEYS, hw.model first.
-        model_names = list(map(operator.itemgetter(1 + self._groups + 1), map(_PROFILE, cells)))
-        for model in set(model_names):
-            self._model(model)
-        models = list(map(self._models.__getitem__, model_names))
         inputs_of = window.gpus
         found: list[_GpuInputs | None] = [None] * n
         if inputs_of:
             found = list(map(inputs_of.get, gpus.stream_keys()))
         ofus = gpus.ofus
-        prices = [price for price, _clock in models]
-        if found.count(None) == n:
+        with_inputs = found.count(None) < n
+        prices: list[float | None] = [None] * n
+        models: list[str | None] = []
+        if self.config.price_per_gpu_hour or with_inputs:
+            models = self._models(cells)
+            prices = list(map(self._prices.__getitem__, models))
+        if not with_inputs:
             idle, clock, tensor = loss.split_ofu_only(ofus)
             columns = loss.GpuColumns(ofus, idle, clock, tensor, seconds, [None] * n, [None] * n, prices)
             return columns, ofus, found
@@ -759,7 +761,8 @@ class Aggregator:
         tpa_of = tensor_active.append
         split = loss.split_shares
         ratio_of = loss.clock_ratio
-        for ofu, inputs, gpu_seconds, (_price, tensor_clock) in zip(ofus, found, seconds, models, strict=True):
+        clocks = map(self._tensor_clocks.__getitem__, models)
+        for ofu, inputs, gpu_seconds, tensor_clock in zip(ofus, found, seconds, clocks, strict=True):
             if inputs is None:
                 shares = split(ofu, None, None)
                 energy = flops = None
@@ -808,7 +811,7 @@ class Aggregator:
             attributes=dict(zip(self.config.group_keys, key, strict=True)),
             gpus=len(values),
             quantiles={q: percentile_of_sorted(values, q) for q in names.QUANTILES},
-            histogram=ExpHistogram.from_values(values, max_buckets=self.config.histogram_max_buckets),
+            histogram=ExpHistogram.from_sorted(values, max_buckets=self.config.histogram_max_buckets),
             ofu_sum=sum(values),
             ofu_min=values[0],
             ofu_max=values[-1],
