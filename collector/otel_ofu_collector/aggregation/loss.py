@@ -35,6 +35,7 @@ import itertools
 import math
 import operator
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 import attrs
 
@@ -189,11 +190,12 @@ def job_loss_of(
         flops_energy = math.fsum(e for _f, e in with_flops)
     cost: float | None = None
     cost_lost: dict[str, float] | None = None
-    prices = [price for price in gpus.price if price is not None]
-    if prices:
-        hours = [seconds / S_PER_HOUR for seconds in gpus.seconds]
+    unpriced = gpus.price.count(None)
+    if unpriced < n:
+        prices = [price for price in gpus.price if price is not None] if unpriced else cast(list[float], gpus.price)
+        hours = list(map(S_PER_HOUR.__rtruediv__, gpus.seconds))  # seconds / S_PER_HOUR
         parts = own
-        if len(prices) < n:  # some GPUs not priced: the others' columns alone
+        if unpriced:  # some GPUs not priced: the others' columns alone
             priced = [i for i, price in enumerate(gpus.price) if price is not None]
             hours = [hours[i] for i in priced]
             parts = {cause: [own[cause][i] for i in priced] for cause in CAUSES}

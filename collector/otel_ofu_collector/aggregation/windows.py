@@ -147,16 +147,13 @@ def _no_sums() -> array[float]:
 @attrs.define(slots=True)
 class _GpuInputs:
     """One stream's loss inputs in one window: time-weighted sums and weights per metric and the weighted
-    throttle shares, in one flat array of doubles (a few hundred bytes less per GPU than tables)."""
+    throttle shares, in one flat array of doubles (a few hundred bytes less per GPU than tables). A metric's
+    mean is sums[slot] / sums[slot + 1], None without weight; the GPU's energy is ``energy_j`` (the counter's
+    deltas), else mean power x the GPU's seconds, else None (read so where a window closes)."""
 
     identity: Mapping[str, str]
     sums: array[float] = attrs.field(factory=_no_sums)
     energy_j: float | None = None
-
-    def mean(self, metric: str) -> float | None:
-        slot = _SLOTS[metric]
-        weight = self.sums[slot + 1]
-        return self.sums[slot] / weight if weight else None
 
     def throttle_shares(self, covered: float) -> dict[str, float]:
         """Each reason's share of the window, over ``covered`` (the GPU's OFU weight: the same intervals; the
@@ -167,13 +164,6 @@ class _GpuInputs:
             for reason, slot in _REASON_SLOTS.items()
             if sums[slot] > 0
         }
-
-    def energy(self, seconds: float) -> float | None:
-        """The counter's deltas in the window; else mean power x seconds; else None."""
-        if self.energy_j is not None:
-            return self.energy_j
-        power = self.mean(_POWER)
-        return None if power is None else power * seconds
 
 
 @attrs.define(slots=True)
@@ -776,7 +766,7 @@ class Aggregator:
                 max_clock = sums[_CLOCK_MAX_SLOT] / weight if weight else None
                 shares = split(ofu, active, ratio_of(sm_clock, max_clock, tensor_clock))
                 energy = inputs.energy_j
-                if energy is None:  # else mean power x seconds, as _GpuInputs.energy
+                if energy is None:  # no counter: mean power x seconds
                     weight = sums[_POWER_SLOT + 1]
                     energy = sums[_POWER_SLOT] / weight * gpu_seconds if weight else None
                 weight = sums[_FLOPS_SLOT + 1]
