@@ -249,7 +249,7 @@ class _Job:
 
     def reset_flags(self) -> None:
         self.flags = {detector.metric.name: detector.start(self.config) for detector in DETECTORS}
-        self.gpu_flags = {detector.metric.name: detector.start(self.config) for detector in GPU_DETECTORS}
+        self.gpu_flags = {}  # started at the first window with the job's GPUs (no state before it is needed)
 
     def revive(self, seen_ns: int) -> None:
         """A job back after eviction starts its flags (and their baselines) afresh; its horizon blocks carry on."""
@@ -839,7 +839,9 @@ class Aggregator:
             count = len(keys)
         values = JobWindowValues(start, end, ofu, mfu, count, idle_gpus)
         flags = {name: flag.assess(values) for name, flag in job.flags.items()}
-        if gpus is not None and job.gpu_flags:
+        if gpus is not None and GPU_DETECTORS:
+            if not job.gpu_flags:
+                job.gpu_flags = {detector.metric.name: detector.start(config) for detector in GPU_DETECTORS}
             cells = gpus.cells
 
             def throttle(i: int) -> Mapping[str, float]:
