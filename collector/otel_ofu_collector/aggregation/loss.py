@@ -112,6 +112,33 @@ def split_ofu_only(ofu: list[float]) -> tuple[list[float], list[float], list[flo
     return idle, [0.0] * n, tensor
 
 
+def split_columns(
+    ofu: list[float], tensor_active: list[float], clock_ratio: list[float]
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """``split_shares`` of GPUs that all reported tensor activity and a clock ratio, in columns, each a C-level
+    pass in the same operations and order: (T as used, idle, clock, tensor)."""
+    tpa = list(map(max, tensor_active, ofu))  # max(T, O)
+    unclamped = map(operator.mul, tpa, map(_ONE.__sub__, clock_ratio))  # T x (1 - r)
+    clock = list(map(min, map(max, unclamped, itertools.repeat(0.0)), map(operator.sub, tpa, ofu)))
+    tensor = list(map(operator.sub, map(_ONE.__sub__, ofu), clock))  # 1 - O - clock
+    n = len(ofu)
+    idle = [0.0] * n
+    for i in itertools.compress(range(n), map(IDLE_TENSOR_ACTIVE.__gt__, tpa)):  # the few idle GPUs
+        idle[i], clock[i], tensor[i] = 1.0 - ofu[i], 0.0, 0.0
+    return tpa, idle, clock, tensor
+
+
+def clock_ratios(sm_clock_hz: list[float], reference_hz: list[float]) -> list[float]:
+    """``clock_ratio`` of GPUs whose clock and reference (tensor clock, else max clock) are all known, > 0."""
+    return list(
+        map(
+            min,
+            itertools.repeat(1.0),
+            map(max, itertools.repeat(0.0), map(operator.truediv, sm_clock_hz, reference_hz)),
+        )
+    )
+
+
 def _flops(flops_per_s: float | None, seconds: float) -> float | None:
     return None if flops_per_s is None else flops_per_s * seconds
 

@@ -184,6 +184,17 @@ class _JobGpus:
 # Where a cell goes when its window closes: the appends of its group's values and of its job's columns.
 _Route = tuple[Callable[[float], None], Callable[[CellKey], None], Callable[[_Cell], None], Callable[[float], None]]
 _LAST_END = operator.attrgetter("last_end_ns")
+_SUMS_OF = operator.attrgetter("sums")
+_MEAN_SLOTS = (_TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT)  # the means a split needs
+
+
+@attrs.define
+class _Columns(loss.GpuColumns):
+    """A job's splits in columns with its GPUs' tensor activity as used."""
+
+    tensor_active: list[float] = attrs.field(factory=list)
+
+
 _WEIGHT = operator.attrgetter("weight")
 _PROFILE = operator.attrgetter("profile")
 
@@ -734,7 +745,8 @@ class Aggregator:
         if inputs_of:
             found = list(map(inputs_of.get, gpus.stream_keys()))
         ofus = gpus.ofus
-        with_inputs = found.count(None) < n
+        without = sum(map(operator.is_, found, itertools.repeat(None)))  # by identity: no __eq__ per GPU
+        with_inputs = without < n
         prices: list[float | None] = [None] * n
         models: list[str | None] = []
         if self.config.price_per_gpu_hour or with_inputs:
@@ -744,6 +756,10 @@ class Aggregator:
             idle, clock, tensor = loss.split_ofu_only(ofus)
             columns = loss.GpuColumns(ofus, idle, clock, tensor, seconds, [None] * n, [None] * n, prices)
             return columns, ofus, found
+        if not without:
+            fast = self._gpu_losses_of_inputs(cast(list[_GpuInputs], found), ofus, seconds, prices, models)
+            if fast is not None:
+                return fast, fast.tensor_active, found
         columns = loss.GpuColumns(ofu=ofus, seconds=seconds, price=prices)
         idle_of, clock_of, tensor_of = columns.idle.append, columns.clock.append, columns.tensor.append
         energy_of, flops_of = columns.energy_j.append, columns.flops.append
@@ -778,6 +794,44 @@ class Aggregator:
             energy_of(energy)
             flops_of(flops)
         return columns, tensor_active, found
+
+    def _gpu_losses_of_inputs(
+        self,
+        inputs: list[_GpuInputs],
+        ofus: list[float],
+        seconds: list[float],
+        prices: list[float | None],
+        models: list[str | None],
+    ) -> _Columns | None:
+        """``_gpu_losses`` in columns for a job whose GPUs all sent tensor activity and clocks (the producer's
+        layout); None where one did not (the GPU by GPU pass handles those)."""
+        sums = list(map(_SUMS_OF, inputs))
+        weights = [list(map(operator.itemgetter(slot + 1), sums)) for slot in _MEAN_SLOTS]
+        if any(0.0 in column for column in weights):
+            return None
+        means = [
+            list(map(operator.truediv, map(operator.itemgetter(slot), sums), column))
+            for slot, column in zip(_MEAN_SLOTS, weights, strict=True)
+        ]
+        active, sm_clock, max_clock = means
+        references = [
+            tensor_clock if tensor_clock else board_max
+            for tensor_clock, board_max in zip(map(self._tensor_clocks.__getitem__, models), max_clock, strict=True)
+        ]
+        if not min(references) > 0.0:
+            return None
+        tpa, idle, clock, tensor = loss.split_columns(ofus, active, loss.clock_ratios(sm_clock, references))
+        energy: list[float | None] = []
+        flops: list[float | None] = []
+        for gpu_seconds, found, gpu_sums in zip(seconds, inputs, sums, strict=True):
+            joules = found.energy_j
+            if joules is None:  # no counter: mean power x seconds
+                weight = gpu_sums[_POWER_SLOT + 1]
+                joules = gpu_sums[_POWER_SLOT] / weight * gpu_seconds if weight else None
+            energy.append(joules)
+            weight = gpu_sums[_FLOPS_SLOT + 1]
+            flops.append(gpu_sums[_FLOPS_SLOT] / weight * gpu_seconds if weight else None)
+        return _Columns(ofus, idle, clock, tensor, seconds, energy, flops, prices, tensor_active=tpa)
 
     def _assess_gpus(
         self,
