@@ -78,6 +78,16 @@ def test_inserting_one_by_one_equals_building_from_the_batch(values: list[float]
     assert builder.snapshot().normalized() == ExpHistogram.from_values(values, max_buckets=max_buckets)
 
 
+@settings(max_examples=300)
+@given(st.lists(st.one_of(ofu_values, st.sampled_from([0.0, -0.0, 0.25, 0.5, 1.0, 2.0**-20])), max_size=60), buckets)
+def test_building_from_sorted_values_equals_building_from_the_batch(values: list[float], max_buckets: int) -> None:
+    ordered = sorted(values)
+    fast = ExpHistogram.from_sorted(ordered, max_buckets=max_buckets)
+    batch = ExpHistogram.from_values(ordered, max_buckets=max_buckets)
+    assert fast == batch
+    assert (fast.sum, repr(fast.min), repr(fast.max)) == (batch.sum, repr(batch.min), repr(batch.max))
+
+
 @settings(max_examples=200)
 @given(st.lists(ofu_values, max_size=40), st.lists(ofu_values, max_size=40), buckets)
 def test_merge_equals_one_histogram_of_all_values(a: list[float], b: list[float], max_buckets: int) -> None:

@@ -13,7 +13,11 @@ of a quantile read from the buckets is then at most ``relative_error_bound(scale
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 import math
+import operator
 from collections import Counter
 from collections.abc import Iterable
 
@@ -27,6 +31,8 @@ _LOG_SCALE_FACTOR = (1 << MAX_SCALE) / math.log(2.0)
 # Bucket exponents (index / 2^scale) a float can reach: 2^-1075 .. 2^1024, with a margin.
 _MIN_EXPONENT = -1100
 _MAX_EXPONENT = 1100
+_FLOAT_MAX_EXP = 1024  # 2^1024 is past the largest float
+_POWERS_OF_TWO = frozenset(math.ldexp(1.0, exponent) for exponent in range(-1074, _FLOAT_MAX_EXP))
 
 
 def top_index(value: float) -> int:
@@ -36,6 +42,19 @@ def top_index(value: float) -> int:
         # value = 2^(exponent-1) is the inclusive upper bound of the bucket below it
         return ((exponent - 1) << MAX_SCALE) - 1
     return math.floor(math.log(value) * _LOG_SCALE_FACTOR)
+
+
+def _top_indices(positives: list[float]) -> list[int]:
+    """``top_index`` of each positive finite value, in C-level passes: the logarithm's bucket, then the
+    exact powers of two (rare in real data) moved to the bucket below, as ``top_index`` maps them."""
+    indices = list(map(math.floor, map(_LOG_SCALE_FACTOR.__mul__, map(math.log, positives))))
+    for power in _POWERS_OF_TWO.intersection(positives):
+        index = top_index(power)
+        at = -1
+        for _ in range(positives.count(power)):
+            at = positives.index(power, at + 1)
+            indices[at] = index
+    return indices
 
 
 def relative_error_bound(scale: int) -> float:
@@ -98,27 +117,59 @@ class ExpHistogram:
 
     @classmethod
     def from_values(cls, values: Iterable[float], *, max_buckets: int) -> ExpHistogram:
-        """The histogram of a batch of values, at the highest scale that fits."""
-        zero_count = 0
-        total = 0.0
-        smallest = math.inf
-        largest = -math.inf
-        indices: list[int] = []
-        for raw in values:
-            value = _check_value(raw)
-            total += value
-            smallest = min(smallest, value)
-            largest = max(largest, value)
-            if value == 0.0:
-                zero_count += 1
-            else:
-                indices.append(top_index(value))
-        if zero_count == 0 and not indices:
+        """The histogram of a batch of values, at the highest scale that fits.
+
+        Built with C-level passes over the batch (a window closes with one histogram of up to every GPU):
+        the same buckets, sum (added in order), min and max as inserting the values one by one.
+        """
+        batch = list(map(float, values))
+        if not batch:
             return cls()
-        if not indices:
+        total = functools.reduce(operator.add, batch, 0.0)
+        smallest = min(batch)
+        largest = max(batch)
+        if not (smallest >= 0.0 and math.isfinite(total)):
+            # A bad value (negative, NaN, infinite) or a sum past the float range: check each, in order.
+            for value in batch:
+                _check_value(value)
+        positives = list(filter(None, batch))  # zero (either sign) has its own count
+        zero_count = len(batch) - len(positives)
+        if not positives:
             return cls(zero_count=zero_count, sum=total, min=smallest, max=largest)
+        return cls._of(_top_indices(positives), zero_count, total, smallest, largest, max_buckets)
+
+    @classmethod
+    def from_sorted(cls, values: list[float], *, max_buckets: int) -> ExpHistogram:
+        """``from_values`` of values already in ascending order (a window's, sorted for its percentiles),
+        with less to do: the zeros lead, min and max are at the ends, the powers of two are found by bisection."""
+        if not values or not values[0] >= 0.0:
+            return cls.from_values(values, max_buckets=max_buckets)
+        total = functools.reduce(operator.add, values, 0.0)
+        if not math.isfinite(total):
+            return cls.from_values(values, max_buckets=max_buckets)
+        zero_count = bisect.bisect_right(values, 0.0)
+        # max() gives the first of equal largest values: the last value unless all are zeros (of either sign).
+        smallest, largest = values[0], values[-1] if zero_count < len(values) else values[0]
+        if zero_count == len(values):
+            return cls(zero_count=zero_count, sum=total, min=smallest, max=largest)
+        positives = values[zero_count:]
+        indices = list(map(math.floor, map(_LOG_SCALE_FACTOR.__mul__, map(math.log, positives))))
+        exponent = math.frexp(positives[0])[1] - 1  # 2^exponent <= the smallest positive value
+        while exponent < _FLOAT_MAX_EXP and (power := math.ldexp(1.0, exponent)) <= positives[-1]:
+            low = bisect.bisect_left(positives, power)
+            high = bisect.bisect_right(positives, power, low)
+            if high > low:
+                indices[low:high] = [top_index(power)] * (high - low)
+            exponent += 1
+        return cls._of(indices, zero_count, total, smallest, largest, max_buckets)
+
+    @classmethod
+    def _of(
+        cls, indices: list[int], zero_count: int, total: float, smallest: float, largest: float, max_buckets: int
+    ) -> ExpHistogram:
+        """The histogram of positive values' top-scale bucket indices, at the highest scale that fits."""
         shift = shift_to_fit(min(indices), max(indices), max_buckets)
-        by_bucket = Counter(index >> shift for index in indices)
+        by_bucket = Counter(map(operator.rshift, indices, itertools.repeat(shift)) if shift else indices)
         offset = min(by_bucket)
         counts = [0] * (max(by_bucket) - offset + 1)
         for index, count in by_bucket.items():

@@ -31,8 +31,11 @@ would then come out +1e-16 one way and -1e-16 the other. Same GPUs, same bits, w
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 import attrs
 
@@ -44,6 +47,7 @@ IDLE, CLOCK, TENSOR = names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.O
 IDLE_TENSOR_ACTIVE = 0.01  # mean tensor pipe activity below which a GPU did no tensor work in the window
 J_PER_KWH = 3.6e6
 S_PER_HOUR = 3600.0
+_ONE = 1.0
 
 
 @attrs.frozen
@@ -77,14 +81,62 @@ def split_gpu(
     price: float | None = None,
 ) -> GpuLoss:
     """One GPU's split (see the module doc); ``clock_ratio`` is ``min(1, f / f_ref)`` or None when unknown."""
+    tpa, idle, clock, tensor = split_shares(ofu, tensor_active, clock_ratio)
+    return GpuLoss(ofu, tpa, idle, clock, tensor, seconds, energy_j, _flops(flops_per_s, seconds), price)
+
+
+def split_shares(
+    ofu: float, tensor_active: float | None, clock_ratio: float | None
+) -> tuple[float, float, float, float]:
+    """``split_gpu``'s shares alone: (T as used, idle, clock, tensor), for a caller that keeps them in columns."""
     tpa = ofu if tensor_active is None else max(tensor_active, ofu)
     if tpa < IDLE_TENSOR_ACTIVE:
-        return GpuLoss(ofu, tpa, 1.0 - ofu, 0.0, 0.0, seconds, energy_j, _flops(flops_per_s, seconds), price)
+        return tpa, 1.0 - ofu, 0.0, 0.0
     clock = 0.0
     if clock_ratio is not None:
         clock = min(max(tpa * (1.0 - clock_ratio), 0.0), tpa - ofu)
-    tensor = 1.0 - ofu - clock
-    return GpuLoss(ofu, tpa, 0.0, clock, tensor, seconds, energy_j, _flops(flops_per_s, seconds), price)
+    return tpa, 0.0, clock, 1.0 - ofu - clock
+
+
+def split_ofu_only(ofu: list[float]) -> tuple[list[float], list[float], list[float]]:
+    """``split_shares`` of GPUs that sent no tensor activity nor clocks, in columns: (idle, clock, tensor).
+
+    T is then O and there is no clock term: an idle GPU (O < IDLE_TENSOR_ACTIVE) loses 1 - O to idle, any
+    other 1 - O to tensor (``1 - O - 0``, the same bits).
+    """
+    n = len(ofu)
+    idle = [0.0] * n
+    tensor = list(map(_ONE.__sub__, ofu))  # 1 - O
+    for i in itertools.compress(range(n), map(IDLE_TENSOR_ACTIVE.__gt__, ofu)):  # the few idle GPUs
+        idle[i], tensor[i] = tensor[i], 0.0
+    return idle, [0.0] * n, tensor
+
+
+def split_columns(
+    ofu: list[float], tensor_active: list[float], clock_ratio: list[float]
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """``split_shares`` of GPUs that all reported tensor activity and a clock ratio, in columns, each a C-level
+    pass in the same operations and order: (T as used, idle, clock, tensor)."""
+    tpa = list(map(max, tensor_active, ofu))  # max(T, O)
+    unclamped = map(operator.mul, tpa, map(_ONE.__sub__, clock_ratio))  # T x (1 - r)
+    clock = list(map(min, map(max, unclamped, itertools.repeat(0.0)), map(operator.sub, tpa, ofu)))
+    tensor = list(map(operator.sub, map(_ONE.__sub__, ofu), clock))  # 1 - O - clock
+    n = len(ofu)
+    idle = [0.0] * n
+    for i in itertools.compress(range(n), map(IDLE_TENSOR_ACTIVE.__gt__, tpa)):  # the few idle GPUs
+        idle[i], clock[i], tensor[i] = 1.0 - ofu[i], 0.0, 0.0
+    return tpa, idle, clock, tensor
+
+
+def clock_ratios(sm_clock_hz: list[float], reference_hz: list[float]) -> list[float]:
+    """``clock_ratio`` of GPUs whose clock and reference (tensor clock, else max clock) are all known, > 0."""
+    return list(
+        map(
+            min,
+            itertools.repeat(1.0),
+            map(max, itertools.repeat(0.0), map(operator.truediv, sm_clock_hz, reference_hz)),
+        )
+    )
 
 
 def _flops(flops_per_s: float | None, seconds: float) -> float | None:
@@ -99,6 +151,35 @@ def clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, tensor_cl
     return min(1.0, max(0.0, sm_clock_hz / reference))
 
 
+@attrs.define
+class GpuColumns:
+    """A job's GPUs' splits in columns, one entry per GPU in one order: what a window close fills in one pass
+    over the job's GPUs (``GpuLoss``'s fields, without an object per GPU)."""
+
+    ofu: list[float] = attrs.field(factory=list)
+    idle: list[float] = attrs.field(factory=list)
+    clock: list[float] = attrs.field(factory=list)
+    tensor: list[float] = attrs.field(factory=list)
+    seconds: list[float] = attrs.field(factory=list)
+    energy_j: list[float | None] = attrs.field(factory=list)
+    flops: list[float | None] = attrs.field(factory=list)
+    price: list[float | None] = attrs.field(factory=list)
+
+    @classmethod
+    def of(cls, gpus: Iterable[GpuLoss]) -> GpuColumns:
+        columns = cls()
+        for g in gpus:
+            columns.ofu.append(g.ofu)
+            columns.idle.append(g.idle)
+            columns.clock.append(g.clock)
+            columns.tensor.append(g.tensor)
+            columns.seconds.append(g.seconds)
+            columns.energy_j.append(g.energy_j)
+            columns.flops.append(g.flops)
+            columns.price.append(g.price)
+        return columns
+
+
 def job_loss(
     gpus: Iterable[GpuLoss],
     *,
@@ -107,29 +188,50 @@ def job_loss(
     grid_intensity: float | None = None,
 ) -> JobLoss | None:
     """The job's window values from its GPUs' splits; None for a job without GPUs in the window."""
-    parts = list(gpus)
-    if not parts:
+    return job_loss_of(GpuColumns.of(gpus), currency=currency, pue=pue, grid_intensity=grid_intensity)
+
+
+def job_loss_of(
+    gpus: GpuColumns,
+    *,
+    currency: str | None,
+    pue: float = 1.0,
+    grid_intensity: float | None = None,
+) -> JobLoss | None:
+    """``job_loss`` of splits in columns (each sum a C-level pass over a column)."""
+    n = len(gpus.ofu)
+    if not n:
         return None
-    n = len(parts)
-    ofu = math.fsum(g.ofu for g in parts) / n
-    idle = math.fsum(g.idle for g in parts) / n
-    clock = math.fsum(g.clock for g in parts) / n
+    ofu = math.fsum(gpus.ofu) / n
+    idle = math.fsum(gpus.idle) / n
+    clock = math.fsum(gpus.clock) / n
     shares = {IDLE: idle, CLOCK: clock, TENSOR: 1.0 - ofu - idle - clock}
-    own = [{IDLE: g.idle, CLOCK: g.clock, TENSOR: g.tensor} for g in parts]
-    lost = {cause: math.fsum(o[cause] * g.seconds for o, g in zip(own, parts, strict=True)) for cause in CAUSES}
-    metered = [g for g in parts if g.energy_j is not None]
-    energy = math.fsum(g.energy_j for g in metered if g.energy_j is not None) if metered else None
-    with_flops = [g for g in metered if g.flops is not None]
-    flops = math.fsum(g.flops for g in with_flops if g.flops is not None)
-    flops_energy = math.fsum(g.energy_j for g in with_flops if g.energy_j is not None)
-    priced = [(g.price, g.seconds / S_PER_HOUR, o) for g, o in zip(parts, own, strict=True) if g.price is not None]
-    cost = math.fsum(price * hours for price, hours, _o in priced) if priced else None
+    own = {IDLE: gpus.idle, CLOCK: gpus.clock, TENSOR: gpus.tensor}
+    lost = {cause: math.fsum(map(operator.mul, own[cause], gpus.seconds)) for cause in CAUSES}
+    energy: float | None = None
+    flops = flops_energy = 0.0
+    if gpus.energy_j.count(None) < n:
+        energy = math.fsum(e for e in gpus.energy_j if e is not None)
+        with_flops = [(f, e) for f, e in zip(gpus.flops, gpus.energy_j, strict=True) if f is not None and e is not None]
+        flops = math.fsum(f for f, _e in with_flops)
+        flops_energy = math.fsum(e for _f, e in with_flops)
+    cost: float | None = None
     cost_lost: dict[str, float] | None = None
-    if priced:
-        cost_lost = {cause: math.fsum(price * o[cause] * hours for price, hours, o in priced) for cause in CAUSES}
-    seconds = math.fsum(g.seconds for g in parts)
+    unpriced = gpus.price.count(None)
+    if unpriced < n:
+        prices = [price for price in gpus.price if price is not None] if unpriced else cast(list[float], gpus.price)
+        hours = list(map(S_PER_HOUR.__rtruediv__, gpus.seconds))  # seconds / S_PER_HOUR
+        parts = own
+        if unpriced:  # some GPUs not priced: the others' columns alone
+            priced = [i for i, price in enumerate(gpus.price) if price is not None]
+            hours = [hours[i] for i in priced]
+            parts = {cause: [own[cause][i] for i in priced] for cause in CAUSES}
+        cost = math.fsum(map(operator.mul, prices, hours))
+        cost_lost = {
+            cause: math.fsum(map(operator.mul, map(operator.mul, prices, parts[cause]), hours)) for cause in CAUSES
+        }
     return JobLoss(
-        gpu_time_s=seconds,
+        gpu_time_s=math.fsum(gpus.seconds),
         shares=shares,
         lost_s=lost,
         energy_j=energy,

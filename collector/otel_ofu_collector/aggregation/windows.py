@@ -43,10 +43,13 @@ blocks are bounded apart (``max_jobs`` of them again, the longest-silent dropped
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from array import array
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import cast
 
 import attrs
 
@@ -90,10 +93,13 @@ _THROTTLE = names.GPU_THROTTLE.name
 _GPU_IDENTITY_KEYS = (names.HOST_NAME, names.HW_ID, names.GPU_MIG_INSTANCE_ID)
 # A GPU whose OFU points cover less than this of a window carried no durations: it counts the whole window.
 _MIN_COVERED_NS = 1_000_000
+_NS_PER_S = 1e9
 
 # A stream's identity as the windows need it: (job.id, *group values, *JOB_ATTRIBUTE_KEYS values), None if
 # absent. Interned, so the streams of one job share one tuple.
 Profile = tuple[str | None, ...]
+# A cell's key in its window: the stream's key; (key, job.id) for the cell of a stream that moved job in it.
+CellKey = str | tuple[str, str | None]
 
 
 @attrs.frozen
@@ -125,6 +131,13 @@ class _Cell:
 _SLOTS: dict[str, int] = {_TENSOR: 0, _CLOCK: 2, _CLOCK_MAX: 4, _FLOPS: 6, _POWER: 8}
 _REASON_SLOTS: dict[str, int] = {reason: 10 + i for i, reason in enumerate(names.ThrottleReason.ALL)}
 _SUMS = 10 + len(_REASON_SLOTS)
+_TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT, _FLOPS_SLOT, _POWER_SLOT = (
+    _SLOTS[_TENSOR],
+    _SLOTS[_CLOCK],
+    _SLOTS[_CLOCK_MAX],
+    _SLOTS[_FLOPS],
+    _SLOTS[_POWER],
+)
 
 
 def _no_sums() -> array[float]:
@@ -134,16 +147,13 @@ def _no_sums() -> array[float]:
 @attrs.define(slots=True)
 class _GpuInputs:
     """One stream's loss inputs in one window: time-weighted sums and weights per metric and the weighted
-    throttle shares, in one flat array of doubles (a few hundred bytes less per GPU than tables)."""
+    throttle shares, in one flat array of doubles (a few hundred bytes less per GPU than tables). A metric's
+    mean is sums[slot] / sums[slot + 1], None without weight; the GPU's energy is ``energy_j`` (the counter's
+    deltas), else mean power x the GPU's seconds, else None (read so where a window closes)."""
 
     identity: Mapping[str, str]
     sums: array[float] = attrs.field(factory=_no_sums)
     energy_j: float | None = None
-
-    def mean(self, metric: str) -> float | None:
-        slot = _SLOTS[metric]
-        weight = self.sums[slot + 1]
-        return self.sums[slot] / weight if weight else None
 
     def throttle_shares(self, covered: float) -> dict[str, float]:
         """Each reason's share of the window, over ``covered`` (the GPU's OFU weight: the same intervals; the
@@ -155,12 +165,38 @@ class _GpuInputs:
             if sums[slot] > 0
         }
 
-    def energy(self, seconds: float) -> float | None:
-        """The counter's deltas in the window; else mean power x seconds; else None."""
-        if self.energy_j is not None:
-            return self.energy_j
-        power = self.mean(_POWER)
-        return None if power is None else power * seconds
+
+@attrs.define(slots=True)
+class _JobGpus:
+    """A job's cells in a window closing, in columns: the cells' keys, the cells and their OFU."""
+
+    keys: list[CellKey] = attrs.field(factory=list)
+    cells: list[_Cell] = attrs.field(factory=list)
+    ofus: list[float] = attrs.field(factory=list)
+
+    def stream_keys(self) -> list[str]:
+        keys = self.keys
+        if all(map(isinstance, keys, itertools.repeat(str))):  # no stream moved job: the keys as they are
+            return cast(list[str], keys)
+        return [key if isinstance(key, str) else key[0] for key in keys]
+
+
+# Where a cell goes when its window closes: the appends of its group's values and of its job's columns.
+_Route = tuple[Callable[[float], None], Callable[[CellKey], None], Callable[[_Cell], None], Callable[[float], None]]
+_LAST_END = operator.attrgetter("last_end_ns")
+_SUMS_OF = operator.attrgetter("sums")
+_MEAN_SLOTS = (_TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT)  # the means a split needs
+
+
+@attrs.define
+class _Columns(loss.GpuColumns):
+    """A job's splits in columns with its GPUs' tensor activity as used."""
+
+    tensor_active: list[float] = attrs.field(factory=list)
+
+
+_WEIGHT = operator.attrgetter("weight")
+_PROFILE = operator.attrgetter("profile")
 
 
 @attrs.define(slots=True)
@@ -174,7 +210,7 @@ class _MfuCell:
 class _Window:
     # A stream's cell under its key; should the stream move to another job inside the window, the cell for
     # that job under (key, job.id). One table, so that cells keep the order their first points came in.
-    cells: dict[str | tuple[str, str | None], _Cell] = attrs.field(factory=dict)
+    cells: dict[CellKey, _Cell] = attrs.field(factory=dict)
     mfu: dict[str, _MfuCell] = attrs.field(factory=dict)
     gpus: dict[str, _GpuInputs] = attrs.field(factory=dict)  # loss inputs by stream key
 
@@ -216,7 +252,7 @@ class _Job:
     live: bool = True
     attributes: Mapping[str, str] = attrs.field(factory=dict)
     flags: dict[str, JobFlag] = attrs.field(init=False)  # by the flag's metric name
-    gpu_flags: dict[str, dict[str, GpuFlag]] = attrs.field(init=False)  # by stream key, then metric name
+    gpu_flags: dict[str, GpuFlag] = attrs.field(init=False)  # by the flag's metric name: per GPU inside
     horizon: _Horizon = attrs.field(factory=_Horizon)
 
     def __attrs_post_init__(self) -> None:
@@ -224,7 +260,7 @@ class _Job:
 
     def reset_flags(self) -> None:
         self.flags = {detector.metric.name: detector.start(self.config) for detector in DETECTORS}
-        self.gpu_flags = {}
+        self.gpu_flags = {}  # started at the first window with the job's GPUs (no state before it is needed)
 
     def revive(self, seen_ns: int) -> None:
         """A job back after eviction starts its flags (and their baselines) afresh; its horizon blocks carry on."""
@@ -271,7 +307,9 @@ class Aggregator:
     _points_gpu: int = attrs.field(init=False, default=0)
     # A stream's energy counter as last seen: (series start, time, joules), for deltas.
     _energy: dict[str, tuple[int, int, float]] = attrs.field(init=False, factory=dict)
-    _tensor_clocks: dict[str | None, float | None] = attrs.field(init=False, factory=dict)  # by hw.model
+    # By hw.model: its price per GPU-hour and its tensor clock (None: not priced, not in the catalog).
+    _prices: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
+    _tensor_clocks: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
     _gpu_flag_reports: list[GpuFlagReport] = attrs.field(init=False, factory=list)  # of the window closing
     # The window the last point went to, (start, start + width]: consecutive points mostly share it.
     _last_start: int = attrs.field(init=False, default=-1)
@@ -591,29 +629,35 @@ class Aggregator:
 
     def _close(self, start: int, window: _Window) -> WindowReport:
         end = start + self._window_ns
-        groups_values: dict[tuple[str, ...], list[float]] = {}
-        jobs_values: dict[str, list[float]] = {}
-        jobs_gpus: dict[str, list[tuple[str, _Cell]]] = {}  # the job's cells with their stream keys
-        jobs_latest: dict[str, _Cell] = {}
         group_end = 1 + self._groups
-        group_of: dict[Profile, tuple[str, ...]] = {}
+        # One pass over the cells, in the order their first points came. A profile (shared by the streams of a
+        # job with one identity) is resolved to its group's values and its job's GPUs once per window.
+        groups_values: dict[tuple[str, ...], list[float]] = {}
+        jobs_gpus: dict[str, _JobGpus] = {}
+        no_job = _JobGpus()  # the cells of no job go through the same steps, to be dropped
+        # The appends of each profile's group values and job columns, by the profile's id: profiles are interned,
+        # and one that is not only gets a route of its own to the same lists (a tuple's hash is not cached).
+        routes: dict[int, _Route] = {}
         for cell_key, cell in window.cells.items():
+            route = routes.get(id(cell.profile))
+            if route is None:
+                profile = cell.profile
+                group = tuple(UNKNOWN if v is None else v for v in profile[1:group_end])
+                target = no_job
+                if profile[0] is not None:
+                    target = jobs_gpus.setdefault(profile[0], _JobGpus())
+                values = groups_values.setdefault(group, [])
+                route = (values.append, target.keys.append, target.cells.append, target.ofus.append)
+                routes[id(profile)] = route
+            add_value, add_key, add_cell, add_ofu = route
             value = cell.weighted / cell.weight
-            profile = cell.profile
-            group = group_of.get(profile)
-            if group is None:
-                group = group_of[profile] = tuple(UNKNOWN if v is None else v for v in profile[1:group_end])
-            groups_values.setdefault(group, []).append(value)
-            job_id = profile[0]
-            if job_id is not None:
-                jobs_values.setdefault(job_id, []).append(value)
-                jobs_gpus.setdefault(job_id, []).append((cell_key if isinstance(cell_key, str) else cell_key[0], cell))
-                latest = jobs_latest.get(job_id)
-                if latest is None or cell.last_end_ns > latest.last_end_ns:
-                    jobs_latest[job_id] = cell
+            add_value(value)
+            add_key(cell_key)
+            add_cell(cell)
+            add_ofu(value)
         groups = tuple(self._group_report(key, values) for key, values in sorted(groups_values.items()))
         job_reports: list[JobReport] = []
-        for job_id in sorted(jobs_values.keys() | window.mfu.keys()):
+        for job_id in sorted(jobs_gpus.keys() | window.mfu.keys()):
             job = self._jobs.get(job_id)
             if job is None:  # over the job cap when its points came
                 continue
@@ -621,15 +665,13 @@ class Aggregator:
             attributes = dict(job.attributes)
             if mfu_cell is not None:
                 attributes.update(mfu_cell.attributes)
-            if job_id in jobs_latest:  # the GPUs' own identity wins over what the training side said
-                newest = jobs_latest[job_id].profile[group_end:]
+            gpus = jobs_gpus.get(job_id)
+            if gpus is not None:  # the GPUs' own identity wins over what the training side said
+                ends = list(map(_LAST_END, gpus.cells))
+                newest = gpus.cells[ends.index(max(ends))].profile[group_end:]  # the first of the latest
                 attributes.update((k, v) for k, v in zip(JOB_ATTRIBUTE_KEYS, newest, strict=True) if v is not None)
             job.attributes = attributes
-            job_reports.append(
-                self._job_report(
-                    job_id, job, start, end, jobs_values.get(job_id), mfu_cell, window, jobs_gpus.get(job_id, [])
-                )
-            )
+            job_reports.append(self._job_report(job_id, job, start, end, mfu_cell, window, gpus))
         self._windows_closed += 1
         fleet = self._fleet_report(end)
         job_losses = [job.loss for job in job_reports if job.loss is not None]
@@ -650,82 +692,162 @@ class Aggregator:
 
     def _fleet_energy(self, window: _Window) -> float | None:
         """Every GPU's energy in the window: those of jobs and those of none, with or without OFU."""
-        seconds: dict[str, float] = {}
-        for cell_key, cell in window.cells.items():
-            key = cell_key if isinstance(cell_key, str) else cell_key[0]
-            seconds[key] = max(seconds.get(key, 0.0), self._seconds(cell))
-        found = [inputs.energy(seconds.get(key, self._window_ns / 1e9)) for key, inputs in window.gpus.items()]
-        energies = [energy for energy in found if energy is not None]
+        energies: list[float] = []
+        moved: dict[str, list[_Cell]] | None = None  # cells of streams that changed job, found when needed
+        for key, inputs in window.gpus.items():
+            energy = inputs.energy_j
+            if energy is None:
+                sums = inputs.sums
+                if not sums[_POWER_SLOT + 1]:
+                    continue  # neither counter nor power: no energy
+                if moved is None:
+                    moved = {}
+                    for cell_key, cell in window.cells.items():
+                        if not isinstance(cell_key, str):
+                            moved.setdefault(cell_key[0], []).append(cell)
+                cells = moved.get(key, [])
+                own = window.cells.get(key)
+                if own is not None:
+                    cells = [own, *cells]
+                seconds = max(map(self._seconds, cells)) if cells else self._window_ns / 1e9
+                energy = sums[_POWER_SLOT] / sums[_POWER_SLOT + 1] * seconds
+            energies.append(energy)
         return math.fsum(energies) if energies else None  # exactly rounded: the same in any arrival order
 
-    def _tensor_clock(self, model: str | None) -> float | None:
-        if model not in self._tensor_clocks:
+    def _models(self, cells: list[_Cell]) -> list[str | None]:
+        """The cells' GPU models, each model's price and tensor clock looked up once."""
+        models = list(map(operator.itemgetter(1 + self._groups + 1), map(_PROFILE, cells)))  # see Profile
+        for model in set(models) - self._prices.keys():
             spec = catalog.lookup(model) if model else None
+            self._prices[model] = self.config.price_of(model)
             self._tensor_clocks[model] = spec.tensor_clock_hz if spec is not None else None
-        return self._tensor_clocks[model]
+        return models
 
     def _gpu_losses(
-        self, window: _Window, gpus: list[tuple[str, _Cell]]
-    ) -> list[tuple[str, loss.GpuLoss, _GpuInputs | None, float]]:
-        """Each GPU's split, with its inputs and its OFU weight (what its throttle shares are over)."""
-        config = self.config
-        model_index = 1 + self._groups + 1  # the profile: job.id, the group values, then JOB_ATTRIBUTE_KEYS
-        found: list[tuple[str, loss.GpuLoss, _GpuInputs | None, float]] = []
-        for key, cell in gpus:
-            ofu = cell.weighted / cell.weight
-            inputs = window.gpus.get(key)
-            seconds = self._seconds(cell)
-            model = cell.profile[model_index]
+        self, window: _Window, gpus: _JobGpus
+    ) -> tuple[loss.GpuColumns, list[float], list[_GpuInputs | None]]:
+        """The job's GPUs' splits in columns, their tensor activity as used, and their loss inputs.
+
+        Column by column where a GPU's values need nothing but its cell (the profile gives its model: price
+        and tensor clock); one pass over the GPUs that sent loss inputs.
+        """
+        cells = gpus.cells
+        n = len(cells)
+        full = float(self._window_ns)
+        window_ns = self._window_ns
+        covered = list(map(min, map(_WEIGHT, cells), itertools.repeat(full)))
+        if min(covered) >= _MIN_COVERED_NS:
+            seconds = list(map(_NS_PER_S.__rtruediv__, covered))
+        else:
+            seconds = [(ns if ns >= _MIN_COVERED_NS else window_ns) / _NS_PER_S for ns in covered]
+        inputs_of = window.gpus
+        found: list[_GpuInputs | None] = [None] * n
+        if inputs_of:
+            found = list(map(inputs_of.get, gpus.stream_keys()))
+        ofus = gpus.ofus
+        without = sum(map(operator.is_, found, itertools.repeat(None)))  # by identity: no __eq__ per GPU
+        with_inputs = without < n
+        prices: list[float | None] = [None] * n
+        models: list[str | None] = []
+        if self.config.price_per_gpu_hour or with_inputs:
+            models = self._models(cells)
+            prices = list(map(self._prices.__getitem__, models))
+        if not with_inputs:
+            idle, clock, tensor = loss.split_ofu_only(ofus)
+            columns = loss.GpuColumns(ofus, idle, clock, tensor, seconds, [None] * n, [None] * n, prices)
+            return columns, ofus, found
+        if not without:
+            fast = self._gpu_losses_of_inputs(cast(list[_GpuInputs], found), ofus, seconds, prices, models)
+            if fast is not None:
+                return fast, fast.tensor_active, found
+        columns = loss.GpuColumns(ofu=ofus, seconds=seconds, price=prices)
+        idle_of, clock_of, tensor_of = columns.idle.append, columns.clock.append, columns.tensor.append
+        energy_of, flops_of = columns.energy_j.append, columns.flops.append
+        tensor_active: list[float] = []
+        tpa_of = tensor_active.append
+        split = loss.split_shares
+        ratio_of = loss.clock_ratio
+        clocks = map(self._tensor_clocks.__getitem__, models)
+        for ofu, inputs, gpu_seconds, tensor_clock in zip(ofus, found, seconds, clocks, strict=True):
             if inputs is None:
-                split = loss.split_gpu(ofu, None, None, seconds=seconds, price=config.price_of(model))
+                shares = split(ofu, None, None)
+                energy = flops = None
             else:
-                ratio = loss.clock_ratio(inputs.mean(_CLOCK), inputs.mean(_CLOCK_MAX), self._tensor_clock(model))
-                split = loss.split_gpu(
-                    ofu,
-                    inputs.mean(_TENSOR),
-                    ratio,
-                    seconds=seconds,
-                    energy_j=inputs.energy(seconds),
-                    flops_per_s=inputs.mean(_FLOPS),
-                    price=config.price_of(model),
-                )
-            found.append((key, split, inputs, cell.weight))
-        return found
+                sums = inputs.sums
+                weight = sums[_TENSOR_SLOT + 1]
+                active = sums[_TENSOR_SLOT] / weight if weight else None
+                weight = sums[_CLOCK_SLOT + 1]
+                sm_clock = sums[_CLOCK_SLOT] / weight if weight else None
+                weight = sums[_CLOCK_MAX_SLOT + 1]
+                max_clock = sums[_CLOCK_MAX_SLOT] / weight if weight else None
+                shares = split(ofu, active, ratio_of(sm_clock, max_clock, tensor_clock))
+                energy = inputs.energy_j
+                if energy is None:  # no counter: mean power x seconds
+                    weight = sums[_POWER_SLOT + 1]
+                    energy = sums[_POWER_SLOT] / weight * gpu_seconds if weight else None
+                weight = sums[_FLOPS_SLOT + 1]
+                flops = sums[_FLOPS_SLOT] / weight * gpu_seconds if weight else None
+            tpa_of(shares[0])
+            idle_of(shares[1])
+            clock_of(shares[2])
+            tensor_of(shares[3])
+            energy_of(energy)
+            flops_of(flops)
+        return columns, tensor_active, found
+
+    def _gpu_losses_of_inputs(
+        self,
+        inputs: list[_GpuInputs],
+        ofus: list[float],
+        seconds: list[float],
+        prices: list[float | None],
+        models: list[str | None],
+    ) -> _Columns | None:
+        """``_gpu_losses`` in columns for a job whose GPUs all sent tensor activity and clocks (the producer's
+        layout); None where one did not (the GPU by GPU pass handles those)."""
+        sums = list(map(_SUMS_OF, inputs))
+        weights = [list(map(operator.itemgetter(slot + 1), sums)) for slot in _MEAN_SLOTS]
+        if any(0.0 in column for column in weights):
+            return None
+        means = [
+            list(map(operator.truediv, map(operator.itemgetter(slot), sums), column))
+            for slot, column in zip(_MEAN_SLOTS, weights, strict=True)
+        ]
+        active, sm_clock, max_clock = means
+        references = [
+            tensor_clock if tensor_clock else board_max
+            for tensor_clock, board_max in zip(map(self._tensor_clocks.__getitem__, models), max_clock, strict=True)
+        ]
+        if not min(references) > 0.0:
+            return None
+        tpa, idle, clock, tensor = loss.split_columns(ofus, active, loss.clock_ratios(sm_clock, references))
+        energy: list[float | None] = []
+        flops: list[float | None] = []
+        for gpu_seconds, found, gpu_sums in zip(seconds, inputs, sums, strict=True):
+            joules = found.energy_j
+            if joules is None:  # no counter: mean power x seconds
+                weight = gpu_sums[_POWER_SLOT + 1]
+                joules = gpu_sums[_POWER_SLOT] / weight * gpu_seconds if weight else None
+            energy.append(joules)
+            weight = gpu_sums[_FLOPS_SLOT + 1]
+            flops.append(gpu_sums[_FLOPS_SLOT] / weight * gpu_seconds if weight else None)
+        return _Columns(ofus, idle, clock, tensor, seconds, energy, flops, prices, tensor_active=tpa)
 
     def _assess_gpus(
         self,
         job_id: str,
         job: _Job,
-        start: int,
-        end: int,
-        gpus: list[tuple[str, loss.GpuLoss, _GpuInputs | None, float]],
+        window: GpuWindowValues,
+        inputs: list[_GpuInputs | None],
     ) -> None:
-        """Run the GPU-level flags on each of the job's GPUs; keep the points they have to show."""
-        if not GPU_DETECTORS or not gpus:
-            return
-        peers = _peer_medians([split.ofu for _key, split, _inputs, _weight in gpus])
-        states: dict[str, dict[str, GpuFlag]] = {}
-        for (key, split, inputs, weight), median in zip(gpus, peers, strict=True):
-            flags = job.gpu_flags.get(key)
-            if flags is None:
-                flags = {detector.metric.name: detector.start(self.config) for detector in GPU_DETECTORS}
-            states[key] = flags
-            values = GpuWindowValues(
-                start,
-                end,
-                split.ofu,
-                split.tensor_active,
-                split.is_idle,
-                median,
-                len(gpus),
-                inputs.throttle_shares(weight) if inputs is not None else {},
-            )
-            for name, flag in flags.items():
-                verdict = flag.assess(values)
-                if verdict is not None:
-                    attributes = {**_gpu_identity(key, inputs), **flag.labels}
-                    self._gpu_flag_reports.append(GpuFlagReport(name, job_id, attributes, verdict, split.ofu, median))
-        job.gpu_flags = states  # a GPU gone from the job lets go of its state
+        """Run the GPU-level flags on the job's GPUs; keep the points they have to show."""
+        for name, flag in job.gpu_flags.items():
+            for verdict in flag.assess(window):
+                i = verdict.index
+                attributes = {**_gpu_identity(window.keys[i], inputs[i]), **verdict.labels}
+                self._gpu_flag_reports.append(
+                    GpuFlagReport(name, job_id, attributes, verdict.value, window.ofu[i], window.job_median_ofu[i])
+                )
 
     def _group_report(self, key: tuple[str, ...], values: list[float]) -> GroupReport:
         values.sort()
@@ -733,7 +855,7 @@ class Aggregator:
             attributes=dict(zip(self.config.group_keys, key, strict=True)),
             gpus=len(values),
             quantiles={q: percentile_of_sorted(values, q) for q in names.QUANTILES},
-            histogram=ExpHistogram.from_values(values, max_buckets=self.config.histogram_max_buckets),
+            histogram=ExpHistogram.from_sorted(values, max_buckets=self.config.histogram_max_buckets),
             ofu_sum=sum(values),
             ofu_min=values[0],
             ofu_max=values[-1],
@@ -745,29 +867,45 @@ class Aggregator:
         job: _Job,
         start: int,
         end: int,
-        ofus: list[float] | None,
         mfu_cell: _MfuCell | None,
         window: _Window,
-        gpus: list[tuple[str, _Cell]],
+        gpus: _JobGpus | None,
     ) -> JobReport:
         config = self.config
+        ofus = gpus.ofus if gpus is not None else None
         ofu = math.fsum(ofus) / len(ofus) if ofus else None  # exactly rounded: the same in any GPU order
         mfu = mfu_cell.total / mfu_cell.count if mfu_cell is not None else None
         if ofu is not None and mfu is not None:
             job.horizon.add(start - start % self._block_ns, ofu, mfu)
             if self._last_pair_start is None or start > self._last_pair_start:
                 self._last_pair_start = start
-        splits = self._gpu_losses(window, gpus)
-        job_loss = loss.job_loss(
-            (split for _key, split, _inputs, _weight in splits),
-            currency=self._currency(),
-            pue=config.pue,
-            grid_intensity=config.grid_intensity,
-        )
-        idle = frozenset(key for key, split, _inputs, _weight in splits if split.is_idle)
-        values = JobWindowValues(start, end, ofu, mfu, len(splits), idle)
+        job_loss = None
+        count = 0
+        idle_gpus: frozenset[str] = frozenset()
+        if gpus is not None:
+            columns, tensor_active, inputs = self._gpu_losses(window, gpus)
+            job_loss = loss.job_loss_of(
+                columns, currency=self._currency(), pue=config.pue, grid_intensity=config.grid_intensity
+            )
+            keys = gpus.stream_keys()
+            idle = list(map(loss.IDLE_TENSOR_ACTIVE.__gt__, tensor_active))  # active < IDLE_TENSOR_ACTIVE
+            idle_gpus = frozenset(itertools.compress(keys, idle))
+            count = len(keys)
+        values = JobWindowValues(start, end, ofu, mfu, count, idle_gpus)
         flags = {name: flag.assess(values) for name, flag in job.flags.items()}
-        self._assess_gpus(job_id, job, start, end, splits)
+        if gpus is not None and GPU_DETECTORS:
+            if not job.gpu_flags:
+                job.gpu_flags = {detector.metric.name: detector.start(config) for detector in GPU_DETECTORS}
+            cells = gpus.cells
+
+            def throttle(i: int) -> Mapping[str, float]:
+                found = inputs[i]
+                return found.throttle_shares(cells[i].weight) if found is not None else {}
+
+            gpu_values = GpuWindowValues(
+                start, end, keys, gpus.ofus, tensor_active, idle, _peer_medians(gpus.ofus), throttle
+            )
+            self._assess_gpus(job_id, job, gpu_values, inputs)
         job.horizon.prune(end - config.horizon_ns)
         status = STATUS_NO_OFU if ofu is None else STATUS_NO_MFU if mfu is None else STATUS_OK
         return JobReport(
@@ -779,7 +917,7 @@ class Aggregator:
             correlation=job.horizon.total().pearson(),
             flags=flags,
             status=status,
-            gpus=len(splits),
+            gpus=count,
             loss=job_loss,
         )
 
@@ -852,28 +990,42 @@ class Aggregator:
 def _peer_medians(values: list[float]) -> list[float]:
     """For each value, the median of the others (a GPU's peers: its own OFU is not its reference); O(n log n).
 
-    A lone value has no peers: its own value stands in (nothing is below itself).
+    A lone value has no peers: its own value stands in (nothing is below itself). Without one value, the
+    others' median takes one of at most three values, by where that value lies against the middle one.
     """
     n = len(values)
     if n < 2:
         return list(values)
+    ordered = sorted(values)
+    half = (n - 1) // 2
+    pivot = ordered[half]
+    if pivot == 0.0:
+        return _peer_medians_by_rank(values)  # 0.0 and -0.0 tie there: which one is the median goes by rank
+    if n % 2 == 0:  # an odd number of peers: the middle one
+        above, at_or_below = ordered[half], ordered[half + 1]
+        return [above if value > pivot else at_or_below for value in values]
+    # An even number of peers: the mean of the two middle ones.
+    above = (ordered[half - 1] + ordered[half]) / 2
+    at = (ordered[half - 1] + ordered[half + 1]) / 2
+    below = (ordered[half] + ordered[half + 1]) / 2
+    return [above if value > pivot else below if value < pivot else at for value in values]
+
+
+def _peer_medians_by_rank(values: list[float]) -> list[float]:
+    """``_peer_medians`` by each value's rank in a stable sort (ties in input order)."""
+    n = len(values)
     order = sorted(range(n), key=values.__getitem__)
     ordered = [values[i] for i in order]
-    rank = [0] * n
-    for position, index in enumerate(order):
-        rank[index] = position
-    m = n - 1
-
-    def kth(k: int, skip: int) -> float:  # the k-th smallest of the others
-        return ordered[k] if k < skip else ordered[k + 1]
-
-    found = []
-    for index in range(n):
-        skip = rank[index]
-        if m % 2:
-            found.append(kth(m // 2, skip))
-        else:
-            found.append((kth(m // 2 - 1, skip) + kth(m // 2, skip)) / 2)
+    half = (n - 1) // 2
+    if n % 2 == 0:  # below the middle the next one up is the median, from it up the middle one
+        by_rank = [ordered[half + 1]] * (half + 1) + [ordered[half]] * (n - half - 1)
+    else:
+        by_rank = [(ordered[half] + ordered[half + 1]) / 2] * half
+        by_rank.append((ordered[half - 1] + ordered[half + 1]) / 2)
+        by_rank += [(ordered[half - 1] + ordered[half]) / 2] * (n - half - 1)
+    found = [0.0] * n
+    for index, median in zip(order, by_rank, strict=True):
+        found[index] = median
     return found
 
 

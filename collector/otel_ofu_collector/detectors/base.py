@@ -7,15 +7,16 @@ keeps whatever state it needs between windows (a run length, a baseline) and is 
 job comes back after eviction.
 
 GPU-level flags (``gpu.straggler``) follow the sibling protocol ``GpuDetector``: it starts a ``GpuFlag`` per
-GPU of a job, fed that GPU's windows with its job's median beside them. A GPU flag's ``None`` means "no
-point this window": a GPU-level flag is shown only for GPUs it has something to say about (flagged, or
-just cleared), so a healthy fleet adds no series. A module defines ``DETECTOR`` (a job flag) or
-``GPU_DETECTOR`` (a GPU flag).
+job, fed each of the job's windows with all its GPUs at once, in columns (a job may have thousands of GPUs,
+and a window close must not build an object per GPU), their job's peer medians beside them. A GPU flag
+keeps what it needs per GPU (a GPU gone from the job lets go of it) and shows a value only for the GPUs it
+has something to say about (flagged, or just cleared), so a healthy fleet adds no series. A module defines
+``DETECTOR`` (a job flag) or ``GPU_DETECTOR`` (a GPU flag).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol
 
 import attrs
@@ -41,28 +42,36 @@ class JobWindowValues:
 
 @attrs.frozen
 class GpuWindowValues:
-    """What a GPU flag sees of one GPU of a job in one closed window."""
+    """What a GPU flag sees of one job's GPUs in one closed window: one entry per GPU, in one order."""
 
     start_ns: int
     end_ns: int
-    ofu: float  # the GPU's mean OFU in the window
-    tensor_active: float  # its mean tensor pipe activity (its OFU where not reported)
-    idle: bool  # no tensor activity all window (aggregation.loss.IDLE_TENSOR_ACTIVE)
-    job_median_ofu: float  # the median OFU of the job's other GPUs in the window (its peers)
-    job_gpus: int
-    throttle: Mapping[str, float]  # share of the window the clock was held down, by gpu.throttle.reason
+    keys: Sequence[str]  # the GPUs' stream keys
+    ofu: Sequence[float]  # each GPU's mean OFU in the window
+    tensor_active: Sequence[float]  # its mean tensor pipe activity (its OFU where not reported)
+    idle: Sequence[bool]  # no tensor activity all window (aggregation.loss.IDLE_TENSOR_ACTIVE)
+    job_median_ofu: Sequence[float]  # the median OFU of the GPU's peers in the job (its other GPUs)
+    # The i-th GPU's share of the window its clock was held down, by gpu.throttle.reason (asked for the few
+    # GPUs a flag shows, not built for every GPU).
+    throttle: Callable[[int], Mapping[str, float]]
+
+
+@attrs.frozen
+class GpuVerdict:
+    """A GPU flag's value to show for one GPU in one window."""
+
+    index: int  # the GPU's position in ``GpuWindowValues``
+    value: int  # 1 (up) or 0 (just cleared)
+    labels: Mapping[str, str]  # attributes besides the GPU's identity (e.g. gpu.throttle.reason)
 
 
 class GpuFlag(Protocol):
-    """One GPU's state for one GPU-level flag."""
+    """One job's state for one GPU-level flag: what it keeps per GPU of the job."""
 
-    def assess(self, window: GpuWindowValues) -> int | None:
-        """The flag's value to show for this window (1, 0), or None: nothing to show."""
-        ...
+    def assess(self, window: GpuWindowValues) -> Sequence[GpuVerdict]:
+        """The values to show for this window, in the GPUs' order: only for GPUs with something to show.
 
-    @property
-    def labels(self) -> Mapping[str, str]:
-        """Attributes the latest shown value carries besides the GPU's identity (e.g. gpu.throttle.reason)."""
+        Called for each closed window with any of the job's GPUs; a GPU not in ``window`` loses its state."""
         ...
 
 
@@ -82,7 +91,7 @@ class GpuDetector(Protocol):
     def label(self) -> str: ...
 
     def start(self, config: AggregatorConfig) -> GpuFlag:
-        """A fresh state for one GPU of one job."""
+        """A fresh state for one job's GPUs."""
         ...
 
 

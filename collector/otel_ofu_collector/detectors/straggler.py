@@ -12,6 +12,8 @@ clock down for the largest share of the window, if that share is at least ``EXPL
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping
 from typing import Final
 
@@ -19,7 +21,7 @@ import attrs
 
 from otel_ofu import names
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.detectors.base import GpuWindowValues
+from otel_ofu_collector.detectors.base import GpuVerdict, GpuWindowValues
 
 # A reason that held the clock down for at least this share of the window explains a slow GPU.
 EXPLAINS_SHARE: Final = 0.25
@@ -37,29 +39,38 @@ def throttle_reason(throttle: Mapping[str, float]) -> str | None:
 
 
 @attrs.define
-class _Straggler:
+class _Stragglers:
+    """One job's GPUs: each GPU's run of windows below, kept only while it runs (a GPU not below, or gone from
+    the job, is where a fresh one starts), so a healthy job holds nothing per GPU."""
+
     factor: float
     windows: int
-    run: int = 0
-    up: bool = False
-    labels: Mapping[str, str] = _NO_LABELS
+    runs: dict[str, int] = attrs.field(factory=dict)  # stream key -> consecutive windows below, >= 1
 
-    def assess(self, window: GpuWindowValues) -> int | None:
-        below = (
-            window.job_gpus >= 2
-            and window.job_median_ofu > 0.0
-            and not window.idle
-            and window.ofu * self.factor < window.job_median_ofu
-        )
-        self.run = self.run + 1 if below else 0
-        was_up = self.up
-        self.up = self.run >= self.windows
-        if self.up:
-            reason = throttle_reason(window.throttle)
-            self.labels = {names.GPU_THROTTLE_REASON: reason} if reason else _NO_LABELS
-            return 1
-        self.labels = _NO_LABELS
-        return 0 if was_up else None
+    def assess(self, window: GpuWindowValues) -> list[GpuVerdict]:
+        keys, ofus, medians, idle = window.keys, window.ofu, window.job_median_ofu, window.idle
+        below: list[int] = []
+        if len(keys) >= 2:  # OFU x factor < the peers' median, in one C-level pass; then the few others' tests
+            slow = map(operator.lt, map(self.factor.__mul__, ofus), medians)
+            below = [i for i in itertools.compress(range(len(keys)), slow) if medians[i] > 0.0 and not idle[i]]
+        below_keys = list(map(keys.__getitem__, below))
+        previous = self.runs
+        get = previous.get
+        runs = {key: get(key, 0) + 1 for key in below_keys} if previous else dict.fromkeys(below_keys, 1)
+        self.runs = runs
+        windows = self.windows
+        shown = dict.fromkeys(itertools.compress(below, map(windows.__le__, map(runs.__getitem__, below_keys))), 1)
+        was_up = {key for key, run in previous.items() if run >= windows and runs.get(key, 0) < windows}
+        if was_up:  # cleared: shown once, with 0
+            shown.update((i, 0) for i, key in enumerate(keys) if key in was_up)
+        verdicts = []
+        for i in sorted(shown):
+            labels = _NO_LABELS
+            if shown[i]:
+                reason = throttle_reason(window.throttle(i))
+                labels = {names.GPU_THROTTLE_REASON: reason} if reason else _NO_LABELS
+            verdicts.append(GpuVerdict(i, shown[i], labels))
+        return verdicts
 
 
 @attrs.frozen
@@ -69,8 +80,8 @@ class Straggler:
     kind: str = "straggler"
     label: str = "straggler GPU"
 
-    def start(self, config: AggregatorConfig) -> _Straggler:
-        return _Straggler(config.straggler_factor, config.straggler_windows)
+    def start(self, config: AggregatorConfig) -> _Stragglers:
+        return _Stragglers(config.straggler_factor, config.straggler_windows)
 
 
 GPU_DETECTOR = Straggler()
