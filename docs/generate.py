@@ -12,7 +12,6 @@ the output with the committed copy fails until it is regenerated:
 
 from __future__ import annotations
 
-import argparse
 import ast
 import inspect
 import io
@@ -27,6 +26,7 @@ from types import ModuleType
 import attrs
 
 from otel_ofu import names
+from otel_ofu.generated_files import write_or_check
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference.md"
@@ -286,18 +286,7 @@ def _constant(value: object) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/reference.md is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not REFERENCE.exists() or REFERENCE.read_text() != text:
-            print("docs/reference.md is stale: run python docs/generate.py", file=sys.stderr)
-            return 1
-        return 0
-    REFERENCE.write_text(text)
-    print(f"wrote {REFERENCE.relative_to(HERE.parent)}")
-    return 0
+    return write_or_check(REFERENCE.parent, {REFERENCE.name: render()}, argv, __doc__ or "")
 
 
 if __name__ == "__main__":

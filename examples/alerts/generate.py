@@ -15,7 +15,6 @@ that did not last long enough).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping
@@ -26,6 +25,7 @@ import attrs
 import yaml
 
 from otel_ofu import names
+from otel_ofu.generated_files import write_or_check
 from otel_ofu.prometheus_names import label_name, metric_name
 
 HERE = Path(__file__).resolve().parent
@@ -765,21 +765,7 @@ def generated() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a committed file is stale")
-    args = parser.parse_args(argv)
-    stale = []
-    for file_name, text in generated().items():
-        path = HERE / file_name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(file_name)
-        else:
-            path.write_text(text)
-    if stale:
-        print(f"stale alert files (run {Path(__file__).name}): {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check(HERE, generated(), argv, __doc__ or "")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ regenerated:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from otel_ofu import names
+from otel_ofu.generated_files import write_or_check
 from otel_ofu.prometheus_names import label_name, metric_name
 
 HERE = Path(__file__).resolve().parent
@@ -633,22 +633,7 @@ def render(content: JSON) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a committed file is stale")
-    args = parser.parse_args(argv)
-    stale = []
-    for file_name, content in generated().items():
-        path = HERE / file_name
-        text = render(content)
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(file_name)
-        else:
-            path.write_text(text)
-    if stale:
-        print(f"stale dashboards (run {Path(__file__).name}): {', '.join(stale)}", file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check(HERE, {name: render(content) for name, content in generated().items()}, argv, __doc__ or "")
 
 
 if __name__ == "__main__":
