@@ -53,7 +53,6 @@ import tracemalloc
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
@@ -61,7 +60,7 @@ from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.otlp.decode import Decoder
+from otel_ofu_collector.otlp.decode import Decoder, resource_views
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 
 S = 1_000_000_000
@@ -97,30 +96,6 @@ def producer_request(first_gpu: int, gpus: int, time_ns: int, jobs: int = 500) -
     return request.SerializeToString()
 
 
-def _resource_view_class() -> Any:
-    """A request whose ResourceMetrics hold the Resource as raw bytes (OTLP field numbers: request.resource_metrics
-    = 1, ResourceMetrics.resource = 1): reading a request with it gives each Resource's encoding as sent."""
-    field = descriptor_pb2.FieldDescriptorProto
-    package = "benchmarks.resource_view"
-    proto = descriptor_pb2.FileDescriptorProto(name="benchmarks/resource_view.proto", package=package, syntax="proto3")
-    rm = proto.message_type.add(name="ResourceMetrics")
-    rm.field.add(name="resource", number=1, type=field.TYPE_BYTES, label=field.LABEL_OPTIONAL)
-    request = proto.message_type.add(name="Request")
-    request.field.add(
-        name="resource_metrics",
-        number=1,
-        type=field.TYPE_MESSAGE,
-        label=field.LABEL_REPEATED,
-        type_name=f".{package}.ResourceMetrics",
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Request"))
-
-
-_ResourceView: Any = _resource_view_class()
-
-
 def floor_pass(payloads: Sequence[bytes], cache: dict[bytes, tuple[tuple[str, str], ...]] | None = None) -> int:
     """What any receiver that remembers a Resource's identity must do: parse each request, read each
     Resource's encoding as sent (a second, shallow read of the same bytes), look its identity up by that
@@ -132,7 +107,7 @@ def floor_pass(payloads: Sequence[bytes], cache: dict[bytes, tuple[tuple[str, st
     points = 0
     for payload in payloads:
         request = ExportMetricsServiceRequest.FromString(payload)
-        encodings = [rm.resource for rm in _ResourceView.FromString(payload).resource_metrics]
+        encodings = [view.resource for view in resource_views(request, payload)]  # as the decoder reads them
         for rm, encoding in zip(request.resource_metrics, encodings, strict=True):
             identity = cache.get(encoding)
             if identity is None:
