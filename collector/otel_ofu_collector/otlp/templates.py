@@ -141,8 +141,7 @@ class Template:
     layout: struct.Struct
     gaps_of: Any  # itemgetter: the in-between bytes out of ``layout``'s unpacked tuple
     gaps: tuple[bytes, ...]
-    numbers_of: Any  # itemgetter: per slot listed in ``slots``, its number
-    slots: tuple[int, ...]  # the offsets read, in the order ``numbers_of`` returns them
+    numbers_of: Any  # itemgetter: the numbers of the slots read, in the order they were given to ``of``
 
     @classmethod
     def of(cls, data: bytes, read: Sequence[tuple[int, str]], skip: Sequence[tuple[int, str]] = ()) -> Template:
@@ -161,10 +160,10 @@ class Template:
         position = {offset: 2 * i + 1 for i, (offset, _) in enumerate(ordered)}
         gaps_of = itemgetter(*range(0, 2 * len(ordered) + 1, 2))
         numbers_of = itemgetter(*(position[offset] for offset, _ in read))
-        return cls(len(data), layout, gaps_of, gaps_of(layout.unpack(data)), numbers_of, tuple(o for o, _ in read))
+        return cls(len(data), layout, gaps_of, gaps_of(layout.unpack(data)), numbers_of)
 
     def read(self, data: bytes) -> tuple[Any, ...] | None:
-        """The numbers of ``data`` in ``slots`` order when it is this template's layout; else None."""
+        """The numbers of ``data``'s read slots, in order, when it is this template's layout; else None."""
         if len(data) != self.length:
             return None
         values = self.layout.unpack(data)
