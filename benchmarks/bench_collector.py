@@ -23,7 +23,7 @@ by the encoding as sent, profile once per Resource, window and cell lookups inli
 
 Since 2026-12-01 the decoder reads a Resource whose metrics come in a layout it has seen through that
 layout's template (one ``struct`` call over the ScopeMetrics' bytes) instead of walking a protobuf object per
-metric and point: ingest went from 46k to 99k points/s here (0.45x -> 0.66x the floor, which still walks every
+metric and point: ingest went from 46k to 99k points/s here (0.45x -> 0.60-0.66x the floor, which still walks every
 point: it stays the bound, since a floor beaten by what it bounds would have to read through templates too).
 
 Where the ingest time goes now (py-spy at 500 Hz on this workload, share of samples):
