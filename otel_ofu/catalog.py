@@ -29,6 +29,11 @@ class GpuSpec:
     boost_clock_hz: float | None
     tensor_clock_hz: float | None
     peak_flops: Mapping[str, float]  # precision (names.PRECISIONS) -> dense FLOP/s per GPU
+    # The compute slices a partition's share of the GPU is counted in: a MIG-capable NVIDIA GPU's compute slices
+    # (a MIG profile "Ng" holds N of them; NVIDIA Multi-Instance GPU User Guide, "Supported GPUs", max number of
+    # instances), an AMD Instinct's XCDs (a CPX partition holds one). None: the GPU cannot be partitioned, or no
+    # source gives the count (see ``otel_ofu.gpu_share``).
+    compute_slices: int | None = None
 
     def peak(self, precision: str | None) -> float | None:
         """Dense peak FLOP/s for a precision, or None where it is unknown (mixed, unknown, absent)."""
@@ -46,21 +51,42 @@ def _peaks(**tflops: float) -> dict[str, float]:
 
 # Source: NVIDIA A100 datasheet (2021), dense; 108 SMs, 1410 MHz boost; the tensor clock is the boost
 # clock (108 x 2048 dense FP16 FLOP/clk/SM x 1.41 GHz = 312 TFLOP/s).
-A100_SXM = GpuSpec("A100-SXM", 108, 1410 * MHZ, 1410 * MHZ, _peaks(fp64=19.5, tf32=156, bf16=312, int8=624))
+A100_SXM = GpuSpec(
+    "A100-SXM", 108, 1410 * MHZ, 1410 * MHZ, _peaks(fp64=19.5, tf32=156, bf16=312, int8=624), compute_slices=7
+)
 # Source: NVIDIA A100 PCIe datasheet: same peaks and clocks as SXM.
-A100_PCIE = GpuSpec("A100-PCIe", 108, 1410 * MHZ, 1410 * MHZ, _peaks(fp64=19.5, tf32=156, bf16=312, int8=624))
+A100_PCIE = GpuSpec(
+    "A100-PCIe", 108, 1410 * MHZ, 1410 * MHZ, _peaks(fp64=19.5, tf32=156, bf16=312, int8=624), compute_slices=7
+)
 # Source: NVIDIA H100 datasheet (SXM5), dense; board max 1980 MHz per NVML; tensor clock 1830 MHz from
 # the OFU paper (132 x 4096 x 1.83 GHz = 989.4 TFLOP/s).
 H100_SXM = GpuSpec(
-    "H100-SXM", 132, 1980 * MHZ, 1830 * MHZ, _peaks(fp64=67, tf32=494.7, bf16=989.4, fp8=1979, int8=1979)
+    "H100-SXM",
+    132,
+    1980 * MHZ,
+    1830 * MHZ,
+    _peaks(fp64=67, tf32=494.7, bf16=989.4, fp8=1979, int8=1979),
+    compute_slices=7,
 )
 # Source: NVIDIA H100 PCIe datasheet, dense; 114 SMs; 1755 MHz board max; tensor clock 1620 MHz from
 # the OFU paper (114 x 4096 x 1.62 GHz = 756 TFLOP/s).
-H100_PCIE = GpuSpec("H100-PCIe", 114, 1755 * MHZ, 1620 * MHZ, _peaks(fp64=51, tf32=378, bf16=756, fp8=1513, int8=1513))
+H100_PCIE = GpuSpec(
+    "H100-PCIe",
+    114,
+    1755 * MHZ,
+    1620 * MHZ,
+    _peaks(fp64=51, tf32=378, bf16=756, fp8=1513, int8=1513),
+    compute_slices=7,
+)
 # Source: NVIDIA H100 NVL product brief, dense (sparse 1671 BF16 / 3341 FP8 halved); 132 SMs; 1785 MHz
 # board max; tensor clock derived: 835.5 T / (132 x 4096) = 1545 MHz.
 H100_NVL = GpuSpec(
-    "H100-NVL", 132, 1785 * MHZ, 1545 * MHZ, _peaks(fp64=60, tf32=417.5, bf16=835.5, fp8=1670.5, int8=1670.5)
+    "H100-NVL",
+    132,
+    1785 * MHZ,
+    1545 * MHZ,
+    _peaks(fp64=60, tf32=417.5, bf16=835.5, fp8=1670.5, int8=1670.5),
+    compute_slices=7,  # the MIG guide's "H100-PCIE 94GB" row
 )
 # Source: NVIDIA H200 datasheet: H200 SXM has the H100 SXM compute (same die, more HBM); OFU paper table.
 H200_SXM = attrs.evolve(H100_SXM, key="H200-SXM")
@@ -74,10 +100,24 @@ L40S = GpuSpec("L40S", 142, 2520 * MHZ, 2490 * MHZ, _peaks(tf32=183, bf16=362, f
 L4 = GpuSpec("L4", 58, 2040 * MHZ, 2040 * MHZ, _peaks(tf32=60, bf16=121, fp8=242.5, int8=242.5))
 # Source: NVIDIA Blackwell datasheet (HGX B200, per GPU), dense; 148 SMs; board max not published; tensor
 # clock derived: 2250 T / (148 x 8192) = 1856 MHz (unverified on hardware, as the OFU paper says).
-B200 = GpuSpec("B200", 148, None, 1856 * MHZ, _peaks(fp64=40, tf32=1100, bf16=2250, fp8=4500, int8=4500, fp4=9000))
+B200 = GpuSpec(
+    "B200",
+    148,
+    None,
+    1856 * MHZ,
+    _peaks(fp64=40, tf32=1100, bf16=2250, fp8=4500, int8=4500, fp4=9000),
+    compute_slices=7,
+)
 # Source: NVIDIA GB200 NVL72 datasheet (per GPU), dense; 148 SMs; tensor clock derived:
 # 2500 T / (148 x 8192) = 2062 MHz (unverified on hardware).
-GB200 = GpuSpec("GB200", 148, None, 2062 * MHZ, _peaks(fp64=45, tf32=1250, bf16=2500, fp8=5000, int8=5000, fp4=10000))
+GB200 = GpuSpec(
+    "GB200",
+    148,
+    None,
+    2062 * MHZ,
+    _peaks(fp64=45, tf32=1250, bf16=2500, fp8=5000, int8=5000, fp4=10000),
+    compute_slices=7,
+)
 
 # Source: NVIDIA developer blog "Programming Tensor Cores in CUDA 9" (V100 SXM2: "up to 125 Tensor
 # TFLOPS"; Volta has no sparsity, so it is dense) and the Tesla V100 whitepaper, Table 1 (80 SMs, 8 tensor
@@ -105,7 +145,7 @@ L40 = GpuSpec("L40", 142, None, None, _peaks(tf32=90.5, bf16=181.05, fp8=362, in
 # TFLOPS/TOPS) and willitrunai.com (148 TFLOPS FP16, 296 INT8). Hopper's 4096 FLOP/clk/SM would put the
 # tensor clock at 463 MHz, so the H20's cap is not a clock: tensor clock and board max left unknown. FP8
 # left out: no source gives it.
-H20 = GpuSpec("H20", 78, None, None, _peaks(tf32=74, bf16=148, int8=296))
+H20 = GpuSpec("H20", 78, None, None, _peaks(tf32=74, bf16=148, int8=296), compute_slices=7)
 # Source: verda.com "GB300 NVL72 architecture", per-GPU table "without sparsity": B300 TF32 1.1, BF16 2.25,
 # FP8 4.5 PFLOPS (Glenn Klockwood's B300 page from NVIDIA's HGX B300 figures agrees). FP4, INT8 and FP64
 # left out: the sources disagree (FP4 13.1 vs 14 PF; INT8 4.5 PF vs 0.15 POPS). SMs, clocks unknown.

@@ -260,6 +260,39 @@ COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_EXPORT_FAILURES,
     COLLECTOR_SPOOL_SIZE,
 )
+
+
+class RejectReason:
+    """Values of ``reason`` on ``otel_ofu_collector.points.rejected``: why points were refused (a short, fixed set, so
+    that the counters can start at 0 and alerts can name them; partial_success gives the details in words)."""
+
+    OUT_OF_RANGE = "out_of_range"  # not finite, or outside the metric's range (OFU in [0, 1], MFU in [0, MFU_MAX])
+    IMPLAUSIBLE = "implausible"  # beyond what the hardware can do: power, energy over power x time, clocks
+    WRONG_TYPE = "wrong_type"  # a histogram or summary where a gauge or sum belongs
+    NO_IDENTITY = "no_identity"  # no hw.id (GPU metrics) or job.id (job.mfu)
+    BAD_ATTRIBUTE = "bad_attribute"  # an identity value over --max-attribute-length, an unknown throttle reason
+    BAD_TIME = "bad_time"  # no timestamp, or stamped further ahead than the clock allows
+    LATE = "late"  # its window already closed
+    MAX_STREAMS = "max_streams"  # a new GPU stream over --max-streams
+    MAX_JOBS = "max_jobs"  # a new job over --max-jobs
+    MAX_STATE = "max_state"  # the collector's state is at its byte bound
+    UNREADABLE = "unreadable"  # a shard's partial window that cannot be read (merge mode)
+
+    ALL = (
+        OUT_OF_RANGE,
+        IMPLAUSIBLE,
+        WRONG_TYPE,
+        NO_IDENTITY,
+        BAD_ATTRIBUTE,
+        BAD_TIME,
+        LATE,
+        MAX_STREAMS,
+        MAX_JOBS,
+        MAX_STATE,
+        UNREADABLE,
+    )
+
+
 # The attribute (Prometheus label) a self-metric's values are split by; "reason" unless named here.
 COLLECTOR_SELF_METRIC_KEYS: Final = {
     COLLECTOR_EXPORT_QUEUED.name: "stream",
@@ -284,6 +317,8 @@ HW_MODEL: Final = "hw.model"
 GPU_INDEX: Final = "gpu.index"
 GPU_MIG_PROFILE: Final = "gpu.mig.profile"
 GPU_MIG_INSTANCE_ID: Final = "gpu.mig.instance_id"
+# An AMD Instinct compute partition mode (spx, dpx, tpx, qpx, cpx): the device is that fraction of its GPU.
+GPU_COMPUTE_PARTITION: Final = "gpu.compute_partition"
 JOB_ID: Final = "job.id"
 JOB_NAME: Final = "job.name"
 JOB_SCHEDULER: Final = "job.scheduler"
@@ -334,6 +369,7 @@ IDENTITY_ATTRIBUTES: Final = (
     GPU_INDEX,
     GPU_MIG_PROFILE,
     GPU_MIG_INSTANCE_ID,
+    GPU_COMPUTE_PARTITION,
     JOB_ID,
     JOB_NAME,
     JOB_SCHEDULER,
