@@ -239,14 +239,26 @@ COLLECTOR_POINTS_OVER_CAP: Final = MetricSpec(
     "otel_ofu_collector.points.over_cap",
     "{point}",
     "sum",
-    "Points of a new stream or job over --max-streams / --max-jobs, by cap (a gpu.ofu of a job over the cap "
-    "still counts in the fleet percentiles, in no job's outputs)",
+    "Points of a new stream or job over --max-streams / --max-jobs / --max-state-bytes, by cap (refused: a "
+    "gpu.ofu of a job over the cap would count in no job's outputs)",
 )
 COLLECTOR_EXPORT_FAILURES: Final = MetricSpec(
     "otel_ofu_collector.export.failures", "{request}", "sum", "Sends to the downstream that failed, by stream"
 )
 COLLECTOR_SPOOL_SIZE: Final = MetricSpec(
     "otel_ofu_collector.spool.size", "By", "gauge", "Bytes of undelivered window outputs held in the --spool"
+)
+COLLECTOR_STATE_SIZE: Final = MetricSpec(
+    "otel_ofu_collector.state.size",
+    "By",
+    "gauge",
+    "Bytes of state the collector keeps, by part (windows: bounded by --max-state-bytes; resource_cache)",
+)
+COLLECTOR_CLOSE_FAILURES: Final = MetricSpec(
+    "otel_ofu_collector.close.failures",
+    "{item}",
+    "sum",
+    "Groups, jobs or fleet totals left out of a window because closing them failed, and windows given up, by kind",
 )
 COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_POINTS_ACCEPTED,
@@ -259,6 +271,8 @@ COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_POINTS_OVER_CAP,
     COLLECTOR_EXPORT_FAILURES,
     COLLECTOR_SPOOL_SIZE,
+    COLLECTOR_STATE_SIZE,
+    COLLECTOR_CLOSE_FAILURES,
 )
 
 
@@ -299,6 +313,8 @@ COLLECTOR_SELF_METRIC_KEYS: Final = {
     COLLECTOR_EXPORT_FAILURES.name: "stream",
     COLLECTOR_EVICTED.name: "kind",
     COLLECTOR_POINTS_OVER_CAP.name: "cap",
+    COLLECTOR_STATE_SIZE.name: "part",
+    COLLECTOR_CLOSE_FAILURES.name: "kind",
 }
 
 # The largest job.mfu accepted, by the reporter and the collector alike: a framework that over-counts FLOPs

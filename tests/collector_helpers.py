@@ -1,10 +1,13 @@
-"""What the collector service tests share: the options of a collector that a test drives by hand."""
+"""What the collector tests share: the options of a collector a test drives by hand; loss inputs one by one."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink
+from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.service import CollectorOptions
 
@@ -22,3 +25,21 @@ def collector_options(sink: OtlpSink | None, **overrides: Any) -> CollectorOptio
     }
     settings.update(overrides)
     return CollectorOptions(**settings)
+
+
+def add_gpu_input(
+    aggregator: Aggregator,
+    stream_key: str,
+    metric: str,
+    value: float,
+    start_ns: int,
+    end_ns: int,
+    identity: Mapping[str, str],
+    reason: str | None = None,
+) -> str | None:
+    """One loss-input point into the windows as the decoder groups it (a gpu.throttle share under its reason)."""
+    if metric == names.GPU_THROTTLE.name:
+        if reason is None:  # the decoder refuses a throttle share without its reason
+            return names.RejectReason.BAD_ATTRIBUTE
+        return aggregator.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {}, {reason: value})
+    return aggregator.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {metric: value}, {})

@@ -18,12 +18,13 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from otel_ofu import names
+from otel_ofu import bounds, names
 from otel_ofu.testing.otlp_requests import T0, set_attribute
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, Decoder, resource_views
 from otel_ofu_collector.results import WindowReport
+from tests.collector_helpers import add_gpu_input
 
 S = 1_000_000_000
 IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
@@ -88,19 +89,22 @@ class ReferenceDecoder:
         value, key, end_ns = _value(point), _stream(identity), point.time_unix_nano
         if not 0.0 <= value <= 1.0 or key is None or not end_ns:
             return False
-        return self.sink.add_ofu(key, value, point.start_time_unix_nano or end_ns, end_ns, identity)
+        return self.sink.add_ofu(key, value, point.start_time_unix_nano or end_ns, end_ns, identity) is None
 
     def _gpu_input(self, name: str, point: Any, identity: dict[str, str]) -> bool:
         value, key, end_ns = _value(point), _stream(identity), point.time_unix_nano
-        if not 0.0 <= value < float("inf") or key is None or not end_ns:
+        low, high = bounds.range_of(name)  # what a GPU can report: a clock between 1 MHz and 10 GHz
+        if not low <= value <= high or key is None or not end_ns:
             return False
-        return self.sink.add_gpu_input(key, name, value, point.start_time_unix_nano or end_ns, end_ns, identity)
+        return (
+            add_gpu_input(self.sink, key, name, value, point.start_time_unix_nano or end_ns, end_ns, identity) is None
+        )
 
     def _mfu(self, point: Any, identity: dict[str, str]) -> bool:
         value, job_id, time_ns = _value(point), identity.get(names.JOB_ID), point.time_unix_nano
         if not 0.0 <= value <= DEFAULT_MAX_MFU or not job_id or not time_ns:
             return False
-        return self.sink.add_mfu(job_id, value, time_ns, identity)
+        return self.sink.add_mfu(job_id, value, time_ns, identity) is None
 
 
 # --- requests: a few Resources sent again and again, some in pieces, some long, some overridden per point ---
@@ -120,8 +124,9 @@ def _resource(rng: random.Random) -> metrics_pb2.ResourceMetrics:
     rm = metrics_pb2.ResourceMetrics()
     for key in rng.sample(KEYS, rng.randint(1, len(KEYS))):
         set_attribute(rm.resource.attributes, key, rng.choice(VALUES))
-    if rng.random() < 0.3:  # long enough to be keyed by digest
-        set_attribute(rm.resource.attributes, names.K8S_POD_NAME, "p" * 500)
+    if rng.random() < 0.3:  # long enough to be keyed by digest, in two values within the attribute length bound
+        set_attribute(rm.resource.attributes, names.K8S_POD_NAME, "p" * 250)
+        set_attribute(rm.resource.attributes, names.K8S_POD_UID, "u" * 250)
     if rng.random() < 0.2:
         set_attribute(rm.resource.attributes, names.GPU_MIG_INSTANCE_ID, rng.choice(["1", "2"]))
     return rm
@@ -138,7 +143,9 @@ def _resource_metrics(rng: random.Random, pool: list[metrics_pb2.ResourceMetrics
             time_ns = T0 + rng.randint(0, 50) * S
             point = metric.gauge.data_points.add(time_unix_nano=time_ns, start_time_unix_nano=time_ns - 10 * S)
             if rng.random() < 0.1:
-                point.as_int = rng.choice([0, 1, 2])
+                point.as_int = rng.choice([0, 1, 2, 1_410_000_000])
+            elif name == names.GPU_CLOCK_SM.name:  # in Hz: a clock, one in MHz (refused as implausible), junk
+                point.as_double = rng.choice([rng.random() * 2e9, rng.random() * 2000, 2e10])
             else:
                 point.as_double = rng.choice([rng.random(), rng.random() * 2, 1.5 * DEFAULT_MAX_MFU])
             if rng.random() < 0.2:  # the data point's identity overrides its Resource's

@@ -91,8 +91,14 @@ def test_outputs_follow_the_contract() -> None:
     assert isinstance(correlation, Gauge)
     assert [p.time_unix_nano for p in correlation.data_points] == [T0 + 2 * W]
     assert names.FLEET_OFU_MFU_MAE.name in metrics
-    # the outputs a merge tier also reads (the histograms, the fleet's loss sums) are the only partial ones
-    merged_outputs = {names.FLEET_OFU.name, names.FLEET_GPU_TIME_LOST.name, names.FLEET_ENERGY.name}
+    # the outputs a merge tier also reads (the histograms with each group's GPU count, the fleet's loss sums) are
+    # the only partial ones
+    merged_outputs = {
+        names.FLEET_OFU.name,
+        names.FLEET_GPUS.name,
+        names.FLEET_GPU_TIME_LOST.name,
+        names.FLEET_ENERGY.name,
+    }
     assert not any(is_partial_metric(name) for name in metrics if name not in merged_outputs)
 
 

@@ -71,7 +71,8 @@ def big_fleet(jobs: int, id_length: int) -> ExportMetricsServiceRequest:
 
 
 def test_a_window_too_large_for_the_downstream_is_split_and_delivered_and_the_next_one_too(sink: OtlpSink) -> None:
-    service = CollectorService(options(sink, self_telemetry=False), environ={})
+    # 4000-character job ids make a window's outputs larger than gRPC's limit: allow them here.
+    service = CollectorService(options(sink, self_telemetry=False, max_attribute_length=4096), environ={})
     assert service.exports is not None
     service.ingest(big_fleet(1200, 4000))
     service.flush(W0 + WINDOW + 11 * S)
@@ -196,10 +197,11 @@ def test_an_identity_attribute_over_the_length_bound_rejects_its_points_by_reaso
         assert (on_resource.rejected, on_point.rejected) == (1, 1)
         assert sink.ofu == []  # rejected whole, never truncated
         assert sink.mfu == []
-        assert decoder.stats.rejected_by_reason == {
-            "gpu.ofu attribute value longer than 4096 characters": 1,
-            "job.mfu attribute value longer than 4096 characters": 1,
+        assert decoder.stats.rejected_by_message == {
+            "gpu.ofu with an attribute value longer than 4096 characters": 1,
+            "job.mfu with an attribute value longer than 4096 characters": 1,
         }
+        assert decoder.stats.rejected_by_reason[names.RejectReason.BAD_ATTRIBUTE] == 2
         assert "longer than 4096 characters" in on_point.error_message
 
 
@@ -244,11 +246,15 @@ def test_evicted_jobs_free_their_place_under_max_jobs_and_caps_and_evictions_sho
     taken = service.ingest(mfu_request({"c": 0.4}, time_ns=t3))
     assert taken.rejected == 0  # before: refused for the whole horizon (24 h by default)
     reports = service.flush(t3 + WINDOW + 11 * S)
-    assert [job.job_id for report in reports for job in report.jobs] == ["c"]
+    # c's 10 s interval straddles a window boundary (t3 is 1 s past one): c in both windows, no one else.
+    assert [job.job_id for report in reports for job in report.jobs] == ["c", "c"]
     metrics = service.self_metrics()
     assert metrics[names.COLLECTOR_EVICTED.name] == {"stream": 2, "job": 2}
-    assert metrics[names.COLLECTOR_POINTS_OVER_CAP.name] == {"max_streams": 0, "max_jobs": 1}
-    assert metrics[names.COLLECTOR_POINTS_REJECTED.name] == {"job.mfu over --max-jobs (a new job)": 1}
+    assert metrics[names.COLLECTOR_POINTS_OVER_CAP.name] == {"max_streams": 0, "max_jobs": 1, "max_state_bytes": 0}
+    rejected = metrics[names.COLLECTOR_POINTS_REJECTED.name]
+    assert {reason: count for reason, count in rejected.items() if count} == {names.RejectReason.MAX_JOBS: 1}
+    assert set(rejected) == set(names.RejectReason.ALL)  # every reason from the start, at 0 until it happens
+    assert service.decoder.stats.rejected_by_message == {"job.mfu over --max-jobs (a new job)": 1}
 
 
 def test_a_point_over_max_streams_is_rejected_by_its_own_reason() -> None:
@@ -259,7 +265,12 @@ def test_a_point_over_max_streams_is_rejected_by_its_own_reason() -> None:
     late = service.flush(W0 + 2 * WINDOW)
     assert late
     assert service.ingest(gpu_request({"GPU-1": 0.5}, time_ns=W0 + S)).rejected == 1
-    assert service.self_metrics()[names.COLLECTOR_POINTS_REJECTED.name] == {
+    rejected = service.self_metrics()[names.COLLECTOR_POINTS_REJECTED.name]
+    assert {reason: count for reason, count in rejected.items() if count} == {
+        names.RejectReason.MAX_STREAMS: 1,
+        names.RejectReason.LATE: 1,
+    }
+    assert service.decoder.stats.rejected_by_message == {
         "gpu.ofu over --max-streams (a new GPU stream)": 1,
         "gpu.ofu late (its window already closed)": 1,
     }
@@ -294,11 +305,12 @@ def test_the_self_metrics_reach_the_downstream_under_the_collectors_resource(sin
         accepted = metrics[names.COLLECTOR_POINTS_ACCEPTED.name].sum
         assert accepted.is_monotonic
         assert [point.as_int for point in accepted.data_points] == [1]
-        (rejected,) = metrics[names.COLLECTOR_POINTS_REJECTED.name].sum.data_points
-        assert rejected.as_int == 1
-        assert [(kv.key, kv.value.string_value) for kv in rejected.attributes] == [
-            ("reason", "gpu.ofu not finite or outside [0, 1]")
-        ]
+        rejected = {
+            point.attributes[0].value.string_value: point.as_int
+            for point in metrics[names.COLLECTOR_POINTS_REJECTED.name].sum.data_points
+        }
+        # Every reason from the first export on, at 0 until it happens: a one-off burst shows in rate().
+        assert rejected == {**dict.fromkeys(names.RejectReason.ALL, 0), names.RejectReason.OUT_OF_RANGE: 1}
         queued = {
             point.attributes[0].value.string_value: point.as_int
             for point in metrics[names.COLLECTOR_EXPORT_QUEUED.name].gauge.data_points
@@ -408,7 +420,8 @@ def test_after_a_kill_the_open_window_is_rebuilt_from_the_write_ahead_and_closed
     spool = str(tmp_path / "spool.sqlite")
     settings = {"spool_path": spool, "self_telemetry": False, "write_ahead_batch_s": 0.0}  # each request at once
     first = CollectorService(options(sink, **settings), environ={})
-    first.ingest(gpu_request({"GPU-1": ("closed", 0.25)}, time_ns=W0 + S))
+    # Its 10 s interval (W0 + 1 s, W0 + 11 s] lies inside window 1.
+    first.ingest(gpu_request({"GPU-1": ("closed", 0.25)}, time_ns=W0 + 11 * S))
     first.flush(W0 + WINDOW + 11 * S)  # window 1 closed: its outputs are in the spool
     first.ingest(gpu_request({"GPU-1": ("open", 0.5), "GPU-2": ("open", 0.7)}, time_ns=W0 + WINDOW + 20 * S))
     first.ingest(mfu_request({"open": 0.4}, time_ns=W0 + WINDOW + 20 * S))

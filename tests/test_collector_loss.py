@@ -22,6 +22,7 @@ from otel_ofu_collector.config import AggregatorConfig, parse_prices
 from otel_ofu_collector.otlp.decode import Decoder
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
 from otel_ofu_collector.results import WindowReport, gauge_points
+from tests.collector_helpers import add_gpu_input
 
 S = 1_000_000_000
 W = 60 * S
@@ -64,12 +65,12 @@ def _gpu(agg: Aggregator, key: str, identity: dict[str, str], window: int, value
         agg.add_ofu(key, values["ofu"], start, end, identity)
         for metric, value in values.items():
             if metric != "ofu":
-                agg.add_gpu_input(key, metric, value, start, end, identity)
+                add_gpu_input(agg, key, metric, value, start, end, identity)
 
 
 def _energy(agg: Aggregator, key: str, identity: dict[str, str], series_start: int, joules: list[float]) -> None:
     for tick, value in enumerate(joules, start=1):
-        agg.add_gpu_input(key, names.GPU_ENERGY.name, value, series_start, T0 + tick * 10 * S, identity)
+        add_gpu_input(agg, key, names.GPU_ENERGY.name, value, series_start, T0 + tick * 10 * S, identity)
 
 
 def _identity(gpu: str, job: str | None, host: str = "node-1") -> dict[str, str]:
@@ -223,18 +224,19 @@ def test_energy_counter_deltas_resets_and_a_collector_joining_mid_series() -> No
     energy = names.GPU_ENERGY.name
     long_ago = T0 - 3600 * S
     # Joined mid-series: the first point only sets the baseline (its hour of energy is not this window's).
-    agg.add_gpu_input("a", energy, 1_000_000.0, long_ago, T0 + 10 * S, identity)
-    agg.add_gpu_input("a", energy, 1_004_000.0, long_ago, T0 + 20 * S, identity)
-    agg.add_gpu_input("a", energy, 1_004_000.0, long_ago, T0 + 20 * S, identity)  # a retry: counted once
-    agg.add_gpu_input("a", energy, 1_007_000.0, long_ago, T0 + 30 * S, identity)
+    add_gpu_input(agg, "a", energy, 1_000_000.0, long_ago, T0 + 10 * S, identity)
+    add_gpu_input(agg, "a", energy, 1_004_000.0, long_ago, T0 + 20 * S, identity)
+    add_gpu_input(agg, "a", energy, 1_004_000.0, long_ago, T0 + 20 * S, identity)  # a retry: counted once
+    add_gpu_input(agg, "a", energy, 1_007_000.0, long_ago, T0 + 30 * S, identity)
     # The board restarted its counter: a new series start within a window counts whole.
-    agg.add_gpu_input("a", energy, 2_500.0, T0 + 40 * S, T0 + 50 * S, identity)
-    agg.add_gpu_input("a", energy, 6_000.0, T0 + 40 * S, T0 + 70 * S, identity)  # next window
+    add_gpu_input(agg, "a", energy, 2_500.0, T0 + 40 * S, T0 + 50 * S, identity)
+    # 3500 J more over (50 s, 70 s]: the window boundary at 60 s splits it, 1750 J to each window.
+    add_gpu_input(agg, "a", energy, 6_000.0, T0 + 40 * S, T0 + 70 * S, identity)
     first, second = agg.flush(T0 + 2 * W)
     assert first.jobs[0].loss is not None
     assert second.jobs[0].loss is not None
-    assert first.jobs[0].loss.energy_j == pytest.approx(4_000 + 3_000 + 2_500)
-    assert second.jobs[0].loss.energy_j == pytest.approx(3_500)
+    assert first.jobs[0].loss.energy_j == pytest.approx(4_000 + 3_000 + 2_500 + 1_750)
+    assert second.jobs[0].loss.energy_j == pytest.approx(1_750)
 
 
 def test_an_older_interval_arriving_late_keeps_its_inputs() -> None:
@@ -247,13 +249,15 @@ def test_an_older_interval_arriving_late_keeps_its_inputs() -> None:
         for tick in order:
             start, end = T0 + tick * 10 * S, T0 + (tick + 1) * 10 * S
             agg.add_ofu("a", 0.3, start, end, identity)
+            # As the decoder groups them: the counter with its series start, the gauges with their interval.
+            energy = {names.GPU_ENERGY.name: 1_000_000.0 + 5_000.0 * tick}
+            assert agg.add_gpu_inputs("a", T0 - 3600 * S, end, identity, energy, {}) is None
             values = {
-                names.GPU_ENERGY.name: 1_000_000.0 + 5_000.0 * tick,
                 names.GPU_TENSOR_ACTIVE.name: 0.4 + 0.1 * tick,
                 names.GPU_CLOCK_SM.name: 1.5e9 + 1e8 * tick,
                 names.GPU_CLOCK_SM_MAX.name: 1.98e9,
             }
-            assert agg.add_gpu_inputs("a", T0 - 3600 * S, end, identity, values, {})
+            assert agg.add_gpu_inputs("a", start, end, identity, values, {}) is None
         (report,) = agg.flush(T0 + W)
         return report
 
@@ -284,8 +288,10 @@ def _straggler_fleet(agg: Aggregator, window: int, slow: float, reason_share: fl
         _gpu(agg, f"g{gpu}", _identity(f"GPU-{gpu}", "j"), window, values)
         if gpu == 3:
             start, end = T0 + window * W, T0 + (window + 1) * W
-            agg.add_gpu_input("g3", names.GPU_THROTTLE.name, reason_share, start, end, _identity("GPU-3", "j"), "power")
-            agg.add_gpu_input("g3", names.GPU_THROTTLE.name, 0.1, start, end, _identity("GPU-3", "j"), "thermal")
+            add_gpu_input(
+                agg, "g3", names.GPU_THROTTLE.name, reason_share, start, end, _identity("GPU-3", "j"), "power"
+            )
+            add_gpu_input(agg, "g3", names.GPU_THROTTLE.name, 0.1, start, end, _identity("GPU-3", "j"), "thermal")
     return agg.flush(T0 + (window + 1) * W)
 
 
@@ -413,7 +419,7 @@ def test_the_decoder_takes_the_loss_inputs_and_refuses_bad_ones_by_name() -> Non
     energy.sum.data_points.add(as_double=3500.0, time_unix_nano=end, start_time_unix_nano=end - 10 * S)
     outcome = decoder.decode(request, request.SerializeToString())
     assert (outcome.accepted, outcome.rejected) == (5, 2)
-    assert "gpu.power not finite or negative" in outcome.error_message
+    assert "gpu.power not finite or outside its range" in outcome.error_message
     assert "gpu.throttle without a known gpu.throttle.reason" in outcome.error_message
     (report,) = aggregator.flush(T0 + W)
     (job,) = report.jobs

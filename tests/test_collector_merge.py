@@ -20,6 +20,7 @@ from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
 from otel_ofu_collector.otlp.partials import partials_from_request
 from otel_ofu_collector.results import PartialWindow, WindowReport, partial_of
+from tests.collector_helpers import add_gpu_input
 
 S = 1_000_000_000
 W = 60 * S
@@ -94,7 +95,7 @@ def feed(agg: Aggregator, point: Point) -> None:
     elif kind == "mfu":
         agg.add_mfu(key, value, end, identity)
     else:
-        agg.add_gpu_input(key, kind, value, start, end, identity)
+        add_gpu_input(agg, key, kind, value, start, end, identity)
 
 
 def run(
@@ -133,7 +134,7 @@ def merge_all(
         for report in reports:
             partials = convert(report, f"shard-{index}") if convert else [partial_of(report, f"shard-{index}")]
             for partial in partials:
-                assert merger.add_partial(partial)
+                assert merger.add_partial(partial) is None
     return merger.close_all()
 
 
@@ -220,8 +221,8 @@ def test_a_retried_partial_replaces_instead_of_doubling() -> None:
     merger = MergeAggregator(config)
     for index, reports in enumerate(parts):
         for report in reports:
-            assert merger.add_partial(partial_of(report, f"s{index}"))
-            assert merger.add_partial(partial_of(report, f"s{index}"))  # an export retry
+            assert merger.add_partial(partial_of(report, f"s{index}")) is None
+            assert merger.add_partial(partial_of(report, f"s{index}")) is None  # an export retry
     merged = merger.close_all()
     assert [sum(g.gpus for g in r.groups) for r in merged] == [sum(g.gpus for g in r.groups) for r in single]
     assert merger.stats.replaced_partials > 0
@@ -239,11 +240,11 @@ def test_late_partials_are_refused_and_counted() -> None:
     _single, parts = run(fleet_points(6), config, 2)
     merger = MergeAggregator(config)
     first = parts[0][0]
-    assert merger.add_partial(partial_of(first, "a"))
+    assert merger.add_partial(partial_of(first, "a")) is None
     assert merger.watermark_ns == first.end_ns
     (closed,) = merger.flush(first.end_ns + 15 * S)
     assert closed.end_ns == first.end_ns
-    assert not merger.add_partial(partial_of(first, "b"))
+    assert merger.add_partial(partial_of(first, "b")) is not None
     assert merger.stats.late_partials == 1
     assert merger.stats.windows_closed == 1
 

@@ -18,7 +18,7 @@ def test_the_newest_window_wins_when_one_flush_closes_two() -> None:
     for window, ofu in enumerate((0.1, 0.9)):
         end = (window * 60 + 30) * SECOND
         aggregator.add_ofu("gpu-0", ofu, end - 10 * SECOND, end, identity)
-    reports = aggregator.flush(200 * SECOND)
+    reports = aggregator.flush(150 * SECOND)  # windows (0, 60 s] and (60 s, 120 s]
     assert len(reports) == 2
     collector = OutputsCollector()
     collector.consume_windows(reports)

@@ -31,7 +31,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_ofu import names
+from otel_ofu import bounds, names
 from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request, set_attribute
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu.testing.pki import Pki, make_pki
@@ -185,7 +185,7 @@ def test_unusable_points_counted_in_partial_success(running: Running) -> None:
     request.resource_metrics.extend(nameless.resource_metrics)
     response = _export(running.target, request.SerializeToString())
     assert response.partial_success.rejected_data_points == 5
-    assert "outside [0, 1]" in response.partial_success.error_message
+    assert "not finite or outside its range" in response.partial_success.error_message
     assert "without hw.id" in response.partial_success.error_message
     assert [call[0] for call in running.sink.ofu] == ["node-1|GPU-1"]
 
@@ -400,9 +400,13 @@ def _input_points(request: ExportMetricsServiceRequest) -> int:
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
                 kind = metric.WhichOneof("data")
-                if metric.name in (names.GPU_OFU.name, names.JOB_MFU.name) and kind is not None:
+                if metric.name in _AGGREGATED and kind is not None:
                     total += len(getattr(metric, kind).data_points)
     return total
+
+
+# Every point of these is either taken or refused (the other producer metrics are only consumed).
+_AGGREGATED = frozenset({names.GPU_OFU.name, names.JOB_MFU.name, names.GPU_CLOCK_SM.name})
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -411,7 +415,10 @@ def test_weird_valid_requests_never_corrupt_state(request: ExportMetricsServiceR
     sink = RecordingSink()
     outcome = Decoder(sink).decode(request, request.SerializeToString())
     assert outcome.accepted + outcome.rejected == _input_points(request)
-    assert outcome.accepted == len(sink.ofu) + len(sink.mfu)
+    clocks = [values[names.GPU_CLOCK_SM.name] for *_, values, _shares in sink.inputs]
+    assert outcome.accepted == len(sink.ofu) + len(sink.mfu) + len(clocks)
+    low, high = bounds.range_of(names.GPU_CLOCK_SM.name)
+    assert all(low <= clock <= high for clock in clocks)
     for key, value, start, end, identity in sink.ofu:
         assert 0.0 <= value <= 1.0
         assert identity[names.HW_ID]

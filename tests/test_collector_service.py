@@ -40,6 +40,7 @@ from tests.collector_helpers import collector_options
 
 S = 1_000_000_000
 W0 = 1_700_000_040 * S  # a multiple of 60 s: windows are aligned to the epoch
+T1 = W0 + 11 * S  # a point time whose 10 s interval (W0 + 1 s, W0 + 11 s] lies inside the window after W0
 WINDOW = 60 * S
 
 
@@ -127,7 +128,7 @@ def test_windows_go_downstream_with_job_correlation_and_flags(service: Collector
 
 
 def test_foreign_metrics_pass_through_and_rejections_are_reported(service: CollectorService, sink: OtlpSink) -> None:
-    request = producer_request({"GPU-1": ("j", 0.5), "GPU-2": ("j", 7.0)}, W0 + S, extra="node.memory.usage")
+    request = producer_request({"GPU-1": ("j", 0.5), "GPU-2": ("j", 7.0)}, T1, extra="node.memory.usage")
     response = send(service.ports["grpc"], request)
     assert response.partial_success.rejected_data_points == 1
     assert sink.wait_for(lambda s: "node.memory.usage" in metric_names(s))
@@ -146,12 +147,12 @@ def test_stop_flushes_open_windows_and_refuses_new_requests(sink: OtlpSink) -> N
     service = CollectorService(options(sink), environ={})
     service.start()
     port = service.ports["grpc"]
-    send(port, producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+    send(port, producer_request({"GPU-1": ("j", 0.5)}, T1))
     reports = service.stop(grace=2)
     assert [r.end_ns for r in reports] == [W0 + WINDOW]
     assert outputs(sink, names.FLEET_GPUS.name)[0][1] == 1.0  # exported before stop returned
     with pytest.raises(grpc.RpcError):
-        send(port, producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+        send(port, producer_request({"GPU-1": ("j", 0.5)}, T1))
 
 
 def test_outage_and_restart_lose_no_window(sink: OtlpSink, tmp_path: Path) -> None:
@@ -160,7 +161,7 @@ def test_outage_and_restart_lose_no_window(sink: OtlpSink, tmp_path: Path) -> No
     first = CollectorService(options(sink, spool_path=spool, pass_through=False), environ={})
     first.start()
     try:
-        send(first.ports["grpc"], producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+        send(first.ports["grpc"], producer_request({"GPU-1": ("j", 0.5)}, T1))
         first.flush(W0 + WINDOW + 10 * S)
         send(first.ports["grpc"], producer_request({"GPU-1": ("j", 0.6)}, W0 + WINDOW + S))
     finally:
@@ -184,7 +185,7 @@ def test_without_a_downstream_outputs_still_reach_listeners() -> None:
     service.start()
     try:
         assert service.exports is None
-        service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+        service.ingest(producer_request({"GPU-1": ("j", 0.5)}, T1))
         service.flush(W0 + 2 * WINDOW)
         assert seen[0][0].groups[0].gpus == 1
     finally:
@@ -195,8 +196,8 @@ def test_prometheus_endpoint_shows_gauges_not_histograms(sink: OtlpSink) -> None
     service = CollectorService(options(sink, prometheus_port=0, prometheus_host="127.0.0.1"), environ={})
     service.start()
     try:
-        service.ingest(producer_request({"GPU-1": ("j", 0.5), "GPU-2": ("j", 0.3)}, W0 + S))
-        service.ingest(mfu_request({"j": 0.35}, W0 + S))
+        service.ingest(producer_request({"GPU-1": ("j", 0.5), "GPU-2": ("j", 0.3)}, T1))
+        service.ingest(mfu_request({"j": 0.35}, T1))
         service.flush(W0 + 2 * WINDOW)
         url = f"http://127.0.0.1:{service.ports['prometheus']}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -231,10 +232,10 @@ def test_shards_merge_into_fleet_windows(sink: OtlpSink) -> None:
         for shard in shards:
             shard.start()
         # jobs are split across shards as the loadbalancing exporter would (by job.id)
-        shards[0].ingest(producer_request({"GPU-1": ("a", 0.5), "GPU-2": ("a", 0.3)}, W0 + S))
-        shards[0].ingest(mfu_request({"a": 0.45}, W0 + S))
-        shards[1].ingest(producer_request({"GPU-3": ("b", 0.7)}, W0 + S, host="node-2"))
-        shards[1].ingest(mfu_request({"b": 0.6}, W0 + S))
+        shards[0].ingest(producer_request({"GPU-1": ("a", 0.5), "GPU-2": ("a", 0.3)}, T1))
+        shards[0].ingest(mfu_request({"a": 0.45}, T1))
+        shards[1].ingest(producer_request({"GPU-3": ("b", 0.7)}, T1, host="node-2"))
+        shards[1].ingest(mfu_request({"b": 0.6}, T1))
         for shard in shards:
             shard.flush(W0 + WINDOW + 10 * S)
         deadline = time.monotonic() + 10
@@ -302,7 +303,9 @@ def test_the_command_runs_until_sigterm_and_flushes(tmp_path: Path) -> None:
             line = process.stderr.readline()
         assert "otel-ofu collector ready: grpc 127.0.0.1:" in line
         port = int(line.split("grpc 127.0.0.1:")[1].split()[0])
-        send(port, producer_request({"GPU-1": ("j", 0.5)}, time.time_ns()))
+        now = time.time_ns()
+        # A 10 s interval inside the current window (it would straddle a boundary one time in six at "now").
+        send(port, producer_request({"GPU-1": ("j", 0.5)}, now - now % WINDOW + 11 * S))
         process.send_signal(signal.SIGTERM)
         _, rest = process.communicate(timeout=20)
         assert process.returncode == 0
@@ -372,8 +375,8 @@ def test_concurrent_flushes_publish_windows_in_order() -> None:
     service.consumers.append(CallbackConsumer(lambda reports: published.extend(r.end_ns for r in reports)))
     service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 30 * S))
     service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 90 * S))
-    probe = _GapProbe(service.decoder.lock, service, W0 + 2 * WINDOW + 10 * S)
-    service.decoder.lock = probe  # type: ignore[assignment]
+    probe = _GapProbe(service.aggregator.lock, service, W0 + 2 * WINDOW + 10 * S)
+    service.aggregator.lock = probe  # type: ignore[assignment]
     service.flush(W0 + WINDOW + 10 * S)  # closes the first window; the rival closes the second
     for rival in probe.rivals:
         rival.join(10)
@@ -401,7 +404,7 @@ def test_outputs_carry_the_users_resource_under_our_service_name_and_instance_id
         names.SERVICE_INSTANCE_ID: "user-id",
     }
     service = CollectorService(options(None, resource_attributes=user), transport=transport, environ={})
-    service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+    service.ingest(producer_request({"GPU-1": ("j", 0.5)}, T1))
     service.flush(W0 + 2 * WINDOW)
     assert service.exports is not None
     assert service.exports.pump()
@@ -472,7 +475,7 @@ def test_stopping_the_window_export_leaves_pass_through_its_transport() -> None:
     try:
         assert service.exports is not None
         assert service.pass_through is not None
-        service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + S, extra="node.memory.usage"))
+        service.ingest(producer_request({"GPU-1": ("j", 0.5)}, T1, extra="node.memory.usage"))
         assert transport.inside.wait(10)  # pass-through is mid-send
         assert service.exports.stop(0) == 0
         transport.release.set()
@@ -500,7 +503,7 @@ def test_self_metrics_after_stop_report_what_the_spool_kept(tmp_path: Path) -> N
         options(None, grpc_listen=None, spool_path=spool, pass_through=False), transport=DownTransport(), environ={}
     )
     service.start()
-    service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + S))
+    service.ingest(producer_request({"GPU-1": ("j", 0.5)}, T1))
     service.flush(W0 + 2 * WINDOW)
     service.stop(grace=0.1)
     # A Prometheus scrape can land between the spool closing and the endpoint stopping: no ProgrammingError.

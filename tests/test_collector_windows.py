@@ -52,8 +52,8 @@ def job_of(report: WindowReport, job_id: str) -> JobReport:
 
 def test_window_bounds_are_aligned_and_closed_on_the_right() -> None:
     agg = Aggregator(AggregatorConfig())
-    assert agg.add_ofu("g1", 0.4, at(0, 50), at(0, 60), ident())  # end exactly on the boundary: window 0
-    assert agg.add_ofu("g2", 0.6, at(1, 0), at(1, 0) + 1, ident())  # one ns past it: window 1
+    assert agg.add_ofu("g1", 0.4, at(0, 50), at(0, 60), ident()) is None  # end exactly on the boundary: window 0
+    assert agg.add_ofu("g2", 0.6, at(1, 0), at(1, 0) + 1, ident()) is None  # one ns past it: window 1
     first, second = close(agg, 1)
     assert (first.start_ns, first.end_ns) == (T0, T0 + W)
     assert (second.start_ns, second.end_ns) == (T0 + W, T0 + 2 * W)
@@ -65,13 +65,17 @@ def test_a_gpu_counts_once_time_weighted() -> None:
     agg = Aggregator(AggregatorConfig())
     agg.add_ofu("g1", 0.2, at(0, 0), at(0, 10), ident())
     agg.add_ofu("g1", 0.6, at(0, 10), at(0, 40), ident())
-    # the part of an interval before the window does not weigh in it
+    # an interval that began in the window before weighs here only with its part inside this window (10 s);
+    # its first 30 s go to the window before
     agg.add_ofu("g2", 0.9, at(0, -30), at(0, 10), ident())
     agg.add_ofu("g2", 0.1, at(0, 10), at(0, 40), ident())
     # instantaneous points weigh the same: a plain mean
     for value in (0.1, 0.2, 0.6):
         agg.add_ofu("g3", value, at(0, 20), at(0, 20), ident())
-    (report,) = close(agg, 0)
+    before, report = close(agg, 0)
+    (earlier,) = before.groups
+    assert earlier.gpus == 1
+    assert earlier.ofu_sum == pytest.approx(0.9)  # g2's first 30 s
     (group,) = report.groups
     assert group.gpus == 3
     assert group.histogram.count == 3
@@ -85,12 +89,12 @@ def test_late_points_are_counted_not_mixed_in() -> None:
     agg = Aggregator(config)
     agg.add_ofu("g1", 0.5, at(0, 0), at(0, 30), ident())
     assert agg.flush(T0 + W + 10 * S) == []  # within the lateness: window 0 still open
-    assert agg.add_ofu("g2", 0.7, at(0, 20), at(0, 50), ident())
+    assert agg.add_ofu("g2", 0.7, at(0, 20), at(0, 50), ident()) is None
     (first,) = agg.flush(T0 + W + 15 * S)
     assert first.groups[0].gpus == 2
-    assert not agg.add_ofu("g3", 0.1, at(0, 20), at(0, 50), ident())  # window 0 closed
-    assert not agg.add_mfu("j", 0.1, at(0, 50), ident("j"))
-    assert agg.add_ofu("g1", 0.5, at(1, 0), at(1, 30), ident())
+    assert agg.add_ofu("g3", 0.1, at(0, 20), at(0, 50), ident()) is not None  # window 0 closed
+    assert agg.add_mfu("j", 0.1, at(0, 50), ident("j")) is not None
+    assert agg.add_ofu("g1", 0.5, at(1, 0), at(1, 30), ident()) is None
     (second,) = close(agg, 1)
     assert second.groups[0].gpus == 1
     assert second.groups[0].ofu_min == 0.5
@@ -132,12 +136,15 @@ def test_group_quantiles_are_exact_and_match_the_histogram() -> None:
 
 def test_stream_and_job_caps_are_counted() -> None:
     agg = Aggregator(AggregatorConfig(max_streams=2, max_jobs=1))
-    assert agg.add_ofu("a", 0.5, at(0, 0), at(0, 30), ident("j1"))
-    assert agg.add_ofu("b", 0.5, at(0, 0), at(0, 30), ident("j2"))  # over the job cap: fleet only
-    assert not agg.add_ofu("c", 0.5, at(0, 0), at(0, 30), ident("j1"))
-    assert agg.add_ofu("a", 0.5, at(0, 30), at(0, 40), ident("j1"))  # known streams still flow
-    assert not agg.add_mfu("j3", 0.5, at(0, 30), ident("j3"))
-    assert agg.add_mfu("j1", 0.5, at(0, 30), ident("j1"))
+    assert agg.add_ofu("a", 0.5, at(0, 0), at(0, 30), ident("j1")) is None
+    # Over the job cap: refused (before, taken for the fleet and silently in no job's outputs), so the sender is
+    # told, and the stream takes no place under max_streams.
+    assert agg.add_ofu("b", 0.5, at(0, 0), at(0, 30), ident("j2")) == "max_jobs"
+    assert agg.add_ofu("c", 0.5, at(0, 0), at(0, 30), ident("j1")) is None
+    assert agg.add_ofu("d", 0.5, at(0, 0), at(0, 30), ident("j1")) == "max_streams"
+    assert agg.add_ofu("a", 0.5, at(0, 30), at(0, 40), ident("j1")) is None  # known streams still flow
+    assert agg.add_mfu("j3", 0.5, at(0, 30), ident("j3")) == "max_jobs"
+    assert agg.add_mfu("j1", 0.5, at(0, 30), ident("j1")) is None
     (report,) = close(agg, 0)
     assert report.groups[0].gpus == 2
     assert [job.job_id for job in report.jobs] == ["j1"]
@@ -234,11 +241,30 @@ def test_an_idle_job_near_zero_is_never_a_regression() -> None:
     agg = Aggregator(AggregatorConfig(regression_min_baseline=0.05))
     flags = []
     for window in range(30):
-        # An allocated GPU with nothing running: OFU is noise around 0.2%, often halving.
+        # An allocated GPU with nothing running: OFU is noise around 0.2%, often halving. All its GPUs idle every
+        # window: an idle allocation (job.gpus.idle), never assessed as a regression.
         agg.add_ofu("idle", 0.002 * rng.uniform(0.0, 2.0), at(window, 0), at(window, 30), ident("idle"))
         (report,) = close(agg, window)
         flags.append(job_of(report, "idle").regression)
-    assert flags == [None] * 5 + [0] * 25
+    assert flags == [None] * 30
+
+
+def test_a_job_whose_gpus_all_go_idle_is_an_idle_allocation_not_a_regression() -> None:
+    # Ten windows at OFU 0.4 (the baseline), then the job finishes but keeps its GPUs: OFU 0.001, tensor pipes
+    # idle. Before, the regression flag rose at the first idle window (0.001 < 0.4 / 2); the idle count rises
+    # after --idle-windows (3).
+    agg = Aggregator(AggregatorConfig(idle_windows=3))
+    regression, idle = [], []
+    for window in range(14):
+        ofu = 0.4 if window < 10 else 0.001
+        for gpu in ("a", "b"):
+            agg.add_ofu(gpu, ofu, at(window, 0), at(window, 30), ident("j", host=gpu))
+        (report,) = close(agg, window)
+        job = job_of(report, "j")
+        regression.append(job.regression)
+        idle.append(job.flag(names.JOB_GPUS_IDLE))
+    assert regression[5:] == [0] * 9  # assessed from the baseline on, and never up
+    assert idle[10:] == [0, 0, 2, 2]
 
 
 def test_jobs_with_one_side_missing_are_reported() -> None:
@@ -315,7 +341,9 @@ def test_fleet_correlation_and_mae_across_jobs() -> None:
 
 
 def test_fleet_windows_without_data_are_reported_while_the_horizon_has_pairs() -> None:
-    agg = Aggregator(AggregatorConfig(horizon_s=180, lateness_s=0, stale_after_s=600))
+    # The data's staleness (120 s after the last point at 30 s: windows ending before 150 s) would report windows
+    # 0 and 1; the horizon's (OFU, MFU) pair of window 0 keeps the fleet state alive through window 2 (180 s).
+    agg = Aggregator(AggregatorConfig(horizon_s=180, lateness_s=0, stale_after_s=120))
     agg.add_ofu("g", 0.5, at(0, 0), at(0, 30), ident("j"))
     agg.add_mfu("j", 0.5, at(0, 30), ident("j"))
     reports = agg.flush(T0 + 10 * W)
@@ -326,13 +354,24 @@ def test_fleet_windows_without_data_are_reported_while_the_horizon_has_pairs() -
     assert agg.flush(T0 + 20 * W) == []
 
 
+def test_a_quiet_fleet_reads_as_empty_windows_until_its_state_goes_stale() -> None:
+    # No MFU, so no horizon pairs: the last point ends at 30 s, streams go stale 180 s later, so the windows ending
+    # at 60, 120 and 180 s are reported (1 and 2 without GPUs: the fleet went quiet) and then nothing.
+    agg = Aggregator(AggregatorConfig(lateness_s=0, stale_after_s=180))
+    agg.add_ofu("g", 0.5, at(0, 0), at(0, 30), ident("j"))
+    reports = agg.flush(T0 + 10 * W)
+    assert [(r.start_ns - T0) // W for r in reports] == [0, 1, 2]
+    assert [len(r.groups) for r in reports] == [1, 0, 0]
+    assert agg.flush(T0 + 20 * W) == []
+
+
 def test_close_all_closes_every_open_window() -> None:
     agg = Aggregator(AggregatorConfig())
     agg.add_ofu("g", 0.5, at(0, 0), at(0, 30), ident())
     agg.add_ofu("g", 0.5, at(3, 0), at(3, 30), ident())
     reports = agg.close_all()
-    assert [(r.start_ns - T0) // W for r in reports] == [0, 3]  # no pairs: empty windows are skipped
-    assert not agg.add_ofu("g", 0.5, at(3, 0), at(3, 40), ident())  # closed for good
+    assert [(r.start_ns - T0) // W for r in reports] == [0, 1, 2, 3]  # the empty ones between included
+    assert agg.add_ofu("g", 0.5, at(3, 0), at(3, 40), ident()) is not None  # closed for good
     assert agg.close_all() == []
 
 
@@ -374,28 +413,73 @@ point = st.tuples(
 )
 
 
+def _split(start: int, end: int, closed: set[int] | None = None) -> dict[int, int]:
+    """The model the windows follow, worked out by hand: an interval (start, end] weighs in every window (w, w + W]
+    it overlaps with its overlap (an instantaneous point, start == end, weighs 1 ns in its own window); the part of
+    a window already closed goes to the first open window the interval overlaps."""
+    end_window = (end - 1) // W * W
+    if start >= end:
+        return {end_window: 1}
+    closed = closed or set()
+    parts: dict[int, int] = {}
+    carried = 0
+    for window in range(start // W * W, end_window + 1, W):
+        overlap = min(end, window + W) - max(start, window)
+        if window in closed:
+            carried += overlap
+        else:
+            parts[window] = overlap + carried
+            carried = 0
+    return parts
+
+
+def test_an_interval_over_a_boundary_weighs_in_both_windows() -> None:
+    # A producer 0.75 s off 4 s windows, 1 s intervals: the point (3.75, 4.75] is 0.25 s in window 0 and 0.75 s in
+    # window 1, so each fully covered window holds 4 GPU-s, not 3.75.
+    config = AggregatorConfig(window_s=4, lateness_s=2, horizon_s=60, stale_after_s=60)
+    agg = Aggregator(config)
+    for tick in range(1, 13):  # intervals (k - 0.25, k + 0.75] for k = 1..12: (0.75, 1.75] ... (11.75, 12.75]
+        end = T0 + tick * S + 3 * S // 4
+        assert agg.add_ofu("g", 0.5, end - S, end, ident("j")) is None
+    reports = agg.close_all()
+    seconds = {(r.start_ns - T0) // S: r.jobs[0].loss.gpu_time_s for r in reports if r.jobs and r.jobs[0].loss}
+    # window (0, 4]: 0.75..4 = 3.25 s; (4, 8] and (8, 12]: 4 s each; (12, 16]: 12..12.75 = 0.75 s
+    assert seconds == {0: pytest.approx(3.25), 4: pytest.approx(4.0), 8: pytest.approx(4.0), 12: pytest.approx(0.75)}
+    assert sum(seconds.values()) == pytest.approx(12.0)  # the wall time reported: 12 intervals of 1 s
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(point, max_size=60), st.lists(st.integers(min_value=0, max_value=6 * W), max_size=4))
-def test_every_point_lands_in_exactly_one_window_or_is_late(
+def test_every_point_is_split_over_the_windows_it_overlaps_or_is_late(
     points: list[tuple[int, float, int, int]], flushes: list[int]
 ) -> None:
-    config = AggregatorConfig(lateness_s=10)
-    agg = Aggregator(config)
-    accepted: list[tuple[int, float, int, int]] = []
+    lateness = 10 * S
+    agg = Aggregator(AggregatorConfig(lateness_s=10))
     flush_times = sorted(flushes)
+    flushed: int | None = None
     reports: list[WindowReport] = []
+    expected: dict[int, dict[int, list[tuple[float, int]]]] = {}
+    late = 0
     for index, (stream, value, end, duration) in enumerate(points):
         while flush_times and flush_times[0] <= index * W // 10:
-            reports += agg.flush(T0 + flush_times.pop(0))
-        if agg.add_ofu(f"s{stream}", value, T0 + end - duration, T0 + end, ident()):
-            accepted.append((stream, value, end, duration))
+            now = T0 + flush_times.pop(0)
+            flushed = now if flushed is None else max(flushed, now)
+            reports += agg.flush(now)
+        start_ns, end_ns = T0 + end - duration, T0 + end
+        closed = {
+            window
+            for window in range(start_ns // W * W, end_ns, W)
+            if flushed is not None and window + W + lateness <= flushed
+        }
+        taken = agg.add_ofu(f"s{stream}", value, start_ns, end_ns, ident()) is None
+        assert taken == ((end_ns - 1) // W * W not in closed)  # late exactly when the window of its end closed
+        if not taken:
+            late += 1
+            continue
+        for window, weight in _split(start_ns, end_ns, closed).items():
+            expected.setdefault(window, {}).setdefault(stream, []).append((value, weight))
     reports += agg.close_all()
-    assert agg.stats.late_points + len(accepted) == len(points)
-    expected: dict[int, dict[int, list[tuple[float, float]]]] = {}
-    for stream, value, end, duration in accepted:
-        window = (T0 + end - 1) // W * W
-        weight = max(T0 + end - max(T0 + end - duration, window), 0) or 1
-        expected.setdefault(window, {}).setdefault(stream, []).append((value, weight))
+    assert agg.stats.late_points == late
     got = {r.start_ns: r for r in reports if r.groups}
     assert set(got) == set(expected)
     for window, streams in expected.items():

@@ -123,6 +123,9 @@ class AggregatorConfig:
     )
     max_streams: int = attrs.field(default=200_000, validator=_at_least(1))
     max_jobs: int = attrs.field(default=50_000, validator=_at_least(1))
+    # The windows' state in bytes (streams, jobs and the identity values they keep; see Aggregator.state_bytes):
+    # new streams past it are refused, so identities far longer than real ones cannot grow the state unbounded.
+    max_state_bytes: int = attrs.field(default=1024**3, validator=_at_least(1 << 20))
     stale_after_s: float = attrs.field(default=600.0, validator=_positive)
     histogram_max_buckets: int = attrs.field(default=DEFAULT_HISTOGRAM_MAX_BUCKETS, validator=_at_least(2))
     # Where OFU is lost and what it costs. A GPU straggles while its OFU x straggler_factor stays below its

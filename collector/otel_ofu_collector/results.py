@@ -33,7 +33,7 @@ def finite_or_none(value: float | None) -> float | None:
 @attrs.frozen
 class GroupReport:
     attributes: Mapping[str, str]
-    gpus: int
+    gpus: float  # GPU equivalents (a MIG slice counts as its share of its GPU)
     quantiles: Mapping[float, float]
     histogram: ExpHistogram
     ofu_sum: float
@@ -113,21 +113,21 @@ class JobReport:
     gap: float | None
     correlation: float | None
     # Each detector's verdict by its metric name (``detectors.DETECTORS``): 1 up, 0 down, None not assessable.
-    flags: Mapping[str, int | None]
+    flags: Mapping[str, float | None]
     status: str  # STATUS_OK | STATUS_NO_MFU | STATUS_NO_OFU
-    gpus: int
+    gpus: float  # GPU equivalents
     loss: JobLoss | None = None  # None: the job had no GPU in the window
 
-    def flag(self, metric: names.MetricSpec) -> int | None:
+    def flag(self, metric: names.MetricSpec) -> float | None:
         """The verdict of the flag exported as ``metric``; None when absent."""
         return self.flags.get(metric.name)
 
     @property
-    def flops_miscount(self) -> int | None:
+    def flops_miscount(self) -> float | None:
         return self.flag(names.JOB_FLOPS_MISCOUNT)
 
     @property
-    def regression(self) -> int | None:
+    def regression(self) -> float | None:
         return self.flag(names.JOB_OFU_REGRESSION)
 
 
@@ -155,7 +155,7 @@ class WindowReport:
 class PartialGroup:
     attributes: Mapping[str, str]
     histogram: ExpHistogram
-    gpus: int
+    gpus: float
 
 
 @attrs.frozen

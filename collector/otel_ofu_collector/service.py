@@ -359,7 +359,7 @@ class CollectorService:
         """
         with self._publish_lock:
             now = self.clock() if now_ns is None else now_ns
-            with self.decoder.lock:
+            with self.aggregator.lock:
                 reports = self.aggregator.flush(now)
             self._publish(reports)
             if self._write_ahead is not None and now > self._write_ahead_flushed:
@@ -378,8 +378,8 @@ class CollectorService:
         last = self._rejections_logged_at
         if not force and last is not None and now - last < self.options.rejection_log_interval_s:
             return
-        with self.decoder.lock:
-            totals = dict(self.decoder.stats.rejected_by_reason)
+        with self.aggregator.lock:
+            totals = dict(self.decoder.stats.rejected_by_message)
         fresh = {reason: count - self._rejections_logged.get(reason, 0) for reason, count in totals.items()}
         fresh = {reason: count for reason, count in fresh.items() if count > 0}
         if not fresh:
@@ -407,7 +407,7 @@ class CollectorService:
         if self._timer is not None:
             self._timer.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._publish_lock:
-            with self.decoder.lock:
+            with self.aggregator.lock:
                 reports = self.aggregator.close_all()
             self._publish(reports, final=True)
             if self._write_ahead is not None:  # every window is closed and in the spool
@@ -503,6 +503,16 @@ class CollectorService:
                 names.COLLECTOR_POINTS_OVER_CAP.name: {
                     "max_streams": stats.rejected_stream_cap,
                     "max_jobs": stats.rejected_job_cap,
+                    "max_state_bytes": stats.rejected_state_cap,
+                },
+                names.COLLECTOR_STATE_SIZE.name: {
+                    "windows": self.aggregator.state_bytes,
+                    "resource_cache": self.decoder.cache_bytes,
+                },
+                names.COLLECTOR_CLOSE_FAILURES.name: {
+                    **dict.fromkeys(("group", "job", "fleet"), 0),
+                    **stats.close_failures,
+                    "window": stats.windows_failed,
                 },
             }
         if self.exports is not None:

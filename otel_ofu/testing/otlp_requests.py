@@ -6,6 +6,7 @@ gauges); ``mfu_request`` the MFU reporter's (the application's own resource, ``j
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,15 +94,37 @@ def mfu_request(
 
 @attrs.define
 class RecordingSink:
-    """A stand-in for the collector's aggregator (its PointSink) that keeps every point it is given."""
+    """A stand-in for the collector's aggregator (its ``PointSink``) that takes and keeps every point it is given."""
 
     ofu: list[tuple[str, float, int, int, dict[str, str]]] = attrs.field(factory=list)
     mfu: list[tuple[str, float, int, dict[str, str]]] = attrs.field(factory=list)
+    inputs: list[tuple[str, int, int, dict[str, float], dict[str, float]]] = attrs.field(factory=list)
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
 
-    def add_ofu(self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str]) -> bool:
+    def profile_of(self, identity: Mapping[str, str]) -> Any:
+        return None
+
+    def add_ofu(
+        self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str], profile: Any
+    ) -> str | None:
         self.ofu.append((stream_key, value, start_ns, end_ns, dict(identity)))
-        return True
+        return None
 
-    def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> bool:
+    def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None:
         self.mfu.append((job_id, value, time_ns, dict(identity)))
-        return True
+        return None
+
+    def add_gpu_inputs(
+        self,
+        stream_key: str,
+        start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        values: Mapping[str, float],
+        throttle: Mapping[str, float],
+    ) -> str | None:
+        self.inputs.append((stream_key, start_ns, end_ns, dict(values), dict(throttle)))
+        return None
+
+    def live_entries(self) -> int:
+        return len({point[0] for point in self.ofu}) + len({point[0] for point in self.mfu})

@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import cast
 
 import attrs
@@ -64,10 +64,47 @@ class GpuLoss:
     flops: float | None  # achieved FLOPs in the window (None where the dense peak is not known)
     price: float | None  # per GPU-hour, None: not priced
 
-    @property
-    def is_idle(self) -> bool:
-        """No tensor activity all window: its whole 1 - OFU is idle loss."""
-        return self.tensor_active < IDLE_TENSOR_ACTIVE
+
+@attrs.frozen
+class Split:
+    """The split of a job's GPUs in columns, one entry per GPU in one order: T as used, and the causes."""
+
+    tensor_active: list[float]
+    idle: list[float]
+    clock: list[float]
+    tensor: list[float]
+
+
+def split_columns(
+    ofu: list[float],
+    tensor_active: list[float | None] | None = None,
+    clock_ratio: list[float | None] | None = None,
+) -> Split:
+    """The split of every GPU (see the module doc), in columns: the one implementation of it.
+
+    ``tensor_active`` None (or an entry None): the GPU sent no tensor activity, T is taken as O; ``clock_ratio`` None
+    (or an entry None): no clock reading, no clock term (a ratio of 1 gives the same bits: T x 0 = 0). Each column
+    is a C-level pass in the same operations and order for every GPU, so one GPU's shares do not depend on which
+    other GPUs share its job.
+    """
+    n = len(ofu)
+    if tensor_active is None:
+        tpa = list(ofu)
+    elif None in tensor_active:
+        tpa = [o if t is None else max(t, o) for o, t in zip(ofu, tensor_active, strict=True)]
+    else:
+        tpa = list(map(max, cast(list[float], tensor_active), ofu))  # max(T, O)
+    if clock_ratio is None:
+        clock = [0.0] * n
+    else:
+        ratio = clock_ratio if None not in clock_ratio else [1.0 if r is None else r for r in clock_ratio]
+        unclamped = map(operator.mul, tpa, map(_ONE.__sub__, cast(list[float], ratio)))  # T x (1 - r)
+        clock = list(map(min, map(max, unclamped, itertools.repeat(0.0)), map(operator.sub, tpa, ofu)))
+    tensor = list(map(operator.sub, map(_ONE.__sub__, ofu), clock))  # 1 - O - clock
+    idle = [0.0] * n
+    for i in itertools.compress(range(n), map(IDLE_TENSOR_ACTIVE.__gt__, tpa)):  # the few idle GPUs
+        idle[i], clock[i], tensor[i] = 1.0 - ofu[i], 0.0, 0.0
+    return Split(tpa, idle, clock, tensor)
 
 
 def split_gpu(
@@ -80,52 +117,12 @@ def split_gpu(
     flops_per_s: float | None = None,
     price: float | None = None,
 ) -> GpuLoss:
-    """One GPU's split (see the module doc); ``clock_ratio`` is ``min(1, f / f_ref)`` or None when unknown."""
-    tpa, idle, clock, tensor = split_shares(ofu, tensor_active, clock_ratio)
-    return GpuLoss(ofu, tpa, idle, clock, tensor, seconds, energy_j, _flops(flops_per_s, seconds), price)
-
-
-def split_shares(
-    ofu: float, tensor_active: float | None, clock_ratio: float | None
-) -> tuple[float, float, float, float]:
-    """``split_gpu``'s shares alone: (T as used, idle, clock, tensor), for a caller that keeps them in columns."""
-    tpa = ofu if tensor_active is None else max(tensor_active, ofu)
-    if tpa < IDLE_TENSOR_ACTIVE:
-        return tpa, 1.0 - ofu, 0.0, 0.0
-    clock = 0.0
-    if clock_ratio is not None:
-        clock = min(max(tpa * (1.0 - clock_ratio), 0.0), tpa - ofu)
-    return tpa, 0.0, clock, 1.0 - ofu - clock
-
-
-def split_ofu_only(ofu: list[float]) -> tuple[list[float], list[float], list[float]]:
-    """``split_shares`` of GPUs that sent no tensor activity nor clocks, in columns: (idle, clock, tensor).
-
-    T is then O and there is no clock term: an idle GPU (O < IDLE_TENSOR_ACTIVE) loses 1 - O to idle, any
-    other 1 - O to tensor (``1 - O - 0``, the same bits).
-    """
-    n = len(ofu)
-    idle = [0.0] * n
-    tensor = list(map(_ONE.__sub__, ofu))  # 1 - O
-    for i in itertools.compress(range(n), map(IDLE_TENSOR_ACTIVE.__gt__, ofu)):  # the few idle GPUs
-        idle[i], tensor[i] = tensor[i], 0.0
-    return idle, [0.0] * n, tensor
-
-
-def split_columns(
-    ofu: list[float], tensor_active: list[float], clock_ratio: list[float]
-) -> tuple[list[float], list[float], list[float], list[float]]:
-    """``split_shares`` of GPUs that all reported tensor activity and a clock ratio, in columns, each a C-level
-    pass in the same operations and order: (T as used, idle, clock, tensor)."""
-    tpa = list(map(max, tensor_active, ofu))  # max(T, O)
-    unclamped = map(operator.mul, tpa, map(_ONE.__sub__, clock_ratio))  # T x (1 - r)
-    clock = list(map(min, map(max, unclamped, itertools.repeat(0.0)), map(operator.sub, tpa, ofu)))
-    tensor = list(map(operator.sub, map(_ONE.__sub__, ofu), clock))  # 1 - O - clock
-    n = len(ofu)
-    idle = [0.0] * n
-    for i in itertools.compress(range(n), map(IDLE_TENSOR_ACTIVE.__gt__, tpa)):  # the few idle GPUs
-        idle[i], clock[i], tensor[i] = 1.0 - ofu[i], 0.0, 0.0
-    return tpa, idle, clock, tensor
+    """One GPU's split (``split_columns`` of one GPU); ``clock_ratio`` is ``min(1, f / f_ref)`` or None."""
+    split = split_columns([ofu], [tensor_active], [clock_ratio])
+    flops = None if flops_per_s is None else flops_per_s * seconds
+    return GpuLoss(
+        ofu, split.tensor_active[0], split.idle[0], split.clock[0], split.tensor[0], seconds, energy_j, flops, price
+    )
 
 
 def clock_ratios(sm_clock_hz: list[float], reference_hz: list[float]) -> list[float]:
@@ -139,10 +136,6 @@ def clock_ratios(sm_clock_hz: list[float], reference_hz: list[float]) -> list[fl
     )
 
 
-def _flops(flops_per_s: float | None, seconds: float) -> float | None:
-    return None if flops_per_s is None else flops_per_s * seconds
-
-
 def clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, tensor_clock_hz: float | None) -> float | None:
     """``min(1, f / f_ref)``: the tensor clock where known, else the board's max; None without the clocks."""
     reference = tensor_clock_hz if tensor_clock_hz else max_clock_hz
@@ -151,10 +144,19 @@ def clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, tensor_cl
     return min(1.0, max(0.0, sm_clock_hz / reference))
 
 
+def weighted_mean(values: list[float], share: list[float] | None) -> float:
+    """The mean of a job's per-GPU values, each GPU weighing its share of a GPU (None: all whole GPUs); exactly
+    rounded, so the same GPUs give the same bits in any order."""
+    if share is None:
+        return math.fsum(values) / len(values)
+    return math.fsum(map(operator.mul, values, share)) / math.fsum(share)
+
+
 @attrs.define
 class GpuColumns:
     """A job's GPUs' splits in columns, one entry per GPU in one order: what a window close fills in one pass
-    over the job's GPUs (``GpuLoss``'s fields, without an object per GPU)."""
+    over the job's GPUs (``GpuLoss``'s fields, without an object per GPU). ``share``: each GPU's share of a
+    physical GPU (a MIG slice's fraction, ``otel_ofu.gpu_share``), None when all are whole GPUs."""
 
     ofu: list[float] = attrs.field(factory=list)
     idle: list[float] = attrs.field(factory=list)
@@ -164,31 +166,7 @@ class GpuColumns:
     energy_j: list[float | None] = attrs.field(factory=list)
     flops: list[float | None] = attrs.field(factory=list)
     price: list[float | None] = attrs.field(factory=list)
-
-    @classmethod
-    def of(cls, gpus: Iterable[GpuLoss]) -> GpuColumns:
-        columns = cls()
-        for g in gpus:
-            columns.ofu.append(g.ofu)
-            columns.idle.append(g.idle)
-            columns.clock.append(g.clock)
-            columns.tensor.append(g.tensor)
-            columns.seconds.append(g.seconds)
-            columns.energy_j.append(g.energy_j)
-            columns.flops.append(g.flops)
-            columns.price.append(g.price)
-        return columns
-
-
-def job_loss(
-    gpus: Iterable[GpuLoss],
-    *,
-    currency: str | None,
-    pue: float = 1.0,
-    grid_intensity: float | None = None,
-) -> JobLoss | None:
-    """The job's window values from its GPUs' splits; None for a job without GPUs in the window."""
-    return job_loss_of(GpuColumns.of(gpus), currency=currency, pue=pue, grid_intensity=grid_intensity)
+    share: list[float] | None = None
 
 
 def job_loss_of(
@@ -198,16 +176,20 @@ def job_loss_of(
     pue: float = 1.0,
     grid_intensity: float | None = None,
 ) -> JobLoss | None:
-    """``job_loss`` of splits in columns (each sum a C-level pass over a column)."""
+    """The job's window values from its GPUs' splits in columns (each sum a C-level pass over a column); None for
+    a job without GPUs in the window. Shares are means weighted by each GPU's share of a GPU, and GPU time, lost
+    time and cost count GPU equivalents (a 1g slice of an H100 for a minute is 1/7 of a GPU-minute)."""
     n = len(gpus.ofu)
     if not n:
         return None
-    ofu = math.fsum(gpus.ofu) / n
-    idle = math.fsum(gpus.idle) / n
-    clock = math.fsum(gpus.clock) / n
+    share = gpus.share
+    ofu = weighted_mean(gpus.ofu, share)
+    idle = weighted_mean(gpus.idle, share)
+    clock = weighted_mean(gpus.clock, share)
     shares = {IDLE: idle, CLOCK: clock, TENSOR: 1.0 - ofu - idle - clock}
     own = {IDLE: gpus.idle, CLOCK: gpus.clock, TENSOR: gpus.tensor}
-    lost = {cause: math.fsum(map(operator.mul, own[cause], gpus.seconds)) for cause in CAUSES}
+    seconds = gpus.seconds if share is None else list(map(operator.mul, gpus.seconds, share))
+    lost = {cause: math.fsum(map(operator.mul, own[cause], seconds)) for cause in CAUSES}
     energy: float | None = None
     flops = flops_energy = 0.0
     if gpus.energy_j.count(None) < n:
@@ -220,7 +202,7 @@ def job_loss_of(
     unpriced = gpus.price.count(None)
     if unpriced < n:
         prices = [price for price in gpus.price if price is not None] if unpriced else cast(list[float], gpus.price)
-        hours = list(map(S_PER_HOUR.__rtruediv__, gpus.seconds))  # seconds / S_PER_HOUR
+        hours = list(map(S_PER_HOUR.__rtruediv__, seconds))  # seconds / S_PER_HOUR
         parts = own
         if unpriced:  # some GPUs not priced: the others' columns alone
             priced = [i for i, price in enumerate(gpus.price) if price is not None]
@@ -231,7 +213,7 @@ def job_loss_of(
             cause: math.fsum(map(operator.mul, map(operator.mul, prices, parts[cause]), hours)) for cause in CAUSES
         }
     return JobLoss(
-        gpu_time_s=math.fsum(gpus.seconds),
+        gpu_time_s=math.fsum(seconds),
         shares=shares,
         lost_s=lost,
         energy_j=energy,
@@ -262,8 +244,3 @@ def fleet_loss(jobs: Iterable[JobLoss], energy_j: float | None, currency: str | 
             for cause, value in job.cost_lost.items():
                 cost_lost[cause] = cost_lost.get(cause, 0.0) + value
     return FleetLoss(lost, energy_j, cost_lost, currency if cost_lost is not None else None)
-
-
-def shares_total(ofu: float, shares: Mapping[str, float]) -> float:
-    """OFU plus every cause's share: 1 by construction (what the tests check on real windows)."""
-    return ofu + sum(shares[cause] for cause in CAUSES)

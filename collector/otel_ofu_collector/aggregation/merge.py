@@ -15,6 +15,7 @@ cannot be told apart and are all added.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
 import attrs
@@ -62,6 +63,8 @@ class MergeAggregator:
     """Collects shards' partial windows and closes merged windows on ``flush(now_ns)``, like ``Aggregator``."""
 
     config: AggregatorConfig
+    # Guards the merge state: whoever calls it (the decoder per request, the service's flush) holds it.
+    lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _windows: dict[int, _MergeWindow] = attrs.field(init=False, factory=dict)  # by end_ns
     _watermark_ns: int = attrs.field(init=False, default=0)
     _flushed_ns: int | None = attrs.field(init=False, default=None)
@@ -80,17 +83,18 @@ class MergeAggregator:
     def stats(self) -> MergeStats:
         return MergeStats(self._partials, self._late, self._rejected, self._replaced, self._closed)
 
-    def add_partial(self, partial: PartialWindow) -> bool:
-        """Take one shard's part of a window; False (counted) when that window already closed or over the cap."""
+    def add_partial(self, partial: PartialWindow) -> str | None:
+        """Take one shard's part of a window: None when taken, else why not (counted): its window already closed,
+        or too many windows open."""
         end = partial.end_ns
         if self._flushed_ns is not None and end + self.config.lateness_ns <= self._flushed_ns:
             self._late += 1
-            return False
+            return names.RejectReason.LATE
         window = self._windows.get(end)
         if window is None:
             if len(self._windows) >= MAX_OPEN_WINDOWS:
                 self._rejected += 1
-                return False
+                return names.RejectReason.MAX_STATE
             start = partial.start_ns if 0 < partial.start_ns < end else end - self.config.window_ns
             window = self._windows[end] = _MergeWindow(start)
         if end > self._watermark_ns:
@@ -113,7 +117,7 @@ class MergeAggregator:
                 self._replaced += 1
             window.losses[shard] = partial.fleet_loss
         self._partials += 1
-        return True
+        return None
 
     def flush(self, now_ns: int) -> list[WindowReport]:
         """Close, in time order, every window with end + lateness <= now_ns."""
@@ -133,13 +137,13 @@ class MergeAggregator:
     def _close(self, end: int) -> WindowReport:
         window = self._windows.pop(end)
         max_buckets = self.config.histogram_max_buckets
-        merged: dict[_GroupKey, tuple[ExpHistogram, int]] = {}
+        merged: dict[_GroupKey, tuple[ExpHistogram, float]] = {}
         for (_shard, key), group in sorted(window.groups.items(), key=lambda item: item[0]):
-            histogram, gpus = merged.get(key, (ExpHistogram(), 0))
+            histogram, gpus = merged.get(key, (ExpHistogram(), 0.0))
             merged[key] = (histogram.merge(group.histogram, max_buckets=max_buckets), gpus + group.gpus)
         group_keys = self.config.group_keys
 
-        def order(item: tuple[_GroupKey, tuple[ExpHistogram, int]]) -> tuple[tuple[str, ...], _GroupKey]:
+        def order(item: tuple[_GroupKey, tuple[ExpHistogram, float]]) -> tuple[tuple[str, ...], _GroupKey]:
             attributes = dict(item[0])  # as a single collector orders them: by the group keys' values
             return tuple(attributes.get(key, "") for key in group_keys), item[0]
 
@@ -168,7 +172,7 @@ class MergeAggregator:
         return WindowReport(window.start_ns, end, groups, (), fleet_report)
 
 
-def _group_report(attributes: Mapping[str, str], histogram: ExpHistogram, gpus: int) -> GroupReport:
+def _group_report(attributes: Mapping[str, str], histogram: ExpHistogram, gpus: float) -> GroupReport:
     quantiles = {q: value for q in names.QUANTILES if (value := histogram.quantile(q)) is not None}
     return GroupReport(
         attributes=attributes,

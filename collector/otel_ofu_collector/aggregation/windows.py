@@ -44,8 +44,10 @@ blocks are bounded apart (``max_jobs`` of them again, the longest-silent dropped
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import operator
+import threading
 from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -53,11 +55,11 @@ from typing import cast
 
 import attrs
 
-from otel_ofu import catalog, names
+from otel_ofu import bounds, catalog, gpu_share, names
 from otel_ofu_collector.aggregation import loss
 from otel_ofu_collector.aggregation.comoments import AbsDiff, CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
-from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
+from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted, weighted_percentile_of_sorted
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.detectors import (
     DETECTORS,
@@ -78,8 +80,20 @@ from otel_ofu_collector.results import (
     WindowReport,
 )
 
+logger = logging.getLogger(__name__)
+
 UNKNOWN = "unknown"
 JOB_ATTRIBUTE_KEYS = (names.JOB_NAME, names.HW_MODEL, names.GPU_PRECISION)
+# What sizes a partition (a MIG slice, an AMD compute partition) against its GPU: the last two of a profile.
+SHARE_KEYS = (names.GPU_MIG_PROFILE, names.GPU_COMPUTE_PARTITION)
+# A window whose close fails this many flushes in a row is dropped (counted): a defect must not stop the rest.
+_CLOSE_ATTEMPTS = 3
+# What ``max_state_bytes`` counts per GPU stream and per job besides the identity values they keep: a stream's
+# cells, loss inputs and stream and energy entries (the benchmarks measure 1.7-1.8 KB in all), a job's flags and
+# horizon.
+STREAM_STATE_BYTES = 2048
+JOB_STATE_BYTES = 4096
+R = names.RejectReason
 _HORIZON_BLOCKS = 48
 # The per-GPU inputs of the loss split the windows average (gpu.throttle by reason, gpu.energy summed apart).
 GPU_INPUT_METRICS: frozenset[str] = frozenset(spec.name for spec in names.LOSS_SPLIT_INPUTS)
@@ -95,8 +109,8 @@ _GPU_IDENTITY_KEYS = (names.HOST_NAME, names.HW_ID, names.GPU_MIG_INSTANCE_ID)
 _MIN_COVERED_NS = 1_000_000
 _NS_PER_S = 1e9
 
-# A stream's identity as the windows need it: (job.id, *group values, *JOB_ATTRIBUTE_KEYS values), None if
-# absent. Interned, so the streams of one job share one tuple.
+# A stream's identity as the windows need it: (job.id, *group values, *JOB_ATTRIBUTE_KEYS values, *SHARE_KEYS
+# values), None if absent. Interned, so the streams of one job share one tuple.
 Profile = tuple[str | None, ...]
 # A cell's key in its window: the stream's key; (key, job.id) for the cell of a stream that moved job in it.
 CellKey = str | tuple[str, str | None]
@@ -113,17 +127,22 @@ class AggregatorStats:
     evicted_streams: int = 0
     evicted_jobs: int = 0
     windows_closed: int = 0
+    rejected_state_cap: int = 0  # new streams refused at max_state_bytes
+    windows_failed: int = 0  # windows given up after _CLOSE_ATTEMPTS failed closes
+    close_failures: Mapping[str, int] = attrs.field(factory=dict)  # groups, jobs, fleet totals left out, by kind
 
 
 @attrs.define(slots=True)
 class _Cell:
-    """One stream (for one job) in one window."""
+    """One stream (for one job) in one window. ``weight`` is the time its points cover in the window (ns), of which
+    ``carried`` is time of earlier windows that had closed when the point came (see ``Aggregator._parts``)."""
 
     weighted: float
     weight: float
     profile: Profile
     last_end_ns: int
     job_id: str | None
+    carried: float = 0.0
 
 
 # Where each averaged loss input keeps its (weighted sum, weight) pair in ``_GpuInputs.sums``; after them, each
@@ -168,11 +187,12 @@ class _GpuInputs:
 
 @attrs.define(slots=True)
 class _JobGpus:
-    """A job's cells in a window closing, in columns: the cells' keys, the cells and their OFU."""
+    """A job's cells in a window closing, in columns: the cells' keys, the cells, their OFU and GPU shares."""
 
     keys: list[CellKey] = attrs.field(factory=list)
     cells: list[_Cell] = attrs.field(factory=list)
     ofus: list[float] = attrs.field(factory=list)
+    shares: list[float] | None = None  # each GPU's share of a physical GPU; None: all whole GPUs
 
     def stream_keys(self) -> list[str]:
         keys = self.keys
@@ -188,14 +208,8 @@ _SUMS_OF = operator.attrgetter("sums")
 _MEAN_SLOTS = (_TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT)  # the means a split needs
 
 
-@attrs.define
-class _Columns(loss.GpuColumns):
-    """A job's splits in columns with its GPUs' tensor activity as used."""
-
-    tensor_active: list[float] = attrs.field(factory=list)
-
-
 _WEIGHT = operator.attrgetter("weight")
+_CARRIED = operator.attrgetter("carried")
 _PROFILE = operator.attrgetter("profile")
 
 
@@ -280,9 +294,11 @@ class Aggregator:
     config: AggregatorConfig
     _window_ns: int = attrs.field(init=False)
     _lateness_ns: int = attrs.field(init=False)
+    _max_interval_ns: int = attrs.field(init=False)
     _block_ns: int = attrs.field(init=False)
     _profile_keys: tuple[str, ...] = attrs.field(init=False)
     _groups: int = attrs.field(init=False)
+    _model_index: int = attrs.field(init=False)  # where hw.model is in a profile
     _windows: dict[int, _Window] = attrs.field(init=False, factory=dict)
     _streams: dict[str, int] = attrs.field(init=False, factory=dict)  # key -> last seen end_ns
     _jobs: dict[str, _Job] = attrs.field(init=False, factory=dict)
@@ -300,9 +316,11 @@ class Aggregator:
     _evicted_streams: int = attrs.field(init=False, default=0)
     _evicted_jobs: int = attrs.field(init=False, default=0)
     _live_jobs: int = attrs.field(init=False, default=0)
-    # Why the last add_ofu/add_mfu that returned False refused its point: "late", "max_streams" or
-    # "max_jobs" (read by the decoder on that path only, to count rejections by their own reason).
-    refusal: str = attrs.field(init=False, default="")
+    _rejected_state: int = attrs.field(init=False, default=0)
+    _state_bytes: int = attrs.field(init=False, default=0)  # streams' and jobs' (see ``state_bytes``)
+    _profiles_bytes: int = attrs.field(init=False, default=0)
+    # Guards the aggregator: whoever calls it (the decoder per request, the service's flush) holds it.
+    lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _windows_closed: int = attrs.field(init=False, default=0)
     _points_gpu: int = attrs.field(init=False, default=0)
     # A stream's energy counter as last seen: (series start, time, joules), for deltas.
@@ -310,7 +328,12 @@ class Aggregator:
     # By hw.model: its price per GPU-hour and its tensor clock (None: not priced, not in the catalog).
     _prices: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
     _tensor_clocks: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
-    _gpu_flag_reports: list[GpuFlagReport] = attrs.field(init=False, factory=list)  # of the window closing
+    # Closing: attempts at a window that failed, windows given up, groups/jobs/fleet totals that failed by kind,
+    # partitioned models not in the catalog (said once).
+    _close_attempts: dict[int, int] = attrs.field(init=False, factory=dict)
+    _windows_failed: int = attrs.field(init=False, default=0)
+    _close_failures: dict[str, int] = attrs.field(init=False, factory=dict)
+    _unsized: set[tuple[str | None, str | None]] = attrs.field(init=False, factory=set)
     # The window the last point went to, (start, start + width]: consecutive points mostly share it.
     _last_start: int = attrs.field(init=False, default=-1)
     _last_end: int = attrs.field(init=False, default=-1)
@@ -320,9 +343,12 @@ class Aggregator:
         config = self.config
         self._window_ns = config.window_ns
         self._lateness_ns = config.lateness_ns
+        # A point covering more than this is refused: its stream would have been evicted as silent meanwhile.
+        self._max_interval_ns = config.stale_after_ns
         self._block_ns = max(1, config.horizon_ns // config.window_ns // _HORIZON_BLOCKS) * config.window_ns
-        self._profile_keys = (names.JOB_ID, *config.group_keys, *JOB_ATTRIBUTE_KEYS)
+        self._profile_keys = (names.JOB_ID, *config.group_keys, *JOB_ATTRIBUTE_KEYS, *SHARE_KEYS)
         self._groups = len(config.group_keys)
+        self._model_index = 1 + self._groups + JOB_ATTRIBUTE_KEYS.index(names.HW_MODEL)
 
     # --- ingest ------------------------------------------------------------------------------------
 
@@ -342,6 +368,9 @@ class Aggregator:
             evicted_streams=self._evicted_streams,
             evicted_jobs=self._evicted_jobs,
             windows_closed=self._windows_closed,
+            rejected_state_cap=self._rejected_state,
+            windows_failed=self._windows_failed,
+            close_failures=dict(self._close_failures),
         )
 
     @property
@@ -353,6 +382,16 @@ class Aggregator:
         """Jobs in state: live ones and evicted ones whose horizon blocks still count for the fleet."""
         return len(self._jobs)
 
+    def live_entries(self) -> int:
+        """GPU streams and jobs in state: what the decoder's resource cache bound follows."""
+        return len(self._streams) + len(self._jobs)
+
+    @property
+    def state_bytes(self) -> int:
+        """The windows' state in bytes, as bounded by ``max_state_bytes``: a fixed part per GPU stream and job
+        (``STREAM_STATE_BYTES``, ``JOB_STATE_BYTES``) and the identity values the windows keep."""
+        return self._state_bytes + self._profiles_bytes
+
     def _is_late(self, start: int) -> bool:
         return self._flushed_ns is not None and start + self._window_ns + self._lateness_ns <= self._flushed_ns
 
@@ -361,7 +400,6 @@ class Aggregator:
         start = _window_start(time_ns, self._window_ns)
         if self._is_late(start):
             self._late += 1
-            self.refusal = "late"
             return None
         window = self._windows.get(start)
         if window is None:
@@ -371,17 +409,18 @@ class Aggregator:
         return window
 
     def _job(self, job_id: str, seen_ns: int) -> _Job | None:
+        """The job's live state, started (or revived after eviction) if need be; None (counted) over ``max_jobs``."""
         job = self._jobs.get(job_id)
         if job is None or not job.live:
             if self._live_jobs >= self.config.max_jobs:
                 self._rejected_jobs += 1
-                self.refusal = "max_jobs"
                 return None
             self._live_jobs += 1
             if job is None:
                 if len(self._jobs) >= 2 * self.config.max_jobs:
                     self._forget_an_evicted_job()
                 job = self._jobs[job_id] = _Job(seen_ns, self.config)
+                self._state_bytes += JOB_STATE_BYTES + len(job_id)
             else:
                 job.revive(seen_ns)
         elif seen_ns > job.last_seen_ns:
@@ -389,13 +428,16 @@ class Aggregator:
         return job
 
     def profile_of(self, identity: Mapping[str, str]) -> Profile:
-        """What the windows keep of an identity (job, group and job attribute values), interned.
+        """What the windows keep of an identity (job, group, job attribute and partition values), interned.
 
-        ``add_ofu`` derives it from every point's identity; a caller that sends many points with one
-        unchanging identity (the decoder, per Resource) can derive it once and pass it along.
+        ``add_ofu`` takes it with every point; the decoder derives it once per Resource and passes it along.
         """
         raw = tuple(map(identity.get, self._profile_keys))
-        return self._profiles.setdefault(raw, raw)
+        found = self._profiles.get(raw)
+        if found is None:
+            found = self._profiles[raw] = raw
+            self._profiles_bytes += _profile_bytes(raw)
+        return found
 
     def add_ofu(
         self,
@@ -405,24 +447,23 @@ class Aggregator:
         end_ns: int,
         identity: Mapping[str, str],
         profile: Profile | None = None,
-    ) -> bool:
-        """One ``gpu.ofu`` point (value finite in [0, 1], checked by the caller); False when late or over a cap.
+    ) -> str | None:
+        """One ``gpu.ofu`` point (value finite in [0, 1], checked by the caller) over (start, end]: None when taken,
+        else why not (a ``names.RejectReason`` code: late, over a cap, an interval beyond ``stale_after_s``).
 
         ``profile``, when given, must be ``profile_of(identity)`` of this aggregator.
         """
         # The hot path of ingest: the common case (known stream, open window, live job) is inlined.
         if end_ns > self._watermark_ns:
             self._watermark_ns = end_ns
+        if end_ns - start_ns > self._max_interval_ns:
+            return R.IMPLAUSIBLE
         streams = self._streams
         last_seen = streams.get(stream_key)
-        if last_seen is None and len(streams) >= self.config.max_streams:
-            if self._is_late(_window_start(end_ns, self._window_ns)):
-                self._late += 1  # a late point is counted as late only
-                self.refusal = "late"
-            else:
-                self._rejected_streams += 1
-                self.refusal = "max_streams"
-            return False
+        if last_seen is None:
+            refused = self._new_stream_refusal(stream_key, end_ns)
+            if refused is not None:
+                return refused
         if self._last_start < end_ns <= self._last_end:
             window_start = self._last_start
             window = self._last_window
@@ -433,54 +474,101 @@ class Aggregator:
             if found is None:
                 found = self._open_window(end_ns)
                 if found is None:
-                    return False
+                    return R.LATE
             window = found
             self._last_start = window_start
             self._last_end = window_start + self._window_ns
             self._last_window = window
-        if last_seen is None or end_ns > last_seen:
-            streams[stream_key] = end_ns
         if profile is None:
-            raw = tuple(map(identity.get, self._profile_keys))
-            profile = self._profiles.setdefault(raw, raw)
+            profile = self.profile_of(identity)
         job_id = profile[0] or None  # job.id; an empty one names no job
         if job_id is not None:
             job = self._jobs.get(job_id)
             if job is None or not job.live:
-                self._job(job_id, end_ns)
+                if self._job(job_id, end_ns) is None:
+                    return R.MAX_JOBS  # a job the windows cannot keep: its GPUs' OFU would count in no job
             elif end_ns > job.last_seen_ns:
                 job.last_seen_ns = end_ns
-        overlap = end_ns - (start_ns if start_ns > window_start else window_start)
-        weight = float(overlap) if overlap > 0 else 1.0
-        cells = window.cells
-        cell = cells.get(stream_key)
-        if cell is None:
-            cells[stream_key] = _Cell(value * weight, weight, profile, end_ns, job_id)
+        if last_seen is None:
+            streams[stream_key] = end_ns
+            self._state_bytes += STREAM_STATE_BYTES + 2 * len(stream_key)
+        elif end_ns > last_seen:
+            streams[stream_key] = end_ns
+        if start_ns >= window_start or start_ns >= end_ns:  # the whole interval in one window: the common case
+            weight = float(end_ns - start_ns) if end_ns > start_ns else 1.0
+            cells = window.cells
+            cell = cells.get(stream_key)
+            if cell is None:
+                cells[stream_key] = _Cell(value * weight, weight, profile, end_ns, job_id)
+            elif cell.job_id == job_id:
+                cell.weighted += value * weight
+                cell.weight += weight
+                if end_ns >= cell.last_end_ns:
+                    cell.profile = profile
+                    cell.last_end_ns = end_ns
+            else:
+                _add_to_cell(window, stream_key, value, weight, 0.0, profile, end_ns, job_id)
         else:
-            if cell.job_id != job_id:
-                moved = (stream_key, job_id)
-                cell = cells.get(moved)
-                if cell is None:
-                    cells[moved] = _Cell(value * weight, weight, profile, end_ns, job_id)
-                    self._points_ofu += 1
-                    return True
-            cell.weighted += value * weight
-            cell.weight += weight
-            if end_ns >= cell.last_end_ns:
-                cell.profile = profile
-                cell.last_end_ns = end_ns
+            for part_window, weight, carried in self._parts(start_ns, end_ns, window_start, window):
+                _add_to_cell(part_window, stream_key, value, weight, carried, profile, end_ns, job_id)
         self._points_ofu += 1
-        return True
+        return None
 
-    def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> bool:
-        """One ``job.mfu`` point; False when late or over the job cap."""
+    def _new_stream_refusal(self, stream_key: str, end_ns: int) -> str | None:
+        """Why a point of a stream not in state cannot start one (counted), None when it can."""
+        over_streams = len(self._streams) >= self.config.max_streams
+        over_bytes = self.state_bytes + STREAM_STATE_BYTES + 2 * len(stream_key) > self.config.max_state_bytes
+        if not (over_streams or over_bytes):
+            return None
+        if self._is_late(_window_start(end_ns, self._window_ns)):
+            self._late += 1  # a late point is counted as late only
+            return R.LATE
+        if over_streams:
+            self._rejected_streams += 1
+            return R.MAX_STREAMS
+        self._rejected_state += 1
+        return R.MAX_STATE
+
+    def _parts(
+        self, start_ns: int, end_ns: int, end_start: int, end_window: _Window
+    ) -> list[tuple[_Window, float, float]]:
+        """An interval (start, end] that began before the window holding its end (``end_start``, open) split over
+        every window it overlaps, as (window, ns in it, ns of those carried in), oldest first.
+
+        The part of a window that already closed goes to the first open window the interval overlaps, so that a
+        GPU's time over a run is the time it reported, whatever its interval and phase; that happens only where
+        an interval is longer than the lateness (a window then closes before the point that ends after it comes).
+        Windows close in time order, so the closed ones are the first few.
+        """
+        width = self._window_ns
+        parts: list[tuple[_Window, float, float]] = []
+        carried = 0
+        window_start = _window_start(start_ns + 1, width)  # the window of the interval's first nanosecond
+        while window_start < end_start:
+            overlap = min(end_ns, window_start + width) - max(start_ns, window_start)
+            window = self._windows.get(window_start)
+            if window is None and not self._is_late(window_start):
+                window = self._windows[window_start] = _Window()
+                if self._next_start is None or window_start < self._next_start:
+                    self._next_start = window_start
+            if window is None:
+                carried += overlap
+            else:
+                parts.append((window, float(overlap + carried), float(carried)))
+                carried = 0
+            window_start += width
+        parts.append((end_window, float(end_ns - end_start + carried), float(carried)))
+        return parts
+
+    def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None:
+        """One ``job.mfu`` point: None when taken, else why not (late, over the job cap)."""
         if time_ns > self._watermark_ns:
             self._watermark_ns = time_ns
         window = self._open_window(time_ns)
         if window is None:
-            return False
+            return R.LATE
         if self._job(job_id, time_ns) is None:
-            return False
+            return R.MAX_JOBS
         cell = window.mfu.get(job_id)
         if cell is None:
             attributes = {key: identity[key] for key in JOB_ATTRIBUTE_KEYS if key in identity}
@@ -489,25 +577,7 @@ class Aggregator:
             cell.total += value
             cell.count += 1
         self._points_mfu += 1
-        return True
-
-    def add_gpu_input(
-        self,
-        stream_key: str,
-        metric: str,
-        value: float,
-        start_ns: int,
-        end_ns: int,
-        identity: Mapping[str, str],
-        reason: str | None = None,
-    ) -> bool:
-        """One loss input of a GPU stream (a ``GPU_INPUT_METRICS`` point, value finite and >= 0, checked by
-        the caller; ``reason`` its gpu.throttle.reason); see ``add_gpu_inputs``."""
-        if metric == _THROTTLE:
-            if reason is None:
-                return False
-            return self.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {}, {reason: value})
-        return self.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {metric: value}, {})
+        return None
 
     def add_gpu_inputs(
         self,
@@ -517,72 +587,112 @@ class Aggregator:
         identity: Mapping[str, str],
         values: Mapping[str, float],
         throttle: Mapping[str, float],
-    ) -> bool:
-        """A GPU stream's loss inputs of one interval: ``values`` by metric name, ``throttle`` shares by
-        reason (a reason left out reads as 0). False when late or over the stream cap.
+    ) -> str | None:
+        """A GPU stream's loss inputs of one interval (start, end]: ``values`` by metric name, ``throttle`` shares
+        by reason (a reason left out reads as 0), each split over the windows the interval overlaps as OFU is.
+        None when taken, else why not (late, over the stream cap, beyond physics).
 
-        ``gpu.energy`` is the board's cumulative counter (``start_ns`` its series start): its delta since the
-        stream's previous point goes to the window of this point; a first point (or one after a reset: a new
-        start time, a lower value) counts whole only when its series began within one window before it, else
-        it only sets the baseline (a collector restarting mid-series must not book a day's energy into one
-        window).
+        ``gpu.energy`` is the board's cumulative counter (``start_ns`` its series start): see ``_energy_delta``;
+        its delta is split over the windows of the time it covers, since the stream's previous reading.
         """
         if end_ns > self._watermark_ns:
             self._watermark_ns = end_ns
-        delta: float | None = None
+        delta = 0.0
+        since = end_ns
         joules = values.get(_ENERGY)
         if joules is not None:
-            previous = self._energy.get(stream_key)
-            if previous is None and len(self._energy) >= self.config.max_streams:
-                self._rejected_streams += 1
-                self.refusal = "max_streams"
-                return False
-            if previous is not None and end_ns == previous[1]:
-                return True  # a retry: already counted
-            if previous is not None and end_ns < previous[1]:
-                # An older interval arriving after a newer one (a load balancer's parallel exports reorder):
-                # its counter reading is already inside the newer delta, but its other inputs still count.
-                pass
-            elif previous is not None and previous[0] == start_ns and joules >= previous[2]:
-                delta = joules - previous[2]
-            elif 0 < start_ns < end_ns and end_ns - start_ns <= self._window_ns:
-                delta = joules
-            if previous is None or end_ns > previous[1]:
-                self._energy[stream_key] = (start_ns, end_ns, joules)
-            if delta is None and len(values) == 1 and not throttle:
-                return True
+            found = self._energy_delta(stream_key, start_ns, end_ns, joules)
+            if isinstance(found, str):
+                return found
+            delta, since = found
+            if not delta and len(values) == 1 and not throttle:
+                return None  # a baseline, a retry or an older reading: nothing to book
+        gauges = len(values) > (joules is not None) or bool(throttle)
+        if gauges and end_ns - start_ns > self._max_interval_ns:
+            return R.IMPLAUSIBLE
         if self._last_start < end_ns <= self._last_end:
             window = self._last_window
             window_start = self._last_start
         else:
-            found = self._open_window(end_ns)
-            if found is None:
-                return False
-            window = found
-            window_start = end_ns - 1 - (end_ns - 1) % self._window_ns
-        inputs = window.gpus.get(stream_key)
-        if inputs is None:
-            if len(window.gpus) >= self.config.max_streams:
-                self._rejected_streams += 1
-                self.refusal = "max_streams"
-                return False
-            inputs = window.gpus[stream_key] = _GpuInputs(identity)
+            opened = self._open_window(end_ns)
+            if opened is None:
+                return R.LATE
+            window = opened
+            window_start = _window_start(end_ns, self._window_ns)
+        parts: list[tuple[_Window, float, float]] = []
+        if gauges:
+            if start_ns >= window_start or start_ns >= end_ns:
+                parts.append((window, float(end_ns - start_ns) if end_ns > start_ns else 1.0, 0.0))
+            else:
+                parts = self._parts(start_ns, end_ns, window_start, window)
+        energy_parts: list[tuple[_Window, float, float]] = []
+        if delta:
+            if since >= window_start:
+                energy_parts.append((window, float(end_ns - since), 0.0))
+            else:
+                energy_parts = self._parts(since, end_ns, window_start, window)
+        targets: list[_GpuInputs] = []
+        for part_window, _weight, _carried in (*parts, *energy_parts):
+            inputs = part_window.gpus.get(stream_key)
+            if inputs is None:
+                if len(part_window.gpus) >= self.config.max_streams:
+                    self._rejected_streams += 1
+                    return R.MAX_STREAMS
+                inputs = part_window.gpus[stream_key] = _GpuInputs(identity)
+            targets.append(inputs)
         self._points_gpu += len(values) + len(throttle)
-        if delta is not None:
-            inputs.energy_j = delta if inputs.energy_j is None else inputs.energy_j + delta
-        overlap = end_ns - (start_ns if start_ns > window_start else window_start)
-        weight = float(overlap) if overlap > 0 else 1.0
-        sums = inputs.sums
-        for metric, value in values.items():
-            slot = _SLOTS.get(metric)
-            if slot is not None:
-                sums[slot] += value * weight
-                sums[slot + 1] += weight
-        for reason, value in throttle.items():
-            slot = _REASON_SLOTS.get(reason)
-            if slot is not None:
-                sums[slot] += value * weight
-        return True
+        for inputs, (_window, weight, _carried) in zip(targets, parts, strict=False):
+            sums = inputs.sums
+            for metric, value in values.items():
+                slot = _SLOTS.get(metric)
+                if slot is not None:
+                    sums[slot] += value * weight
+                    sums[slot + 1] += weight
+            for reason, value in throttle.items():
+                slot = _REASON_SLOTS.get(reason)
+                if slot is not None:
+                    sums[slot] += value * weight
+        covered = float(end_ns - since)
+        for inputs, (_window, weight, _carried) in zip(targets[len(parts) :], energy_parts, strict=True):
+            part = delta * (weight / covered)
+            inputs.energy_j = part if inputs.energy_j is None else inputs.energy_j + part
+        return None
+
+    def _energy_delta(self, stream_key: str, series_start: int, end_ns: int, joules: float) -> tuple[float, int] | str:
+        """What one reading of a stream's energy counter books: (joules, since), the delta over (since, end];
+        (0.0, end) when it books nothing; a ``names.RejectReason`` code when refused.
+
+        The delta is since the stream's previous reading of the same series (start time). A first reading (or one
+        of a new series: a driver reload) counts whole only when its series began within one window before it,
+        else it only sets the baseline (a collector restarting mid-series must not book a day's energy into one
+        window). A retry of the latest reading books nothing; an older reading arriving after a newer one (a load
+        balancer's parallel exports reorder) is already inside the newer delta. A counter that runs backwards
+        within its series, or faster than a board can draw (``otel_ofu.bounds``), is refused and leaves the
+        baseline as it was.
+        """
+        previous = self._energy.get(stream_key)
+        if previous is None and len(self._energy) >= self.config.max_streams:
+            self._rejected_streams += 1
+            return R.MAX_STREAMS
+        nothing = (0.0, end_ns)
+        # A counter cannot hold more than its series' age at the most a board can draw: a poisoned reading never
+        # becomes the baseline that every later one would be measured against.
+        if not bounds.energy_rate_plausible(joules, (end_ns - series_start) / _NS_PER_S):
+            return R.IMPLAUSIBLE
+        if previous is not None:
+            previous_start, previous_end, previous_joules = previous
+            if end_ns <= previous_end:
+                return nothing
+            if previous_start == series_start:
+                delta = joules - previous_joules
+                if not bounds.energy_rate_plausible(delta, (end_ns - previous_end) / _NS_PER_S):
+                    return R.IMPLAUSIBLE  # running backwards, or faster than any board draws
+                self._energy[stream_key] = (series_start, end_ns, joules)
+                return delta, previous_end
+        self._energy[stream_key] = (series_start, end_ns, joules)
+        if not 0 < series_start < end_ns or end_ns - series_start > self._window_ns:
+            return nothing
+        return joules, series_start
 
     # --- closing -----------------------------------------------------------------------------------
 
@@ -609,54 +719,62 @@ class Aggregator:
         return self._last_pair_start is not None and self._last_pair_start >= window_end - self.config.horizon_ns
 
     def _close_through(self, limit_ns: int) -> list[WindowReport]:
-        """Close the windows ending at or before limit_ns, including empty ones the fleet state spans."""
+        """Close, in time order, the windows ending at or before limit_ns: every one from the first data on, empty
+        ones included, while the state still spans them (streams within their staleness, or fleet horizon pairs),
+        so that every shard reports every window, the merge tier sees the whole fleet, and a quiet fleet shows
+        as windows without GPUs rather than as the last window repeated.
+
+        A window leaves the table only once its close succeeded; a close that fails (a defect: each job and group
+        is closed on its own, see ``_close``) is retried at the next flush, at most ``_CLOSE_ATTEMPTS`` times.
+        """
         reports: list[WindowReport] = []
         width = self._window_ns
         while self._next_start is not None and self._next_start + width <= limit_ns:
             start = self._next_start
-            window = self._windows.pop(start, None)
-            if start == self._last_start:
-                self._last_start = self._last_end = -1
-                self._last_window = _Window()  # let the closed one go
-            if window is not None or self._horizon_has_pairs(start + width):
-                reports.append(self._close(start, window or _Window()))
+            window = self._windows.get(start)
+            if window is not None or self._state_spans(start + width):
+                try:
+                    reports.append(self._close(start, window or _Window()))
+                except Exception:
+                    attempts = self._close_attempts[start] = self._close_attempts.get(start, 0) + 1
+                    logger.exception("closing the window ending %d failed (attempt %d)", start + width, attempts)
+                    if attempts < _CLOSE_ATTEMPTS:
+                        break  # kept, and the later windows with it: windows close in time order
+                    self._windows_failed += 1
+                self._close_attempts.pop(start, None)
+                self._windows.pop(start, None)
                 self._next_start = start + width
             elif self._windows:
                 self._next_start = min(self._windows)
             else:
                 self._next_start = (limit_ns // width) * width
+            if start == self._last_start:
+                self._last_start = self._last_end = -1
+                self._last_window = _Window()  # let the closed one go
         return reports
 
+    def _state_spans(self, window_end: int) -> bool:
+        """Whether an empty window ending at ``window_end`` is still to be reported: some stream reported within
+        its staleness of it, or the fleet's horizon holds (OFU, MFU) pairs."""
+        if self._watermark_ns and window_end - self._watermark_ns < self.config.stale_after_ns:
+            return True
+        return self._last_pair_start is not None and self._last_pair_start >= window_end - self.config.horizon_ns
+
     def _close(self, start: int, window: _Window) -> WindowReport:
+        """One window's report. Each group and each job is closed on its own: one that fails (it should not: its
+        inputs were bounded when they came) is left out of the window, counted and logged once, and costs the
+        rest nothing."""
         end = start + self._window_ns
+        groups_values, groups_shares, jobs_gpus = self._route(window)
+        groups: list[GroupReport] = []
+        for key, values in sorted(groups_values.items()):
+            try:
+                groups.append(self._group_report(key, values, groups_shares.get(key)))
+            except Exception:
+                self._close_failed("group", "|".join(key))
         group_end = 1 + self._groups
-        # One pass over the cells, in the order their first points came. A profile (shared by the streams of a
-        # job with one identity) is resolved to its group's values and its job's GPUs once per window.
-        groups_values: dict[tuple[str, ...], list[float]] = {}
-        jobs_gpus: dict[str, _JobGpus] = {}
-        no_job = _JobGpus()  # the cells of no job go through the same steps, to be dropped
-        # The appends of each profile's group values and job columns, by the profile's id: profiles are interned,
-        # and one that is not only gets a route of its own to the same lists (a tuple's hash is not cached).
-        routes: dict[int, _Route] = {}
-        for cell_key, cell in window.cells.items():
-            route = routes.get(id(cell.profile))
-            if route is None:
-                profile = cell.profile
-                group = tuple(UNKNOWN if v is None else v for v in profile[1:group_end])
-                target = no_job
-                if profile[0] is not None:
-                    target = jobs_gpus.setdefault(profile[0], _JobGpus())
-                values = groups_values.setdefault(group, [])
-                route = (values.append, target.keys.append, target.cells.append, target.ofus.append)
-                routes[id(profile)] = route
-            add_value, add_key, add_cell, add_ofu = route
-            value = cell.weighted / cell.weight
-            add_value(value)
-            add_key(cell_key)
-            add_cell(cell)
-            add_ofu(value)
-        groups = tuple(self._group_report(key, values) for key, values in sorted(groups_values.items()))
         job_reports: list[JobReport] = []
+        gpu_flags: list[GpuFlagReport] = []
         for job_id in sorted(jobs_gpus.keys() | window.mfu.keys()):
             job = self._jobs.get(job_id)
             if job is None:  # over the job cap when its points came
@@ -668,27 +786,109 @@ class Aggregator:
             gpus = jobs_gpus.get(job_id)
             if gpus is not None:  # the GPUs' own identity wins over what the training side said
                 ends = list(map(_LAST_END, gpus.cells))
-                newest = gpus.cells[ends.index(max(ends))].profile[group_end:]  # the first of the latest
+                newest = gpus.cells[ends.index(max(ends))].profile[group_end : group_end + len(JOB_ATTRIBUTE_KEYS)]
                 attributes.update((k, v) for k, v in zip(JOB_ATTRIBUTE_KEYS, newest, strict=True) if v is not None)
             job.attributes = attributes
-            job_reports.append(self._job_report(job_id, job, start, end, mfu_cell, window, gpus))
-        self._windows_closed += 1
+            try:
+                report, flagged = self._job_report(job_id, job, start, end, mfu_cell, window, gpus)
+            except Exception:
+                self._close_failed("job", job_id)
+                continue
+            job_reports.append(report)
+            gpu_flags += flagged
         fleet = self._fleet_report(end)
-        job_losses = [job.loss for job in job_reports if job.loss is not None]
-        fleet = attrs.evolve(fleet, loss=loss.fleet_loss(job_losses, self._fleet_energy(window), self._currency()))
+        try:
+            job_losses = [job.loss for job in job_reports if job.loss is not None]
+            fleet = attrs.evolve(fleet, loss=loss.fleet_loss(job_losses, self._fleet_energy(window), self._currency()))
+        except Exception:
+            self._close_failed("fleet", "loss")
+        self._windows_closed += 1
         # In a stable order, whatever order the GPUs' points arrived in: the same data gives the same outputs.
-        gpu_flags = tuple(
-            sorted(self._gpu_flag_reports, key=lambda r: (r.job_id, r.metric, sorted(r.attributes.items())))
-        )
-        self._gpu_flag_reports = []
-        return WindowReport(start, end, groups, tuple(job_reports), fleet, gpu_flags)
+        gpu_flags.sort(key=lambda r: (r.job_id, r.metric, sorted(r.attributes.items())))
+        return WindowReport(start, end, tuple(groups), tuple(job_reports), fleet, tuple(gpu_flags))
+
+    def _close_failed(self, kind: str, name: str) -> None:
+        """Count a group, job or the fleet's totals that failed to close; the first failure of each kind is
+        logged with its traceback, later ones only counted (one bad job must not flood the log each window)."""
+        self._close_failures[kind] = self._close_failures.get(kind, 0) + 1
+        if self._close_failures[kind] == 1:
+            logger.exception("closing %s %r failed: left out of this window (counted; logged once)", kind, name)
+
+    def _route(
+        self, window: _Window
+    ) -> tuple[dict[tuple[str, ...], list[float]], dict[tuple[str, ...], list[float]], dict[str, _JobGpus]]:
+        """The window's cells by group (their OFU values) and by job (columns), in one pass in the order their
+        first points came; and each group's GPU shares where one of its GPUs is a partition (a MIG slice).
+
+        A profile (shared by the streams of a job with one identity) is resolved to its group's values, its job's
+        GPUs and its share of a GPU once per window, by the profile's id: profiles are interned, and one that is not
+        only gets a route of its own to the same lists (a tuple's hash is not cached).
+        """
+        group_end = 1 + self._groups
+        groups_values: dict[tuple[str, ...], list[float]] = {}
+        jobs_gpus: dict[str, _JobGpus] = {}
+        no_job = _JobGpus()  # the cells of no job go through the same steps, to be dropped
+        routes: dict[int, _Route] = {}
+        shares: dict[int, float] = {}
+        for cell_key, cell in window.cells.items():
+            route = routes.get(id(cell.profile))
+            if route is None:
+                profile = cell.profile
+                group = tuple(UNKNOWN if v is None else v for v in profile[1:group_end])
+                target = no_job
+                if profile[0] is not None:
+                    target = jobs_gpus.setdefault(profile[0], _JobGpus())
+                values = groups_values.setdefault(group, [])
+                route = (values.append, target.keys.append, target.cells.append, target.ofus.append)
+                routes[id(profile)] = route
+                shares[id(profile)] = self._share_of(profile)
+            add_value, add_key, add_cell, add_ofu = route
+            value = cell.weighted / cell.weight
+            add_value(value)
+            add_key(cell_key)
+            add_cell(cell)
+            add_ofu(value)
+        groups_shares: dict[tuple[str, ...], list[float]] = {}
+        if any(share != 1.0 for share in shares.values()):  # a partitioned GPU in the window: shares in columns
+            for cell in window.cells.values():
+                profile = cell.profile
+                share = shares[id(profile)]
+                group = tuple(UNKNOWN if v is None else v for v in profile[1:group_end])
+                groups_shares.setdefault(group, []).append(share)
+            for gpus in jobs_gpus.values():
+                gpus.shares = [shares[id(cell.profile)] for cell in gpus.cells]
+        return groups_values, groups_shares, jobs_gpus
+
+    def _share_of(self, profile: Profile) -> float:
+        """A profile's share of a physical GPU (``otel_ofu.gpu_share``): 1, or a partition's fraction."""
+        model, mig_profile, partition = profile[self._model_index], profile[-2], profile[-1]
+        if not mig_profile and not partition:
+            return 1.0
+        if gpu_share.assumed_slices(model, mig_profile, partition) and (model, mig_profile) not in self._unsized:
+            self._unsized.add((model, mig_profile))
+            logger.warning(
+                "GPU model %r is not in the catalog: its partition %r is counted against %d compute slices",
+                model,
+                mig_profile or partition,
+                gpu_share.DEFAULT_MIG_SLICES,
+            )
+        return gpu_share.gpu_share(model, mig_profile, partition)
 
     def _currency(self) -> str | None:
         return self.config.currency if self.config.price_per_gpu_hour else None
 
-    def _seconds(self, cell: _Cell) -> float:
-        covered = min(cell.weight, float(self._window_ns))
-        return (covered if covered >= _MIN_COVERED_NS else self._window_ns) / 1e9
+    def _cell_seconds(self, cells: list[_Cell]) -> list[float]:
+        """Each cell's GPU-seconds in the window: the time its points cover, at most the window (a retried point
+        must not count twice) plus what was carried in from windows that had closed; the whole window for a GPU
+        whose points carry no durations."""
+        full = float(self._window_ns)
+        if any(map(_CARRIED, cells)):
+            covered = [min(cell.weight - cell.carried, full) + cell.carried for cell in cells]
+        else:
+            covered = list(map(min, map(_WEIGHT, cells), itertools.repeat(full)))
+        if min(covered) >= _MIN_COVERED_NS:
+            return list(map(_NS_PER_S.__rtruediv__, covered))
+        return [(ns if ns >= _MIN_COVERED_NS else full) / _NS_PER_S for ns in covered]
 
     def _fleet_energy(self, window: _Window) -> float | None:
         """Every GPU's energy in the window: those of jobs and those of none, with or without OFU."""
@@ -709,14 +909,14 @@ class Aggregator:
                 own = window.cells.get(key)
                 if own is not None:
                     cells = [own, *cells]
-                seconds = max(map(self._seconds, cells)) if cells else self._window_ns / 1e9
+                seconds = max(self._cell_seconds(cells)) if cells else self._window_ns / _NS_PER_S
                 energy = sums[_POWER_SLOT] / sums[_POWER_SLOT + 1] * seconds
             energies.append(energy)
         return math.fsum(energies) if energies else None  # exactly rounded: the same in any arrival order
 
     def _models(self, cells: list[_Cell]) -> list[str | None]:
         """The cells' GPU models, each model's price and tensor clock looked up once."""
-        models = list(map(operator.itemgetter(1 + self._groups + 1), map(_PROFILE, cells)))  # see Profile
+        models = list(map(operator.itemgetter(self._model_index), map(_PROFILE, cells)))
         for model in set(models) - self._prices.keys():
             spec = catalog.lookup(model) if model else None
             self._prices[model] = self.config.price_of(model)
@@ -728,133 +928,88 @@ class Aggregator:
     ) -> tuple[loss.GpuColumns, list[float], list[_GpuInputs | None]]:
         """The job's GPUs' splits in columns, their tensor activity as used, and their loss inputs.
 
-        Column by column where a GPU's values need nothing but its cell (the profile gives its model: price
-        and tensor clock); one pass over the GPUs that sent loss inputs.
+        The window means a split needs (tensor activity, clocks) come in columns, each a C-level pass where every
+        GPU sent them (the producer's layout); ``loss.split_columns`` is the one split. Energy and FLOPs in one
+        pass over the GPUs.
         """
         cells = gpus.cells
         n = len(cells)
-        full = float(self._window_ns)
-        window_ns = self._window_ns
-        covered = list(map(min, map(_WEIGHT, cells), itertools.repeat(full)))
-        if min(covered) >= _MIN_COVERED_NS:
-            seconds = list(map(_NS_PER_S.__rtruediv__, covered))
-        else:
-            seconds = [(ns if ns >= _MIN_COVERED_NS else window_ns) / _NS_PER_S for ns in covered]
-        inputs_of = window.gpus
+        seconds = self._cell_seconds(cells)
         found: list[_GpuInputs | None] = [None] * n
-        if inputs_of:
-            found = list(map(inputs_of.get, gpus.stream_keys()))
+        if window.gpus:
+            found = list(map(window.gpus.get, gpus.stream_keys()))
         ofus = gpus.ofus
-        without = sum(map(operator.is_, found, itertools.repeat(None)))  # by identity: no __eq__ per GPU
-        with_inputs = without < n
+        with_inputs = sum(map(operator.is_, found, itertools.repeat(None))) < n  # by identity: no __eq__ per GPU
         prices: list[float | None] = [None] * n
         models: list[str | None] = []
         if self.config.price_per_gpu_hour or with_inputs:
             models = self._models(cells)
             prices = list(map(self._prices.__getitem__, models))
         if not with_inputs:
-            idle, clock, tensor = loss.split_ofu_only(ofus)
-            columns = loss.GpuColumns(ofus, idle, clock, tensor, seconds, [None] * n, [None] * n, prices)
-            return columns, ofus, found
-        if not without:
-            fast = self._gpu_losses_of_inputs(cast(list[_GpuInputs], found), ofus, seconds, prices, models)
-            if fast is not None:
-                return fast, fast.tensor_active, found
-        columns = loss.GpuColumns(ofu=ofus, seconds=seconds, price=prices)
-        idle_of, clock_of, tensor_of = columns.idle.append, columns.clock.append, columns.tensor.append
-        energy_of, flops_of = columns.energy_j.append, columns.flops.append
-        tensor_active: list[float] = []
-        tpa_of = tensor_active.append
-        split = loss.split_shares
-        ratio_of = loss.clock_ratio
-        clocks = map(self._tensor_clocks.__getitem__, models)
-        for ofu, inputs, gpu_seconds, tensor_clock in zip(ofus, found, seconds, clocks, strict=True):
-            if inputs is None:
-                shares = split(ofu, None, None)
-                energy = flops = None
-            else:
-                sums = inputs.sums
-                weight = sums[_TENSOR_SLOT + 1]
-                active = sums[_TENSOR_SLOT] / weight if weight else None
-                weight = sums[_CLOCK_SLOT + 1]
-                sm_clock = sums[_CLOCK_SLOT] / weight if weight else None
-                weight = sums[_CLOCK_MAX_SLOT + 1]
-                max_clock = sums[_CLOCK_MAX_SLOT] / weight if weight else None
-                shares = split(ofu, active, ratio_of(sm_clock, max_clock, tensor_clock))
-                energy = inputs.energy_j
-                if energy is None:  # no counter: mean power x seconds
-                    weight = sums[_POWER_SLOT + 1]
-                    energy = sums[_POWER_SLOT] / weight * gpu_seconds if weight else None
-                weight = sums[_FLOPS_SLOT + 1]
-                flops = sums[_FLOPS_SLOT] / weight * gpu_seconds if weight else None
-            tpa_of(shares[0])
-            idle_of(shares[1])
-            clock_of(shares[2])
-            tensor_of(shares[3])
-            energy_of(energy)
-            flops_of(flops)
-        return columns, tensor_active, found
-
-    def _gpu_losses_of_inputs(
-        self,
-        inputs: list[_GpuInputs],
-        ofus: list[float],
-        seconds: list[float],
-        prices: list[float | None],
-        models: list[str | None],
-    ) -> _Columns | None:
-        """``_gpu_losses`` in columns for a job whose GPUs all sent tensor activity and clocks (the producer's
-        layout); None where one did not (the GPU by GPU pass handles those)."""
-        sums = list(map(_SUMS_OF, inputs))
-        weights = [list(map(operator.itemgetter(slot + 1), sums)) for slot in _MEAN_SLOTS]
-        if any(0.0 in column for column in weights):
-            return None
-        means = [
-            list(map(operator.truediv, map(operator.itemgetter(slot), sums), column))
-            for slot, column in zip(_MEAN_SLOTS, weights, strict=True)
-        ]
-        active, sm_clock, max_clock = means
-        references = [
-            tensor_clock if tensor_clock else board_max
-            for tensor_clock, board_max in zip(map(self._tensor_clocks.__getitem__, models), max_clock, strict=True)
-        ]
-        if not min(references) > 0.0:
-            return None
-        tpa, idle, clock, tensor = loss.split_columns(ofus, active, loss.clock_ratios(sm_clock, references))
+            split = loss.split_columns(ofus)
+            columns = loss.GpuColumns(
+                ofus, split.idle, split.clock, split.tensor, seconds, [None] * n, [None] * n, prices, gpus.shares
+            )
+            return columns, split.tensor_active, found
+        sums = [None if inputs is None else inputs.sums for inputs in found]
+        active, sm_clock, max_clock = (_means(sums, slot) for slot in _MEAN_SLOTS)
+        tensor_clocks = list(map(self._tensor_clocks.__getitem__, models))
+        split = loss.split_columns(ofus, active, _clock_ratios(sm_clock, max_clock, tensor_clocks))
         energy: list[float | None] = []
         flops: list[float | None] = []
-        for gpu_seconds, found, gpu_sums in zip(seconds, inputs, sums, strict=True):
-            joules = found.energy_j
+        for gpu_seconds, inputs in zip(seconds, found, strict=True):
+            if inputs is None:
+                energy.append(None)
+                flops.append(None)
+                continue
+            gpu_sums = inputs.sums
+            joules = inputs.energy_j
             if joules is None:  # no counter: mean power x seconds
                 weight = gpu_sums[_POWER_SLOT + 1]
                 joules = gpu_sums[_POWER_SLOT] / weight * gpu_seconds if weight else None
             energy.append(joules)
             weight = gpu_sums[_FLOPS_SLOT + 1]
             flops.append(gpu_sums[_FLOPS_SLOT] / weight * gpu_seconds if weight else None)
-        return _Columns(ofus, idle, clock, tensor, seconds, energy, flops, prices, tensor_active=tpa)
+        columns = loss.GpuColumns(
+            ofus, split.idle, split.clock, split.tensor, seconds, energy, flops, prices, gpus.shares
+        )
+        return columns, split.tensor_active, found
 
-    def _assess_gpus(
+    def _gpu_flags(
         self,
         job_id: str,
         job: _Job,
         window: GpuWindowValues,
         inputs: list[_GpuInputs | None],
-    ) -> None:
-        """Run the GPU-level flags on the job's GPUs; keep the points they have to show."""
+    ) -> list[GpuFlagReport]:
+        """The GPU-level flags of the job's GPUs: the points they have to show."""
+        reports: list[GpuFlagReport] = []
         for name, flag in job.gpu_flags.items():
             for verdict in flag.assess(window):
                 i = verdict.index
                 attributes = {**_gpu_identity(window.keys[i], inputs[i]), **verdict.labels}
-                self._gpu_flag_reports.append(
+                reports.append(
                     GpuFlagReport(name, job_id, attributes, verdict.value, window.ofu[i], window.job_median_ofu[i])
                 )
+        return reports
 
-    def _group_report(self, key: tuple[str, ...], values: list[float]) -> GroupReport:
-        values.sort()
+    def _group_report(self, key: tuple[str, ...], values: list[float], shares: list[float] | None) -> GroupReport:
+        """A group's percentiles, histogram and GPU count. The histogram counts observations (a GPU or a MIG
+        slice each); the GPU count and the percentiles count GPU equivalents where a group has slices."""
+        if shares is None:
+            values.sort()
+            gpus: float = len(values)
+            quantiles = {q: percentile_of_sorted(values, q) for q in names.QUANTILES}
+        else:
+            pairs = sorted(zip(values, shares, strict=True))
+            values = [value for value, _share in pairs]
+            weights = [share for _value, share in pairs]
+            gpus = math.fsum(weights)
+            quantiles = {q: weighted_percentile_of_sorted(values, weights, q) for q in names.QUANTILES}
         return GroupReport(
             attributes=dict(zip(self.config.group_keys, key, strict=True)),
-            gpus=len(values),
-            quantiles={q: percentile_of_sorted(values, q) for q in names.QUANTILES},
+            gpus=gpus,
+            quantiles=quantiles,
             histogram=ExpHistogram.from_sorted(values, max_buckets=self.config.histogram_max_buckets),
             ofu_sum=sum(values),
             ofu_min=values[0],
@@ -870,18 +1025,19 @@ class Aggregator:
         mfu_cell: _MfuCell | None,
         window: _Window,
         gpus: _JobGpus | None,
-    ) -> JobReport:
+    ) -> tuple[JobReport, list[GpuFlagReport]]:
+        """The job's report for the window, and the points its GPU-level flags show."""
         config = self.config
-        ofus = gpus.ofus if gpus is not None else None
-        ofu = math.fsum(ofus) / len(ofus) if ofus else None  # exactly rounded: the same in any GPU order
+        ofu = loss.weighted_mean(gpus.ofus, gpus.shares) if gpus is not None else None
         mfu = mfu_cell.total / mfu_cell.count if mfu_cell is not None else None
         if ofu is not None and mfu is not None:
             job.horizon.add(start - start % self._block_ns, ofu, mfu)
             if self._last_pair_start is None or start > self._last_pair_start:
                 self._last_pair_start = start
         job_loss = None
-        count = 0
-        idle_gpus: frozenset[str] = frozenset()
+        count = 0.0
+        idle_gpus: dict[str, float] = {}
+        gpu_flags: list[GpuFlagReport] = []
         if gpus is not None:
             columns, tensor_active, inputs = self._gpu_losses(window, gpus)
             job_loss = loss.job_loss_of(
@@ -889,8 +1045,9 @@ class Aggregator:
             )
             keys = gpus.stream_keys()
             idle = list(map(loss.IDLE_TENSOR_ACTIVE.__gt__, tensor_active))  # active < IDLE_TENSOR_ACTIVE
-            idle_gpus = frozenset(itertools.compress(keys, idle))
-            count = len(keys)
+            shares = gpus.shares or [1.0] * len(keys)
+            idle_gpus = dict(itertools.compress(zip(keys, shares, strict=True), idle))
+            count = math.fsum(shares) if gpus.shares else float(len(keys))
         values = JobWindowValues(start, end, ofu, mfu, count, idle_gpus)
         flags = {name: flag.assess(values) for name, flag in job.flags.items()}
         if gpus is not None and GPU_DETECTORS:
@@ -905,10 +1062,10 @@ class Aggregator:
             gpu_values = GpuWindowValues(
                 start, end, keys, gpus.ofus, tensor_active, idle, _peer_medians(gpus.ofus), throttle
             )
-            self._assess_gpus(job_id, job, gpu_values, inputs)
+            gpu_flags = self._gpu_flags(job_id, job, gpu_values, inputs)
         job.horizon.prune(end - config.horizon_ns)
         status = STATUS_NO_OFU if ofu is None else STATUS_NO_MFU if mfu is None else STATUS_OK
-        return JobReport(
+        report = JobReport(
             job_id=job_id,
             attributes=job.attributes,
             ofu=ofu,
@@ -920,6 +1077,7 @@ class Aggregator:
             gpus=count,
             loss=job_loss,
         )
+        return report, gpu_flags
 
     def _fleet_report(self, end: int) -> FleetReport:
         oldest = end - self.config.horizon_ns
@@ -946,6 +1104,7 @@ class Aggregator:
         stale_streams = [key for key, seen in self._streams.items() if seen <= cutoff]
         for key in stale_streams:
             del self._streams[key]
+            self._state_bytes -= STREAM_STATE_BYTES + 2 * len(key)
         self._evicted_streams += len(stale_streams)
         stale_energy = [key for key, (_start, seen, _joules) in self._energy.items() if seen <= cutoff]
         for key in stale_energy:
@@ -965,6 +1124,7 @@ class Aggregator:
                     gone.append(job_id)
         for job_id in gone:
             del self._jobs[job_id]
+            self._state_bytes -= JOB_STATE_BYTES + len(job_id)
         if len(self._profiles) > 2 * len(self._streams) + 1024:
             self._reintern()
 
@@ -977,6 +1137,7 @@ class Aggregator:
                 oldest, oldest_seen = job_id, job.last_seen_ns
         if oldest is not None:
             del self._jobs[oldest]
+            self._state_bytes -= JOB_STATE_BYTES + len(oldest)
 
     def _reintern(self) -> None:
         """Drop profiles no open window uses any more (the intern table would otherwise only grow)."""
@@ -985,6 +1146,64 @@ class Aggregator:
             for cell in window.cells.values():
                 used[cell.profile] = cell.profile
         self._profiles = used
+        self._profiles_bytes = sum(map(_profile_bytes, used))
+
+
+def _means(sums: list[array[float] | None], slot: int) -> list[float | None]:
+    """Each GPU's window mean of one loss input (None: not sent), in a C-level pass where every GPU sent it."""
+    if None not in sums:
+        present = cast(list["array[float]"], sums)
+        weights = list(map(operator.itemgetter(slot + 1), present))
+        if 0.0 not in weights:
+            return list(map(operator.truediv, map(operator.itemgetter(slot), present), weights))
+    return [None if found is None or not found[slot + 1] else found[slot] / found[slot + 1] for found in sums]
+
+
+def _clock_ratios(
+    sm_clock: list[float | None], max_clock: list[float | None], tensor_clocks: list[float | None]
+) -> list[float | None]:
+    """Each GPU's ``loss.clock_ratio`` (its model's tensor clock where known, else its board max), in a C-level pass
+    where every GPU has a clock and a reference."""
+    references = [tensor or board for tensor, board in zip(tensor_clocks, max_clock, strict=True)]
+    if None not in sm_clock and None not in references and min(cast(list[float], references)) > 0.0:
+        return cast(list[float | None], loss.clock_ratios(cast(list[float], sm_clock), cast(list[float], references)))
+    return list(map(loss.clock_ratio, sm_clock, max_clock, tensor_clocks))
+
+
+def _profile_bytes(profile: Profile) -> int:
+    """An interned profile's size, roughly: its values and a tuple's slots."""
+    return 64 + 8 * len(profile) + sum(len(value) for value in profile if value is not None)
+
+
+def _add_to_cell(
+    window: _Window,
+    key: str,
+    value: float,
+    weight: float,
+    carried: float,
+    profile: Profile,
+    end_ns: int,
+    job_id: str | None,
+) -> None:
+    """Add one point's part (``weight`` ns, ``carried`` of them from closed windows) to its stream's cell for its
+    job in ``window``: the stream's own cell, or the cell under (key, job.id) once the stream moved job in it."""
+    cells = window.cells
+    cell = cells.get(key)
+    if cell is not None and cell.job_id != job_id:
+        moved = (key, job_id)
+        cell = cells.get(moved)
+        if cell is None:
+            cells[moved] = _Cell(value * weight, weight, profile, end_ns, job_id, carried)
+            return
+    if cell is None:
+        cells[key] = _Cell(value * weight, weight, profile, end_ns, job_id, carried)
+        return
+    cell.weighted += value * weight
+    cell.weight += weight
+    cell.carried += carried
+    if end_ns >= cell.last_end_ns:
+        cell.profile = profile
+        cell.last_end_ns = end_ns
 
 
 def _peer_medians(values: list[float]) -> list[float]:
@@ -1039,6 +1258,6 @@ def _gpu_identity(key: str, inputs: _GpuInputs | None) -> dict[str, str]:
     if len(parts) < 2:
         return {names.HW_ID: key}
     found = {names.HOST_NAME: parts[0], names.HW_ID: parts[1]} if parts[0] else {names.HW_ID: parts[1]}
-    if len(parts) > 2:
+    if len(parts) > 2 and parts[2]:  # an empty instance id is no MIG instance
         found[names.GPU_MIG_INSTANCE_ID] = parts[2]
     return found

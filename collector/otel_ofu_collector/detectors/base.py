@@ -16,6 +16,7 @@ has something to say about (flagged, or just cleared), so a healthy fleet adds n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol
 
@@ -33,11 +34,16 @@ class JobWindowValues:
 
     start_ns: int
     end_ns: int
-    ofu: float | None  # mean OFU over the job's GPUs
+    ofu: float | None  # mean OFU over the job's GPUs (weighted by their shares of a GPU)
     mfu: float | None  # mean reported MFU
-    gpus: int
-    # The job's GPUs (stream keys) with no tensor activity all window.
-    idle_gpus: frozenset[str] = frozenset()
+    gpus: float  # GPU equivalents: a MIG slice counts as its share of its GPU (otel_ofu.gpu_share)
+    # The job's GPUs (stream keys) with no tensor activity all window, each with its share of a GPU.
+    idle_gpus: Mapping[str, float] = attrs.field(factory=dict)
+
+    @property
+    def all_idle(self) -> bool:
+        """Every one of the job's GPUs in the window had no tensor activity (False for a window without GPUs)."""
+        return bool(self.idle_gpus) and math.fsum(self.idle_gpus.values()) >= self.gpus
 
 
 @attrs.frozen
@@ -98,8 +104,8 @@ class GpuDetector(Protocol):
 class JobFlag(Protocol):
     """One job's state for one flag."""
 
-    def assess(self, window: JobWindowValues) -> int | None:
-        """The flag's value in this window: 1, 0, or NOT_ASSESSABLE."""
+    def assess(self, window: JobWindowValues) -> float | None:
+        """The flag's value in this window: 1, 0 (or a count, as idle GPU equivalents), or NOT_ASSESSABLE."""
         ...
 
 

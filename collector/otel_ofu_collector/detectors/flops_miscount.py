@@ -1,6 +1,6 @@
 """``job.flops_miscount``: reported MFU far above the OFU its GPUs measured, window after window.
 
-It rises after ``miscount_windows`` consecutive windows with both values and MFU > ``miscount_ratio`` x OFU,
+It rises after ``miscount_windows`` consecutive windows with both values and MFU >= ``miscount_ratio`` x OFU,
 and falls at the first such window without it; windows missing either value neither extend nor break the
 run (the flag keeps its value through them). Until a window has both values (a job that never reported
 MFU) the flag cannot be assessed: absent, not 0.
@@ -25,7 +25,7 @@ class _Miscount:
     def assess(self, window: JobWindowValues) -> int | None:
         ofu, mfu = window.ofu, window.mfu
         if ofu is not None and mfu is not None:
-            self.run = self.run + 1 if mfu > self.ratio * ofu else 0
+            self.run = self.run + 1 if mfu >= self.ratio * ofu else 0  # "1.5x or more"
             self.up = int(self.run >= self.windows)
         return self.up
 

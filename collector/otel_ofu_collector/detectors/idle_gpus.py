@@ -7,6 +7,8 @@ the job has no GPU says nothing (not assessable); a GPU missing from a window st
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from otel_ofu import names
@@ -19,12 +21,14 @@ class _IdleGpus:
     windows: int
     runs: dict[str, int] = attrs.field(factory=dict)  # idle GPU (stream key) -> consecutive idle windows
 
-    def assess(self, window: JobWindowValues) -> int | None:
+    def assess(self, window: JobWindowValues) -> float | None:
         if not window.gpus:
             return None
         runs = self.runs
         self.runs = {key: runs.get(key, 0) + 1 for key in window.idle_gpus}
-        return sum(1 for run in self.runs.values() if run >= self.windows)
+        # In GPU equivalents, as job.gpus: an idle MIG slice is its share of a GPU.
+        shares = window.idle_gpus
+        return math.fsum(shares[key] for key, run in self.runs.items() if run >= self.windows)
 
 
 @attrs.frozen

@@ -3,7 +3,9 @@
 1 while window OFU < baseline / ``regression_factor``, the baseline being the MEDIAN (robust to one
 checkpoint pause) of the job's last ``baseline_windows`` unflagged window OFUs, once it has
 ``config.baseline_min_windows`` and the baseline is at least ``config.regression_min_baseline`` (an idle
-job has nothing to regress from). A window without OFU keeps the flag's value. Until the baseline has
+job has nothing to regress from). A window without OFU keeps the flag's value, and so does one in which all the
+job's GPUs were idle: a job that finished or stalled while holding its GPUs is an idle allocation
+(``job.gpus.idle``), not a regression, and its idle windows do not enter the baseline. Until the baseline has
 its windows the flag cannot be assessed: absent, not 0.
 """
 
@@ -30,7 +32,7 @@ class _Regression:
 
     def assess(self, window: JobWindowValues) -> int | None:
         ofu = window.ofu
-        if ofu is None:
+        if ofu is None or window.all_idle:
             return self.up
         config = self.config
         baseline = self.baseline

@@ -11,9 +11,10 @@ merge tier's ``Decoder`` reads requests back with ``partials_from_request``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import attrs
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
@@ -24,9 +25,16 @@ from otel_ofu_collector.results import FleetLoss, FleetReport, PartialGroup, Par
 _FLEET_LOSS_NAMES = frozenset(
     spec.name for spec in (names.FLEET_GPU_TIME_LOST, names.FLEET_ENERGY, names.FLEET_COST_LOST)
 )
-# What partials_from_request reads: the merge tier consumes these from shards instead of forwarding them.
+# What partials_from_request reads: the merge tier consumes these from shards instead of forwarding them. A group's
+# fleet.gpus (GPU equivalents) is read beside its histogram, whose count is observations: they differ where a
+# group has MIG slices, each one observation and its share of a GPU.
 _PARTIAL_NAMES = frozenset(
-    [names.FLEET_OFU.name, *(spec.name for spec in names.COLLECTOR_PARTIAL_METRICS), *_FLEET_LOSS_NAMES]
+    [
+        names.FLEET_OFU.name,
+        names.FLEET_GPUS.name,
+        *(spec.name for spec in names.COLLECTOR_PARTIAL_METRICS),
+        *_FLEET_LOSS_NAMES,
+    ]
 )
 # Fleet outputs a shard reports for its own slice only; the merge tier drops the shards' copies and emits its own.
 _MERGE_RECOMPUTED_NAMES = frozenset(
@@ -120,6 +128,7 @@ class _PartialBuilder:
         self.cost_lost: dict[str, float] | None = None
         self.currency: str | None = None
         self.has_loss = False
+        self.gpus: dict[tuple[tuple[str, str], ...], float] = {}  # a group's fleet.gpus, by its attributes
 
     def add_loss(self, name: str, unit: str, point: Any) -> None:
         value = _number(point)
@@ -137,6 +146,10 @@ class _PartialBuilder:
             self.cost_lost = table = self.cost_lost if self.cost_lost is not None else {}
             self.currency = unit.removeprefix("{").removesuffix("}") or None
         table[cause] = table.get(cause, 0.0) + value
+
+
+def _group_key(attributes: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(attributes.items()))
 
 
 def partials_from_request(request: ExportMetricsServiceRequest) -> list[PartialWindow]:
@@ -158,6 +171,13 @@ def partials_from_request(request: ExportMetricsServiceRequest) -> list[PartialW
                         part.start_ns = part.start_ns or point.start_time_unix_nano
                         histogram = _histogram(point)
                         part.groups.append(PartialGroup(_attributes(point.attributes), histogram, histogram.count))
+                elif metric.name == names.FLEET_GPUS.name and metric.WhichOneof("data") == "gauge":
+                    for number in metric.gauge.data_points:
+                        part = partials.setdefault((shard, number.time_unix_nano), _PartialBuilder())
+                        gpus = _number(number)
+                        if gpus < 0:
+                            raise ValueError(f"{metric.name} is negative: {gpus!r}")
+                        part.gpus[_group_key(_attributes(number.attributes))] = gpus
                 elif metric.name in _FLEET_LOSS_NAMES and metric.WhichOneof("data") == "sum":
                     for number in metric.sum.data_points:
                         part = partials.setdefault((shard, number.time_unix_nano), _PartialBuilder())
@@ -193,10 +213,13 @@ def _partial(shard: str, end_ns: int, part: _PartialBuilder) -> PartialWindow:
             c_xy=g[names.PARTIAL_FLEET_C_OFU_MFU.name],
         )
         abs_diff_sum = g[names.PARTIAL_FLEET_ABS_DIFF_SUM.name]
+    groups = tuple(
+        attrs.evolve(group, gpus=part.gpus.get(_group_key(group.attributes), group.gpus)) for group in part.groups
+    )
     return PartialWindow(
         start_ns=part.start_ns,
         end_ns=end_ns,
-        groups=tuple(part.groups),
+        groups=groups,
         fleet_comoments=comoments,
         abs_diff_sum=abs_diff_sum,
         jobs_count=jobs,

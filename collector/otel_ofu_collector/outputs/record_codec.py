@@ -210,7 +210,7 @@ def _group_from_json(value: object) -> GroupReport:
         quantiles[quantile] = _number({"value": quantile_value}, "value", f"group.quantiles[{key}]")
     return GroupReport(
         attributes=_attributes(data.get("attributes"), "group.attributes"),
-        gpus=_get(data, "gpus", int, "group"),
+        gpus=float(_get(data, "gpus", (int, float), "group")),
         quantiles=quantiles,
         histogram=_histogram_from_json(data.get("histogram")),
         ofu_sum=_number(data, "ofu_sum", "group"),
@@ -219,9 +219,10 @@ def _group_from_json(value: object) -> GroupReport:
     )
 
 
-def _flag(data: Mapping[str, Any], key: str) -> int | None:
-    """A flag's verdict; absent (None) when the record has none: null, or written before the flag existed."""
-    return None if data.get(key) is None else int(_get(data, key, int, "job"))
+def _flag(data: Mapping[str, Any], key: str) -> float | None:
+    """A flag's verdict (0/1, or a count such as idle GPU equivalents); absent (None) when the record has none:
+    null, or written before the flag existed."""
+    return None if data.get(key) is None else _get(data, key, (int, float), "job")
 
 
 def _job_from_json(value: object) -> JobReport:
@@ -235,7 +236,7 @@ def _job_from_json(value: object) -> JobReport:
         correlation=_optional_number(data, "correlation", "job"),
         flags={detector.metric.name: _flag(data, detector.record_key) for detector in DETECTORS},
         status=_get(data, "status", str, "job"),
-        gpus=_get(data, "gpus", int, "job"),
+        gpus=float(_get(data, "gpus", (int, float), "job")),
         loss=_job_loss_from_json(data["loss"]) if data.get("loss") is not None else None,
     )
 

@@ -54,8 +54,10 @@ def format_time(time_ns: int) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
+def plural(count: float, word: str) -> str:
+    """``3 GPUs``, ``1 window``; a count of GPU equivalents that is not whole as ``0.29 GPUs`` (two MIG slices)."""
+    text = str(int(count)) if count == int(count) else f"{count:.2f}".rstrip("0").rstrip(".")
+    return f"{text} {word}{'' if count == 1 else 's'}"
 
 
 def share(value: float) -> str:
@@ -95,7 +97,7 @@ class JobWindow:
     mfu: float | None
     correlation: float | None
     flags_up: frozenset[str]  # the kinds of the flags up in this window
-    gpus: int
+    gpus: float  # GPU equivalents
     loss: JobLoss | None = None
     gpu_flags: tuple[GpuFlagReport, ...] = ()  # the job's GPUs flagged (value 1) in this window
     precision: str | None = None  # the job's gpu.precision in this window
@@ -153,8 +155,8 @@ class JobSummary:
         return len(self.history)
 
     @property
-    def gpus(self) -> int:
-        return max((w.gpus for w in self.history), default=0)
+    def gpus(self) -> float:
+        return max((w.gpus for w in self.history), default=0.0)
 
     @property
     def pairs(self) -> list[tuple[float, float]]:
@@ -394,7 +396,7 @@ class FleetSummary:
     mae: float | None
     jobs: tuple[JobSummary, ...]  # in order of job id
     fleet_jobs: int = 0  # jobs with an (OFU, MFU) pair behind the last window's correlation and MAE
-    peak_gpus: int = 0  # the most GPUs any one window held
+    peak_gpus: float = 0.0  # the most GPUs (equivalents) any one window held
     last_width_ns: int | None = None
     lost_s: Mapping[str, float] = attrs.field(factory=dict)  # the fleet's lost GPU-seconds by cause, over the run
     cost_lost: Mapping[str, float] | None = None
@@ -410,7 +412,7 @@ class FleetSummary:
         return sum(self.cost_lost.values()) if self.cost_lost is not None else None
 
     @property
-    def gpus(self) -> int:
+    def gpus(self) -> float:
         return sum(group.gpus for group in self.last_groups)
 
     def flags(self) -> list[Flag]:
@@ -462,7 +464,7 @@ def summarize(reports: Sequence[WindowReport]) -> FleetSummary:
         mae=finite_or_none(last.fleet.mae) if last else None,
         jobs=jobs,
         fleet_jobs=last.fleet.jobs if last else 0,
-        peak_gpus=max((sum(group.gpus for group in r.groups) for r in ordered), default=0),
+        peak_gpus=max((sum(group.gpus for group in r.groups) for r in ordered), default=0.0),
         last_width_ns=last.end_ns - last.start_ns if last else None,
         lost_s=_sum_causes([r.fleet.loss.lost_s for r in ordered]),
         cost_lost=_sum_causes(fleet_costs) if fleet_costs else None,

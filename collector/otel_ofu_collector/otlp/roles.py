@@ -1,0 +1,26 @@
+"""What the decoder does with each metric it receives, by name: one lookup per metric.
+
+A point of ``gpu.ofu`` goes to the windows' OFU, ``job.mfu`` to the job's MFU, a loss input (``gpu.tensor.active``,
+clocks, power, energy, throttle shares...) to the GPU's loss split; the producer's other metrics are only
+consumed. A name not here is foreign: forwarded on pass-through.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from otel_ofu import names
+
+CONSUMED, OFU, MFU, INPUT = range(4)
+
+# The per-GPU inputs of the loss split (what ``Aggregator.add_gpu_inputs`` takes), beside gpu.ofu.
+GPU_INPUT_NAMES: Final = frozenset(spec.name for spec in names.LOSS_SPLIT_INPUTS)
+# Everything the producer and the MFU reporter send us: consumed here, forwarded only on request.
+INPUT_METRIC_NAMES: Final = frozenset({spec.name for spec in names.PRODUCER_METRICS} | {names.JOB_MFU.name})
+
+ROLES: Final[dict[str, int]] = {
+    **dict.fromkeys(INPUT_METRIC_NAMES, CONSUMED),
+    **dict.fromkeys(GPU_INPUT_NAMES, INPUT),
+    names.GPU_OFU.name: OFU,
+    names.JOB_MFU.name: MFU,
+}
