@@ -245,7 +245,9 @@ def test_rbac_binds_the_account_the_producer_runs_as(rendered: tuple[dict[str, A
     assert set(pods["verbs"]) == {"get", "list"}  # read only
     # A RayJob's cluster is read for the RayJob that owns it, one by name: get, never list.
     assert (ray_clusters["apiGroups"], ray_clusters["resources"], ray_clusters["verbs"]) == (
-        ["ray.io"], ["rayclusters"], ["get"]
+        ["ray.io"],
+        ["rayclusters"],
+        ["get"],
     )
 
 
