@@ -393,8 +393,8 @@ def test_a_rayjobs_cluster_pods_are_the_rayjobs_read_from_the_rayclusters_own_me
 ) -> None:
     rayjob_labels = {"ray.io/originated-from-cr-name": "train", "ray.io/originated-from-crd": "RayJob",
                      "ray.io/job-submission-mode": "K8sJobMode"}  # fmt: skip
-    api.pods = [*ray_pods("train-raycluster-x7k2p"), *ray_pods("train2-b7x4q"), *ray_pods("notebook-rc"),
-                *ray_pods("serve-raycluster-9zt4w")]  # fmt: skip
+    api.pods = [*ray_pods("gone-rc"), *ray_pods("train-raycluster-x7k2p"), *ray_pods("train2-b7x4q"),
+                *ray_pods("notebook-rc"), *ray_pods("serve-raycluster-9zt4w")]  # fmt: skip
     api.ray_clusters = [
         # A RayJob's cluster before KubeRay 1.7: controller owner and labels, both from the RayJob controller.
         ray_cluster("train-raycluster-x7k2p", "ml", labels=rayjob_labels,
@@ -419,14 +419,15 @@ def test_a_rayjobs_cluster_pods_are_the_rayjobs_read_from_the_rayclusters_own_me
     assert job("train2-b7x4q-worker-x2k9d") == "ml/train2"
     assert job("notebook-rc-worker-x2k9d") == "ml/notebook-rc"
     assert job("serve-raycluster-9zt4w-worker-x2k9d") == "ml/serve"
+    assert job("gone-rc-worker-x2k9d") == "ml/gone-rc"  # deleted (404) while its pods terminate
     ray_gets = [path for path, _auth in api.requests if "/rayclusters/" in path]
-    assert ray_gets[0] == "/apis/ray.io/v1/namespaces/ml/rayclusters/train-raycluster-x7k2p"
-    assert len(ray_gets) == 4
+    assert ray_gets[1] == "/apis/ray.io/v1/namespaces/ml/rayclusters/train-raycluster-x7k2p"
+    assert len(ray_gets) == 5
     assert all("as=PartialObjectMetadata" in accept for accept in api.accepts[1:])
     # A RayCluster's owner never changes: the next list reads no RayCluster again.
     clock.now += 31 * S
     pods.poll()
-    assert len([path for path, _auth in api.requests if "/rayclusters/" in path]) == 4
+    assert len([path for path, _auth in api.requests if "/rayclusters/" in path]) == 5
     # Without the right to read RayClusters (or from the kubelet, which has none), the pods read as their
     # RayCluster, said once.
     api.ray_status = 403

@@ -188,6 +188,12 @@ def resolve_pods_url(value: str | None) -> str | None:
     return value.strip()
 
 
+class _HttpStatusError(AttributionError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def _status_message(body: bytes | bytearray) -> str:
     """The ``message`` of a ``v1.Status`` answer, else the body's first line."""
     try:
@@ -251,6 +257,8 @@ class PodDirectory:
     _first_done: threading.Event = attrs.field(factory=threading.Event, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if not (self.refresh_s > 0 and self.deadline_s > 0 and self.min_relist_s > 0):
+            raise ValueError("the pod directory's refresh period, relist period and deadline must be positive")
         self.api_url = api_server_of(self.url)
 
     # --- what sampling calls: never waits on the network ------------------------------------------------
@@ -345,7 +353,10 @@ class PodDirectory:
         with self._wake:
             self.failures += 1
             self._failure = text
-            failures, good_ns, now = self.failures, self._good_ns, self.clock()
+            failures, good_ns, now, stopping = self.failures, self._good_ns, self.clock(), self._stopping
+        if stopping:
+            log.debug("pod lookup cut at shutdown: %s", text)
+            return
         if failures & (failures - 1):
             log.debug("listing the node's pods failed again: %s", text)  # logged on the 1st, 2nd, 4th, 8th...
             return
@@ -387,6 +398,11 @@ class PodDirectory:
             )
             try:
                 metadata = _ITEM.decode(self._get(url, OBJECT_ACCEPT, MAX_OBJECT_BYTES)).metadata
+            except _HttpStatusError as error:
+                if error.status != 404:
+                    self._warn_ray(name, error)
+                    break
+                metadata = None  # deleted while its pods terminate: they stay the RayCluster's
             except (AttributionError, msgspec.DecodeError, msgspec.ValidationError, RecursionError) as error:
                 # Its pods read as the RayCluster until it can be read; the rest of this list's are not
                 # tried (they would most likely fail alike), they are at the next lookup.
@@ -431,7 +447,9 @@ class PodDirectory:
             where = url.partition("?")[0]
             asked = "get rayclusters.ray.io" if "/rayclusters/" in where else "list pods"
             hint = f" (may the service account {asked}? see the chart's ClusterRole)" if answer.status == 403 else ""
-            raise AttributionError(f"{where}: HTTP {answer.status}{hint}: {_status_message(answer.body)}"[:400])
+            raise _HttpStatusError(
+                answer.status, f"{where}: HTTP {answer.status}{hint}: {_status_message(answer.body)}"[:400]
+            )
         return answer.body
 
     def _token(self) -> str | None:
