@@ -239,10 +239,16 @@ def test_rbac_binds_the_account_the_producer_runs_as(rendered: tuple[dict[str, A
     (role,) = of_kind(rendered, "ClusterRole")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}  # fmt: skip
-    (rule,) = role["rules"]
-    assert rule["apiGroups"] == [""]
-    assert rule["resources"] == ["pods"]
-    assert set(rule["verbs"]) == {"get", "list"}  # read only
+    pods, ray_clusters = role["rules"]
+    assert pods["apiGroups"] == [""]
+    assert pods["resources"] == ["pods"]
+    assert set(pods["verbs"]) == {"get", "list"}  # read only
+    # A RayJob's cluster is read for the RayJob that owns it, one by name: get, never list.
+    assert (ray_clusters["apiGroups"], ray_clusters["resources"], ray_clusters["verbs"]) == (
+        ["ray.io"],
+        ["rayclusters"],
+        ["get"],
+    )
 
 
 def test_secrets_and_tls_are_wired_to_what_exists(rendered: tuple[dict[str, Any], ...]) -> None:

@@ -6,7 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-from collections.abc import Iterator
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from otel_ofu import names
-from otel_ofu.attribution import build_chain
+from otel_ofu.attribution import AttributionChain, build_chain
 from otel_ofu.attribution.kubernetes import KubernetesAttributor
 from otel_ofu.attribution.kubernetes_pods import PodDirectory, pods_url
 from otel_ofu.attribution.podresources_pb2 import (
@@ -25,7 +29,7 @@ from otel_ofu.commands import run
 from otel_ofu.mfu import MfuReporter
 from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
 from otel_ofu.sources.capture import CaptureWriter
-from otel_ofu.testing.fake_kubernetes import FakeApiServer, jobset_pod, owner, pod, serve
+from otel_ofu.testing.fake_kubernetes import FakeApiServer, Fault, jobset_pod, owner, pod, serve
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu.testing.pki import Pki
 from tests.k8s_helpers import GPU0, GPU1, GPU2, MIG_A, FakeClock, FakeKubelet, S, allocation, gpu
@@ -49,13 +53,18 @@ def api(pki: Pki, service_account: Path) -> Iterator[FakeApiServer]:
         yield served
 
 
-def link(socket_path: Path, api: FakeApiServer, service_account: Path, **kwargs: Any) -> KubernetesAttributor:
-    pods = PodDirectory(
+def directory(api: FakeApiServer, service_account: Path, clock: FakeClock | None = None) -> PodDirectory:
+    return PodDirectory(
         url=pods_url(api.url, "node-a"),
         token_file=str(service_account / "token"),
         ca_file=str(service_account / "ca.crt"),
-        clock=FakeClock(),
+        clock=clock or FakeClock(),
     )
+
+
+def link(socket_path: Path, api: FakeApiServer, service_account: Path, **kwargs: Any) -> KubernetesAttributor:
+    pods = directory(api, service_account)
+    pods.poll()  # the list its refresher thread would have made
     return KubernetesAttributor(socket_path=socket_path, clock=FakeClock(), pods=pods, **kwargs)
 
 
@@ -221,3 +230,89 @@ def test_a_jobset_worker_joins_its_jobs_mfu_with_no_environment_variable(
 def test_the_pod_list_without_the_kubelet_socket_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="needs --kubelet-socket"):
         build_chain(k8s_pods_url="https://127.0.0.1:6443", k8s_node_name="node-a")
+
+
+def test_a_pod_listed_after_its_gpu_was_seen_gets_its_job_at_the_next_sample(
+    kubelet: FakeKubelet, api: FakeApiServer, socket_path: Path, service_account: Path
+) -> None:
+    clock = FakeClock()
+    kubelet.response = ListPodResourcesResponse(pod_resources=[allocation("fresh-0", "ml", "nvidia.com/gpu", [GPU0])])
+    pods = directory(api, service_account, clock)
+    pods.poll()  # the pod was scheduled after this list
+    chain = AttributionChain([KubernetesAttributor(socket_path=socket_path, clock=clock, pods=pods)], clock=clock)
+    try:
+        assert names.JOB_ID not in chain.attribute(gpu(GPU0, 0))
+        api.pods = [pod("fresh-0", "ml", labels={"batch.kubernetes.io/job-name": "fresh"})]
+        clock.now += 5 * S
+        assert pods.poll()  # the pod the list lacked asked for a new list
+        clock.now += 1 * S  # well within the chain's 30 s refresh period
+        assert chain.attribute(gpu(GPU0, 0))[names.JOB_ID] == "ml/fresh"
+    finally:
+        chain.close()
+
+
+def otel_ofu_command(*args: str) -> list[str]:
+    """``otel-ofu ARGS`` with this interpreter, so the test runs the package under test wherever it is installed."""
+    return [sys.executable, "-c", "import sys; from otel_ofu.cli import main; sys.exit(main(sys.argv[1:]))", *args]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("fault", [Fault.DRIP, Fault.SILENT])
+def test_the_producer_exports_every_interval_and_stops_at_sigterm_whatever_the_pods_server_does(
+    kubelet: FakeKubelet, socket_path: Path, fault: Fault
+) -> None:
+    # Before: a server dripping a byte every 2 s held the sampling loop in its read (a per-read timeout
+    # only, under the chain's lock): no export at all, and SIGTERM ignored for as long as it dripped.
+    kubelet.response = ListPodResourcesResponse(pod_resources=[allocation("trainer-0", "ml", "nvidia.com/gpu", ["0"])])
+    api = FakeApiServer(pods=[pod("trainer-0", "ml", labels={"volcano.sh/job-name": "sweep"})], fault=fault)
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "OFU_"))}
+    with serve(api) as served, OtlpSink.start() as sink:
+        process = subprocess.Popen(
+            otel_ofu_command(
+                "run", "--source", "sim", "--interval", "0.2", "--quiet", "--export-endpoint", sink.grpc_endpoint,
+                "--kubelet-socket", str(socket_path), "--k8s-pods-url", served.url, "--k8s-node-name", "node-a",
+                "--k8s-token-file", "",
+            ),
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            assert wait_until(lambda: served.in_flight == 1, timeout_s=20), "the producer never asked for its pods"
+            exported = len(sink.requests())
+            # Ten more intervals exported while the pods server holds the lookup.
+            assert sink.wait_for(lambda received: len(received.requests()) >= exported + 10, timeout=30)
+            assert (served.in_flight, served.answered) == (1, 0)
+            # ... each covering its own 0.2 s: no interval stretched by a sampling loop waiting on the server.
+            intervals = [
+                (point.time_unix_nano - point.start_time_unix_nano) / 1e9
+                for request in sink.requests()[1:]
+                for rm in request.resource_metrics
+                for sm in rm.scope_metrics
+                for metric in sm.metrics
+                if metric.name == names.GPU_OFU.name
+                for point in metric.gauge.data_points
+            ]
+            assert intervals
+            assert max(intervals) < 1.0
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=20)
+            took = time.monotonic() - started
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 0, stderr
+    # About a second: the last interval exported, the lookup in flight cut, never the server's pace.
+    assert took < 5.0, f"SIGTERM to exit took {took:.1f} s"
+    print(f"{fault.value}: SIGTERM to exit {took:.2f} s")

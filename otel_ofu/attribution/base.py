@@ -38,7 +38,11 @@ class AttributionError(RuntimeError):
 
 @runtime_checkable
 class Attributor(Protocol):
-    """One link of the attribution chain."""
+    """One link of the attribution chain.
+
+    A link whose evidence is refreshed apart from the chain's calls may also have an ``int`` attribute
+    ``generation`` that changes with that evidence; the chain then asks it again at once.
+    """
 
     name: str
 

@@ -13,8 +13,10 @@ records (slurm_mapping, kubernetes), and last the node-wide default that applies
 (static).
 
 Results are cached per GPU (its key and hints) and refreshed every ``refresh_s`` of the injected clock,
-not per sample: links read files, /proc and a gRPC socket. A link that raises is skipped for that GPU,
-logged at most once per ``refresh_s``, and never stops the other links or GPUs.
+not per sample: links read files, /proc and a gRPC socket. A link whose evidence is refreshed apart (the
+kubernetes link's pod list, on a thread of its own) says so with a ``generation`` that changes with it;
+a GPU is asked about again as soon as any link's generation moves. A link that raises is skipped for
+that GPU, logged at most once per ``refresh_s``, and never stops the other links or GPUs.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def _as_links(links: Iterable[Attributor]) -> tuple[Attributor, ...]:
 @attrs.frozen
 class _Entry:
     hints: tuple[tuple[str, str], ...]
+    generations: tuple[int, ...]
     attributes: Mapping[str, str]
     computed_ns: int
 
@@ -102,13 +105,19 @@ class AttributionChain:
         """The merged attributes of ``gpu`` (read-only), from the cache while it is fresh."""
         now = self.clock()
         gpu_hints = tuple(sorted(gpu.hints.items()))
+        generations = tuple(getattr(link, "generation", 0) for link in self.links)
         with self._lock:
             entry = self._cache.get(gpu.key)
-            # New hints (a pod came or went in dcgm-exporter's labels) are news: no waiting for the period.
-            if entry is not None and entry.hints == gpu_hints and 0 <= now - entry.computed_ns < self._period_ns:
+            # New hints (a pod came or went in dcgm-exporter's labels) or a link's new evidence (a new pod
+            # list) are news: no waiting for the period.
+            if (
+                entry is not None
+                and (entry.hints, entry.generations) == (gpu_hints, generations)
+                and 0 <= now - entry.computed_ns < self._period_ns
+            ):
                 return entry.attributes
             attributes = self._consult(gpu, now)
-            self._cache[gpu.key] = _Entry(gpu_hints, attributes, now)
+            self._cache[gpu.key] = _Entry(gpu_hints, generations, attributes, now)
             self._evict_stale(now)
             return attributes
 
@@ -186,7 +195,8 @@ def build_chain(
     A link without its configuration is left out: process_env without ``pids_for``, slurm_mapping without
     a directory, kubernetes without a socket, static without any value. hints is always there.
     ``k8s_pods_url`` (an API server base URL or a kubelet ``.../pods`` URL) adds the pods' UIDs and jobs
-    to the kubernetes link; the pod list is reused for ``refresh_s``.
+    to the kubernetes link; the pod list is refreshed every ``refresh_s`` on a thread of its own, started
+    here (the first list may take up to ``kubernetes_pods.STARTUP_WAIT_S``), stopped by ``close``.
     """
     unknown = [name for name in order if name not in LINK_NAMES]
     if unknown:
@@ -203,6 +213,7 @@ def build_chain(
             url=kubernetes_pods.pods_url(k8s_pods_url, k8s_node_name),
             token_file=k8s_token_file,
             ca_file=k8s_ca_file,
+            job_label=k8s_job_label,
             refresh_s=refresh_s,
             clock=clock,
         )
@@ -223,11 +234,12 @@ def build_chain(
         kubernetes.LINK_NAME: lambda: (
             None
             if kubelet_socket is None
-            else kubernetes.KubernetesAttributor(
-                socket_path=str(kubelet_socket), clock=clock, pods=pods, job_label=k8s_job_label
-            )
+            else kubernetes.KubernetesAttributor(socket_path=str(kubelet_socket), clock=clock, pods=pods)
         ),
         static.LINK_NAME: make_static,
     }
     links = [link for name in order if (link := factories[name]()) is not None]
-    return AttributionChain(links, refresh_s=refresh_s, clock=clock)
+    chain = AttributionChain(links, refresh_s=refresh_s, clock=clock)
+    if pods is not None and kubernetes.LINK_NAME in order:  # else no link owns it: never started
+        pods.start()
+    return chain

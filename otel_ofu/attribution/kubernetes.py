@@ -45,7 +45,7 @@ import grpc
 from otel_ofu import names
 from otel_ofu.attribution import podresources_pb2, podresources_pb2_grpc
 from otel_ofu.attribution.base import AttributionError
-from otel_ofu.attribution.kubernetes_pods import PodDirectory, PodMeta, shared_workload
+from otel_ofu.attribution.kubernetes_pods import PodDirectory, PodEntry, shared_workload
 from otel_ofu.model import Clock, GpuIdentity
 
 log = logging.getLogger(__name__)
@@ -152,9 +152,9 @@ class KubernetesAttributor:
     timeout_s: float = 2.0
     reuse_s: float = 1.0
     clock: Clock = time.monotonic_ns
-    # The node's pods (API server or kubelet) for the pod UID and job; None: pod attributes only.
+    # The node's pods (API server or kubelet) for the pod UID and job; None: pod attributes only. The
+    # link owns it: closing the link stops its refresher.
     pods: PodDirectory | None = None
-    job_label: str | None = None  # --k8s-job-label: a label naming the job, before the standard ones
     name: str = attrs.field(default=LINK_NAME, init=False)
     _channel: grpc.Channel | None = attrs.field(default=None, init=False, repr=False)
     _owners: DeviceOwners | None = attrs.field(default=None, init=False, repr=False)
@@ -169,15 +169,15 @@ class KubernetesAttributor:
         if self.pods is None:
             return attributes
         try:
-            metas = [self.pods.get(owner.namespace, owner.pod) for owner in owners]
+            entries = [self.pods.get(owner.namespace, owner.pod) for owner in owners]
         except AttributionError as error:
             # Logged by the directory when the list fails; the pod attributes still hold.
             log.debug("GPU %s: no pod metadata (%s), job unknown", gpu.key, error)
             return attributes
-        first: PodMeta | None = metas[0]
+        first: PodEntry | None = entries[0]
         if first is not None and first.uid:
             attributes[names.K8S_POD_UID] = first.uid
-        workload = shared_workload(metas, self.job_label)
+        workload = shared_workload(entries)
         if workload is not None:
             attributes.update(workload.attributes())
         return attributes
@@ -196,7 +196,14 @@ class KubernetesAttributor:
             first_line = details.splitlines()[0] if details else ""
             raise AttributionError(f"kubelet PodResources List at {self.socket_path}: {status}: {first_line}") from None
 
+    @property
+    def generation(self) -> int:
+        """Changes when the pod list does: the chain then asks again without waiting its refresh period."""
+        return 0 if self.pods is None else self.pods.generation
+
     def close(self) -> None:
+        if self.pods is not None:
+            self.pods.close()
         if self._channel is not None:
             self._channel.close()
             self._channel = None
