@@ -378,8 +378,14 @@ def test_prometheus_endpoint_is_scraped_and_parsed() -> None:
     assert ofu.value == pytest.approx(0.1 * 1.5 / 1.83)  # H100: tensor clock domain 1830 MHz
     (clock_sample,) = families["gpu_clock_sm_hertz"].samples
     assert clock_sample.value == pytest.approx(1.5e9)
-    errors = families["otel_ofu_source_errors"].samples
-    assert [(s.name, s.labels["reason"], s.value) for s in errors] == [("otel_ofu_source_errors_total", "gpu_lost", 1)]
+
+    # Every reason is there from the first scrape, at 0 until it counts, so rate() sees a first burst: the one
+    # lost GPU of this interval is 1 gpu_lost, every other reason 0; no export has failed for any reason.
+    def by_reason(family: str) -> dict[str, float]:
+        return {s.labels["reason"]: s.value for s in families[family].samples if s.name == f"{family}_total"}
+
+    assert by_reason("otel_ofu_source_errors") == {**dict.fromkeys(names.ErrorReason.ALL, 0.0), "gpu_lost": 1.0}
+    assert by_reason("otel_ofu_export_failures") == dict.fromkeys(names.ExportFailureReason.ALL, 0.0)
 
 
 def export_failures(producer: Producer) -> dict[str, int]:
