@@ -61,8 +61,7 @@ class LatestSnapshotCollector(Collector):
                 family.add_metric(values, value)
         yield from families.values()
         yield from _loss_families(latest, labels)
-        if self_metrics is not None:
-            yield from _self_families(self_metrics)
+        yield from _self_families(self_metrics)
 
 
 def _loss_families(latest: ComputedSnapshot, labels: list[str]) -> Iterator[Metric]:
@@ -94,8 +93,9 @@ def _label_values(attributes: Mapping[str, AttributeValue], labels: list[str]) -
     return [by_label.get(label, "") for label in labels]  # an empty label is an absent one in Prometheus
 
 
-def _self_families(self_metrics: SelfMetrics) -> Iterator[Metric]:
-    errors, failures = self_metrics.totals()
+def _self_families(self_metrics: SelfMetrics | None) -> Iterator[Metric]:
+    """The producer's counters; before its first interval (``self_metrics`` None) every reason at 0."""
+    errors, failures = self_metrics.totals() if self_metrics is not None else ({}, {})
     for spec, reasons, counts in (
         (names.SOURCE_ERRORS, names.ErrorReason.ALL, errors),
         (names.EXPORT_FAILURES, names.ExportFailureReason.ALL, failures),
@@ -106,7 +106,7 @@ def _self_families(self_metrics: SelfMetrics) -> Iterator[Metric]:
         for reason, count in {**dict.fromkeys(reasons, 0), **counts}.items():
             family.add_metric([reason], count)
         yield family
-    duration = self_metrics.last_export_duration_s
+    duration = self_metrics.last_export_duration_s if self_metrics is not None else None
     if duration is not None:
         spec = names.EXPORT_DURATION
         yield GaugeMetricFamily(PROMETHEUS_NAMES[spec.name], spec.description, value=duration)
