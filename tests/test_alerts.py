@@ -146,8 +146,8 @@ def test_the_series_as_prometheus_records_the_endpoint_from_hand_worked_cases() 
     # With 1 the endpoint shows the latest window only: stale at the first window without it.
     assert generate.shown_by_the_endpoint(windows, 1) == [1.0, 1.0, stale, 2.0, stale, None, None]
     # promtool's notation: "a xN" is N + 1 samples, "_xN" is N gaps, "stale" one marker.
-    assert generate._values([1.0, 1.0, 1.0, 2.0, 2.0, stale, None]) == "1x2 2x1 stale _"
-    assert generate._values([0.0, None, None, stale, stale, 3.5]) == "0 _x2 stale stale 3.5"
+    assert generate.promtool_values([1.0, 1.0, 1.0, 2.0, 2.0, stale, None]) == "1x2 2x1 stale _"
+    assert generate.promtool_values([0.0, None, None, stale, stale, 3.5]) == "0 _x2 stale stale 3.5"
 
 
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:

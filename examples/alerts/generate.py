@@ -10,7 +10,9 @@ regenerated:
 
 ``prometheus-rules.test.yaml`` holds promtool unit tests of the rules over synthetic series: each alert
 once where it must fire and once where it must not (a flag at 0, a flag that is absent, a condition
-that did not last long enough).
+that did not last long enough), some with series that go stale as Prometheus records the collector's
+endpoint (``shown_by_the_endpoint``): producers that stop, a throttle reason that alternates, one-off
+bursts of rejected points.
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ STALE = "stale"  # a staleness marker: what Prometheus records at the first scra
 Minute = float | str | None  # a sample, STALE, or None: no sample
 
 
-def _values(minutes: Sequence[Minute]) -> str:
+def promtool_values(minutes: Sequence[Minute]) -> str:
     """promtool's expanding notation of one sample a minute: ``a xN`` is N + 1 samples of a, ``_xN`` N gaps."""
     runs: list[str] = []
     index = 0
@@ -364,18 +366,18 @@ def prometheus_rule_tests() -> JSON:
         _series(
             _prom(names.GPU_STRAGGLER),
             {**alternating, reason: name},
-            _values(shown_by_the_endpoint([1.0 if now == name else None for now in dominant])),
+            promtool_values(shown_by_the_endpoint([1.0 if now == name else None for now in dominant])),
         )
         for name in ("power", "thermal")
     ]
     # GPU-12 cleared after 6 windows: its one 0 is shown 2 windows, then the series goes stale.
-    cleared_values = _values(shown_by_the_endpoint([1.0] * 5 + [0.0] + [None] * (minutes - 6)))
+    cleared_values = promtool_values(shown_by_the_endpoint([1.0] * 5 + [0.0] + [None] * (minutes - 6)))
 
     idle_collector = {**scrape, "instance": "idle:9464"}
 
     def producers_stop(value: float) -> str:
         """A series in every window up to minute 30 and in none of the 29 after, as Prometheus records it."""
-        return _values(shown_by_the_endpoint([value] * 31 + [None] * 29))
+        return promtool_values(shown_by_the_endpoint([value] * 31 + [None] * 29))
 
     def rejected_series(labels: Mapping[str, str], given: Mapping[str, str], others: str) -> list[JSON]:
         """The collector's rejected-points counter of every reason (each starts at 0): ``given`` by reason,
