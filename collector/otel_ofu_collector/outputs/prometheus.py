@@ -20,6 +20,7 @@ at 0, so ``rate()`` sees the first burst (a series born at its first value has n
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from http.server import ThreadingHTTPServer
@@ -35,11 +36,13 @@ from otel_ofu.prometheus_names import label_name, metric_name
 from otel_ofu_collector.results import OUTPUT_METRICS, WindowReport, gauge_points
 
 
+@functools.cache  # a handful of keys, looked up for every attribute of every point of every window
 def output_label(key: str) -> str:
     """The Prometheus label of an output attribute (``label_name``, but quantile -> ofu_quantile)."""
     return names.PROMETHEUS_QUANTILE_LABEL if key == names.QUANTILE else label_name(key)
 
 
+@functools.cache  # the contract's few dozen names
 def prometheus_name(name: str) -> str:
     """The exposed name of an output or self-metric: by name alone, no unit suffix (what the dashboards query)."""
     return metric_name(name)
@@ -60,12 +63,6 @@ class _Series:
     labels: tuple[tuple[str, str], ...]
     value: float
     order: int  # the metric's place in the contract: families are shown in that order
-
-
-@attrs.frozen
-class _Shown:
-    series: _Series
-    window_end_ns: int  # the end of the newest window the series was in
 
 
 def _window_series(report: WindowReport) -> Iterator[_Series]:
@@ -91,7 +88,8 @@ class OutputsCollector(Collector):
 
     self_metrics: Callable[[], Mapping[str, Any]] | None = None
     expiration_windows: int = attrs.field(default=DEFAULT_EXPIRATION_WINDOWS, validator=_positive)
-    _shown: dict[tuple[str, tuple[tuple[str, str], ...]], _Shown] = attrs.field(factory=dict, init=False)
+    # (name, labels) -> (the series, the end of the newest window it was in)
+    _shown: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[_Series, int]] = attrs.field(factory=dict, init=False)
     _newest_end_ns: int | None = attrs.field(default=None, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
 
@@ -103,21 +101,24 @@ class OutputsCollector(Collector):
             shown = self._shown
             for report, series in fresh:
                 end = report.end_ns
+                refreshed = 0  # series first seen in this window now
                 for item in series:
                     key = (item.name, item.labels)
                     known = shown.get(key)
-                    if known is None or known.window_end_ns <= end:
-                        shown[key] = _Shown(item, end)
+                    if known is None or known[1] <= end:
+                        refreshed += known is None or known[1] < end
+                        shown[key] = (item, end)
                 if self._newest_end_ns is None or end > self._newest_end_ns:
                     self._newest_end_ns = end
-                    # Seen in window end - k x width for k < expiration_windows: kept; one window older: gone.
-                    oldest_kept = end - (self.expiration_windows - 1) * (end - report.start_ns)
-                    shown = {key: item for key, item in shown.items() if item.window_end_ns >= oldest_kept}
-                    self._shown = shown
+                    if len(shown) > refreshed:  # else every series is in this window: none to expire
+                        # Seen in window end - k x width for k < expiration_windows: kept; one window older: gone.
+                        oldest_kept = end - (self.expiration_windows - 1) * (end - report.start_ns)
+                        shown = {key: item for key, item in shown.items() if item[1] >= oldest_kept}
+                        self._shown = shown
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         with self._lock:
-            series = [item.series for item in self._shown.values()]
+            series = [item for item, _end in self._shown.values()]
         families: dict[str, GaugeMetricFamily] = {}
         order: dict[str, int] = {}
         for item in series:
