@@ -93,6 +93,63 @@ def test_promtool_unit_tests_catch_a_rule_that_fires_on_zero(promtool: str, tmp_
     assert result.returncode != 0
 
 
+def _got(output: str, alert: str, eval_time: str) -> str:
+    """The alerts promtool got in a failed case (its ``got:[...]`` list), from its report."""
+    found = re.search(rf"alertname: {alert}, time: {eval_time}, .*?got:(\[.*?\])\n\n", output + "\n\n", re.S)
+    assert found is not None, output
+    return found.group(1).strip()
+
+
+def _with_rule(alert: str, expr: str, duration: str | None) -> Any:
+    rules = generate.prometheus_rules()
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if rule["alert"] == alert:
+                rule["expr"] = expr
+                rule.pop("for", None)
+                if duration is not None:
+                    rule["for"] = duration
+    return rules
+
+
+def test_promtool_unit_tests_catch_a_straggler_rule_keyed_by_its_throttle_reason(promtool: str, tmp_path: Path) -> None:
+    # The rule as it was: a straggler whose dominant reason alternates power/thermal is two series, neither of
+    # which lasts 15 minutes, so it never fired.
+    rules = _with_rule("OfuStragglerGpu", f"{metric_name(names.GPU_STRAGGLER.name)} == 1", "15m")
+    _write_pair(tmp_path, rules, generate.prometheus_rule_tests())
+    result = _promtool(promtool, "test", "rules", "prometheus-rules.test.yaml", cwd=tmp_path)
+    assert result.returncode != 0
+    got = _got(result.stdout + result.stderr, "OfuStragglerGpu", "20m")
+    assert 'hw_id="GPU-3"' in got  # the steady straggler still alerts
+    assert 'hw_id="GPU-17"' not in got  # the alternating one does not
+
+
+def test_promtool_unit_tests_catch_a_rejection_rule_that_misses_a_one_off_burst(promtool: str, tmp_path: Path) -> None:
+    # The rule as it was: a 10-minute rate that had to hold for 15 minutes, which a one-off burst never does.
+    counter = "otel_ofu_collector_points_{}_total"
+    rejected = f"sum by (job, instance) (rate({counter.format('rejected')}[10m]))"
+    accepted = f"sum by (job, instance) (rate({counter.format('accepted')}[10m]))"
+    rules = _with_rule("OfuCollectorRejectingPoints", f"{rejected} / ({accepted} + {rejected}) > 0.01", "15m")
+    _write_pair(tmp_path, rules, generate.prometheus_rule_tests())
+    result = _promtool(promtool, "test", "rules", "prometheus-rules.test.yaml", cwd=tmp_path)
+    assert result.returncode != 0
+    assert _got(result.stdout + result.stderr, "OfuCollectorRejectingPoints", "20m") == "[]"  # no alert at all
+
+
+def test_the_series_as_prometheus_records_the_endpoint_from_hand_worked_cases() -> None:
+    stale = generate.STALE
+    # Windows 0-1 hold 1, window 2 none, window 3 holds 2, window 4 none, windows 5-6 none. With 2 expiration
+    # windows the endpoint shows 1 at minutes 0-2 (held at 2), 2 at 3-4 (held at 4); minute 5 is the first scrape
+    # without it: stale; then no sample.
+    windows: list[float | None] = [1.0, 1.0, None, 2.0, None, None, None]
+    assert generate.shown_by_the_endpoint(windows) == [1.0, 1.0, 1.0, 2.0, 2.0, stale, None]
+    # With 1 the endpoint shows the latest window only: stale at the first window without it.
+    assert generate.shown_by_the_endpoint(windows, 1) == [1.0, 1.0, stale, 2.0, stale, None, None]
+    # promtool's notation: "a xN" is N + 1 samples, "_xN" is N gaps, "stale" one marker.
+    assert generate.promtool_values([1.0, 1.0, 1.0, 2.0, 2.0, stale, None]) == "1x2 2x1 stale _"
+    assert generate.promtool_values([0.0, None, None, stale, stale, 3.5]) == "0 _x2 stale stale 3.5"
+
+
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
     tests = yaml.safe_load((ALERTS / "prometheus-rules.test.yaml").read_text())
     fired: set[str] = set()
@@ -123,7 +180,7 @@ def test_rules_query_only_series_the_collector_exposes() -> None:
     outputs = {metric_name(spec.name) for spec in OUTPUT_SPECS}  # outputs by name alone, no unit suffix
     exposed = outputs | _self_metric_exposition() | {"up"}
     labels = {label_name(key) for key in ATTRIBUTE_KEYS} | {"job", "instance", "reason"}
-    functions = {"sum", "by", "on", "rate", "increase", "unless"}
+    functions = {"sum", "max", "by", "without", "on", "rate", "increase", "unless"}
     for group in rules["groups"]:
         for rule in group["rules"]:
             expr = re.sub(r'"[^"]*"|\[\w+\]', "", rule["expr"])

@@ -360,9 +360,12 @@ def test_prometheus_endpoint_is_scraped_and_parsed() -> None:
         clock=clock,
         observers=[endpoint.update],
     )
+    url = f"http://127.0.0.1:{endpoint.port}/metrics"
     try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            before = {family.name: family for family in text_string_to_metric_families(response.read().decode())}
         producer.run_once()
-        with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
     finally:
         producer.close()
@@ -378,8 +381,17 @@ def test_prometheus_endpoint_is_scraped_and_parsed() -> None:
     assert ofu.value == pytest.approx(0.1 * 1.5 / 1.83)  # H100: tensor clock domain 1830 MHz
     (clock_sample,) = families["gpu_clock_sm_hertz"].samples
     assert clock_sample.value == pytest.approx(1.5e9)
-    errors = families["otel_ofu_source_errors"].samples
-    assert [(s.name, s.labels["reason"], s.value) for s in errors] == [("otel_ofu_source_errors_total", "gpu_lost", 1)]
+
+    # Every reason is there from the first scrape, before the first interval, at 0 until it counts, so rate()
+    # sees a first burst: the one lost GPU of the interval is 1 gpu_lost, every other reason 0; no export failed.
+    def by_reason(scraped: dict[str, Any], family: str) -> dict[str, float]:
+        return {s.labels["reason"]: s.value for s in scraped[family].samples if s.name == f"{family}_total"}
+
+    errors, failures = "otel_ofu_source_errors", "otel_ofu_export_failures"
+    assert by_reason(before, errors) == dict.fromkeys(names.ErrorReason.ALL, 0.0)
+    assert by_reason(before, failures) == dict.fromkeys(names.ExportFailureReason.ALL, 0.0)
+    assert by_reason(families, errors) == {**dict.fromkeys(names.ErrorReason.ALL, 0.0), "gpu_lost": 1.0}
+    assert by_reason(families, failures) == dict.fromkeys(names.ExportFailureReason.ALL, 0.0)
 
 
 def export_failures(producer: Producer) -> dict[str, int]:

@@ -30,7 +30,13 @@ from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.prefixes import COLLECTOR_PREFIX
 from otel_ofu_collector.receivers.auth import TlsFiles, bearer_auth
 from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S
-from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, MODES, CollectorOptions, CollectorService
+from otel_ofu_collector.service import (
+    DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS,
+    DEFAULT_SHUTDOWN_GRACE_S,
+    MODES,
+    CollectorOptions,
+    CollectorService,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +85,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--prometheus-host",
         default="127.0.0.1",
         help="address of the Prometheus endpoint (loopback by default: it has no TLS or token; 0.0.0.0 exposes it)",
+    )
+    options.option(
+        "--prometheus-expiration-windows",
+        default=DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS,
+        type=positive_int,
+        metavar="N",
+        help="windows a series stays on the Prometheus endpoint without a new value (1: the latest window only)",
     )
     options.option("--window", default=60.0, type=positive_float, help="window length in seconds")
     options.option("--lateness", default=15.0, type=non_negative_float, help="allowed lateness of points in seconds")
@@ -290,6 +303,7 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         export_protocol=args.export_protocol or None,
         prometheus_port=args.prometheus_port,
         prometheus_host=args.prometheus_host,
+        prometheus_expiration_windows=int(args.prometheus_expiration_windows),
         pass_through=bool(args.pass_through),
         forward_inputs=bool(args.forward_inputs),
         spool_path=args.spool or None,

@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 
 MODES = ("process", "shard", "merge")
 DEFAULT_SHUTDOWN_GRACE_S = 10.0  # the command's --shutdown-grace default too
+# --prometheus-expiration-windows: a series leaves /metrics after this many windows without it (the endpoint's
+# own default, outputs.prometheus.DEFAULT_EXPIRATION_WINDOWS, is not imported: that module loads only when on).
+DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS = 2
 REJECTION_LOG_INTERVAL_S = 60.0  # at most one summary line of rejected points this often
 
 
@@ -79,6 +82,7 @@ class CollectorOptions:
     # Loopback by default: the endpoint shows job names and values with neither TLS nor a token, whatever
     # the receivers require. Exposing it is a choice (--prometheus-host 0.0.0.0), as for the producer.
     prometheus_host: str = "127.0.0.1"
+    prometheus_expiration_windows: int = DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS
     pass_through: bool = True
     forward_inputs: bool = False
     spool_path: str | None = None
@@ -318,7 +322,9 @@ class CollectorService:
         if options.prometheus_port is not None:
             from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
 
-            self._prometheus = PrometheusEndpoint(self.self_metrics)
+            self._prometheus = PrometheusEndpoint(
+                self.self_metrics, expiration_windows=options.prometheus_expiration_windows
+            )
             port = self._prometheus.start(options.prometheus_host, options.prometheus_port)
             parts.append(f"prometheus {options.prometheus_host}:{port}")
         return parts

@@ -10,14 +10,16 @@ regenerated:
 
 ``prometheus-rules.test.yaml`` holds promtool unit tests of the rules over synthetic series: each alert
 once where it must fire and once where it must not (a flag at 0, a flag that is absent, a condition
-that did not last long enough).
+that did not last long enough), some with series that go stale as Prometheus records the collector's
+endpoint (``shown_by_the_endpoint``): producers that stop, a throttle reason that alternates, one-off
+bursts of rejected points.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,23 @@ def _lbl(key: str) -> str:
 
 
 JOB = _lbl(names.JOB_ID)
+STRAGGLER_GPU = (names.HOST_NAME, names.HW_ID, names.JOB_ID)  # what names a straggler GPU in a query
+
+
+def _throttle_now() -> str:
+    """The straggler's throttle reasons of the moment, as a query in the alert's template: the reason is not a
+    label of the alert (a GPU whose dominant reason alternates power/thermal is one straggler all along)."""
+    reason = label_name(names.GPU_THROTTLE_REASON)
+    matchers = ",".join(f"{label_name(key)}=%q" for key in STRAGGLER_GPU)
+    selector = f'{metric_name(names.GPU_STRAGGLER.name)}{{{matchers},{reason}!=\\"\\"}}'
+    arguments = " ".join(f"$labels.{label_name(key)}" for key in STRAGGLER_GPU)
+    return (
+        f'{{{{ range query (printf "max by ({reason}) ({selector} == 1)" {arguments}) }}}}'
+        f" Its clock is held down: {{{{ .Labels.{reason} }}}}.{{{{ end }}}}"
+    )
+
+
+_THROTTLE_NOW = _throttle_now()
 ALERTS: tuple[Alert, ...] = (
     Alert(
         "OfuFlopsMiscount",
@@ -80,8 +99,7 @@ ALERTS: tuple[Alert, ...] = (
         "GPU straggles behind its job",
         f"GPU {_lbl(names.HW_ID)} on {_lbl(names.HOST_NAME)} straggles in job {JOB}",
         "The GPU's OFU stays below its job's median by more than the collector's --straggler-factor; in a "
-        "synchronous job every other GPU waits for it."
-        "{{ with $labels." + label_name(names.GPU_THROTTLE_REASON) + " }} Its clock is held down: {{ . }}.{{ end }}",
+        "synchronous job every other GPU waits for it." + _THROTTLE_NOW,
     ),
     Alert(
         "OfuIdleGpus",
@@ -164,8 +182,10 @@ def _prometheus_exprs() -> dict[str, tuple[str, str | None]]:
     """Alert name -> (PromQL, for)."""
     job = label_name(names.JOB_ID)
     per_collector = "job, instance"
-    rejected = f"sum by ({per_collector}) (rate({_prom_counter(names.COLLECTOR_POINTS_REJECTED)}[10m]))"
-    accepted = f"sum by ({per_collector}) (rate({_prom_counter(names.COLLECTOR_POINTS_ACCEPTED)}[10m]))"
+    # Over the last 15 minutes, with no `for`: every reason's counter starts at 0, so a one-off burst of rejected
+    # points shows in rate() and fires at once, for as long as it is in the range (a lasting share keeps it up).
+    rejected = f"sum by ({per_collector}) (rate({_prom_counter(names.COLLECTOR_POINTS_REJECTED)}[15m]))"
+    accepted = f"sum by ({per_collector}) (rate({_prom_counter(names.COLLECTOR_POINTS_ACCEPTED)}[15m]))"
     # Cost lost per second = cost lost / GPU-seconds x GPUs: needs no window length.
     cost_per_hour = (
         f"sum by ({job}) ({_prom(names.JOB_COST_LOST)}) / sum by ({job}) ({_prom(names.JOB_GPU_TIME)})"
@@ -176,7 +196,11 @@ def _prometheus_exprs() -> dict[str, tuple[str, str | None]]:
         # Flags are 1 or 0, absent when they cannot be assessed: == 1 fires on neither 0 nor absence.
         "OfuFlopsMiscount": (f"{_prom(names.JOB_FLOPS_MISCOUNT)} == 1", "15m"),
         "OfuRegression": (f"{_prom(names.JOB_OFU_REGRESSION)} == 1", "10m"),
-        "OfuStragglerGpu": (f"{_prom(names.GPU_STRAGGLER)} == 1", "15m"),
+        # Without the throttle reason: a straggler whose dominant reason alternates is one series that holds `for`.
+        "OfuStragglerGpu": (
+            f"max without ({label_name(names.GPU_THROTTLE_REASON)}) ({_prom(names.GPU_STRAGGLER)}) == 1",
+            "15m",
+        ),
         "OfuIdleGpus": (f"{_prom(names.JOB_GPUS_IDLE)} > 0", "30m"),
         "OfuFleetLow": (
             f'{_prom(names.FLEET_OFU_QUANTILE)}{{{names.PROMETHEUS_QUANTILE_LABEL}="0.5"}} < {FLEET_OFU_MEDIAN_LOW}',
@@ -188,7 +212,7 @@ def _prometheus_exprs() -> dict[str, tuple[str, str | None]]:
             f"{up} == 1 unless on ({per_collector}) {_prom(names.FLEET_GPUS)}",
             "15m",
         ),
-        "OfuCollectorRejectingPoints": (f"{rejected} / ({accepted} + {rejected}) > {REJECTED_SHARE:g}", "15m"),
+        "OfuCollectorRejectingPoints": (f"{rejected} / ({accepted} + {rejected}) > {REJECTED_SHARE:g}", None),
         "OfuCollectorDroppingData": (
             f"sum by ({per_collector}, reason) (increase({_prom_counter(names.COLLECTOR_DROPPED)}[10m])) > 0",
             None,
@@ -230,6 +254,49 @@ def prometheus_rules() -> JSON:
 def _series(name: str, labels: Mapping[str, str], values: str) -> JSON:
     rendered = ",".join(f'{key}="{value}"' for key, value in labels.items())
     return {"series": f"{name}{{{rendered}}}", "values": values}
+
+
+STALE = "stale"  # a staleness marker: what Prometheus records at the first scrape without a series it had
+Minute = float | str | None  # a sample, STALE, or None: no sample
+
+
+def promtool_values(minutes: Sequence[Minute]) -> str:
+    """promtool's expanding notation of one sample a minute: ``a xN`` is N + 1 samples of a, ``_xN`` N gaps."""
+    runs: list[str] = []
+    index = 0
+    while index < len(minutes):
+        value = minutes[index]
+        end = index
+        while end + 1 < len(minutes) and minutes[end + 1] == value and value != STALE:
+            end += 1
+        count = end - index + 1
+        if value is None:
+            runs.append("_" if count == 1 else f"_x{count}")
+        elif value == STALE:
+            runs.append(STALE)
+        else:
+            runs.append(f"{value:g}" if count == 1 else f"{value:g}x{count - 1}")
+        index = end + 1
+    return " ".join(runs)
+
+
+def shown_by_the_endpoint(windows: Sequence[float | None], expiration_windows: int = 2) -> list[Minute]:
+    """What Prometheus scraping every minute records of one series whose value in each 1-minute window is given
+    (None: not in that window): the collector's endpoint shows the series while it was in one of the last
+    ``expiration_windows`` windows, at its latest value, and Prometheus marks it stale at the first scrape
+    without it."""
+    recorded: list[Minute] = []
+    latest: float | None = None
+    for minute, value in enumerate(windows):
+        latest = value if value is not None else latest
+        recent = windows[max(0, minute - expiration_windows + 1) : minute + 1]
+        if any(seen is not None for seen in recent):
+            recorded.append(latest)
+        elif recorded and recorded[-1] is not None and recorded[-1] != STALE:
+            recorded.append(STALE)
+        else:
+            recorded.append(None)
+    return recorded
 
 
 def _case(alert: str, eval_time: str, *expected: tuple[Mapping[str, str], Mapping[str, str]]) -> JSON:
@@ -287,9 +354,38 @@ def prometheus_rule_tests() -> JSON:
         }
 
     straggler = {host: "node-3", hw_id: "GPU-3", job: "dense-1", model: h100}
-    throttled = {host: "node-4", hw_id: "GPU-9", job: "dense-1", model: h100, reason: "thermal"}
+    throttled = {host: "node-4", hw_id: "GPU-9", job: "dense-1", model: h100}
+    alternating = {host: "node-6", hw_id: "GPU-17", job: "dense-1", model: h100}
     cleared = {host: "node-5", hw_id: "GPU-12", job: "dense-1", model: h100}
     straggler_text = BY_NAME["OfuStragglerGpu"].description.split("{{")[0]
+    # GPU-17's dominant throttle reason alternates every 3 windows: power in windows 0-2, thermal in 3-5, ...
+    # Each reason's series is on the endpoint 3 windows and held 1 more, then stale: never 15 minutes in a row.
+    minutes = 31
+    dominant = ["power" if (minute // 3) % 2 == 0 else "thermal" for minute in range(minutes)]
+    alternating_series = [
+        _series(
+            _prom(names.GPU_STRAGGLER),
+            {**alternating, reason: name},
+            promtool_values(shown_by_the_endpoint([1.0 if now == name else None for now in dominant])),
+        )
+        for name in ("power", "thermal")
+    ]
+    # GPU-12 cleared after 6 windows: its one 0 is shown 2 windows, then the series goes stale.
+    cleared_values = promtool_values(shown_by_the_endpoint([1.0] * 5 + [0.0] + [None] * (minutes - 6)))
+
+    idle_collector = {**scrape, "instance": "idle:9464"}
+
+    def producers_stop(value: float) -> str:
+        """A series in every window up to minute 30 and in none of the 29 after, as Prometheus records it."""
+        return promtool_values(shown_by_the_endpoint([value] * 31 + [None] * 29))
+
+    def rejected_series(labels: Mapping[str, str], given: Mapping[str, str], others: str) -> list[JSON]:
+        """The collector's rejected-points counter of every reason (each starts at 0): ``given`` by reason,
+        the others ``others``."""
+        counter = _prom_counter(names.COLLECTOR_POINTS_REJECTED)
+        return [
+            _series(counter, {**labels, "reason": code}, given.get(code, others)) for code in names.RejectReason.ALL
+        ]
 
     def straggler_summary(labels: Mapping[str, str]) -> str:
         return f"GPU {labels[hw_id]} on {labels[host]} straggles in job {labels[job]}"
@@ -321,14 +417,15 @@ def prometheus_rule_tests() -> JSON:
                 "interval": "1m",
                 "input_series": [
                     _series(_prom(names.GPU_STRAGGLER), straggler, "1x30"),
-                    _series(_prom(names.GPU_STRAGGLER), throttled, "1x30"),
-                    _series(_prom(names.GPU_STRAGGLER), cleared, "1x5 0x25"),  # one 0 when cleared, then kept
+                    _series(_prom(names.GPU_STRAGGLER), {**throttled, reason: "thermal"}, "1x30"),
+                    *alternating_series,
+                    _series(_prom(names.GPU_STRAGGLER), cleared, cleared_values),
                 ],
                 "alert_rule_test": [
                     _case("OfuStragglerGpu", "10m"),
                     _case(
                         "OfuStragglerGpu",
-                        "20m",
+                        "20m",  # window 20 is in GPU-17's power phase (windows 18-20; thermal went stale at 19)
                         (straggler, _annotations("OfuStragglerGpu", straggler_summary(straggler), straggler_text)),
                         (
                             throttled,
@@ -336,6 +433,14 @@ def prometheus_rule_tests() -> JSON:
                                 "OfuStragglerGpu",
                                 straggler_summary(throttled),
                                 f"{straggler_text} Its clock is held down: thermal.",
+                            ),
+                        ),
+                        (
+                            alternating,
+                            _annotations(
+                                "OfuStragglerGpu",
+                                straggler_summary(alternating),
+                                f"{straggler_text} Its clock is held down: power.",
                             ),
                         ),
                     ),
@@ -457,22 +562,59 @@ def prometheus_rule_tests() -> JSON:
             {
                 "interval": "1m",
                 "input_series": [
-                    # collector-0: 1000 accepted and 50 rejected a minute (4.8%); collector-1: 1 in 1001
-                    _series(_prom_counter(names.COLLECTOR_POINTS_ACCEPTED), scrape, "0+1000x40"),
-                    _series(
-                        _prom_counter(names.COLLECTOR_POINTS_REJECTED), {**scrape, "reason": "non_finite"}, "0+50x40"
-                    ),
-                    _series(_prom_counter(names.COLLECTOR_POINTS_ACCEPTED), scrape_b, "0+1000x40"),
-                    _series(
-                        _prom_counter(names.COLLECTOR_POINTS_REJECTED), {**scrape_b, "reason": "no_identity"}, "0+1x40"
-                    ),
-                    # a collector that rejected nothing exposes no rejected series: no alert
-                    _series(
-                        _prom_counter(names.COLLECTOR_POINTS_ACCEPTED), {**scrape, "instance": "idle:9464"}, "0x40"
-                    ),
+                    # The producers stop: the last window with GPUs ends at minute 30, every window after it is
+                    # empty; the endpoint shows its series one window more, and Prometheus marks them stale.
+                    _series("up", scrape, "1x59"),
+                    _series(_prom(names.GPU_STRAGGLER), {**scrape, **straggler}, producers_stop(1.0)),
+                    _series(_prom(names.JOB_GPUS_IDLE), {**scrape, job: "idle-3"}, producers_stop(2.0)),
+                    _series(_prom(names.FLEET_GPUS), {**scrape, model: h100, precision: "bf16"}, producers_stop(16.0)),
                 ],
                 "alert_rule_test": [
-                    _case("OfuCollectorRejectingPoints", "10m"),
+                    _case(
+                        "OfuStragglerGpu",
+                        "30m",
+                        (
+                            {**scrape, **straggler},
+                            _annotations("OfuStragglerGpu", straggler_summary(straggler), straggler_text),
+                        ),
+                    ),
+                    _case(
+                        "OfuIdleGpus",
+                        "31m",
+                        (
+                            {**scrape, job: "idle-3"},
+                            _annotations("OfuIdleGpus", "Job idle-3 holds 2 GPUs that do no tensor work"),
+                        ),
+                    ),
+                    _case("OfuStragglerGpu", "33m"),  # stale since minute 32: resolved
+                    _case("OfuIdleGpus", "33m"),
+                    _case("OfuCollectorNoWindows", "40m"),  # no fleet_gpus since minute 32: pending for 15m
+                    _case(
+                        "OfuCollectorNoWindows",
+                        "50m",
+                        (
+                            scrape,
+                            _annotations(
+                                "OfuCollectorNoWindows",
+                                "otel-ofu collector collector-0:9464 closes no windows with GPUs",
+                            ),
+                        ),
+                    ),
+                ],
+            },
+            {
+                "interval": "1m",
+                "input_series": [
+                    # A lasting share. collector-0: 1000 accepted and 50 rejected a minute, 750 of 15,750 in
+                    # 15 minutes (4.762%); collector-1: 1 in 1001 (under 1%); idle: nothing at all (0 / 0).
+                    _series(_prom_counter(names.COLLECTOR_POINTS_ACCEPTED), scrape, "0+1000x40"),
+                    *rejected_series(scrape, {names.RejectReason.OUT_OF_RANGE: "0+50x40"}, "0x40"),
+                    _series(_prom_counter(names.COLLECTOR_POINTS_ACCEPTED), scrape_b, "0+1000x40"),
+                    *rejected_series(scrape_b, {names.RejectReason.NO_IDENTITY: "0+1x40"}, "0x40"),
+                    _series(_prom_counter(names.COLLECTOR_POINTS_ACCEPTED), idle_collector, "0x40"),
+                    *rejected_series(idle_collector, {}, "0x40"),
+                ],
+                "alert_rule_test": [
                     _case(
                         "OfuCollectorRejectingPoints",
                         "30m",
@@ -484,6 +626,45 @@ def prometheus_rule_tests() -> JSON:
                             ),
                         ),
                     ),
+                ],
+            },
+            {
+                "interval": "1m",
+                "input_series": [
+                    # One-off bursts, seen because every reason's counter starts at 0 (a series born at 500 would
+                    # show no increase). collector-0: 1000 accepted a minute, 500 rejected once at minute 11.
+                    _series(_prom_counter(names.COLLECTOR_POINTS_ACCEPTED), scrape, "0+1000x40"),
+                    *rejected_series(scrape, {names.RejectReason.OUT_OF_RANGE: "0x10 500x29"}, "0x40"),
+                    # collector-1 restarts: its series go stale at the failed scrape of minute 10, come back at 0
+                    # at minute 12 (the counters reset), and it rejects 300 points at minute 13.
+                    _series(_prom_counter(names.COLLECTOR_POINTS_ACCEPTED), scrape_b, "0+1000x9 stale _ 0+1000x28"),
+                    *rejected_series(
+                        scrape_b, {names.RejectReason.OUT_OF_RANGE: "0x9 stale _ 0 300x27"}, "0x9 stale _ 0x28"
+                    ),
+                ],
+                "alert_rule_test": [
+                    _case("OfuCollectorRejectingPoints", "9m"),
+                    # The last 15 minutes at 20m: collector-0 rejected 500 and accepted 15,000 (3.226%);
+                    # collector-1 accepted 4,000 before its restart and 8,000 after, rejected 300 (2.439%).
+                    _case(
+                        "OfuCollectorRejectingPoints",
+                        "20m",
+                        (
+                            scrape,
+                            _annotations(
+                                "OfuCollectorRejectingPoints",
+                                "otel-ofu collector collector-0:9464 rejects 3.226% of the points",
+                            ),
+                        ),
+                        (
+                            scrape_b,
+                            _annotations(
+                                "OfuCollectorRejectingPoints",
+                                "otel-ofu collector collector-1:9464 rejects 2.439% of the points",
+                            ),
+                        ),
+                    ),
+                    _case("OfuCollectorRejectingPoints", "35m"),  # the bursts are out of the 15-minute range
                 ],
             },
             {
@@ -710,7 +891,7 @@ def honeycomb_triggers() -> list[JSON]:
             names.GPU_STRAGGLER,
             time_range=900,
             frequency=300,
-            breakdowns=(names.HOST_NAME, names.HW_ID, names.JOB_ID, names.GPU_THROTTLE_REASON),
+            breakdowns=STRAGGLER_GPU,  # not by throttle reason: one that alternates would split the straggler
         ),
         _hc_flag_held(BY_NAME["OfuIdleGpus"], names.JOB_GPUS_IDLE, time_range=1800, frequency=900, breakdowns=job),
         _hc_trigger(

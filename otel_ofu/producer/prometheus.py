@@ -3,6 +3,8 @@
 Prometheus has no resources, so each GPU's identity and job attribution become labels. Names follow
 ``otel_ofu.prometheus_names`` with the unit as a suffix: ``gpu.clock.sm`` (``Hz``) -> ``gpu_clock_sm_hertz``,
 ``gpu.flops.achieved`` -> ``gpu_flops_achieved_per_second``, counters end in ``_total``; ``hw.id`` -> ``hw_id``.
+The producer's own counters (``otel_ofu.source.errors``, ``otel_ofu.export.failures``) show every reason from the
+first scrape, at 0 until it counts.
 """
 
 from __future__ import annotations
@@ -59,8 +61,7 @@ class LatestSnapshotCollector(Collector):
                 family.add_metric(values, value)
         yield from families.values()
         yield from _loss_families(latest, labels)
-        if self_metrics is not None:
-            yield from _self_families(self_metrics)
+        yield from _self_families(self_metrics)
 
 
 def _loss_families(latest: ComputedSnapshot, labels: list[str]) -> Iterator[Metric]:
@@ -92,14 +93,20 @@ def _label_values(attributes: Mapping[str, AttributeValue], labels: list[str]) -
     return [by_label.get(label, "") for label in labels]  # an empty label is an absent one in Prometheus
 
 
-def _self_families(self_metrics: SelfMetrics) -> Iterator[Metric]:
-    errors, failures = self_metrics.totals()
-    for spec, counts in ((names.SOURCE_ERRORS, errors), (names.EXPORT_FAILURES, failures)):
+def _self_families(self_metrics: SelfMetrics | None) -> Iterator[Metric]:
+    """The producer's counters; before its first interval (``self_metrics`` None) every reason at 0."""
+    errors, failures = self_metrics.totals() if self_metrics is not None else ({}, {})
+    for spec, reasons, counts in (
+        (names.SOURCE_ERRORS, names.ErrorReason.ALL, errors),
+        (names.EXPORT_FAILURES, names.ExportFailureReason.ALL, failures),
+    ):
         family = CounterMetricFamily(PROMETHEUS_NAMES[spec.name], spec.description, labels=[names.ERROR_REASON])
-        for reason, count in sorted(counts.items()):
+        # Every reason from the first scrape, at 0 until it counts: a series born at its first value shows no
+        # increase, so rate() would miss a one-off burst.
+        for reason, count in {**dict.fromkeys(reasons, 0), **counts}.items():
             family.add_metric([reason], count)
         yield family
-    duration = self_metrics.last_export_duration_s
+    duration = self_metrics.last_export_duration_s if self_metrics is not None else None
     if duration is not None:
         spec = names.EXPORT_DURATION
         yield GaugeMetricFamily(PROMETHEUS_NAMES[spec.name], spec.description, value=duration)

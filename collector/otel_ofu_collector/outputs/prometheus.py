@@ -1,6 +1,6 @@
 """A Prometheus ``/metrics`` endpoint for the window outputs and the collector's own counters.
 
-A window consumer: it shows the gauges of the latest closed windows (quantiles, fleet.gpus, the job gauges,
+A window consumer: it shows the gauges of the recent closed windows (quantiles, fleet.gpus, the job gauges,
 the fleet correlation and MAE), built from the window values themselves (``results.gauge_points``, the same
 points the OTLP encoder writes), and leaves the exponential histogram out: Prometheus text has no
 exponential histogram, and the SDK's Prometheus reader fails on them. Names follow the OpenTelemetry-to-Prometheus
@@ -8,14 +8,23 @@ convention (``otel_ofu.prometheus_names``): dots become underscores (``fleet.ofu
 ``fleet_ofu_quantile``), attribute keys too; the outputs' names get no unit suffix. The one exception is the
 percentile gauge's ``quantile`` attribute, exposed as ``ofu_quantile`` (``names.PROMETHEUS_QUANTILE_LABEL``):
 Prometheus reserves ``quantile`` for summaries, and ``promtool check metrics`` refuses it on a gauge.
+
+A series stays on the endpoint, at its latest value, while it was in one of the last ``expiration_windows`` windows
+(``--prometheus-expiration-windows``, default 2), as the OpenTelemetry Collector's Prometheus exporter keeps a series
+for its ``metric_expiration``: a GPU or job that misses one window keeps its series (and an alert's ``for``), and
+when producers stop, the collector's empty windows take every series off within that many windows, so Prometheus
+marks them stale and the alerts on them resolve. Expiry counts windows by their end times, not batches: one flush
+that closes several windows counts each. Every reason of a self-metric counter with a known set of reasons starts
+at 0, so ``rate()`` sees the first burst (a series born at its first value has no increase to show).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from http.server import ThreadingHTTPServer
-from typing import Any
+from typing import Any, Final
 
 import attrs
 from prometheus_client import CollectorRegistry, MetricsHandler
@@ -27,14 +36,24 @@ from otel_ofu.prometheus_names import label_name, metric_name
 from otel_ofu_collector.results import OUTPUT_METRICS, WindowReport, gauge_points
 
 
+@functools.cache  # a handful of keys, looked up for every attribute of every point of every window
 def output_label(key: str) -> str:
     """The Prometheus label of an output attribute (``label_name``, but quantile -> ofu_quantile)."""
     return names.PROMETHEUS_QUANTILE_LABEL if key == names.QUANTILE else label_name(key)
 
 
+@functools.cache  # the contract's few dozen names
 def prometheus_name(name: str) -> str:
     """The exposed name of an output or self-metric: by name alone, no unit suffix (what the dashboards query)."""
     return metric_name(name)
+
+
+DEFAULT_EXPIRATION_WINDOWS: Final = 2  # --prometheus-expiration-windows
+# The receivers' listen backlog (receivers/otlp_http.py, as gRPC's): a burst of scrapes (several Prometheus
+# replicas, a federation) waits to be accepted instead of being reset at socketserver's default of 5.
+LISTEN_BACKLOG: Final = 4096
+
+_GAUGE_ORDER: Mapping[str, int] = {spec.name: index for index, spec in enumerate(OUTPUT_METRICS)}
 
 
 @attrs.frozen
@@ -43,70 +62,82 @@ class _Series:
     description: str
     labels: tuple[tuple[str, str], ...]
     value: float
+    order: int  # the metric's place in the contract: families are shown in that order
 
 
-_GAUGE_ORDER: Mapping[str, int] = {spec.name: index for index, spec in enumerate(OUTPUT_METRICS)}
-
-
-def gauge_series(reports: Sequence[WindowReport]) -> list[_Series]:
-    """The closed windows' gauge outputs (no histograms, no partial state) as Prometheus series: metric by
-    metric in the contract's order, each metric's points window by window."""
-    points = sorted(
-        (point for report in reports for point in gauge_points(report)),
-        key=lambda point: _GAUGE_ORDER.get(point.spec.name, len(_GAUGE_ORDER)),
-    )  # stable: within a metric the windows keep their order
-    return [
-        _Series(
+def _window_series(report: WindowReport) -> Iterator[_Series]:
+    """One closed window's gauge outputs (no histograms, no partial state) as Prometheus series."""
+    for point in gauge_points(report):
+        yield _Series(
             prometheus_name(point.spec.name),
             point.spec.description or point.spec.name,
             tuple(sorted((output_label(key), str(value)) for key, value in point.attributes.items())),
             float(point.value),
+            _GAUGE_ORDER.get(point.spec.name, len(_GAUGE_ORDER)),
         )
-        for point in points
-    ]
+
+
+def _positive(_instance: object, _attribute: object, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"expiration_windows must be at least 1, got {value}")
 
 
 @attrs.define(eq=False)  # the registry keys collectors by identity
 class OutputsCollector(Collector):
-    """A prometheus-client custom collector over the latest window outputs and the self-metrics."""
+    """A prometheus-client custom collector over the recent window outputs and the self-metrics."""
 
     self_metrics: Callable[[], Mapping[str, Any]] | None = None
-    _series: list[_Series] = attrs.field(factory=list)
-    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    expiration_windows: int = attrs.field(default=DEFAULT_EXPIRATION_WINDOWS, validator=_positive)
+    # (name, labels) -> (the series, the end of the newest window it was in)
+    _shown: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[_Series, int]] = attrs.field(factory=dict, init=False)
+    _newest_end_ns: int | None = attrs.field(default=None, init=False)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
 
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
-        """Replace the shown outputs with the newest windows' (a job that stopped reporting disappears)."""
-        fresh = gauge_series(windows)
+        """Take the windows' values (oldest first; a window older than a series' newest one does not replace it),
+        then drop every series not seen for ``expiration_windows`` windows."""
+        fresh = [(report, list(_window_series(report))) for report in windows]
         with self._lock:
-            self._series = fresh
+            shown = self._shown
+            for report, series in fresh:
+                end = report.end_ns
+                refreshed = 0  # series first seen in this window now
+                for item in series:
+                    key = (item.name, item.labels)
+                    known = shown.get(key)
+                    if known is None or known[1] <= end:
+                        refreshed += known is None or known[1] < end
+                        shown[key] = (item, end)
+                if self._newest_end_ns is None or end > self._newest_end_ns:
+                    self._newest_end_ns = end
+                    if len(shown) > refreshed:  # else every series is in this window: none to expire
+                        # Seen in window end - k x width for k < expiration_windows: kept; one window older: gone.
+                        oldest_kept = end - (self.expiration_windows - 1) * (end - report.start_ns)
+                        shown = {key: item for key, item in shown.items() if item[1] >= oldest_kept}
+                        self._shown = shown
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         with self._lock:
-            series = list(self._series)
-        families: dict[tuple[str, tuple[str, ...]], GaugeMetricFamily] = {}
-        seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-        for item in reversed(series):  # windows are encoded oldest first
-            if (item.name, item.labels) in seen:
-                continue  # two windows closed in one flush: the newest wins
-            seen.add((item.name, item.labels))
-            keys = tuple(key for key, _ in item.labels)
-            family = families.get((item.name, keys))
+            series = [item for item, _end in self._shown.values()]
+        families: dict[str, GaugeMetricFamily] = {}
+        order: dict[str, int] = {}
+        for item in series:
+            family = families.get(item.name)
             if family is None:
-                family = GaugeMetricFamily(item.name, item.description, labels=list(keys))
-                families[(item.name, keys)] = family
-            family.add_metric([value for _, value in item.labels], item.value)
-        merged: dict[str, GaugeMetricFamily] = {}
-        for (name, _keys), family in families.items():
-            if name in merged:
-                merged[name].samples.extend(family.samples)
-            else:
-                merged[name] = family
-        yield from merged.values()
+                # A metric's series may differ in label keys (a straggler with and without its throttle reason):
+                # one family, each sample with its own labels.
+                family = families[item.name] = GaugeMetricFamily(item.name, item.description, labels=[])
+                order[item.name] = item.order
+            family.add_sample(item.name, dict(item.labels), item.value)
+        for name in sorted(families, key=order.__getitem__):
+            yield families[name]
         if self.self_metrics is not None:
             yield from _self_metric_families(self.self_metrics())
 
 
 _SELF_METRIC_KINDS: Mapping[str, str] = {spec.name: spec.kind for spec in names.COLLECTOR_SELF_METRICS}
+# The counters whose reasons are a fixed set: each is shown from the start, at 0 until it counts.
+_REASONS: Mapping[str, tuple[str, ...]] = {names.COLLECTOR_POINTS_REJECTED.name: names.RejectReason.ALL}
 
 
 def _self_metric_families(values: Mapping[str, Any]) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
@@ -120,12 +151,18 @@ def _self_metric_families(values: Mapping[str, Any]) -> Iterable[GaugeMetricFami
                 if is_gauge
                 else CounterMetricFamily(base, name, labels=[label])
             )
-            for key, count in value.items():
+            counts = {**dict.fromkeys(_REASONS.get(name, ()), 0), **value}
+            for key, count in counts.items():
                 family.add_metric([str(key)], float(count))
         else:
             family = GaugeMetricFamily(base, name) if is_gauge else CounterMetricFamily(base, name)
             family.add_metric([], float(value))
         yield family
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG  # socketserver's default is 5
 
 
 @attrs.define
@@ -136,25 +173,25 @@ class PrometheusEndpoint:
     collector: OutputsCollector = attrs.field(init=False)
     registry: CollectorRegistry = attrs.field(init=False, factory=lambda: CollectorRegistry(auto_describe=False))
     port: int = 0
+    expiration_windows: int = attrs.field(default=DEFAULT_EXPIRATION_WINDOWS, validator=_positive)
     _server: ThreadingHTTPServer | None = attrs.field(default=None, init=False)
     _thread: threading.Thread | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.collector = OutputsCollector(self.self_metrics)
+        self.collector = OutputsCollector(self.self_metrics, self.expiration_windows)
         self.registry.register(self.collector)
 
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
-        """A window consumer: the endpoint shows the gauges of each newest batch of closed windows."""
+        """A window consumer: the endpoint shows the series of the last ``expiration_windows`` windows."""
         self.collector.consume_windows(windows)
 
     def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
         """Bind and serve; OSError (one line, naming the address) when the port cannot be had."""
         try:
-            server = ThreadingHTTPServer((host, port), MetricsHandler.factory(self.registry))
+            server = _Server((host, port), MetricsHandler.factory(self.registry))
         except OSError as error:
             address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             raise OSError(f"cannot serve Prometheus metrics on {address} ({error.strerror or error})") from error
-        server.daemon_threads = True
         thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="otel-ofu-prometheus", daemon=True
         )
