@@ -292,6 +292,29 @@ def test_bad_framing_is_refused_and_the_connection_closed(headers: str, status: 
         server.receiver.stop()
 
 
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"POST /v1/metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400),  # no Host (RFC 9112 3.2)
+        (b"POST /v1/metrics HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+        (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nX: a\r\n folded\r\n\r\n", 400),  # obsolete line folding
+        (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", 400),  # NUL in a value
+        (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nX : a\r\n\r\n", 400),  # whitespace before the colon
+        (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\n" + b"X: a\r\n" * 101 + b"\r\n", 431),  # 102 header lines
+        (b"POST /v1/metrics HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),  # RFC 9112 6.1
+    ],
+    ids=["no-host", "http-2", "folded", "nul", "space-colon", "too-many-headers", "chunked-http-1.0"],
+)
+def test_malformed_heads_are_refused_and_the_connection_closed(head: bytes, status: int) -> None:
+    server = _start(gate=Gate(max_in_flight=1))
+    try:
+        reply = _raw(server.receiver.port, head)
+        assert (reply.status, reply.closed) == (status, True)
+        assert server.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0] == 200
+    finally:
+        server.receiver.stop()
+
+
 def test_a_chunked_body_is_read_and_the_connection_kept(running: Running) -> None:
     first = gpu_request({"GPU-1": 0.5}).SerializeToString()
     second = gpu_request({"GPU-2": 0.25}).SerializeToString()
@@ -771,3 +794,50 @@ def test_the_minimum_rate_is_an_option_with_its_variable(monkeypatch: pytest.Mon
     assert parsed("--http-body-min-rate", "0") == 0.0  # no minimum
     monkeypatch.setenv("OTEL_OFU_COLLECTOR_HTTP_BODY_MIN_RATE", "2048")
     assert parsed() == 2048.0
+
+
+def test_an_ipv6_listen_address_is_served(require: Callable[[bool, str], None]) -> None:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        has_ipv6 = True
+    except OSError:
+        has_ipv6 = False
+    require(has_ipv6, "no IPv6 loopback (::1) on this machine")
+    sink = RecordingSink()
+    receiver = HttpReceiver(Decoder(sink).decode, Gate(), "[::1]:0")  # before: an IPv4 socket, so no bind
+    receiver.start()
+    try:
+        connection = http.client.HTTPConnection("::1", receiver.port, timeout=10)
+        body = gpu_request({"GPU-1": 0.5}).SerializeToString()
+        connection.request("POST", "/v1/metrics", body, {"Content-Type": "application/x-protobuf"})
+        assert connection.getresponse().status == 200
+        connection.close()
+        assert [point[1] for point in sink.ofu] == [0.5]
+    finally:
+        receiver.stop()
+
+
+def test_the_go_otlp_http_exporter_delivers(require: Callable[[bool, str], None]) -> None:
+    # telemetrygen (built beside otelcol-ofu by `make otelcol`): the OpenTelemetry Go SDK's OTLP/HTTP
+    # exporter on Go's net/http, another client's framing than Python's.
+    telemetrygen = Path(__file__).resolve().parent.parent / "build" / "otelcol" / "telemetrygen"
+    require(telemetrygen.is_file(), "build/otelcol/telemetrygen is not built (make otelcol)")
+    requests: list[int] = []
+
+    def ingest(request: ExportMetricsServiceRequest, raw: bytes) -> DecodeOutcome:
+        requests.append(
+            sum(len(scope.metrics) for resource in request.resource_metrics for scope in resource.scope_metrics)
+        )
+        return DecodeOutcome(accepted=0, rejected=0, error_message="", forward=None)
+
+    receiver = HttpReceiver(ingest, Gate(), "127.0.0.1:0")
+    receiver.start()
+    try:
+        argv = [str(telemetrygen), "metrics", "--otlp-http", "--otlp-insecure", "--otlp-endpoint",
+                f"127.0.0.1:{receiver.port}", "--metrics", "20", "--workers", "2", "--rate", "50"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert sum(requests) == 2 * 20  # every metric of both workers, whatever their batching
+    finally:
+        receiver.stop()

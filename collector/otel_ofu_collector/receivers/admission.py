@@ -1,6 +1,7 @@
-"""Admission for both receivers: a bounded number of requests in flight, and a shutdown switch.
+"""Admission for the receivers: a bounded number of requests in flight and a shutdown switch (``Gate``, both
+receivers), and the bytes of OTLP/HTTP bodies being received (``BodyBudget``).
 
-Past the bound, or once shutdown has begun, requests are refused as retryable (gRPC UNAVAILABLE /
+Past a bound, or once shutdown has begun, requests are refused as retryable (gRPC UNAVAILABLE /
 HTTP 503) with a retry delay, never RESOURCE_EXHAUSTED: the client should come back, not give up.
 """
 
@@ -133,9 +134,6 @@ class BodyBudget:
     def bytes(self) -> int:
         """Bytes those bodies hold now."""
         return self._bytes
-
-    def peer_bytes(self, peer: str) -> int:
-        return self._peers.get(peer, 0)
 
 
 @attrs.define

@@ -59,7 +59,8 @@ SKIP_MAX_BYTES: Final = 1024 * 1024  # the most read and discarded of a body ref
 MAX_HEAD_BYTES: Final = 64 * 1024  # request line and headers together (431 past it); real ones are < 1 KiB
 MAX_HEADERS: Final = 100
 LINGER_S: Final = 0.5  # after a closing answer, what the client still sends is drained this long (see _close)
-_PIECE = 1024 * 1024  # the most one recv asks for: the deadline is checked between recvs
+_PIECE = 1024 * 1024  # the most one recv of a body asks for: the deadline is checked between recvs
+_HEAD_PIECE = 64 * 1024  # one recv otherwise: a head and a producer's whole request fit
 _MAX_LINE = 1024  # a chunk-size or trailer line; real ones are a few bytes
 _MAX_TRAILERS = 64
 _MAX_LENGTH_DIGITS = 18  # a Content-Length longer than this is over any limit (and int() refuses past 4300)
@@ -154,16 +155,16 @@ class _Wire:
         self.idle_s = idle_s
         self.buffer = bytearray()
 
-    def recv(self, deadline: float | None) -> bool:
-        """Append one recv to the buffer, waiting no longer than ``deadline`` (and the idle timeout); False at
-        the end of the stream. TimeoutError once the deadline has passed."""
+    def recv(self, deadline: float | None, size: int = _HEAD_PIECE) -> bool:
+        """Append one recv of at most ``size`` bytes to the buffer, waiting no longer than ``deadline`` (and the
+        idle timeout); False at the end of the stream. TimeoutError once the deadline has passed."""
         timeout = self.idle_s
         if deadline is not None:
             timeout = min(timeout, deadline - time.monotonic())
             if timeout <= 0:
                 raise TimeoutError("deadline passed")
         self.sock.settimeout(timeout)
-        data = self.sock.recv(_PIECE)
+        data = self.sock.recv(size)
         self.buffer += data
         return bool(data)
 
@@ -270,8 +271,12 @@ def body_length(head: RequestHead) -> int | None:
 
 
 def _wants_close(head: RequestHead) -> bool:
-    tokens = {token.strip().lower() for value in head.headers.get("connection", ()) for token in value.split(",")}
-    return "close" in tokens or (head.version == "HTTP/1.0" and "keep-alive" not in tokens)
+    """Whether the connection closes after this request: asked to, or HTTP/1.0 (served one request each)."""
+    if head.version == "HTTP/1.0":
+        return True
+    return any(
+        token.strip().lower() == "close" for value in head.headers.get("connection", ()) for token in value.split(",")
+    )
 
 
 class _Connection:
@@ -352,10 +357,10 @@ class _Connection:
         deadline: float | None = None  # until a first byte, the idle timeout (a keep-alive connection waits)
         scanned = 0
         while True:
+            if buffer and deadline is None:  # from the first byte, even of the empty lines below
+                deadline = time.monotonic() + self.limits.header_deadline_s
             while buffer[:2] == b"\r\n" or buffer[:1] == b"\n":  # empty lines before a request (RFC 9112 2.2)
                 del buffer[: 2 if buffer[:1] == b"\r" else 1]
-            if buffer and deadline is None:
-                deadline = time.monotonic() + self.limits.header_deadline_s
             found = _HEAD_END.search(buffer, scanned)
             if found is not None:
                 data = bytes(buffer[: found.start()])
@@ -392,12 +397,12 @@ class _Connection:
         buffer = wire.buffer
         want = len(body) + size
         while len(body) < want:
-            if not buffer and not wire.recv(clock.deadline()):
+            if not buffer and not wire.recv(clock.deadline(), min(want - len(body), _PIECE)):
                 raise _Refused(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {want} bytes")
             take = min(len(buffer), want - len(body))
             if lease is not None and not lease.take(take):
                 raise _Refused(HTTPStatus.SERVICE_UNAVAILABLE, _OVER_BUDGET)
-            body += memoryview(buffer)[:take]
+            body += buffer[:take]
             del buffer[:take]
             clock.received += take
 
