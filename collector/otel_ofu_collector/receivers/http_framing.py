@@ -22,10 +22,13 @@ held until its answer is written; a body that would pass the budget is answered 
 back. A body refused before it is read (the app's refusals, the budget) is read and discarded when small,
 so the connection stays usable, and not read at all when large (the connection then closes).
 
-Why not h11 (a well-kept HTTP/1.1 parser): measured with the same app on the same machine it costs more
-CPU per request than this module (``benchmarks/http_receiver_cost.py``), and it cannot give three of the
-guarantees above: it answers a Content-Length of 5,000 digits 400 where ours is 413, waits for a junk
-chunk-size line to end, and knows no 411.
+Why not h11 (a well-kept HTTP/1.1 parser): measured with the same OTLP app on the same 2-core machine
+(``benchmarks/http_receiver_cost.py``, producer-sized requests, 9 interleaved rounds, medians), the server
+spent 74 us of CPU per request on this module, 130 us on h11 with the least connection loop it allows
+(no deadlines, no minimum rate: a floor), and 103 us on the http.server this replaced. And h11 takes
+both Content-Length and chunked at once, a Content-Length of 5,000 digits is a 400 to it (413 here), a
+POST without framing an empty body (411 here), all three needing checks of our own in front of it, and
+it waits for a junk chunk-size line to end, which nothing in front of it can change.
 """
 
 from __future__ import annotations
