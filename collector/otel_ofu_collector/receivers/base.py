@@ -7,14 +7,15 @@ them than ``Receiver`` says; a receiver knows no more of the collector than ``In
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+if TYPE_CHECKING:  # a name for the type checker only: what imports this (the report feed) loads no codec
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from otel_ofu_collector.otlp.decode import DecodeOutcome
+    from otel_ofu_collector.otlp.decode import DecodeOutcome
 
 # One request, parsed and as received (the bytes are what the write-ahead keeps): what the collector did with it.
-Ingest = Callable[[ExportMetricsServiceRequest, bytes], DecodeOutcome]
+Ingest: TypeAlias = "Callable[[ExportMetricsServiceRequest, bytes], DecodeOutcome]"
 
 # The listen backlog of every listener the collector opens, as gRPC's: a burst of new connections waits to be
 # accepted instead of being reset (socketserver's default is 5). The kernel caps it at net.core.somaxconn.
