@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import gzip
 import http.client
 import json
 import math
 import select
+import shutil
 import socket
 import ssl
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -40,7 +44,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request
 from otel_ofu.testing.pki import make_pki
+from otel_ofu_collector import command
 from otel_ofu_collector.otlp.decode import DecodeOutcome, Decoder
+from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.receivers.admission import BodyBudget, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.otlp_http import HttpReceiver
@@ -286,6 +292,29 @@ def test_bad_framing_is_refused_and_the_connection_closed(headers: str, status: 
         server.receiver.stop()
 
 
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"POST /v1/metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400),  # no Host (RFC 9112 3.2)
+        (b"POST /v1/metrics HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+        (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nX: a\r\n folded\r\n\r\n", 400),  # obsolete line folding
+        (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", 400),  # NUL in a value
+        (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nX : a\r\n\r\n", 400),  # whitespace before the colon
+        (b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\n" + b"X: a\r\n" * 101 + b"\r\n", 431),  # 102 header lines
+        (b"POST /v1/metrics HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),  # RFC 9112 6.1
+    ],
+    ids=["no-host", "http-2", "folded", "nul", "space-colon", "too-many-headers", "chunked-http-1.0"],
+)
+def test_malformed_heads_are_refused_and_the_connection_closed(head: bytes, status: int) -> None:
+    server = _start(gate=Gate(max_in_flight=1))
+    try:
+        reply = _raw(server.receiver.port, head)
+        assert (reply.status, reply.closed) == (status, True)
+        assert server.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0] == 200
+    finally:
+        server.receiver.stop()
+
+
 def test_a_chunked_body_is_read_and_the_connection_kept(running: Running) -> None:
     first = gpu_request({"GPU-1": 0.5}).SerializeToString()
     second = gpu_request({"GPU-2": 0.25}).SerializeToString()
@@ -511,4 +540,304 @@ def test_https_a_client_that_never_handshakes_blocks_no_one(tmp_path: Path) -> N
         assert [point[1] for point in sink.ofu] == [0.7]
     finally:
         silent.close()
+        receiver.stop()
+
+
+# --- hostile clients: the body budget counts bytes received, per peer, under a minimum rate ---------------
+
+
+def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection from ``source`` (any 127.x address is loopback on Linux: a peer of its own)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+
+
+def _post_from(port: int, source: str, body: bytes) -> int:
+    with _connect(port, source) as sock:
+        sock.sendall(_head(f"Content-Length: {len(body)}\r\nConnection: close\r\n") + body)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        response.read()
+        return response.status
+
+
+def _gpu_data(value: float) -> MetricsData:
+    resource = Resource.create({names.HW_ID: "GPU-9", names.HOST_NAME: "h", names.JOB_ID: "j"})
+    point = NumberDataPoint(attributes={}, start_time_unix_nano=0, time_unix_nano=T0, value=value)
+    metric = Metric(names.GPU_OFU.name, "", "1", Gauge([point]))
+    return MetricsData([ResourceMetrics(resource, [ScopeMetrics(InstrumentationScope("x"), [metric], "")], "")])
+
+
+@attrs.define
+class Drip:
+    """Slow senders: connections that declared a body and send one byte of it a second, on one thread."""
+
+    socks: list[socket.socket]
+    stop: threading.Event = attrs.field(factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        def drip() -> None:
+            while not self.stop.wait(1.0):
+                for sock in self.socks:
+                    with contextlib.suppress(OSError):  # answered and closed
+                        sock.send(b"\x00")
+
+        self.thread = threading.Thread(target=drip, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(10)
+        for sock in self.socks:
+            sock.close()
+
+
+def _drip(port: int, source: str, count: int, declared: int) -> Drip:
+    socks = []
+    for _ in range(count):
+        sock = _connect(port, source)
+        sock.sendall(_head(f"Content-Length: {declared}\r\n") + b"\x0a")
+        socks.append(sock)
+    drip = Drip(socks)
+    drip.start()
+    return drip
+
+
+def test_slow_clients_declaring_big_bodies_leave_a_healthy_exporter_served() -> None:
+    # The collector's defaults (--max-in-flight 64): before, the budget reserved declared bytes, 4 x 64 MiB in
+    # all for at most 4 x 64 = 256 readers, so 4 bodies declaring 64 MiB, or 300 declaring 1 MiB, each sent at
+    # a byte a second, made every other request 503. Counted as received they hold 1 byte each + 1/s.
+    sink = RecordingSink()
+    receiver = HttpReceiver(Decoder(sink).decode, Gate(max_in_flight=64), "127.0.0.1:0", body_grace_s=60.0)
+    receiver.start()
+    drips: list[Drip] = []
+    exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{receiver.port}/v1/metrics", timeout=5)
+    try:
+        # Each 64 MiB one from a peer of its own (one peer would have 3 of its 4 refused at once: 64 MiB is its
+        # share), the 1 MiB ones all from one more.
+        drips.extend(_drip(receiver.port, f"127.0.0.{2 + peer}", 1, 64 * 1024 * 1024) for peer in range(4))
+        drips.append(_drip(receiver.port, "127.0.0.6", 300, 1024 * 1024))
+        bodies = receiver.bodies
+        _wait_for(lambda: bodies.readers == 304)
+        for value in (0.25, 0.35, 0.45):
+            assert exporter.export(_gpu_data(value)) is MetricExportResult.SUCCESS  # before: FAILURE (503s)
+            assert _post_from(receiver.port, "127.0.0.1", gpu_request({"GPU-1": 0.5}).SerializeToString()) == 200
+        _wait_for(lambda: bodies.readers == 304)  # the slow ones were still there all along (the last answer's
+        # lease goes just after it is written)
+        # 304 bytes and 304 a second since: far below a MiB, where before 4 x 64 + 300 x 1 MiB were reserved.
+        assert bodies.bytes < 1024 * 1024
+        assert [point[1] for point in sink.ofu] == [0.25, 0.5, 0.35, 0.5, 0.45, 0.5]
+    finally:
+        exporter.shutdown()
+        for drip in drips:
+            drip.close()
+        receiver.stop()
+
+
+def test_a_body_below_the_minimum_rate_is_cut_off_408_after_the_grace_and_its_bytes_released() -> None:
+    sink = RecordingSink()
+    gate = Gate(max_in_flight=1)
+    receiver = HttpReceiver(
+        Decoder(sink).decode, gate, "127.0.0.1:0", read_timeout_s=10.0, body_min_rate=1000.0, body_grace_s=0.3
+    )
+    receiver.start()
+    try:
+        # 20 bytes/s against 1000: the deadline, start + 0.3 s + received / 1000 s, is passed at about 0.31 s.
+        with _connect(receiver.port) as sock:
+            sock.sendall(_head("Content-Length: 100\r\n"))
+            for _ in range(100):
+                if select.select([sock], [], [], 0.05)[0]:
+                    break  # answered
+                sock.send(b"\x00")
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            reply = response.read()
+            assert (response.status, response.getheader("Connection")) == (408, "close")
+            assert _code(reply) == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+            assert "1000 bytes/s" in status_pb2.Status.FromString(reply).message
+            assert _closed(sock)
+        _wait_for(lambda: receiver.bodies.readers == 0 and receiver.bodies.bytes == 0)
+        # A 4650-byte body sent in four pieces 0.15 s apart, about 1163 bytes each: its deadline is 0.3 s
+        # before the first (sent at 0.15 s), then 0.3 + 1163 / 1000 = 1.46 s, 2.63 s, 3.79 s, and it is done at
+        # 0.6 s, a second or more ahead of each.
+        body = gpu_request({f"GPU-{i}": 0.5 for i in range(20)}).SerializeToString()
+        assert len(body) == 4650
+        quarter = len(body) // 4 + 1
+        with _connect(receiver.port) as sock:
+            sock.sendall(_head(f"Content-Length: {len(body)}\r\n"))
+            for start in range(0, len(body), quarter):
+                time.sleep(0.15)
+                sock.sendall(body[start : start + quarter])
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            response.read()
+            assert response.status == 200
+        assert len(sink.ofu) == 20
+    finally:
+        receiver.stop()
+
+
+def test_one_peer_holds_at_most_its_share_of_the_budget_and_the_others_are_served() -> None:
+    sink = RecordingSink()
+    budget = BodyBudget(max_bytes=8192, max_peer_bytes=4096)
+    receiver = HttpReceiver(Decoder(sink).decode, Gate(), "127.0.0.1:0", bodies=budget, body_grace_s=60.0)
+    receiver.start()
+    body = gpu_request({"GPU-1": 0.5}).SerializeToString()
+    try:
+        with _connect(receiver.port, "127.0.0.2") as first, _connect(receiver.port, "127.0.0.2") as second:
+            # Two bodies of 3000 declared from one peer: each fits its 4096 alone, as nothing is held yet.
+            first.sendall(_head("Content-Length: 3000\r\n"))
+            _wait_for(lambda: budget.readers == 1)
+            second.sendall(_head("Content-Length: 3000\r\n"))
+            _wait_for(lambda: budget.readers == 2)
+            first.sendall(b"\x00" * 2500)
+            _wait_for(lambda: budget.bytes == 2500)
+            # 2500 + 2000 > 4096: the second is refused mid-body (retryable), closed, its bytes given back.
+            second.sendall(b"\x00" * 2000)
+            response = http.client.HTTPResponse(second)
+            response.begin()
+            response.read()
+            assert (response.status, response.getheader("Connection")) == (503, "close")
+            assert response.getheader("Retry-After") == "1"
+            _wait_for(lambda: budget.bytes == 2500 and budget.readers == 1)
+            # A third would take it to 2500 + 2000 > 4096 as well: refused before it is read.
+            assert _post_from(receiver.port, "127.0.0.2", b"\x00" * 2000) == 503
+            # Another peer holds nothing: 2500 + 232 is within 8192, and its own share is whole.
+            assert _post_from(receiver.port, "127.0.0.1", body) == 200
+        _wait_for(lambda: budget.bytes == 0 and budget.readers == 0)  # the first left mid-body
+        assert [point[1] for point in sink.ofu] == [0.5]
+    finally:
+        receiver.stop()
+
+
+# --- framing that desynchronises: both framings, junk chunk lines, Expect ------------------------------
+
+
+def test_both_framings_with_a_junk_chunk_line_are_400_and_closed_without_waiting(running: Running) -> None:
+    # The client frames by its Content-Length: it sends its 10 bytes and waits. Before: no answer at all (the
+    # server waited for the chunk line's end until the read timeout).
+    head = _head("Transfer-Encoding: chunked\r\nContent-Length: 10\r\n")
+    reply = _raw(running.receiver.port, head + b"zzzzzzzzzz")
+    assert (reply.status, reply.closed, _code(reply.body)) == (400, True, INVALID_ARGUMENT)
+    assert running.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0] == 200
+
+
+def test_a_junk_chunk_size_line_is_refused_at_its_first_bad_byte(running: Running) -> None:
+    reply = _raw(running.receiver.port, _head("Transfer-Encoding: chunked\r\n") + b"5z")  # no line end coming
+    assert (reply.status, reply.closed, _code(reply.body)) == (400, True, INVALID_ARGUMENT)
+
+
+def test_expect_100_continue_is_answered_only_once_the_token_is_checked() -> None:
+    server = _start(auth=BearerAuth("tok"))
+    body = gpu_request({"GPU-1": 0.5}).SerializeToString()
+    expect = f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", server.receiver.port), timeout=10) as sock:
+            sock.sendall(_head(expect))  # no token: the body must not be invited
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            assert response.status == 401  # before: 100 Continue, then 401 once the body had come
+        with socket.create_connection(("127.0.0.1", server.receiver.port), timeout=10) as sock:
+            sock.sendall(_head(expect + "Authorization: Bearer tok\r\nConnection: close\r\n"))
+            assert sock.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            sock.sendall(body)
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            assert response.status == 200
+        assert [point[1] for point in server.sink.ofu] == [0.5]
+    finally:
+        server.receiver.stop()
+
+
+def test_other_methods_are_405_with_allow_post(running: Running) -> None:
+    with socket.create_connection(("127.0.0.1", running.receiver.port), timeout=10) as sock:
+        sock.sendall(b"GET /v1/metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        # As the OpenTelemetry Collector's OTLP/HTTP receiver answers; before: 501 and an HTML page.
+        assert (response.status, response.getheader("Allow")) == (405, "POST")
+        assert _code(response.read()) == grpc.StatusCode.UNIMPLEMENTED.value[0]
+
+
+# --- listeners --------------------------------------------------------------------------------------
+
+
+def _listen_backlog(port: int) -> int:
+    """The backlog the kernel holds for the listener on ``port``: ``ss`` shows it as a listener's Send-Q."""
+    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return int(out.split()[2])
+
+
+def test_the_http_listeners_have_the_receivers_listen_backlog(
+    running: Running, require: Callable[[bool, str], None]
+) -> None:
+    require(shutil.which("ss") is not None, "ss (Debian package iproute2) is not installed")
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    expected = min(4096, somaxconn)  # the kernel caps a listen() backlog at net.core.somaxconn
+    feed = ReportFeed()
+    feed.start()
+    try:
+        assert _listen_backlog(feed.bound_port) == expected  # before: 5, socketserver's default
+        assert _listen_backlog(running.receiver.port) == expected
+    finally:
+        feed.stop()
+
+
+def test_the_minimum_rate_is_an_option_with_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    def parsed(*argv: str) -> float:
+        parser = argparse.ArgumentParser()  # the variables give the defaults when the command registers
+        command.register(parser.add_subparsers())
+        return command.options_from_args(parser.parse_args(["collector", *argv])).http_body_min_rate
+
+    assert parsed() == 1024.0
+    assert parsed("--http-body-min-rate", "0") == 0.0  # no minimum
+    monkeypatch.setenv("OTEL_OFU_COLLECTOR_HTTP_BODY_MIN_RATE", "2048")
+    assert parsed() == 2048.0
+
+
+def test_an_ipv6_listen_address_is_served(require: Callable[[bool, str], None]) -> None:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        has_ipv6 = True
+    except OSError:
+        has_ipv6 = False
+    require(has_ipv6, "no IPv6 loopback (::1) on this machine")
+    sink = RecordingSink()
+    receiver = HttpReceiver(Decoder(sink).decode, Gate(), "[::1]:0")  # before: an IPv4 socket, so no bind
+    receiver.start()
+    try:
+        connection = http.client.HTTPConnection("::1", receiver.port, timeout=10)
+        body = gpu_request({"GPU-1": 0.5}).SerializeToString()
+        connection.request("POST", "/v1/metrics", body, {"Content-Type": "application/x-protobuf"})
+        assert connection.getresponse().status == 200
+        connection.close()
+        assert [point[1] for point in sink.ofu] == [0.5]
+    finally:
+        receiver.stop()
+
+
+def test_the_go_otlp_http_exporter_delivers(require: Callable[[bool, str], None]) -> None:
+    # telemetrygen (built beside otelcol-ofu by `make otelcol`): the OpenTelemetry Go SDK's OTLP/HTTP
+    # exporter on Go's net/http, another client's framing than Python's.
+    telemetrygen = Path(__file__).resolve().parent.parent / "build" / "otelcol" / "telemetrygen"
+    require(telemetrygen.is_file(), "build/otelcol/telemetrygen is not built (make otelcol)")
+    requests: list[int] = []
+
+    def ingest(request: ExportMetricsServiceRequest, raw: bytes) -> DecodeOutcome:
+        requests.append(
+            sum(len(scope.metrics) for resource in request.resource_metrics for scope in resource.scope_metrics)
+        )
+        return DecodeOutcome(accepted=0, rejected=0, error_message="", forward=None)
+
+    receiver = HttpReceiver(ingest, Gate(), "127.0.0.1:0")
+    receiver.start()
+    try:
+        argv = [str(telemetrygen), "metrics", "--otlp-http", "--otlp-insecure", "--otlp-endpoint",
+                f"127.0.0.1:{receiver.port}", "--metrics", "20", "--workers", "2", "--rate", "50"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert sum(requests) == 2 * 20  # every metric of both workers, whatever their batching
+    finally:
         receiver.stop()

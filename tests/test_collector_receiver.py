@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import math
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -42,7 +46,9 @@ from otel_ofu_collector.outputs.delivery import Delivery
 from otel_ofu_collector.outputs.transports import DownstreamConfig, GrpcTransport
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.receivers.base import Receiver
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, RETRY_INFO_TRAILER, GrpcReceiver
+from otel_ofu_collector.receivers.otlp_http import HttpReceiver
 
 # --- request builders ------------------------------------------------------------------------------
 
@@ -480,3 +486,47 @@ def test_a_sink_that_does_not_count_its_streams_gets_the_fixed_cache_bound() -> 
     request = gpu_request({f"GPU-{i}": 0.5 for i in range(250)})
     assert decoder.decode(request, request.SerializeToString()).accepted == 250
     assert decoder.cached_resources == 50  # cleared at 100, twice
+
+
+# --- the receivers' lifecycle and what they share ---------------------------------------------------------
+
+
+def test_both_receivers_start_serve_and_stop_through_the_lifecycle_protocol() -> None:
+    sink = RecordingSink()
+    decoder = Decoder(sink)
+    gate = Gate()
+    receivers: list[Receiver] = [
+        GrpcReceiver(decoder.decode, gate, "127.0.0.1:0"),
+        HttpReceiver(decoder.decode, gate, "127.0.0.1:0"),
+    ]
+    ports = {receiver.kind: receiver.start() for receiver in receivers}  # the service's loop
+    try:
+        assert sorted(ports) == ["grpc", "http"]
+        assert all(port > 0 and port == receiver.port for port, receiver in zip(ports.values(), receivers, strict=True))
+        _export(f"127.0.0.1:{ports['grpc']}", gpu_request({"GPU-1": 0.5}).SerializeToString())
+        connection = http.client.HTTPConnection("127.0.0.1", ports["http"], timeout=10)
+        body = gpu_request({"GPU-2": 0.25}).SerializeToString()
+        connection.request("POST", "/v1/metrics", body, {"Content-Type": "application/x-protobuf"})
+        assert connection.getresponse().status == 200
+        connection.close()
+        assert [point[1] for point in sink.ofu] == [0.5, 0.25]
+    finally:
+        for receiver in receivers:
+            receiver.stop()
+    for port in ports.values():  # each port is free again: a listener of our own can have it
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("127.0.0.1", port))
+            probe.listen()
+
+
+@pytest.mark.parametrize(
+    ("module", "other"),
+    [("otlp_http", "otlp_grpc"), ("otlp_grpc", "otlp_http")],
+)
+def test_neither_receiver_imports_the_other(module: str, other: str) -> None:
+    # Before, the HTTP receiver took its Ingest type from the gRPC receiver (and so loaded grpc's server).
+    package = "otel_ofu_collector.receivers"
+    code = f"import sys, {package}.{module}; print('{package}.{other}' in sys.modules)"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "False"

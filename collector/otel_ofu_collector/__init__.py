@@ -3,7 +3,8 @@
 The folders follow the data, one stage each (receivers import the decoder, outputs the encoder; all rest
 on ``results.py`` and the statistics in ``aggregation/``)::
 
-    receivers/      OTLP in: otlp_grpc.py, otlp_http.py, admission.py (in-flight bound, shutdown), auth.py
+    receivers/      OTLP in: otlp_grpc.py, otlp_http.py (on http_framing.py: HTTP/1.1), base.py (Ingest,
+        |           the Receiver lifecycle), admission.py (in-flight gate, body budget, shutdown), auth.py
         |
     otlp/           the codec: decode.py (requests -> points), encode.py (windows -> OTLP),
         |           partials.py (a shard's partial window state, both ways)

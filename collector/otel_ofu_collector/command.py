@@ -29,7 +29,7 @@ from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.prefixes import COLLECTOR_PREFIX
 from otel_ofu_collector.receivers.auth import TlsFiles, bearer_auth
-from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S
+from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, BODY_GRACE_S, BODY_MIN_RATE
 from otel_ofu_collector.service import (
     DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS,
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -172,6 +172,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="an OTLP/HTTP body not received within this is answered 408 and its connection closed",
     )
     options.option(
+        "--http-body-min-rate",
+        default=BODY_MIN_RATE,
+        type=non_negative_float,
+        metavar="BYTES_PER_S",
+        help=f"an OTLP/HTTP body slower than this on average after its first {BODY_GRACE_S:g} s is answered 408 "
+        "and its connection closed (0: no minimum)",
+    )
+    options.option(
         "--instance-id",
         default=None,
         help="service.instance.id of the outputs (unique per shard replica); default HOSTNAME-PID",
@@ -312,6 +320,7 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         bearer_token=auth.token if auth else None,
         max_in_flight=int(args.max_in_flight),
         http_body_deadline_s=float(args.http_body_deadline),
+        http_body_min_rate=float(args.http_body_min_rate),
         export_max_request_bytes=int(args.export_max_request_bytes),
         max_attribute_length=int(args.max_attribute_length),
     )

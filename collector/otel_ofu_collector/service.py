@@ -40,8 +40,9 @@ from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.receivers.base import Receiver
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
-from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, HttpReceiver
+from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, BODY_MIN_RATE, HttpReceiver
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.write_ahead import WriteAhead
 
@@ -93,6 +94,7 @@ class CollectorOptions:
     bearer_token: str | None = None
     max_in_flight: int = 64
     http_body_deadline_s: float = BODY_DEADLINE_S
+    http_body_min_rate: float = BODY_MIN_RATE  # bytes/s after the grace; 0: none
     retry_after_s: float = 1.0
     flush_interval_s: float = 1.0  # 0: no timer, the caller calls flush()
     max_request_bytes: int = MAX_REQUEST_BYTES
@@ -141,8 +143,7 @@ class CollectorService:
     exports: Delivery | None = attrs.field(init=False, default=None)
     pass_through: Delivery | None = attrs.field(init=False, default=None)
     _window_export: OtlpWindowExport | None = attrs.field(init=False, default=None)
-    _grpc: GrpcReceiver | None = attrs.field(init=False, default=None)
-    _http: HttpReceiver | None = attrs.field(init=False, default=None)
+    _receivers: list[Receiver] = attrs.field(init=False, factory=list)
     _prometheus: PrometheusEndpoint | None = attrs.field(init=False, default=None)
     _timer: threading.Thread | None = attrs.field(init=False, default=None)
     _stop_timer: threading.Event = attrs.field(init=False, factory=threading.Event)
@@ -300,25 +301,27 @@ class CollectorService:
     def _listen(self) -> list[str]:
         options = self.options
         auth = BearerAuth(options.bearer_token) if options.bearer_token else None
-        parts = []
         if options.grpc_listen:
-            self._grpc = GrpcReceiver(
-                self.ingest, self.gate, options.grpc_listen, options.tls, auth, options.max_request_bytes
+            self._receivers.append(
+                GrpcReceiver(self.ingest, self.gate, options.grpc_listen, options.tls, auth, options.max_request_bytes)
             )
-            port = self._grpc.start()
-            parts.append(f"grpc {options.grpc_listen.rpartition(':')[0]}:{port}")
         if options.http_listen:
-            self._http = HttpReceiver(
-                self.ingest,
-                self.gate,
-                options.http_listen,
-                options.tls,
-                auth,
-                options.max_request_bytes,
-                body_deadline_s=options.http_body_deadline_s,
+            self._receivers.append(
+                HttpReceiver(
+                    self.ingest,
+                    self.gate,
+                    options.http_listen,
+                    options.tls,
+                    auth,
+                    options.max_request_bytes,
+                    body_deadline_s=options.http_body_deadline_s,
+                    body_min_rate=options.http_body_min_rate,
+                )
             )
-            port = self._http.start()
-            parts.append(f"http {options.http_listen.rpartition(':')[0]}:{port}")
+        parts = []
+        for receiver in self._receivers:  # a failure stops the rest from starting; start() stops the started
+            port = receiver.start()
+            parts.append(f"{receiver.kind} {receiver.listen.rpartition(':')[0]}:{port}")
         if options.prometheus_port is not None:
             from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
 
@@ -330,21 +333,15 @@ class CollectorService:
         return parts
 
     def _stop_listening(self) -> None:
-        if self._grpc is not None:
-            self._grpc.stop(0)
-        if self._http is not None:
-            self._http.stop()
+        for receiver in self._receivers:
+            receiver.stop()
         if self._prometheus is not None:
             self._prometheus.stop()
 
     @property
     def ports(self) -> dict[str, int]:
         """Bound ports by name (``grpc``, ``http``, ``prometheus``), for whichever are on."""
-        found = {}
-        if self._grpc is not None:
-            found["grpc"] = self._grpc.port
-        if self._http is not None:
-            found["http"] = self._http.port
+        found = {receiver.kind: receiver.port for receiver in self._receivers}
         if self._prometheus is not None:
             found["prometheus"] = self._prometheus.port
         return found

@@ -17,6 +17,7 @@ from typing import Any, Final
 import attrs
 
 from otel_ofu_collector.outputs.record_codec import encode_lines
+from otel_ofu_collector.receivers.base import LISTEN_BACKLOG
 from otel_ofu_collector.results import WindowReport
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class ReportFeed:
         Handler.feed = feed
         host = self.host.strip("[]") or "0.0.0.0"
         try:
-            server = ThreadingHTTPServer((host, self.port), Handler)
+            server = _FeedServer((host, self.port), Handler)
         except OSError as error:
             address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
             raise OSError(f"cannot serve the report feed on {address} ({error.strerror or error})") from error
@@ -100,6 +101,10 @@ class ReportFeed:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+
+class _FeedServer(ThreadingHTTPServer):
+    request_queue_size = LISTEN_BACKLOG  # socketserver's default is 5: a burst of pollers would be reset
 
 
 class _FeedHandler(BaseHTTPRequestHandler):

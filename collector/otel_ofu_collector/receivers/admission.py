@@ -1,6 +1,7 @@
-"""Admission for both receivers: a bounded number of requests in flight, and a shutdown switch.
+"""Admission for the receivers: a bounded number of requests in flight and a shutdown switch (``Gate``, both
+receivers), and the bytes of OTLP/HTTP bodies being received (``BodyBudget``).
 
-Past the bound, or once shutdown has begun, requests are refused as retryable (gRPC UNAVAILABLE /
+Past a bound, or once shutdown has begun, requests are refused as retryable (gRPC UNAVAILABLE /
 HTTP 503) with a retry delay, never RESOURCE_EXHAUSTED: the client should come back, not give up.
 """
 
@@ -59,35 +60,99 @@ class Gate:
     def in_flight(self) -> int:
         return self._in_flight
 
+    @property
+    def full(self) -> bool:
+        """Whether a request arriving now would be refused as overload (a receiver may refuse it before
+        reading its body; ``enter`` decides for the ones that pass)."""
+        return self._in_flight >= self.max_in_flight
+
 
 @attrs.define
 class BodyBudget:
-    """What OTLP/HTTP bodies may hold while they are received, before the gate: connections reading a body
-    at once, and the bytes their declared lengths add up to (a chunked body counts as the largest allowed).
+    """The bytes OTLP/HTTP bodies hold while they are received and processed, before and inside the gate:
+    counted as they arrive (never as declared), in all and per peer (the client's address).
 
-    A body is read before its request takes a gate slot, so a client sending its body slowly holds one of
-    these and never the slots meant for work; the body deadline bounds how long.
+    A declared length reserves nothing: a client declaring 64 MiB and sending a byte a second holds a byte
+    a second, and the minimum rate cuts it off (``http_framing``). A peer holds at most ``max_peer_bytes``,
+    so one client, however many connections it opens, leaves the rest of ``max_bytes`` to the others. A body
+    that would pass either bound is refused (503, retryable) and its bytes given back. ``max_readers``
+    optionally bounds the bodies being received at once (None: their number is not bounded, their bytes are).
     """
 
-    max_readers: int = 256
     max_bytes: int = 4 * MAX_REQUEST_BYTES
+    max_peer_bytes: int = MAX_REQUEST_BYTES
+    max_readers: int | None = None
     _readers: int = 0
     _bytes: int = 0
+    _peers: dict[str, int] = attrs.field(factory=dict)  # bytes held per peer, while it holds any or reads
+    _peer_readers: dict[str, int] = attrs.field(factory=dict)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
-    def take(self, size: int) -> bool:
+    def open(self, peer: str, declared: int | None = None) -> BodyLease | None:
+        """A lease for one body from ``peer``, or None when it cannot be had now: the readers' bound, or a
+        declared length that does not fit in what ``peer`` and everyone hold already (bytes received, not
+        declared, so no one's declaration blocks another)."""
         with self._lock:
-            if self._readers >= self.max_readers or (self._readers and self._bytes + size > self.max_bytes):
-                return False
+            if self.max_readers is not None and self._readers >= self.max_readers:
+                return None
+            held = self._peers.get(peer, 0)
+            if declared is not None and (
+                held + declared > self.max_peer_bytes or self._bytes + declared > self.max_bytes
+            ):
+                return None
             self._readers += 1
+            self._peer_readers[peer] = self._peer_readers.get(peer, 0) + 1
+            self._peers[peer] = held
+            return BodyLease(self, peer)
+
+    def _take(self, peer: str, size: int) -> bool:
+        with self._lock:
+            held = self._peers[peer]
+            if held + size > self.max_peer_bytes or self._bytes + size > self.max_bytes:
+                return False
+            self._peers[peer] = held + size
             self._bytes += size
             return True
 
-    def give(self, size: int) -> None:
+    def _give(self, peer: str, size: int) -> None:
         with self._lock:
             self._readers -= 1
             self._bytes -= size
+            self._peers[peer] -= size
+            readers = self._peer_readers[peer] - 1
+            if readers:
+                self._peer_readers[peer] = readers
+            else:  # nothing kept for a peer that holds nothing: a scan of the internet leaves no state
+                del self._peer_readers[peer], self._peers[peer]
 
     @property
     def readers(self) -> int:
+        """Bodies being received or processed now."""
         return self._readers
+
+    @property
+    def bytes(self) -> int:
+        """Bytes those bodies hold now."""
+        return self._bytes
+
+
+@attrs.define
+class BodyLease:
+    """One body's share of a ``BodyBudget``: ``take`` as its bytes arrive, ``release`` once (after its answer)."""
+
+    budget: BodyBudget
+    peer: str
+    held: int = 0
+    _released: bool = False
+
+    def take(self, size: int) -> bool:
+        """Count ``size`` more bytes received; False (nothing counted) when that would pass a bound."""
+        if not self.budget._take(self.peer, size):
+            return False
+        self.held += size
+        return True
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.budget._give(self.peer, self.held)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent import futures
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import grpc
@@ -28,17 +28,15 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from otel_ofu_collector.otlp.decode import DecodeOutcome
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.receivers.base import Ingest
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 EXPORT_METHOD = f"/{SERVICE_NAME}/Export"
 RETRY_INFO_TRAILER = "google.rpc.retryinfo-bin"
-
-Ingest = Callable[[ExportMetricsServiceRequest, bytes], DecodeOutcome]
 
 
 def retry_trailers(
@@ -98,6 +96,7 @@ class BearerInterceptor(_Interceptor):
 class GrpcReceiver:
     """Serves Export on ``host:port`` (port 0 picks a free one; ``port`` tells which after ``start``)."""
 
+    kind: ClassVar[str] = "grpc"
     ingest: Ingest
     gate: Gate
     listen: str = "0.0.0.0:4317"
