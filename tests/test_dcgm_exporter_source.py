@@ -498,3 +498,73 @@ def test_mig_instances_keep_the_gpu_throttle_but_not_a_copy_of_the_board_power(e
     for reading in snapshot.readings:
         assert reading.power_w is None
         assert reading.throttle[names.ThrottleReason.THERMAL] == 1.0
+
+
+# --- a page of the seven models with no board max clock, default counters only -----------------------------------
+
+SEVEN_MODELS = (  # (gpu index, modelName as NVML prints it, TPA, SM clock MHz)
+    (0, "Tesla V100-SXM2-32GB", 0.40, 1380),
+    (1, "Tesla T4", 0.25, 1200),
+    (2, "NVIDIA A40", 0.50, 1500),
+    (3, "NVIDIA L40", 0.30, 2100),
+    (4, "NVIDIA H20", 0.35, 1755),
+    (5, "NVIDIA B200", 0.60, 1800),
+    (6, "NVIDIA GB200", 0.70, 1900),
+)
+
+
+def seven_model_page() -> str:
+    """A scrape in dcgm-exporter's shape with its default counters file's OFU inputs (SM clock, tensor activity):
+    no DCGM_FI_DEV_MAX_SM_CLOCK, as on every default deployment. Written for this test in the format
+    of the real pages in tests/data (HELP/TYPE as the counters file words them, the newer label set)."""
+    series: dict[str, list[str]] = {"DCGM_FI_DEV_SM_CLOCK": [], "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": []}
+    for gpu, model, tpa, clock in SEVEN_MODELS:
+        labels = (
+            f'gpu="{gpu}",UUID="GPU-5e7e0000-0000-4000-8000-00000000000{gpu}",'
+            f'pci_bus_id="00000000:{gpu + 10:02X}:00.0",device="nvidia{gpu}",modelName="{model}",'
+            'hostname="mixed-1",DCGM_FI_DRIVER_VERSION="570.124.06"'
+        )
+        series["DCGM_FI_DEV_SM_CLOCK"].append(f"DCGM_FI_DEV_SM_CLOCK{{{labels}}} {clock}")
+        series["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"].append(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels}}} {tpa:.6f}")
+    return (
+        "# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).\n# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n"
+        + "\n".join(series["DCGM_FI_DEV_SM_CLOCK"])
+        + "\n# HELP DCGM_FI_PROF_PIPE_TENSOR_ACTIVE Ratio of cycles the tensor (HMMA) pipe is active.\n"
+        "# TYPE DCGM_FI_PROF_PIPE_TENSOR_ACTIVE gauge\n" + "\n".join(series["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]) + "\n"
+    )
+
+
+def test_the_seven_models_without_a_board_max_field_get_ofu_from_the_catalog(exporter: ExporterServer) -> None:
+    from otel_ofu.gpu_samples import compute_snapshot
+
+    computed = compute_snapshot(read_once(exporter.serve(seven_model_page())))
+    values = {sample.gpu.index: sample.values for sample in computed.samples}
+    # By hand, OFU = TPA x min(f / f_tensor, 1) where the catalog has a tensor clock, else TPA x f / f_board;
+    # raw OFU = TPA x f / f_board where the catalog has a board max:
+    # V100 SXM2 (board 1530, tensor 1526): 0.40 x 1380/1526 = 0.36173; raw 0.40 x 1380/1530 = 0.36078
+    # T4 (board 1590, tensor 1587):        0.25 x 1200/1587 = 0.18904; raw 0.25 x 1200/1590 = 0.18868
+    # A40 (board = tensor 1740):           0.50 x 1500/1740 = 0.43103 = raw
+    # L40 (board 2490, no tensor clock):   0.30 x 2100/2490 = 0.25301 = raw
+    # B200 (tensor 1856, no board max):    0.60 x 1800/1856 = 0.58190; no raw
+    # GB200 (tensor 2062, no board max):   0.70 x 1900/2062 = 0.64501; no raw
+    expected = {
+        0: (0.36173, 0.36078),
+        1: (0.18904, 0.18868),
+        2: (0.43103, 0.43103),
+        3: (0.25301, 0.25301),
+        5: (0.58190, None),
+        6: (0.64501, None),
+    }
+    assert set(values) == set(expected)
+    for index, (ofu, raw) in expected.items():
+        assert values[index].ofu == pytest.approx(ofu, abs=1e-5), index
+        if raw is None:
+            assert values[index].ofu_raw is None, index
+        else:
+            assert values[index].ofu_raw == pytest.approx(raw, abs=1e-5), index
+    # The H20: no source gives its clocks, so no OFU; its error says which option to add, its clock is kept.
+    (h20_error,) = [error for error in computed.errors if error.gpu is not None and error.gpu.index == 4]
+    assert h20_error.reason == names.ErrorReason.NO_VALUE
+    assert '--max-sm-clock "NVIDIA H20=MHZ"' in h20_error.message
+    (h20,) = [partial for partial in computed.partial if partial.gpu.index == 4]
+    assert h20.known[names.GPU_CLOCK_SM.name] == 1755e6
