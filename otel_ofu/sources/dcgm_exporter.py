@@ -8,21 +8,19 @@ earlier scrape is ever re-emitted in its place.
 
 from __future__ import annotations
 
-import http.client
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from prometheus_client.parser import text_string_to_metric_families
 
 from otel_ofu import names, throttle
-from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
-from otel_ofu.sources import keep_values
+from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot
+from otel_ofu.sources import keep_values, prometheus_text
 from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
+from otel_ofu.sources.prometheus_text import ScrapeError
+from otel_ofu.sources.prometheus_text import label as _label
 
 # dcgm-exporter's labels, newest spelling first.
 HOST_LABELS = ("hostname", "Hostname")
@@ -70,29 +68,9 @@ COUNTERS = frozenset({"sm_cycles_elapsed", "mma_cycles_active", "energy_mj", *na
 GPU_WIDE = ("sm_clock_mhz", "max_sm_clock_mhz", "clocks_event_reasons", *names.DCGM_EXPORTER_VIOLATIONS)
 
 
-class ScrapeError(Exception):
-    """The scrape as a whole failed; the message says why in one line."""
-
-
 def normalize_url(url: str) -> str:
     """``host:9400`` -> ``http://host:9400/metrics``; anything but http(s) is refused in one line."""
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SourceUnavailable(f"dcgm-exporter URL must look like http://HOST:9400/metrics, got {url!r}")
-    if parts.path in ("", "/"):
-        parts = parts._replace(path="/metrics")
-    return urllib.parse.urlunsplit(parts)
-
-
-def _label(labels: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
-    for key in keys:
-        value = labels.get(key)
-        if value:  # dcgm-exporter prints pod="" on GPUs no pod holds: empty is absent
-            return value
-    return None
+    return prometheus_text.normalize_url(url, "dcgm-exporter", "http://HOST:9400/metrics")
 
 
 def _int(text: str | None) -> int | None:
@@ -111,34 +89,24 @@ class _Entry:
     blank: set[str] = attrs.field(factory=set)
 
 
-def _metric_name(sample_name: str) -> str:
-    # prometheus-client appends "_total" to counter samples even when the family already ends in "_TOTAL".
-    return sample_name.removesuffix("_total")
-
-
 def parse_exposition(text: str) -> dict[tuple[str, str | None], _Entry]:
     """Entries keyed by (UUID, MIG instance id) from exposition text; ScrapeError when it is not parseable."""
     entries: dict[tuple[str, str | None], _Entry] = {}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as error:  # the parser raises ValueError, IndexError... on malformed text
-        raise ScrapeError(f"malformed exposition text: {error}") from None
-    for family in families:
-        for sample in family.samples:
-            labels = sample.labels
-            uuid = _label(labels, UUID_LABELS)
-            if uuid is None:
-                continue  # not a GPU series; without a UUID it has no identity to report under
-            # Any GPU series makes the GPU known, so one without our fields is reported, not lost.
-            entry = entries.setdefault((uuid, _label(labels, (MIG_ID_LABEL,))), _Entry(dict(labels)))
-            field = METRICS.get(_metric_name(sample.name))
-            if field is None:
-                continue
-            value = dcgm_number(sample.value, counter=field in COUNTERS)
-            if value is None:
-                entry.blank.add(field)
-            elif field not in entry.values:
-                entry.values[field] = value
+    for sample in prometheus_text.parse_samples(text):
+        labels = sample.labels
+        uuid = _label(labels, UUID_LABELS)
+        if uuid is None:
+            continue  # not a GPU series; without a UUID it has no identity to report under
+        # Any GPU series makes the GPU known, so one without our fields is reported, not lost.
+        entry = entries.setdefault((uuid, _label(labels, (MIG_ID_LABEL,))), _Entry(dict(labels)))
+        field = METRICS.get(sample.name)
+        if field is None:
+            continue
+        value = dcgm_number(sample.value, counter=field in COUNTERS)
+        if value is None:
+            entry.blank.add(field)
+        elif field not in entry.values:
+            entry.values[field] = value
     return entries
 
 
@@ -163,21 +131,7 @@ class DcgmExporterSource:
 
     def fetch(self) -> str:
         """The exposition text, or ScrapeError saying in one line why not."""
-        request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                charset = response.headers.get_content_charset() or "utf-8"
-                body: bytes = response.read()
-            return body.decode(charset)
-        except urllib.error.HTTPError as error:
-            error.close()
-            raise ScrapeError(f"{self.url}: HTTP {error.code} {error.reason}") from None
-        except urllib.error.URLError as error:
-            raise ScrapeError(f"{self.url}: {error.reason}") from None
-        except TimeoutError:
-            raise ScrapeError(f"{self.url}: no complete answer within {self.timeout_s:g} s") from None
-        except (OSError, http.client.HTTPException, ValueError) as error:
-            raise ScrapeError(f"{self.url}: {type(error).__name__}: {error}") from None
+        return prometheus_text.fetch(self.url, self.timeout_s)
 
     def read(self) -> Snapshot:
         now = self.clock()
