@@ -2,91 +2,23 @@
 
 from __future__ import annotations
 
-import http.server
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import attrs
 import pytest
 
 from otel_ofu import gpu_values, names
 from otel_ofu.model import GpuError, GpuReading, Snapshot, SourceUnavailable
 from otel_ofu.sources.dcgm_exporter import DcgmExporterSource, normalize_url
 from otel_ofu.testing.otlp_sink import unused_port
-
-
-@attrs.define
-class Route:
-    body: str = ""
-    status: int = 200
-    stall: bool = False
-
-
-@attrs.define
-class ExporterServer:
-    """A stand-in dcgm-exporter: serves whatever the test puts in ``routes``."""
-
-    routes: dict[str, Route]
-    server: http.server.ThreadingHTTPServer
-    release: threading.Event
-
-    def url(self, path: str = "/metrics") -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}{path}"
-
-    def serve(self, body: str, path: str = "/metrics") -> str:
-        self.routes[path] = Route(body)
-        return self.url(path)
+from tests.exporter_server import ExporterServer, Route, Ticks, serving
 
 
 @pytest.fixture
 def exporter() -> Iterator[ExporterServer]:
-    routes: dict[str, Route] = {}
-    release = threading.Event()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            route = routes.get(self.path)
-            if route is None:
-                self.send_error(404)
-                return
-            if route.stall:
-                release.wait(10)  # the client gives up long before; teardown releases us
-                return
-            data = route.body.encode()
-            self.send_response(route.status)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
-    thread.start()
-    try:
-        yield ExporterServer(routes, server, release)
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
-class Ticks:
-    """An injectable clock that moves 10 s per call."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000_000_000
-
-    def __call__(self) -> int:
-        self.now += 10_000_000_000
-        return self.now
+    with serving() as server:
+        yield server
 
 
 def read_once(url: str, **kwargs: object) -> Snapshot:
@@ -118,7 +50,7 @@ def with_metric(line: str, metric: str, value: str) -> str:
 def test_every_fixture_parses_and_incomplete_gpus_are_errors_not_zeros(
     exporter: ExporterServer, shared_fixtures: Path
 ) -> None:
-    files = sorted(shared_fixtures.glob("*.prom"))
+    files = sorted(shared_fixtures.glob("dcgm_exporter_*.prom"))
     assert len(files) == 4
     for path in files:
         snapshot = read_once(exporter.serve(path.read_text(), f"/{path.stem}"))
