@@ -413,7 +413,9 @@ def test_a_scrape_that_repeats_the_previous_refresh_does_not_read_as_unthrottled
     assert fresh_reading.throttle[names.ThrottleReason.POWER] == pytest.approx(0.5)  # 10 s of violation in 20 s
 
 
-def test_mig_instances_keep_the_gpu_throttle_but_not_a_copy_of_the_board_power(exporter: ExporterServer) -> None:
+def test_mig_instances_keep_the_gpu_throttle_and_take_their_share_of_the_board_power(
+    exporter: ExporterServer,
+) -> None:
     labels = (
         'gpu="0",UUID="GPU-7f1c0000-0000-4000-8000-000000000000",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",'
         'GPU_I_PROFILE="3g.40gb",GPU_I_ID="{gi}",Hostname="node-7"'
@@ -428,8 +430,45 @@ def test_mig_instances_keep_the_gpu_throttle_but_not_a_copy_of_the_board_power(e
     snapshot = read_once(exporter.serve(body), clock=Ticks())
     assert len(snapshot.readings) == 2
     for reading in snapshot.readings:
-        assert reading.power_w is None
+        # A 3g instance is 3 of the H100's 7 compute slices: 512 W x 3/7 = 219.43 W each. The two add up to 6/7
+        # of the board; the unconfigured seventh is attributed to no one.
+        assert reading.power_w == pytest.approx(512 * 3 / 7)
         assert reading.throttle[names.ThrottleReason.THERMAL] == 1.0
+
+
+def mig_scrape(energy_mj: int) -> str:
+    """An H100 in 7 x 1g.10gb MIG instances as dcgm-exporter prints it: the board's power and energy on the parent
+    GPU's own series (no GPU_I_ID), the tensor activity on each instance, written for this test."""
+    parent = (
+        'gpu="0",UUID="GPU-3c1d0000-0000-4000-8000-000000000000",device="nvidia0",'
+        'modelName="NVIDIA H100 80GB HBM3",Hostname="node-8"'
+    )
+    lines = [
+        f"DCGM_FI_DEV_SM_CLOCK{{{parent}}} 1830",
+        f"DCGM_FI_DEV_POWER_USAGE{{{parent}}} 700.0",
+        f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{parent}}} {energy_mj}",
+    ]
+    for gi in range(7):
+        instance = parent + f',GPU_I_PROFILE="1g.10gb",GPU_I_ID="{gi + 7}"'
+        lines.append(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{instance}}} 0.5")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_h100_at_700_w_in_seven_1g_instances_gives_each_100_w(exporter: ExporterServer) -> None:
+    source = DcgmExporterSource(exporter.serve(mig_scrape(50_000_000)), clock=Ticks())
+    first = source.read()
+    exporter.serve(mig_scrape(50_000_000 + 7_000_000))  # 7000 J in the 10 s between scrapes: the board at 700 W
+    second = source.read()
+    source.close()
+    assert len(second.readings) == 7  # the instances; the parent has no TPA of its own and is not a reading
+    for reading in first.readings:
+        assert reading.power_w == pytest.approx(100.0)  # 700 W x 1/7, the instantaneous reading
+    for reading in second.readings:
+        assert reading.gpu.mig_profile == "1g.10gb"
+        assert reading.power_w == pytest.approx(100.0)  # 7000 J x 1/7 over 10 s
+        assert reading.energy is not None
+        assert reading.energy.joules == pytest.approx(1000.0)
+    assert sum(r.energy.joules for r in second.readings if r.energy) == pytest.approx(7000.0)  # the board's, once
 
 
 # --- a page of the seven models with no board max clock, default counters only -----------------------------------

@@ -15,7 +15,8 @@ from typing import Any
 
 import attrs
 
-from otel_ofu import names, throttle
+from otel_ofu import gpu_share, names, throttle
+from otel_ofu.gpu_values import say_once
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot
 from otel_ofu.sources import keep_values, prometheus_text
 from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
@@ -64,8 +65,10 @@ LOSS_METRICS: Mapping[str, str] = {
 METRICS = {**METRICS, **LOSS_METRICS}
 COUNTERS = frozenset({"sm_cycles_elapsed", "mma_cycles_active", "energy_mj", *names.DCGM_EXPORTER_VIOLATIONS})
 # The SM clock and its throttling belong to the physical GPU: a MIG instance without its own takes its
-# parent's. Power and energy do not: the board's power on each instance would be counted once per instance.
+# parent's. So do power and energy, but as the board's: a MIG instance carries its share of them
+# (otel_ofu.gpu_share), never the board's whole, which would be counted once per instance.
 GPU_WIDE = ("sm_clock_mhz", "max_sm_clock_mhz", "clocks_event_reasons", *names.DCGM_EXPORTER_VIOLATIONS)
+BOARD = ("power_w", "energy_mj")
 
 
 def normalize_url(url: str) -> str:
@@ -147,10 +150,12 @@ class DcgmExporterSource:
             if mig_id is None and uuid in has_instances and "tensor_active" not in entry.values:
                 continue  # a MIG parent's GPU-wide fields serve its instances; its TPA lives on them
             if mig_id is not None and uuid in parents:
-                for field in GPU_WIDE:
+                for field in (*GPU_WIDE, *BOARD):
                     if field in parents[uuid].values:
                         entry.values.setdefault(field, parents[uuid].values[field])
-            results.extend(self._reading(uuid, entry, start, now))
+            # A MIG parent that reports a TPA of its own beside its instances leaves the board to them.
+            board_share = None if mig_id is None and uuid in has_instances else self._share(entry)
+            results.extend(self._reading(uuid, entry, start, now, board_share))
         for tracker in (self._cycles, self._energy, self._violations):
             tracker.forget(item.gpu.key for item in results if item.gpu is not None)
         return split(results)
@@ -176,7 +181,23 @@ class DcgmExporterSource:
             hints=hints,
         )
 
-    def _reading(self, uuid: str, entry: _Entry, start: int, now: int) -> tuple[GpuReading | GpuError, ...]:
+    @staticmethod
+    def _share(entry: _Entry) -> float:
+        """A MIG instance's share of its board (1 for a whole GPU), said once when the slice count is assumed."""
+        profile = _label(entry.labels, (MIG_PROFILE_LABEL,))
+        if profile is None or _label(entry.labels, (MIG_ID_LABEL,)) is None:
+            return 1.0
+        model = entry.labels.get(MODEL_LABEL)
+        if gpu_share.assumed_slices(model, profile):
+            say_once(
+                f"MIG profile {profile!r} of {model!r}: the catalog has no compute-slice count for the model, so its "
+                f"power and energy are shared as {gpu_share.DEFAULT_MIG_SLICES} slices' (add the model to the catalog)"
+            )
+        return gpu_share.gpu_share(model, profile)
+
+    def _reading(
+        self, uuid: str, entry: _Entry, start: int, now: int, board_share: float | None = 1.0
+    ) -> tuple[GpuReading | GpuError, ...]:
         """The GPU's reading, and beside it the error when it gives no OFU (what it did give is kept)."""
         identity = self._identity(uuid, entry.labels)
         values = entry.values
@@ -201,7 +222,7 @@ class DcgmExporterSource:
             sm_active=values.get("sm_active"),
             dram_active=values.get("dram_active"),
             cycles=cycles,
-            **self._loss_inputs(identity.key, values, now, board=identity.mig_instance_id is None),
+            **self._loss_inputs(identity.key, values, now, board_share=board_share),
         )
         blank = " (blank sentinel or NaN)" if {"tensor_active", "sm_clock_mhz"} & entry.blank else ""
         result = reading_or_error(reading)
@@ -209,22 +230,29 @@ class DcgmExporterSource:
             result = attrs.evolve(result, message=result.message + blank)
         return keep_values(reading, result)
 
-    def _loss_inputs(self, key: str, values: Mapping[str, float], now: int, *, board: bool) -> dict[str, Any]:
+    def _loss_inputs(
+        self, key: str, values: Mapping[str, float], now: int, *, board_share: float | None
+    ) -> dict[str, Any]:
         """Power, energy and throttle shares of one scrape entry as GpuReading fields.
 
         dcgm-exporter refreshes its values on its own period (30 s by default) and prints no timestamps:
         a scrape whose energy counter has not moved repeats the previous refresh, so violation counters
         are not differenced on it (they would read as an unthrottled interval). Power and energy are the
-        board's (``board``): a MIG instance's copy of them is left out, or the board would count per instance.
+        board's times ``board_share`` (a MIG instance's share of its GPU; None: left out), so that the instances
+        of a GPU add up to the board and nothing is counted twice.
         """
         result: dict[str, Any] = {}
         observation = None
-        if not board:
-            values = {name: value for name, value in values.items() if name not in ("energy_mj", "power_w")}
+        # Left out or not, the counter is still followed: whether it moved says whether this scrape is fresh.
+        share = 1.0 if board_share is None else board_share
         if "energy_mj" in values:
-            observation = self._energy.update(key, values["energy_mj"] / 1000.0, now)
-            result["energy"] = observation.energy
-        result["power_w"] = throttle.interval_power(observation, values.get("power_w"))
+            # The share of the board's counter is a counter of its own: its deltas are the board's times the share.
+            observation = self._energy.update(key, values["energy_mj"] / 1000.0 * share, now)
+            if board_share is not None:
+                result["energy"] = observation.energy
+        watts = values.get("power_w")
+        power = throttle.interval_power(observation, None if watts is None else watts * share)
+        result["power_w"] = power if board_share is not None else None
         counters = {
             metric: values[metric] * names.DCGM_VIOLATION_UNIT_NS
             for metric in names.DCGM_EXPORTER_VIOLATIONS
