@@ -539,3 +539,12 @@ def test_the_seven_models_without_a_board_max_field_get_ofu_from_the_catalog(exp
     assert '--max-sm-clock "NVIDIA H20=MHZ"' in h20_error.message
     (h20,) = [partial for partial in computed.partial if partial.gpu.index == 4]
     assert h20.known[names.GPU_CLOCK_SM.name] == 1755e6
+
+
+def test_a_mig_instance_whose_profile_cannot_be_read_leaves_the_board_power_out(exporter: ExporterServer) -> None:
+    # Counted whole on each of two instances, the board's 700 W would read 1400 W: absent instead.
+    parent = 'gpu="0",UUID="GPU-3c1d0000-0000-4000-8000-000000000009",modelName="NVIDIA H100 80GB HBM3",Hostname="n"'
+    lines = [f"DCGM_FI_DEV_SM_CLOCK{{{parent}}} 1830", f"DCGM_FI_DEV_POWER_USAGE{{{parent}}} 700.0"]
+    lines += [f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{parent},GPU_I_ID="{gi}"}} 0.5' for gi in (1, 2)]
+    snapshot = read_once(exporter.serve("\n".join(lines) + "\n"), clock=Ticks())
+    assert [reading.power_w for reading in snapshot.readings] == [None, None]

@@ -182,11 +182,14 @@ class DcgmExporterSource:
         )
 
     @staticmethod
-    def _share(entry: _Entry) -> float:
-        """A MIG instance's share of its board (1 for a whole GPU), said once when the slice count is assumed."""
-        profile = _label(entry.labels, (MIG_PROFILE_LABEL,))
-        if profile is None or _label(entry.labels, (MIG_ID_LABEL,)) is None:
+    def _share(entry: _Entry) -> float | None:
+        """A MIG instance's share of its board (1 for a whole GPU), said once when the slice count is assumed;
+        None for an instance whose profile cannot be read (its power is left out, not counted whole per instance)."""
+        if _label(entry.labels, (MIG_ID_LABEL,)) is None:
             return 1.0
+        profile = _label(entry.labels, (MIG_PROFILE_LABEL,))
+        if profile is None or gpu_share.mig_slices(profile) is None:
+            return None
         model = entry.labels.get(MODEL_LABEL)
         if gpu_share.assumed_slices(model, profile):
             say_once(

@@ -710,6 +710,9 @@ def _instance_share(board: Mapping[str, Any], instance: GpuIdentity) -> dict[str
     """A MIG instance's loss inputs: the GPU's throttling as is, the board's power and energy times the instance's
     share of the GPU (``otel_ofu.gpu_share``: its profile's compute slices of the model's). A cumulative counter
     times a constant share is the share's counter, with the board counter's start."""
+    if instance.mig_profile is None or gpu_share.mig_slices(instance.mig_profile) is None:
+        # An instance that cannot be sized leaves the board out rather than count it whole once per instance.
+        return {"throttle": board["throttle"]}
     share = gpu_share.gpu_share(instance.model, instance.mig_profile)
     if gpu_share.assumed_slices(instance.model, instance.mig_profile):
         say_once(
