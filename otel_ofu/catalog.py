@@ -59,14 +59,15 @@ def _peaks(**tflops: float) -> dict[str, float]:
 
 # --- NVIDIA Ampere (A100, A30: GA100; A10, A40, RTX A6000: GA102) ------------------------------------------------
 
-# Source: NVIDIA A100 datasheet (2021), dense; 108 SMs. Board max 1410 MHz: NVIDIA's A100 40GB PCIe product brief
-# (PB-10137-001, boost 1410 MHz) and the datasheet's 19.5 TFLOPS FP32 = 6912 x 2 x 1.41 GHz; deviceQuery on an
-# A100 reports "GPU Max Clock rate: 1410 MHz". The tensor clock is the boost clock (108 x 2048 dense FP16
-# FLOP/clk/SM x 1.41 GHz = 312 TFLOP/s).
+# Source: NVIDIA A100 datasheet (2021), dense; 108 SMs. Board max 1410 MHz: the datasheet's 19.5 TFLOPS FP32 =
+# 6912 x 2 x 1.41 GHz (the datasheet as reproduced by glennklockwood.com), and deviceQuery on an A100 reports "GPU
+# Max Clock rate: 1410 MHz" (Paderborn PC2's system documentation). The tensor clock is the boost clock
+# (108 x 2048 dense FP16 FLOP/clk/SM x 1.41 GHz = 312 TFLOP/s).
 A100_SXM = GpuSpec(
     "A100-SXM", 108, 1410 * MHZ, 1410 * MHZ, _peaks(fp64=19.5, tf32=156, bf16=312, int8=624), compute_slices=7
 )
-# Source: NVIDIA A100 PCIe datasheet and product brief PB-10137-001: same peaks and clocks as SXM (boost 1410 MHz).
+# Source: NVIDIA A100 PCIe datasheet: same peaks and clocks as SXM (boost 1410 MHz, as NVIDIA's table is
+# reproduced by sysrqmts.com).
 A100_PCIE = GpuSpec(
     "A100-PCIe", 108, 1410 * MHZ, 1410 * MHZ, _peaks(fp64=19.5, tf32=156, bf16=312, int8=624), compute_slices=7
 )
@@ -91,7 +92,8 @@ A10G = GpuSpec("A10G", None, None, None, _peaks())
 # Source: NVIDIA A40 datasheet (as reproduced by ecer.com): dense TF32 74.8, BF16/FP16 149.7, INT8 299.3 (sparse
 # figures doubled); 10752 CUDA cores, 336 third-generation tensor cores = 84 SMs (4 per SM, derived). Board max
 # 1740 MHz: NVIDIA A40 product brief PB-09976-001 (boost 1740 MHz, as reproduced by gpu.spicedreamphone.com and
-# sysrqmts.com); the datasheet's 37.4 TFLOPS FP32 / (2 x 10752) = 1739 MHz agrees. Tensor clock derived:
+# sysrqmts.com; the brief's own copy found shows only its contents); the datasheet's 37.4 TFLOPS FP32 /
+# (2 x 10752) = 1739 MHz agrees. Tensor clock derived:
 # 149.7 T / (84 x 1024) = 1740 MHz, i.e. the boost clock.
 A40 = GpuSpec("A40", 84, 1740 * MHZ, 1740 * MHZ, _peaks(tf32=74.8, bf16=149.7, int8=299.3))
 # Source: NVIDIA RTX A6000 datasheet: 10752 CUDA cores, 84 SMs, 38.7 TFLOPS FP32; board max 1800 MHz: the
@@ -227,9 +229,10 @@ V100_SXM2 = GpuSpec("V100-SXM2", 80, 1530 * MHZ, 1526 * MHZ, _peaks(bf16=125))
 # Tensor clock derived: 112 T / (80 x 1024) = 1367 MHz. bf16 stands for Volta's FP16 tensor rate (Volta has no
 # BF16; _peaks gives fp16 the same figure).
 V100_PCIE = GpuSpec("V100-PCIe", 80, 1380 * MHZ, 1367 * MHZ, _peaks(bf16=112))
-# Source: NVIDIA V100S PCIe datasheet: FP64 8.2, FP32 16.4, tensor 130 TFLOPS; board max 1597 MHz, the boost clock
-# NVIDIA's table gives as reproduced by GPU databases (16.4 T / (2 x 5120) = 1602 MHz agrees at its rounding).
-# Tensor clock derived: 130 T / (80 x 1024) = 1587 MHz.
+# Source: NVIDIA V100S PCIe datasheet: FP64 8.2, FP32 16.4, tensor 130 TFLOPS; 5120 CUDA cores, 80 SMs (as the
+# GPU database reproduced in Lambda's LLM calculator lists it). Board max 1597 MHz: the datasheet prints no clock;
+# its 16.4 TFLOPS / (2 x 5120) puts it at 1597-1607 MHz within the figure's rounding, and 1597 MHz is the boost
+# clock GPU databases give (not NVIDIA's own table). Tensor clock derived: 130 T / (80 x 1024) = 1587 MHz.
 V100S_PCIE = GpuSpec("V100S-PCIe", 80, 1597 * MHZ, 1587 * MHZ, _peaks(bf16=130))
 # Source: NVIDIA DGX-2 datasheet: 16 Tesla V100 SXM3 32GB, 2 petaFLOPS of tensor performance, i.e. 125 TFLOPS per
 # GPU; 80 SMs (GV100). Tensor clock derived: 125 T / (80 x 1024) = 1526 MHz. Its board max: no NVIDIA figure found
