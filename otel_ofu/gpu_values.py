@@ -59,10 +59,10 @@ class GpuValues:
     """The per-GPU gauges of one interval. ``None`` means the value is not known and is not exported."""
 
     ofu: float
-    ofu_raw: float
+    ofu_raw: float | None  # TPA x f / f_max_board: none without a board max (a tensor clock alone gives OFU)
     tensor_active: float
     sm_clock_hz: float
-    max_sm_clock_hz: float
+    max_sm_clock_hz: float | None
     max_clock_from_catalog: bool
     flops_achieved: float | None = None
     sm_active: float | None = None
@@ -120,6 +120,21 @@ def _optional_fraction(name: str, value: float | None) -> float | None:
         return None  # an optional gauge that is off is left out; OFU itself does not depend on it
 
 
+def max_clock_hint(model: str) -> str:
+    """The ``--max-sm-clock`` option that gives ``model`` its max clock, quoted for a POSIX shell as the option
+    wants it: the device's name string exactly, ``=``, the clock in MHz (``MHZ`` stands for it)."""
+    quoted = "".join("\\" + char if char in '"\\$`' else char for char in model)
+    return f'--max-sm-clock "{quoted}=MHZ"'
+
+
+def _no_max_clock(model: str, known: bool) -> ofu_math.InvalidReading:
+    """The error of a GPU with no max clock from the source, the catalog or the option, said once with the fix."""
+    where = "the catalog has no clock for it" if known else "the catalog does not know it"
+    hint = f"{max_clock_hint(model)} (its max SM clock in MHz; env OTEL_OFU_MAX_SM_CLOCK) gives it one"
+    say_once(f"GPU model {model!r} has no max SM clock from the source and {where}: no OFU until {hint}")
+    return ofu_math.InvalidReading(names.ErrorReason.NO_VALUE, f"no max SM clock: {hint}")
+
+
 def compute(
     reading: GpuReading,
     *,
@@ -129,8 +144,9 @@ def compute(
     """The contract's values for one reading; raises ``ofu_math.InvalidReading`` when OFU cannot be had.
 
     The max clock is the device's own when the source has it, else the catalog's board boost clock
-    (dcgm-exporter does not export field 113 by default); a model the catalog does not know, with no
-    max clock from the device, has no OFU.
+    (dcgm-exporter does not export field 113 by default). Without a board max, the catalog's tensor clock alone
+    gives OFU (raw OFU and the max clock are then absent); with neither, there is no OFU and the producer says
+    once which ``--max-sm-clock`` to add.
     """
     spec = catalog.lookup(reading.gpu.model)
     if spec is None:
@@ -138,6 +154,7 @@ def compute(
             f"GPU model {reading.gpu.model!r} is not in the catalog: OFU uses the device's own max clock "
             "and peak-derived metrics (gpu.flops.achieved) are left out"
         )
+    tensor_clock = spec.tensor_clock_hz if spec is not None else None
     max_clock = reading.max_sm_clock_hz
     from_catalog = False
     if max_clock is None and spec is not None and spec.boost_clock_hz is not None:
@@ -147,6 +164,14 @@ def compute(
             f"no max SM clock from the source for {reading.gpu.model!r}: using the catalog's "
             f"{spec.boost_clock_hz / 1e6:.0f} MHz"
         )
+    if max_clock is None:
+        if tensor_clock is None:
+            raise _no_max_clock(reading.gpu.model, known=spec is not None)
+        say_once(
+            f"no board max clock for {reading.gpu.model!r} from the source or the catalog: gpu.ofu is taken "
+            f"against the catalog's tensor clock ({tensor_clock / 1e6:.0f} MHz); gpu.ofu.raw and gpu.clock.sm.max "
+            "are left out"
+        )
     if reading.cycles is not None:
         elapsed_s = (reading.end_ns - reading.start_ns) / 1e9
         exact = ofu_math.ofu_from_cycles(
@@ -154,28 +179,22 @@ def compute(
             reading.cycles.sm_cycles_elapsed,
             elapsed_s,
             max_clock,
-            tensor_clock_hz=spec.tensor_clock_hz if spec else None,
+            tensor_clock_hz=tensor_clock,
             calibration=calibration,
         )
         tpa, sm_clock, value = exact.tensor_active, exact.mean_sm_clock_hz, exact.ofu
     else:
         tpa = ofu_math.check_fraction("tensor pipe activity", reading.tensor_active)
         sm_clock = ofu_math.check_clock("SM clock", reading.sm_clock_hz)
-        value = ofu_math.ofu(
-            tpa,
-            sm_clock,
-            max_clock,
-            tensor_clock_hz=spec.tensor_clock_hz if spec else None,
-            calibration=calibration,
-        )
-    raw = ofu_math.raw_ofu(tpa, sm_clock, max_clock)
+        value = ofu_math.ofu(tpa, sm_clock, max_clock, tensor_clock_hz=tensor_clock, calibration=calibration)
+    raw = ofu_math.raw_ofu(tpa, sm_clock, max_clock) if max_clock is not None else None
     peak = spec.peak(precision) if spec is not None else None
     return GpuValues(
         ofu=value,
         ofu_raw=raw,
         tensor_active=tpa,
         sm_clock_hz=sm_clock,
-        max_sm_clock_hz=ofu_math.check_clock("max SM clock", max_clock),
+        max_sm_clock_hz=ofu_math.check_clock("max SM clock", max_clock) if max_clock is not None else None,
         max_clock_from_catalog=from_catalog,
         flops_achieved=ofu_math.achieved_flops(value, peak),
         sm_active=_optional_fraction("SM active", reading.sm_active),

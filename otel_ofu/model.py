@@ -29,6 +29,9 @@ class GpuIdentity:
     host: str
     mig_profile: str | None = None
     mig_instance_id: int | None = None
+    vendor: str = names.HW_VENDOR_NVIDIA  # hw.vendor
+    # An AMD compute partition mode (names.GPU_COMPUTE_PARTITION: spx, dpx, tpx, qpx, cpx); its own UUID is hw.id.
+    compute_partition: str | None = None
     # Attribution hints the source itself knows (pod labels or hpc_job from dcgm-exporter, say),
     # keyed by the contract's attribute names (names.K8S_POD_NAME, names.JOB_ID, ...).
     hints: Mapping[str, str] = attrs.field(factory=dict)
@@ -45,7 +48,7 @@ class GpuIdentity:
             names.HOST_NAME: self.host,
             names.HW_ID: self.uuid,
             names.HW_TYPE: names.HW_TYPE_GPU,
-            names.HW_VENDOR: names.HW_VENDOR_NVIDIA,
+            names.HW_VENDOR: self.vendor,
             names.HW_MODEL: self.model,
             names.GPU_INDEX: self.index,
         }
@@ -53,6 +56,8 @@ class GpuIdentity:
             attributes[names.GPU_MIG_PROFILE] = self.mig_profile
         if self.mig_instance_id is not None:
             attributes[names.GPU_MIG_INSTANCE_ID] = self.mig_instance_id
+        if self.compute_partition is not None:
+            attributes[names.GPU_COMPUTE_PARTITION] = self.compute_partition
         return attributes
 
 

@@ -375,6 +375,7 @@ class ExportFailureReason:
 
 HW_TYPE_GPU: Final = "gpu"
 HW_VENDOR_NVIDIA: Final = "nvidia"
+HW_VENDOR_AMD: Final = "amd"  # AMD Instinct, through the AMD Device Metrics Exporter
 
 # Identity attributes: copied onto data points by the `datapoint`/`both` placement (Datadog), and
 # looked up by the collector on the data point first and the resource second.
@@ -614,3 +615,19 @@ DCGM_EXPORTER_VIOLATIONS: Final = {
     "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION": ThrottleReason.OTHER,
     "DCGM_FI_DEV_RELIABILITY_VIOLATION": ThrottleReason.OTHER,
 }
+
+# --- AMD Device Metrics Exporter (ROCm/device-metrics-exporter): AMD Instinct GPUs ----------------------------------
+# Its Prometheus metric names for the fields OFU and its loss use. The profiler fields (GPU_PROF_*) are rocprofiler
+# derived counters the exporter samples when its ProfilerMetrics are on; both below are in its default field list.
+
+AMD_EXPORTER_MFMA_ACTIVE: Final = "gpu_prof_tensor_active_percent"  # MfmaUtil, %: MFMA busy per GPU-active cycle
+AMD_EXPORTER_GPU_ACTIVE: Final = "gpu_prof_gui_util_percent"  # GPU_UTIL, %: GRBM_GUI_ACTIVE / GRBM_COUNT
+AMD_EXPORTER_CLOCK: Final = "gpu_clock"  # MHz, one series per clock_type (and clock_index)
+AMD_EXPORTER_MAX_CLOCK: Final = "gpu_max_clock"  # MHz, the top of the clock's DPM range, per clock_type
+AMD_EXPORTER_ENGINE_CLOCK_TYPE: Final = "system"  # clock_type of the engine (GFX, SCLK) clock OFU is measured in
+AMD_EXPORTER_POWER_USAGE: Final = "gpu_power_usage"  # W
+AMD_EXPORTER_PACKAGE_POWER: Final = "gpu_package_power"  # W, socket power (MI3xx), where gpu_power_usage is absent
+AMD_EXPORTER_ENERGY: Final = "gpu_energy_consumed"  # uJ accumulated since the driver loaded
+AMD_ENERGY_UNIT_J: Final = 1e-6  # joules per unit of gpu_energy_consumed
+# Values the exporter's own filter treats as "not applicable" (max of the unsigned widths, and of int32): no value.
+AMD_NOT_APPLICABLE: Final = (0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)

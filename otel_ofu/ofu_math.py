@@ -8,7 +8,9 @@ Two variants are exported:
   maximum SM clock as NVML/DCGM report it;
 * OFU (``gpu.ofu``): the clock ratio is taken in the tensor clock domain where the GPU catalog knows
   the tensor clock (the clock at which the datasheet's dense peak is specified), the board maximum
-  otherwise, and a calibration factor (tile quantization) is applied.
+  otherwise, and a calibration factor (tile quantization) is applied. A tensor clock alone suffices
+  (Blackwell: the vendor publishes no board max, and dcgm-exporter exports none by default); raw OFU has
+  no value then, since it is defined against the board maximum.
 
 Clock-ratio bound. Tensor pipes cannot issue faster than their own maximum, and the datasheet peak is
 defined at that clock, so the ratio f_SM / f_tensor is capped at 1: an SM boosting above the tensor
@@ -80,7 +82,14 @@ def raw_ofu(tensor_active: float | None, sm_clock_hz: float | None, max_clock_hz
 
 
 def domain_clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, tensor_clock_hz: float | None) -> float:
-    """The clock ratio in the tensor clock domain when it is known, the board domain otherwise."""
+    """The clock ratio in the tensor clock domain when it is known, the board domain otherwise.
+
+    With a board max the current clock is checked against it (a clock above it is invalid); with only a tensor
+    clock there is nothing to check it against but its being a clock: boosting above the tensor clock is normal.
+    """
+    if max_clock_hz is None and tensor_clock_hz is not None:
+        current = check_clock("SM clock", sm_clock_hz)
+        return min(current / check_clock("tensor clock", tensor_clock_hz), 1.0)
     board = board_clock_ratio(sm_clock_hz, max_clock_hz)  # validates both clocks
     if tensor_clock_hz is None:
         return board
@@ -102,7 +111,8 @@ def ofu(
     tensor_clock_hz: float | None = None,
     calibration: float = 1.0,
 ) -> float:
-    """OFU in [0, 1]: TPA x clock ratio in the tensor clock domain x calibration factor."""
+    """OFU in [0, 1]: TPA x clock ratio in the tensor clock domain x calibration factor; ``max_clock_hz`` may be
+    None where ``tensor_clock_hz`` is known."""
     tpa = check_fraction("tensor pipe activity", tensor_active)
     return tpa * domain_clock_ratio(sm_clock_hz, max_clock_hz, tensor_clock_hz) * check_calibration(calibration)
 

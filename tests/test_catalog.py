@@ -39,10 +39,32 @@ KNOWN_NAMES = [
     ("NVIDIA H20", "H20"),
     ("NVIDIA B300", "B300"),
     ("NVIDIA GB300", "GB300"),
+    ("NVIDIA A10", "A10"),
+    ("NVIDIA A10G", "A10G"),
+    ("NVIDIA A30", "A30"),
+    ("Tesla V100S-PCIE-32GB", "V100S-PCIe"),
+    ("Tesla V100-SXM3-32GB", "V100-SXM3"),
+    ("Tesla V100-SXM3-32GB-H", "V100-SXM3"),
+    ("NVIDIA RTX 6000 Ada Generation", "RTX-6000-Ada"),
+    ("NVIDIA RTX A6000", "RTX-A6000"),
+    ("NVIDIA RTX 4000 Ada Generation", "RTX-4000-Ada"),
+    ("NVIDIA L20", "L20"),
+    ("NVIDIA GH200 480GB", "GH200"),
+    ("NVIDIA H800", "H800"),
+    ("NVIDIA A800 80GB PCIe", "A800"),
+    ("NVIDIA A800-SXM4-80GB", "A800"),
+    # AMD Instinct, as the AMD Device Metrics Exporter's card_series label (amd-smi's market name) prints them.
+    ("AMD Instinct MI210", "MI210"),
+    ("AMD Instinct MI250X", "MI250X"),
+    ("AMD Instinct MI300X OAM", "MI300X"),
+    ("AMD Instinct MI300A", "MI300A"),
+    ("AMD Instinct MI325X OAM", "MI325X"),
+    ("AMD Instinct MI355X OAM", "MI355X"),
 ]
 
-# No source for their figures was found: they stay unknown (--max-sm-clock gives them a max clock).
-UNKNOWN_NAMES = ["NVIDIA TITAN V", "NVIDIA A30", "NVIDIA A10G", "NVIDIA A10", "Tesla V100S-PCIE-32GB", ""]
+# No source for their figures was found: they stay unknown (--max-sm-clock gives them a max clock). "MI250X/MI250"
+# is the name both MI250 and MI250X boards may carry, which differ in compute units.
+UNKNOWN_NAMES = ["NVIDIA TITAN V", "NVIDIA Future GPU 80GB", "AMD Instinct MI250X/MI250", "AMD Instinct MI100", ""]
 
 # Dense FP16/BF16 tensor FLOP per clock per SM of each architecture (Ampere 2048 on A100, Hopper 4096,
 # Ada 1024, Blackwell 8192): tensor clock x SMs x rate must give the datasheet's dense peak.
@@ -60,7 +82,22 @@ DENSE_FP16_FLOP_PER_CLOCK_PER_SM = {
     "GB200": 8192,
     "V100-SXM2": 1024,  # Volta: 8 tensor cores x 64 FMA x 2
     "V100-PCIe": 1024,
+    "V100S-PCIe": 1024,
+    "V100-SXM3": 1024,
     "T4": 1024,  # Turing: the same 8 x 64 FMA per SM
+    "A30": 2048,  # GA100, as A100
+    "A800": 2048,
+    "GH200": 4096,  # Hopper, as H100
+    "A10": 1024,  # GA102 with full-rate FP32 accumulate (the datasheet's 125 TFLOPS at 72 SMs and 1695 MHz)
+    "A40": 1024,
+    # AMD Instinct, FP16 matrix FLOP per clock per compute unit (ROCm MI250 / MI300 microarchitecture tables; CDNA 4
+    # doubles CDNA 3's per-CU rate).
+    "MI210": 1024,
+    "MI250X": 1024,
+    "MI300X": 2048,
+    "MI300A": 2048,
+    "MI325X": 2048,
+    "MI355X": 4096,
 }
 
 
@@ -95,12 +132,17 @@ def test_fp16_equals_bf16(spec: catalog.GpuSpec) -> None:
     assert spec.peak("fp16") == spec.peak("bf16")
 
 
+# Rows whose tensor peaks no source gives (a workstation datasheet's "tensor performance" names no precision; the
+# A10G has no NVIDIA datasheet): they get OFU but no gpu.flops.achieved.
+NO_TENSOR_PEAKS = {"A10G", "RTX-A6000", "RTX-6000-Ada", "RTX-4000-Ada", "L20", "H800"}
+
+
 @pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
 def test_fp8_is_twice_bf16_where_present(spec: catalog.GpuSpec) -> None:
     fp8, bf16 = spec.peak("fp8"), spec.peak("bf16")
     if fp8 is None:
-        # Volta, Turing and Ampere have no FP8 tensor cores; no source gives the H20's.
-        assert spec.key.startswith(("A100", "A40", "V100", "T4", "H20"))
+        # Volta, Turing, Ampere and CDNA 2 have no FP8 matrix units; no source gives the H20's.
+        assert spec.key.startswith(("A", "V100", "T4", "H20", "MI2")) or spec.key in NO_TENSOR_PEAKS
         return
     assert bf16 is not None
     assert fp8 == pytest.approx(2 * bf16, rel=0.02)  # L40S prints 362 / 733
@@ -109,7 +151,7 @@ def test_fp8_is_twice_bf16_where_present(spec: catalog.GpuSpec) -> None:
 @pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
 def test_peaks_are_known_precisions_and_positive(spec: catalog.GpuSpec) -> None:
     assert spec.sm_count is None or spec.sm_count > 0
-    assert spec.peak_flops
+    assert bool(spec.peak("bf16")) != (spec.key in NO_TENSOR_PEAKS)
     for precision, flops in spec.peak_flops.items():
         assert precision in names.PRECISIONS
         assert flops > 0
@@ -158,6 +200,77 @@ def test_blackwell_board_clock_is_not_invented() -> None:
     assert catalog.B200.peak("fp4") == pytest.approx(2 * catalog.B200.peak_flops["fp8"])
 
 
+# The rows no NVIDIA source gives a board max clock for (said in each row's comment): every other row has one, so
+# dcgm-exporter's default counters (no max clock) give OFU for them. Blackwell still gets OFU from its tensor clock.
+NO_BOARD_MAX = {"B200", "GB200", "B300", "GB300", "H20", "H800", "A10G", "V100-SXM3"}
+
+
+@pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
+def test_every_row_with_a_source_for_it_has_a_board_max_clock(spec: catalog.GpuSpec) -> None:
+    assert (spec.boost_clock_hz is None) == (spec.key in NO_BOARD_MAX)
+
+
+# Board max clocks worked from each datasheet's FP32 peak / (2 x CUDA cores) (the clock NVIDIA specifies the FP32
+# peak at), against the row's figure: within the datasheet's rounding of the TFLOPS (2 %).
+FP32_PEAK_TFLOPS_AND_CORES = {
+    "V100-SXM2": (15.7, 5120),  # 1533 MHz against 1530
+    "V100-PCIe": (14.0, 5120),  # 1367 against 1380 (14 is rounded to 2 figures)
+    "V100S-PCIe": (16.4, 5120),  # 1602 against 1597
+    "T4": (8.1, 2560),  # 1582 against 1590
+    "A10": (31.2, 9216),  # 1693 against 1695
+    "A30": (10.3, 3584),  # 1437 against 1440
+    "A40": (37.4, 10752),  # 1739 against 1740
+    "RTX-A6000": (38.7, 10752),  # 1800
+    "L40": (90.5, 18176),  # 2490
+    "L20": (59.35, 11776),  # 2520
+    "RTX-6000-Ada": (91.1, 18176),  # 2506 against 2505
+    "RTX-4000-Ada": (26.7, 6144),  # 2173 against 2175
+    "L40S": (91.6, 18176),  # 2520
+    "L4": (30.3, 7424),  # 2041 against 2040
+    "A100-SXM": (19.5, 6912),  # 1411 against 1410
+    "A800": (19.5, 6912),
+    "H100-SXM": (67.0, 16896),  # 1983 against 1980
+    "GH200": (67.0, 16896),
+    "H100-PCIe": (51.0, 14592),  # 1748 against 1755
+    "H100-NVL": (60.0, 16896),  # 1776 against 1785
+}
+
+
+@pytest.mark.parametrize(("key", "fp32"), FP32_PEAK_TFLOPS_AND_CORES.items())
+def test_board_max_clocks_agree_with_the_datasheet_fp32_peaks(key: str, fp32: tuple[float, int]) -> None:
+    spec = next(spec for spec in catalog.ALL_SPECS if spec.key == key)
+    tflops, cores = fp32
+    assert spec.boost_clock_hz == pytest.approx(tflops * 1e12 / (2 * cores), rel=0.02)
+
+
+def test_the_new_rows_hand_checked() -> None:
+    # A30: 56 SMs x 2048 FLOP/clk x 1.44 GHz = 165 TFLOP/s; 4 MIG slices (MIG User Guide).
+    assert (catalog.A30.boost_clock_hz, catalog.A30.compute_slices) == (1440e6, 4)
+    assert catalog.A30.peak("bf16") == pytest.approx(56 * 2048 * 1.44e9, rel=0.001)
+    # MI300X: 304 CUs x 2048 x 2.1 GHz = 1307.4 TFLOP/s FP16, 8 XCDs; MI300A: 228 CUs in 6 XCDs.
+    assert (catalog.MI300X.sm_count, catalog.MI300X.boost_clock_hz, catalog.MI300X.compute_slices) == (304, 2.1e9, 8)
+    assert catalog.MI300X.peak("fp16") == pytest.approx(304 * 2048 * 2.1e9, rel=0.001)
+    assert (catalog.MI300A.sm_count, catalog.MI300A.compute_slices) == (228, 6)
+    # MI355X: 256 CUs x 8192 FP8 FLOP/clk x 2.4 GHz = 5033 TFLOP/s.
+    assert catalog.MI355X.peak("fp8") == pytest.approx(256 * 8192 * 2.4e9, rel=0.001)
+    # MI250X, one GCD: 110 CUs x 1024 x 1.7 GHz = 191.5 TFLOP/s, half of AMD's 383 per OAM.
+    assert catalog.MI250X.peak("bf16") == pytest.approx(383e12 / 2, rel=0.001)
+
+
+def test_every_row_names_its_source() -> None:
+    # Each row is assigned under a comment that starts with "Source:" (the catalog's rule: every figure cited).
+    import inspect
+
+    lines = inspect.getsource(catalog).splitlines()
+    for spec in catalog.ALL_SPECS:
+        name = next(n for n, v in vars(catalog).items() if v is spec and n.isupper())
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"{name} = "))
+        above = at - 1
+        while above > 0 and lines[above].startswith("#") and not lines[above].startswith("# Source:"):
+            above -= 1
+        assert lines[above].startswith("# Source:"), f"{name} has no Source comment"
+
+
 # --model and --max-sm-clock: a dcgmi dmon capture names no model and, here, has no max clock (SMMAX).
 DMON_NO_MAX_CLOCK = """\
 dcgmi dmon -e 1004,100 -d 1000
@@ -192,8 +305,8 @@ def test_a_dmon_replay_names_its_model_and_a_table_gives_an_unknown_models_max_c
     assert lines[0][names.HW_MODEL] == "NVIDIA H100 80GB HBM3"
     assert lines[0][names.GPU_CLOCK_SM_MAX.name] == pytest.approx(1980e6)
     # A model the catalog lacks gets its max clock (MHz) from --max-sm-clock, or from its variable.
-    monkeypatch.setenv("OTEL_OFU_MAX_SM_CLOCK", "nvidia a800 80gb pcie=1410, Other GPU=1000")
-    code, lines, _ = snapshot_lines([*replay, "--model", "NVIDIA A800 80GB PCIe"], capsys)
+    monkeypatch.setenv("OTEL_OFU_MAX_SM_CLOCK", "nvidia future gpu 80gb=1410, Other GPU=1000")
+    code, lines, _ = snapshot_lines([*replay, "--model", "NVIDIA Future GPU 80GB"], capsys)
     assert code == 0
     first = lines[0]
     assert first[names.GPU_CLOCK_SM_MAX.name] == pytest.approx(1410e6)

@@ -2,91 +2,23 @@
 
 from __future__ import annotations
 
-import http.server
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import attrs
 import pytest
 
 from otel_ofu import gpu_values, names
 from otel_ofu.model import GpuError, GpuReading, Snapshot, SourceUnavailable
 from otel_ofu.sources.dcgm_exporter import DcgmExporterSource, normalize_url
 from otel_ofu.testing.otlp_sink import unused_port
-
-
-@attrs.define
-class Route:
-    body: str = ""
-    status: int = 200
-    stall: bool = False
-
-
-@attrs.define
-class ExporterServer:
-    """A stand-in dcgm-exporter: serves whatever the test puts in ``routes``."""
-
-    routes: dict[str, Route]
-    server: http.server.ThreadingHTTPServer
-    release: threading.Event
-
-    def url(self, path: str = "/metrics") -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}{path}"
-
-    def serve(self, body: str, path: str = "/metrics") -> str:
-        self.routes[path] = Route(body)
-        return self.url(path)
+from tests.exporter_server import ExporterServer, Route, Ticks, serving
 
 
 @pytest.fixture
 def exporter() -> Iterator[ExporterServer]:
-    routes: dict[str, Route] = {}
-    release = threading.Event()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            route = routes.get(self.path)
-            if route is None:
-                self.send_error(404)
-                return
-            if route.stall:
-                release.wait(10)  # the client gives up long before; teardown releases us
-                return
-            data = route.body.encode()
-            self.send_response(route.status)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *_: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
-    thread.start()
-    try:
-        yield ExporterServer(routes, server, release)
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
-class Ticks:
-    """An injectable clock that moves 10 s per call."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000_000_000
-
-    def __call__(self) -> int:
-        self.now += 10_000_000_000
-        return self.now
+    with serving() as server:
+        yield server
 
 
 def read_once(url: str, **kwargs: object) -> Snapshot:
@@ -118,7 +50,7 @@ def with_metric(line: str, metric: str, value: str) -> str:
 def test_every_fixture_parses_and_incomplete_gpus_are_errors_not_zeros(
     exporter: ExporterServer, shared_fixtures: Path
 ) -> None:
-    files = sorted(shared_fixtures.glob("*.prom"))
+    files = sorted(shared_fixtures.glob("dcgm_exporter_*.prom"))
     assert len(files) == 4
     for path in files:
         snapshot = read_once(exporter.serve(path.read_text(), f"/{path.stem}"))
@@ -481,7 +413,9 @@ def test_a_scrape_that_repeats_the_previous_refresh_does_not_read_as_unthrottled
     assert fresh_reading.throttle[names.ThrottleReason.POWER] == pytest.approx(0.5)  # 10 s of violation in 20 s
 
 
-def test_mig_instances_keep_the_gpu_throttle_but_not_a_copy_of_the_board_power(exporter: ExporterServer) -> None:
+def test_mig_instances_keep_the_gpu_throttle_and_take_their_share_of_the_board_power(
+    exporter: ExporterServer,
+) -> None:
     labels = (
         'gpu="0",UUID="GPU-7f1c0000-0000-4000-8000-000000000000",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",'
         'GPU_I_PROFILE="3g.40gb",GPU_I_ID="{gi}",Hostname="node-7"'
@@ -496,5 +430,121 @@ def test_mig_instances_keep_the_gpu_throttle_but_not_a_copy_of_the_board_power(e
     snapshot = read_once(exporter.serve(body), clock=Ticks())
     assert len(snapshot.readings) == 2
     for reading in snapshot.readings:
-        assert reading.power_w is None
+        # A 3g instance is 3 of the H100's 7 compute slices: 512 W x 3/7 = 219.43 W each. The two add up to 6/7
+        # of the board; the unconfigured seventh is attributed to no one.
+        assert reading.power_w == pytest.approx(512 * 3 / 7)
         assert reading.throttle[names.ThrottleReason.THERMAL] == 1.0
+
+
+def mig_scrape(energy_mj: int) -> str:
+    """An H100 in 7 x 1g.10gb MIG instances as dcgm-exporter prints it: the board's power and energy on the parent
+    GPU's own series (no GPU_I_ID), the tensor activity on each instance, written for this test."""
+    parent = (
+        'gpu="0",UUID="GPU-3c1d0000-0000-4000-8000-000000000000",device="nvidia0",'
+        'modelName="NVIDIA H100 80GB HBM3",Hostname="node-8"'
+    )
+    lines = [
+        f"DCGM_FI_DEV_SM_CLOCK{{{parent}}} 1830",
+        f"DCGM_FI_DEV_POWER_USAGE{{{parent}}} 700.0",
+        f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{parent}}} {energy_mj}",
+    ]
+    for gi in range(7):
+        instance = parent + f',GPU_I_PROFILE="1g.10gb",GPU_I_ID="{gi + 7}"'
+        lines.append(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{instance}}} 0.5")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_h100_at_700_w_in_seven_1g_instances_gives_each_100_w(exporter: ExporterServer) -> None:
+    source = DcgmExporterSource(exporter.serve(mig_scrape(50_000_000)), clock=Ticks())
+    first = source.read()
+    exporter.serve(mig_scrape(50_000_000 + 7_000_000))  # 7000 J in the 10 s between scrapes: the board at 700 W
+    second = source.read()
+    source.close()
+    assert len(second.readings) == 7  # the instances; the parent has no TPA of its own and is not a reading
+    for reading in first.readings:
+        assert reading.power_w == pytest.approx(100.0)  # 700 W x 1/7, the instantaneous reading
+    for reading in second.readings:
+        assert reading.gpu.mig_profile == "1g.10gb"
+        assert reading.power_w == pytest.approx(100.0)  # 7000 J x 1/7 over 10 s
+        assert reading.energy is not None
+        assert reading.energy.joules == pytest.approx(1000.0)
+    assert sum(r.energy.joules for r in second.readings if r.energy) == pytest.approx(7000.0)  # the board's, once
+
+
+# --- a page of the seven models with no board max clock, default counters only -----------------------------------
+
+SEVEN_MODELS = (  # (gpu index, modelName as NVML prints it, TPA, SM clock MHz)
+    (0, "Tesla V100-SXM2-32GB", 0.40, 1380),
+    (1, "Tesla T4", 0.25, 1200),
+    (2, "NVIDIA A40", 0.50, 1500),
+    (3, "NVIDIA L40", 0.30, 2100),
+    (4, "NVIDIA H20", 0.35, 1755),
+    (5, "NVIDIA B200", 0.60, 1800),
+    (6, "NVIDIA GB200", 0.70, 1900),
+)
+
+
+def seven_model_page() -> str:
+    """A scrape in dcgm-exporter's shape with its default counters file's OFU inputs (SM clock, tensor activity):
+    no DCGM_FI_DEV_MAX_SM_CLOCK, as on every default deployment. Written for this test in the format
+    of the real pages in tests/data (HELP/TYPE as the counters file words them, the newer label set)."""
+    series: dict[str, list[str]] = {"DCGM_FI_DEV_SM_CLOCK": [], "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": []}
+    for gpu, model, tpa, clock in SEVEN_MODELS:
+        labels = (
+            f'gpu="{gpu}",UUID="GPU-5e7e0000-0000-4000-8000-00000000000{gpu}",'
+            f'pci_bus_id="00000000:{gpu + 10:02X}:00.0",device="nvidia{gpu}",modelName="{model}",'
+            'hostname="mixed-1",DCGM_FI_DRIVER_VERSION="570.124.06"'
+        )
+        series["DCGM_FI_DEV_SM_CLOCK"].append(f"DCGM_FI_DEV_SM_CLOCK{{{labels}}} {clock}")
+        series["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"].append(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels}}} {tpa:.6f}")
+    return (
+        "# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).\n# TYPE DCGM_FI_DEV_SM_CLOCK gauge\n"
+        + "\n".join(series["DCGM_FI_DEV_SM_CLOCK"])
+        + "\n# HELP DCGM_FI_PROF_PIPE_TENSOR_ACTIVE Ratio of cycles the tensor (HMMA) pipe is active.\n"
+        "# TYPE DCGM_FI_PROF_PIPE_TENSOR_ACTIVE gauge\n" + "\n".join(series["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]) + "\n"
+    )
+
+
+def test_the_seven_models_without_a_board_max_field_get_ofu_from_the_catalog(exporter: ExporterServer) -> None:
+    from otel_ofu.gpu_samples import compute_snapshot
+
+    computed = compute_snapshot(read_once(exporter.serve(seven_model_page())))
+    values = {sample.gpu.index: sample.values for sample in computed.samples}
+    # By hand, OFU = TPA x min(f / f_tensor, 1) where the catalog has a tensor clock, else TPA x f / f_board;
+    # raw OFU = TPA x f / f_board where the catalog has a board max:
+    # V100 SXM2 (board 1530, tensor 1526): 0.40 x 1380/1526 = 0.36173; raw 0.40 x 1380/1530 = 0.36078
+    # T4 (board 1590, tensor 1587):        0.25 x 1200/1587 = 0.18904; raw 0.25 x 1200/1590 = 0.18868
+    # A40 (board = tensor 1740):           0.50 x 1500/1740 = 0.43103 = raw
+    # L40 (board 2490, no tensor clock):   0.30 x 2100/2490 = 0.25301 = raw
+    # B200 (tensor 1856, no board max):    0.60 x 1800/1856 = 0.58190; no raw
+    # GB200 (tensor 2062, no board max):   0.70 x 1900/2062 = 0.64501; no raw
+    expected = {
+        0: (0.36173, 0.36078),
+        1: (0.18904, 0.18868),
+        2: (0.43103, 0.43103),
+        3: (0.25301, 0.25301),
+        5: (0.58190, None),
+        6: (0.64501, None),
+    }
+    assert set(values) == set(expected)
+    for index, (ofu, raw) in expected.items():
+        assert values[index].ofu == pytest.approx(ofu, abs=1e-5), index
+        if raw is None:
+            assert values[index].ofu_raw is None, index
+        else:
+            assert values[index].ofu_raw == pytest.approx(raw, abs=1e-5), index
+    # The H20: no source gives its clocks, so no OFU; its error says which option to add, its clock is kept.
+    (h20_error,) = [error for error in computed.errors if error.gpu is not None and error.gpu.index == 4]
+    assert h20_error.reason == names.ErrorReason.NO_VALUE
+    assert '--max-sm-clock "NVIDIA H20=MHZ"' in h20_error.message
+    (h20,) = [partial for partial in computed.partial if partial.gpu.index == 4]
+    assert h20.known[names.GPU_CLOCK_SM.name] == 1755e6
+
+
+def test_a_mig_instance_whose_profile_cannot_be_read_leaves_the_board_power_out(exporter: ExporterServer) -> None:
+    # Counted whole on each of two instances, the board's 700 W would read 1400 W: absent instead.
+    parent = 'gpu="0",UUID="GPU-3c1d0000-0000-4000-8000-000000000009",modelName="NVIDIA H100 80GB HBM3",Hostname="n"'
+    lines = [f"DCGM_FI_DEV_SM_CLOCK{{{parent}}} 1830", f"DCGM_FI_DEV_POWER_USAGE{{{parent}}} 700.0"]
+    lines += [f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{parent},GPU_I_ID="{gi}"}} 0.5' for gi in (1, 2)]
+    snapshot = read_once(exporter.serve("\n".join(lines) + "\n"), clock=Ticks())
+    assert [reading.power_w for reading in snapshot.readings] == [None, None]

@@ -39,7 +39,6 @@ def test_an_h100_in_seven_1g_slices_is_one_gpu() -> None:
     assert gpu_share(A100, "7g.80gb") == 1.0
 
 
-@pytest.mark.xfail(reason="the catalog has no A30 row yet (issue 20 item 3 adds it with its 4 slices)", strict=True)
 def test_an_a30_has_four_slices() -> None:
     # The MIG guide's A30 row: 4 compute slices; a 1g.6gb is 1/4 of it, a 2g.12gb 1/2.
     assert gpu_share("NVIDIA A30", "1g.6gb") == 0.25

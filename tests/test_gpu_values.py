@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import subprocess
 
 import pytest
 
@@ -12,6 +13,7 @@ from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.model import CycleCounters, GpuIdentity, GpuReading
 from otel_ofu.names import ErrorReason
 from otel_ofu.ofu_math import InvalidReading
+from otel_ofu.sources.max_clock import MaxClockTable
 
 MHZ = 1e6
 H100 = "NVIDIA H100 80GB HBM3"
@@ -88,8 +90,37 @@ def test_unknown_model_uses_the_device_max_clock_and_has_no_flops(caplog: pytest
 
 def test_unknown_model_without_a_max_clock_has_no_ofu() -> None:
     with pytest.raises(InvalidReading) as excinfo:
-        gpu_values.compute(reading("NVIDIA A30", max_sm_clock_hz=None))
+        gpu_values.compute(reading("NVIDIA Future GPU 80GB", max_sm_clock_hz=None))
     assert excinfo.value.reason == ErrorReason.NO_VALUE
+
+
+def test_a_model_with_no_max_clock_anywhere_is_told_the_exact_option_once(caplog: pytest.LogCaptureFixture) -> None:
+    # A name with the characters a shell would take apart inside double quotes: the suggestion quotes them.
+    name = 'NVIDIA Lab "X" $1 GPU'
+    with caplog.at_level(logging.WARNING, logger="otel_ofu.gpu_values"):
+        for _ in range(3):  # three intervals: one log line
+            with pytest.raises(InvalidReading) as excinfo:
+                gpu_values.compute(reading(name, max_sm_clock_hz=None))
+            assert excinfo.value.reason == ErrorReason.NO_VALUE
+    said = [record.getMessage() for record in caplog.records if "--max-sm-clock" in record.getMessage()]
+    assert len(said) == 1
+    option = '--max-sm-clock "NVIDIA Lab \\"X\\" \\$1 GPU=MHZ"'
+    assert option in said[0]
+    assert option in str(excinfo.value)  # the GPU's error (snapshot shows it) says it too
+    # Typed into a real shell with the MHz filled in, the option gives exactly this model its clock.
+    shell = subprocess.run(
+        ["sh", "-c", "printf '%s\\n' " + option.replace("MHZ", "1500")], capture_output=True, text=True, check=True
+    )
+    argv = shell.stdout.splitlines()
+    assert argv[0] == "--max-sm-clock"
+    assert MaxClockTable.parse(argv[1]).max_clock_hz(name) == 1500 * MHZ
+
+
+def test_a_catalog_model_with_no_clock_is_told_the_option_too(caplog: pytest.LogCaptureFixture) -> None:
+    # The H20 is in the catalog (its peaks are known) but no source gives its clocks.
+    with caplog.at_level(logging.WARNING, logger="otel_ofu.gpu_values"), pytest.raises(InvalidReading) as excinfo:
+        gpu_values.compute(reading("NVIDIA H20", max_sm_clock_hz=None))
+    assert '--max-sm-clock "NVIDIA H20=MHZ"' in str(excinfo.value)
 
 
 def test_missing_max_clock_falls_back_to_the_catalog_boost_clock() -> None:
@@ -100,13 +131,24 @@ def test_missing_max_clock_falls_back_to_the_catalog_boost_clock() -> None:
     assert values.ofu_raw == pytest.approx(0.5 * 1700 / 1980)
 
 
-def test_catalog_without_a_board_clock_needs_the_device_max_clock() -> None:
-    # B200's board max is not published: no fallback may be invented.
-    with pytest.raises(InvalidReading) as excinfo:
-        gpu_values.compute(reading("NVIDIA B200", sm_clock_hz=1800 * MHZ, max_sm_clock_hz=None))
-    assert excinfo.value.reason == ErrorReason.NO_VALUE
+def test_a_catalog_tensor_clock_gives_ofu_where_no_board_max_is_known() -> None:
+    # B200: the catalog knows its tensor clock (1856 MHz), not its board max; dcgm-exporter's default counters carry
+    # no max clock. TPA 0.5 at 1800 MHz: OFU = 0.5 x 1800 / 1856 = 0.48491, FLOP/s = 0.48491 x 2250 T = 1091 T.
+    # Raw OFU (TPA x f / f_max_board) and the max clock have no value without a board max: absent, never 0.
+    values = gpu_values.compute(reading("NVIDIA B200", sm_clock_hz=1800 * MHZ, max_sm_clock_hz=None), precision="bf16")
+    assert values.ofu == pytest.approx(0.48491, abs=1e-5)
+    assert values.flops_achieved == pytest.approx(0.48491 * 2250e12, rel=1e-4)
+    assert values.ofu_raw is None
+    assert values.max_sm_clock_hz is None
+    assert not values.max_clock_from_catalog
+    metrics = values.as_metrics()
+    assert names.GPU_OFU.name in metrics
+    assert names.GPU_OFU_RAW.name not in metrics
+    assert names.GPU_CLOCK_SM_MAX.name not in metrics
+    # The device's own max clock, when a source sends it, gives raw OFU as before: 0.5 x 1800 / 1965 = 0.45802.
     values = gpu_values.compute(reading("NVIDIA B200", sm_clock_hz=1800 * MHZ, max_sm_clock_hz=1965 * MHZ))
-    assert values.ofu == pytest.approx(0.5 * 1800 / 1856)
+    assert values.ofu == pytest.approx(0.48491, abs=1e-5)
+    assert values.ofu_raw == pytest.approx(0.45802, abs=1e-5)
 
 
 def test_cycle_counters_take_precedence_over_the_point_sample() -> None:

@@ -147,26 +147,32 @@ def test_without_violation_counters_the_sampled_bitmask_gives_every_share(
     assert reading.throttle == expected
 
 
-def test_mig_instances_share_the_gpu_throttling_but_power_stays_on_the_gpu(
+def test_mig_instances_share_the_gpu_throttling_and_take_their_share_of_the_board_power(
     fake: FakeNvml, clock: ManualClock, open_source: Callable[[], NvmlSource]
 ) -> None:
-    gpu = fake.add_gpu()
-    fake.add_mig_instance(gpu, 1)
-    fake.add_mig_instance(gpu, 2)
-    for gi in (1, 2):
-        fake.set_tensor_util(gpu, 40.0, gpu_instance_id=gi)
-    fake.set_power(gpu, 300.0)
+    gpu = fake.add_gpu()  # an H100: 7 compute slices
+    for gi in range(7):
+        fake.add_mig_instance(gpu, gi + 7, profile="1g.10gb")
+        fake.set_tensor_util(gpu, 40.0, gpu_instance_id=gi + 7)
+    fake.set_power(gpu, 700.0)
+    fake.set_energy(gpu, 1_000_000.0)
     fake.set_event_reasons(gpu, SW_POWER_CAP)
     source = open_source()
-    clock.advance(10)
-
-    snapshot = source.read()
+    for _ in range(2):  # the board at 700 W: 7000 J each 10 s
+        clock.advance(10)
+        fake.advance_energy(gpu, 7000.0)
+        snapshot = source.read()
 
     instances = [r for r in snapshot.readings if r.gpu.mig_instance_id is not None]
-    assert len(instances) == 2
+    assert len(instances) == 7
     for reading in instances:
         assert reading.throttle[R.POWER] == 1.0
-        assert reading.power_w is None  # the board's power on each instance would be counted twice
+        # A 1g instance is 1/7 of the board: 700 W x 1/7 = 100 W; 14000 J x 1/7 = 2000 J since the source opened.
+        assert reading.power_w == pytest.approx(100.0)
+        assert reading.energy is not None
+        assert reading.energy.joules == pytest.approx(2000.0)
+    assert sum(r.power_w or 0.0 for r in instances) == pytest.approx(700.0)  # the board's, once
+    assert sum(r.energy.joules for r in instances if r.energy) == pytest.approx(14000.0)
 
 
 def test_a_lost_gpu_during_the_power_read_is_reacquired_like_any_other_loss(

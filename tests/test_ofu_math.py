@@ -113,7 +113,6 @@ def test_tensor_activity_outside_unit_interval_or_missing_is_a_typed_error(tpa: 
         (None, H100_BOARD, ErrorReason.NO_VALUE),
         (1700 * MHZ, 0.0, ErrorReason.INVALID_VALUE),
         (1700 * MHZ, math.nan, ErrorReason.INVALID_VALUE),
-        (1700 * MHZ, None, ErrorReason.NO_VALUE),
     ],
 )
 def test_zero_missing_or_non_finite_clocks_are_typed_errors(
@@ -124,6 +123,38 @@ def test_zero_missing_or_non_finite_clocks_are_typed_errors(
     assert reason_of(excinfo) == reason
     with pytest.raises(InvalidReading):
         ofu_math.raw_ofu(0.5, sm_clock, max_clock)
+
+
+# B200: the catalog knows its tensor clock (1856 MHz, derived from the datasheet) but no board max clock, and
+# dcgm-exporter's default counters carry none.
+B200_TENSOR = 1856 * MHZ
+
+
+def test_a_tensor_clock_alone_gives_ofu_without_a_board_max() -> None:
+    # TPA 0.6 at 1700 MHz: 0.6 x 1700 / 1856 = 0.54957.
+    assert ofu_math.ofu(0.6, 1700 * MHZ, None, tensor_clock_hz=B200_TENSOR) == pytest.approx(0.54957, abs=1e-5)
+    assert ofu_math.domain_clock_ratio(1700 * MHZ, None, B200_TENSOR) == pytest.approx(1700 / 1856)
+    # Boosting past the tensor clock (1965 MHz) still caps at 1: 0.6 x 1 = 0.6; calibration 0.9 then gives 0.54.
+    assert ofu_math.ofu(0.6, 1965 * MHZ, None, tensor_clock_hz=B200_TENSOR) == pytest.approx(0.6)
+    assert ofu_math.ofu(0.6, 1965 * MHZ, None, tensor_clock_hz=B200_TENSOR, calibration=0.9) == pytest.approx(0.54)
+    # Raw OFU is defined against the board max: without one it has no value, and neither has OFU without any clock.
+    with pytest.raises(InvalidReading) as excinfo:
+        ofu_math.raw_ofu(0.6, 1700 * MHZ, None)
+    assert reason_of(excinfo) == ErrorReason.NO_VALUE
+    with pytest.raises(InvalidReading) as excinfo:
+        ofu_math.ofu(0.6, 1700 * MHZ, None)
+    assert reason_of(excinfo) == ErrorReason.NO_VALUE
+    # A bad SM clock is still bad without the board max.
+    with pytest.raises(InvalidReading) as excinfo:
+        ofu_math.ofu(0.6, 0.0, None, tensor_clock_hz=B200_TENSOR)
+    assert reason_of(excinfo) == ErrorReason.INVALID_VALUE
+
+
+def test_cycle_counters_with_a_tensor_clock_alone() -> None:
+    # 10 s at a mean 1800 MHz, MMA active 30% of the cycles: OFU = 0.3 x 1800 / 1856 = 0.29095.
+    elapsed = round(1800 * MHZ * 10)
+    exact = ofu_math.ofu_from_cycles(round(elapsed * 0.3), elapsed, 10.0, None, tensor_clock_hz=B200_TENSOR)
+    assert exact.ofu == pytest.approx(0.29095, abs=1e-5)
 
 
 @pytest.mark.parametrize("tensor_clock", [0.0, -5.0, math.nan])

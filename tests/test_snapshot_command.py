@@ -245,7 +245,7 @@ def test_replay_tells_captures_from_dcgmi_text(tmp_path: Path, shared_fixtures: 
 
 
 def test_unknown_kind() -> None:
-    assert SOURCE_KINDS == ("auto", "nvml", "dcgm", "dcgm-exporter", "replay", "sim")
+    assert SOURCE_KINDS == ("auto", "nvml", "dcgm", "dcgm-exporter", "amd-exporter", "replay", "sim")
     with pytest.raises(SourceUnavailable, match="unknown source 'gpu'"):
         open_source("gpu")
 

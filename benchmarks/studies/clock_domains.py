@@ -42,10 +42,20 @@ def run(ctx: RunContext) -> BenchResult:
     for spec in catalog.ALL_SPECS:
         board, tensor = spec.boost_clock_hz, spec.tensor_clock_hz
         if board is None or tensor is None:
+            why = "board max not published" if board is None else "tensor clock unknown: board domain only"
             rows.append(
-                (spec.key, "-", f"{tensor / 1e6:.0f}" if tensor else "-", "-", "-", "-", "board max not published")
+                (
+                    spec.key,
+                    f"{board / 1e6:.0f}" if board else "-",
+                    f"{tensor / 1e6:.0f}" if tensor else "-",
+                    "-",
+                    "-",
+                    "-",
+                    why,
+                )
             )
-            records.append({"model": spec.key, "board_mhz": None, "tensor_mhz": tensor and tensor / 1e6})
+            board_mhz, tensor_mhz = board and board / 1e6, tensor and tensor / 1e6
+            records.append({"model": spec.key, "board_mhz": board_mhz, "tensor_mhz": tensor_mhz})
             continue
         worst = error_factor(spec, min(board, tensor))
         loaded_hz = board - LOADED_DROOP_MHZ * 1e6

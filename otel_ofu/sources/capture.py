@@ -34,6 +34,10 @@ def identity_to_json(gpu: GpuIdentity) -> dict[str, Any]:
         data["mig_profile"] = gpu.mig_profile
     if gpu.mig_instance_id is not None:
         data["mig_instance_id"] = gpu.mig_instance_id
+    if gpu.vendor != names.HW_VENDOR_NVIDIA:  # older captures have no vendor: they were all NVIDIA
+        data["vendor"] = gpu.vendor
+    if gpu.compute_partition is not None:
+        data["compute_partition"] = gpu.compute_partition
     if gpu.hints:
         data["hints"] = dict(gpu.hints)
     return data
@@ -126,6 +130,10 @@ def identity_from_json(data: object) -> GpuIdentity:
         host=_expect(gpu.get("host"), str, "gpu.host"),
         mig_profile=None if gpu.get("mig_profile") is None else _expect(gpu["mig_profile"], str, "gpu.mig_profile"),
         mig_instance_id=None if mig_id is None else _expect(mig_id, int, "gpu.mig_instance_id"),
+        vendor=_expect(gpu.get("vendor", names.HW_VENDOR_NVIDIA), str, "gpu.vendor"),
+        compute_partition=None
+        if gpu.get("compute_partition") is None
+        else _expect(gpu["compute_partition"], str, "gpu.compute_partition"),
         hints=hints,
     )
 

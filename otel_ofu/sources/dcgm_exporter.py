@@ -8,21 +8,20 @@ earlier scrape is ever re-emitted in its place.
 
 from __future__ import annotations
 
-import http.client
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from prometheus_client.parser import text_string_to_metric_families
 
-from otel_ofu import names, throttle
-from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
-from otel_ofu.sources import keep_values
+from otel_ofu import gpu_share, names, throttle
+from otel_ofu.gpu_values import say_once
+from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot
+from otel_ofu.sources import keep_values, prometheus_text
 from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
+from otel_ofu.sources.prometheus_text import ScrapeError
+from otel_ofu.sources.prometheus_text import label as _label
 
 # dcgm-exporter's labels, newest spelling first.
 HOST_LABELS = ("hostname", "Hostname")
@@ -66,33 +65,15 @@ LOSS_METRICS: Mapping[str, str] = {
 METRICS = {**METRICS, **LOSS_METRICS}
 COUNTERS = frozenset({"sm_cycles_elapsed", "mma_cycles_active", "energy_mj", *names.DCGM_EXPORTER_VIOLATIONS})
 # The SM clock and its throttling belong to the physical GPU: a MIG instance without its own takes its
-# parent's. Power and energy do not: the board's power on each instance would be counted once per instance.
+# parent's. So do power and energy, but as the board's: a MIG instance carries its share of them
+# (otel_ofu.gpu_share), never the board's whole, which would be counted once per instance.
 GPU_WIDE = ("sm_clock_mhz", "max_sm_clock_mhz", "clocks_event_reasons", *names.DCGM_EXPORTER_VIOLATIONS)
-
-
-class ScrapeError(Exception):
-    """The scrape as a whole failed; the message says why in one line."""
+BOARD = ("power_w", "energy_mj")
 
 
 def normalize_url(url: str) -> str:
     """``host:9400`` -> ``http://host:9400/metrics``; anything but http(s) is refused in one line."""
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SourceUnavailable(f"dcgm-exporter URL must look like http://HOST:9400/metrics, got {url!r}")
-    if parts.path in ("", "/"):
-        parts = parts._replace(path="/metrics")
-    return urllib.parse.urlunsplit(parts)
-
-
-def _label(labels: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
-    for key in keys:
-        value = labels.get(key)
-        if value:  # dcgm-exporter prints pod="" on GPUs no pod holds: empty is absent
-            return value
-    return None
+    return prometheus_text.normalize_url(url, "dcgm-exporter", "http://HOST:9400/metrics")
 
 
 def _int(text: str | None) -> int | None:
@@ -111,34 +92,24 @@ class _Entry:
     blank: set[str] = attrs.field(factory=set)
 
 
-def _metric_name(sample_name: str) -> str:
-    # prometheus-client appends "_total" to counter samples even when the family already ends in "_TOTAL".
-    return sample_name.removesuffix("_total")
-
-
 def parse_exposition(text: str) -> dict[tuple[str, str | None], _Entry]:
     """Entries keyed by (UUID, MIG instance id) from exposition text; ScrapeError when it is not parseable."""
     entries: dict[tuple[str, str | None], _Entry] = {}
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as error:  # the parser raises ValueError, IndexError... on malformed text
-        raise ScrapeError(f"malformed exposition text: {error}") from None
-    for family in families:
-        for sample in family.samples:
-            labels = sample.labels
-            uuid = _label(labels, UUID_LABELS)
-            if uuid is None:
-                continue  # not a GPU series; without a UUID it has no identity to report under
-            # Any GPU series makes the GPU known, so one without our fields is reported, not lost.
-            entry = entries.setdefault((uuid, _label(labels, (MIG_ID_LABEL,))), _Entry(dict(labels)))
-            field = METRICS.get(_metric_name(sample.name))
-            if field is None:
-                continue
-            value = dcgm_number(sample.value, counter=field in COUNTERS)
-            if value is None:
-                entry.blank.add(field)
-            elif field not in entry.values:
-                entry.values[field] = value
+    for sample in prometheus_text.parse_samples(text):
+        labels = sample.labels
+        uuid = _label(labels, UUID_LABELS)
+        if uuid is None:
+            continue  # not a GPU series; without a UUID it has no identity to report under
+        # Any GPU series makes the GPU known, so one without our fields is reported, not lost.
+        entry = entries.setdefault((uuid, _label(labels, (MIG_ID_LABEL,))), _Entry(dict(labels)))
+        field = METRICS.get(sample.name)
+        if field is None:
+            continue
+        value = dcgm_number(sample.value, counter=field in COUNTERS)
+        if value is None:
+            entry.blank.add(field)
+        elif field not in entry.values:
+            entry.values[field] = value
     return entries
 
 
@@ -163,21 +134,7 @@ class DcgmExporterSource:
 
     def fetch(self) -> str:
         """The exposition text, or ScrapeError saying in one line why not."""
-        request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                charset = response.headers.get_content_charset() or "utf-8"
-                body: bytes = response.read()
-            return body.decode(charset)
-        except urllib.error.HTTPError as error:
-            error.close()
-            raise ScrapeError(f"{self.url}: HTTP {error.code} {error.reason}") from None
-        except urllib.error.URLError as error:
-            raise ScrapeError(f"{self.url}: {error.reason}") from None
-        except TimeoutError:
-            raise ScrapeError(f"{self.url}: no complete answer within {self.timeout_s:g} s") from None
-        except (OSError, http.client.HTTPException, ValueError) as error:
-            raise ScrapeError(f"{self.url}: {type(error).__name__}: {error}") from None
+        return prometheus_text.fetch(self.url, self.timeout_s)
 
     def read(self) -> Snapshot:
         now = self.clock()
@@ -193,10 +150,12 @@ class DcgmExporterSource:
             if mig_id is None and uuid in has_instances and "tensor_active" not in entry.values:
                 continue  # a MIG parent's GPU-wide fields serve its instances; its TPA lives on them
             if mig_id is not None and uuid in parents:
-                for field in GPU_WIDE:
+                for field in (*GPU_WIDE, *BOARD):
                     if field in parents[uuid].values:
                         entry.values.setdefault(field, parents[uuid].values[field])
-            results.extend(self._reading(uuid, entry, start, now))
+            # A MIG parent that reports a TPA of its own beside its instances leaves the board to them.
+            board_share = None if mig_id is None and uuid in has_instances else self._share(entry)
+            results.extend(self._reading(uuid, entry, start, now, board_share))
         for tracker in (self._cycles, self._energy, self._violations):
             tracker.forget(item.gpu.key for item in results if item.gpu is not None)
         return split(results)
@@ -222,7 +181,26 @@ class DcgmExporterSource:
             hints=hints,
         )
 
-    def _reading(self, uuid: str, entry: _Entry, start: int, now: int) -> tuple[GpuReading | GpuError, ...]:
+    @staticmethod
+    def _share(entry: _Entry) -> float | None:
+        """A MIG instance's share of its board (1 for a whole GPU), said once when the slice count is assumed;
+        None for an instance whose profile cannot be read (its power is left out, not counted whole per instance)."""
+        if _label(entry.labels, (MIG_ID_LABEL,)) is None:
+            return 1.0
+        profile = _label(entry.labels, (MIG_PROFILE_LABEL,))
+        if profile is None or gpu_share.mig_slices(profile) is None:
+            return None
+        model = entry.labels.get(MODEL_LABEL)
+        if gpu_share.assumed_slices(model, profile):
+            say_once(
+                f"MIG profile {profile!r} of {model!r}: the catalog has no compute-slice count for the model, so its "
+                f"power and energy are shared as {gpu_share.DEFAULT_MIG_SLICES} slices' (add the model to the catalog)"
+            )
+        return gpu_share.gpu_share(model, profile)
+
+    def _reading(
+        self, uuid: str, entry: _Entry, start: int, now: int, board_share: float | None = 1.0
+    ) -> tuple[GpuReading | GpuError, ...]:
         """The GPU's reading, and beside it the error when it gives no OFU (what it did give is kept)."""
         identity = self._identity(uuid, entry.labels)
         values = entry.values
@@ -247,7 +225,7 @@ class DcgmExporterSource:
             sm_active=values.get("sm_active"),
             dram_active=values.get("dram_active"),
             cycles=cycles,
-            **self._loss_inputs(identity.key, values, now, board=identity.mig_instance_id is None),
+            **self._loss_inputs(identity.key, values, now, board_share=board_share),
         )
         blank = " (blank sentinel or NaN)" if {"tensor_active", "sm_clock_mhz"} & entry.blank else ""
         result = reading_or_error(reading)
@@ -255,22 +233,29 @@ class DcgmExporterSource:
             result = attrs.evolve(result, message=result.message + blank)
         return keep_values(reading, result)
 
-    def _loss_inputs(self, key: str, values: Mapping[str, float], now: int, *, board: bool) -> dict[str, Any]:
+    def _loss_inputs(
+        self, key: str, values: Mapping[str, float], now: int, *, board_share: float | None
+    ) -> dict[str, Any]:
         """Power, energy and throttle shares of one scrape entry as GpuReading fields.
 
         dcgm-exporter refreshes its values on its own period (30 s by default) and prints no timestamps:
         a scrape whose energy counter has not moved repeats the previous refresh, so violation counters
         are not differenced on it (they would read as an unthrottled interval). Power and energy are the
-        board's (``board``): a MIG instance's copy of them is left out, or the board would count per instance.
+        board's times ``board_share`` (a MIG instance's share of its GPU; None: left out), so that the instances
+        of a GPU add up to the board and nothing is counted twice.
         """
         result: dict[str, Any] = {}
         observation = None
-        if not board:
-            values = {name: value for name, value in values.items() if name not in ("energy_mj", "power_w")}
+        # Left out or not, the counter is still followed: whether it moved says whether this scrape is fresh.
+        share = 1.0 if board_share is None else board_share
         if "energy_mj" in values:
-            observation = self._energy.update(key, values["energy_mj"] / 1000.0, now)
-            result["energy"] = observation.energy
-        result["power_w"] = throttle.interval_power(observation, values.get("power_w"))
+            # The share of the board's counter is a counter of its own: its deltas are the board's times the share.
+            observation = self._energy.update(key, values["energy_mj"] / 1000.0 * share, now)
+            if board_share is not None:
+                result["energy"] = observation.energy
+        watts = values.get("power_w")
+        power = throttle.interval_power(observation, None if watts is None else watts * share)
+        result["power_w"] = power if board_share is not None else None
         counters = {
             metric: values[metric] * names.DCGM_VIOLATION_UNIT_NS
             for metric in names.DCGM_EXPORTER_VIOLATIONS

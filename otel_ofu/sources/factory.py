@@ -14,7 +14,7 @@ from otel_ofu.cli_support import CommandOptions, positive_float, url_or_host_por
 from otel_ofu.model import Clock, Source, SourceUnavailable
 from otel_ofu.sources.max_clock import max_clock_option, with_max_clocks
 
-SOURCE_KINDS = ("auto", "nvml", "dcgm", "dcgm-exporter", "replay", "sim")
+SOURCE_KINDS = ("auto", "nvml", "dcgm", "dcgm-exporter", "amd-exporter", "replay", "sim")
 
 
 def add_source_options(options: CommandOptions) -> None:
@@ -30,7 +30,11 @@ def add_source_options(options: CommandOptions) -> None:
         help="where the counters come from; auto picks NVML, then DCGM, and says which and why",
     )
     options.option(
-        "--url", metavar="URL", type=url_or_host_port, help="dcgm-exporter /metrics URL (--source dcgm-exporter)"
+        "--url",
+        metavar="URL",
+        type=url_or_host_port,
+        help="the exporter's /metrics URL (--source dcgm-exporter, e.g. http://HOST:9400/metrics; --source "
+        "amd-exporter, the AMD Device Metrics Exporter, e.g. http://HOST:5000/metrics)",
     )
     options.option(
         "--file", metavar="FILE", help="capture to replay: otel-ofu JSON lines or dcgmi dmon text (--source replay)"
@@ -147,7 +151,7 @@ def open_source(
 
     ``auto`` tries NVML, then DCGM, and when neither is there says so, with each one's reason.
     Options each kind takes (others are ignored): nvml ``clock_sample_hz``, ``background``, ``library``;
-    dcgm ``address`` (None: embedded host engine), ``update_interval_s``; dcgm-exporter ``timeout_s``;
+    dcgm ``address`` (None: embedded host engine), ``update_interval_s``; dcgm-exporter and amd-exporter ``timeout_s``;
     replay of dcgmi text ``model`` (dmon prints no device names).
     """
     if kind == "auto":
@@ -178,6 +182,16 @@ def open_source(
             url, timeout_s=float(options.get("timeout_s", 5.0)), host_fallback=host, clock=clock or wall_clock
         )
         return exporter, f"dcgm-exporter: scraping {exporter.url}"
+    if kind == "amd-exporter":
+        from otel_ofu.clock import wall_clock
+        from otel_ofu.sources.amd_exporter import AmdExporterSource
+
+        if not url:
+            raise SourceUnavailable("--source amd-exporter needs --url http://HOST:5000/metrics")
+        amd = AmdExporterSource(
+            url, timeout_s=float(options.get("timeout_s", 5.0)), host_fallback=host, clock=clock or wall_clock
+        )
+        return amd, f"amd-exporter: scraping the AMD Device Metrics Exporter at {amd.url}"
     if kind == "replay":
         source = _replay(file, host, clock, options)
         return source, f"replay: {describe(source)} {file}"

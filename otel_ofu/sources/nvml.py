@@ -22,16 +22,18 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import pynvml
 
-from otel_ofu import names, throttle
+from otel_ofu import gpu_share, names, throttle
 from otel_ofu.gpu_values import say_once
 from otel_ofu.model import (
     Clock,
     CycleCounters,
+    EnergyCounter,
     GpuError,
     GpuIdentity,
     GpuReading,
@@ -464,9 +466,9 @@ class NvmlSource:
                     sm_active=gpm.sm_active if gpm is not None else None,
                     dram_active=gpm.dram_active if gpm is not None else None,
                     cycles=cycles,
-                    # Power and energy are the board's: on the GPU, never repeated on each MIG instance.
-                    # The clock and its throttling are GPU-wide, like the SM clock.
-                    **(loss_inputs if unit.gpu_instance_id is None else {"throttle": loss_inputs["throttle"]}),
+                    # The clock and its throttling are GPU-wide, like the SM clock; power and energy are the
+                    # board's, and a MIG instance carries its share of them (the instances add up to the board).
+                    **(loss_inputs if unit.gpu_instance_id is None else _instance_share(loss_inputs, unit.identity)),
                 )
             )
             if problem is not None:
@@ -702,3 +704,24 @@ def _free(units: list[_Unit]) -> None:
             except pynvml.NVMLError as exc:
                 log.debug("nvmlGpmSampleFree: %s", exc)
         unit.samples = []
+
+
+def _instance_share(board: Mapping[str, Any], instance: GpuIdentity) -> dict[str, Any]:
+    """A MIG instance's loss inputs: the GPU's throttling as is, the board's power and energy times the instance's
+    share of the GPU (``otel_ofu.gpu_share``: its profile's compute slices of the model's). A cumulative counter
+    times a constant share is the share's counter, with the board counter's start."""
+    if instance.mig_profile is None or gpu_share.mig_slices(instance.mig_profile) is None:
+        # An instance that cannot be sized leaves the board out rather than count it whole once per instance.
+        return {"throttle": board["throttle"]}
+    share = gpu_share.gpu_share(instance.model, instance.mig_profile)
+    if gpu_share.assumed_slices(instance.model, instance.mig_profile):
+        say_once(
+            f"MIG profile {instance.mig_profile!r} of {instance.model!r}: the catalog has no compute-slice count for "
+            f"the model, so its power and energy are shared as {gpu_share.DEFAULT_MIG_SLICES} slices'"
+        )
+    power, energy = board.get("power_w"), board.get("energy")
+    return {
+        "throttle": board["throttle"],
+        "power_w": None if power is None else power * share,
+        "energy": None if energy is None else EnergyCounter(energy.joules * share, energy.start_ns),
+    }
