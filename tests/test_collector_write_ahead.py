@@ -8,6 +8,7 @@ past it fail with EFBIG, which SQLite reports as a disk I/O error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -85,7 +86,7 @@ def aside(path: Path) -> list[Path]:
 
 def run_python(code: str, *args: str) -> tuple[list[Any], str]:
     """Run ``code`` in a fresh interpreter (the repository on its path); its JSON lines and its stderr."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "OTEL_OFU"))}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing of the interpreter's own writes under a file size limit
     done = subprocess.run(
         [sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
@@ -134,7 +135,7 @@ def test_damaged_records_are_skipped_and_counted_and_the_good_ones_replayed(
     for gpu, job, ofu in (("GPU-1", "a", 0.5), ("GPU-2", "b", 0.7), ("GPU-3", "c", 0.3), ("GPU-4", "a", 0.25)):
         first.append(request_bytes({gpu: (job, ofu)}, t), t)
     first.close()  # a run that ended before its window closed: the four records stay
-    with sqlite3.connect(accepted_file(spool)) as db:
+    with contextlib.closing(sqlite3.connect(accepted_file(spool))) as db, db:
         [(whole,)] = db.execute("SELECT payload FROM accepted WHERE id = 3").fetchall()
         db.execute("UPDATE accepted SET payload = ? WHERE id = 2", (random.Random(2).randbytes(300),))
         db.execute("UPDATE accepted SET payload = ? WHERE id = 3", (whole[: len(whole) // 2],))  # half a record
@@ -217,11 +218,10 @@ def _half_a_file(path: Path) -> None:
 
 
 def _another_schema(path: Path) -> None:
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute("CREATE TABLE accepted (name TEXT)")
         db.execute("CREATE TABLE spool (name TEXT)")
         db.execute("INSERT INTO spool VALUES ('not ours')")
-    db.close()
 
 
 @pytest.mark.parametrize("damage", [_random_file, _folder, _half_a_file, _another_schema])
@@ -243,13 +243,17 @@ def test_an_unreadable_file_is_moved_aside_with_one_line_and_the_collector_start
         assert counts == {**dict.fromkeys(counts, 0), f"{which}_unreadable": 1}
         # ...and both files work: the window's outputs spooled, the accepted request written ahead
         assert service.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + 30 * S)).accepted == 1
-        assert WriteAhead(str(accepted_file(spool))).pending()[1] != []
+        reader = WriteAhead(str(accepted_file(spool)))
+        assert reader.pending()[1] != []
+        reader.close()
         service.flush(W0 + WINDOW + 11 * S)
         assert service.exports is not None
         assert len(service.exports.queue) == 1
     finally:
         service.stop(0)
-    assert len(SqliteSpool(str(spool))) == 1  # the spool file is a spool again, its window kept
+    reopened = SqliteSpool(str(spool))
+    assert len(reopened) == 1  # the spool file is a spool again, its window kept
+    reopened.close()
 
 
 def test_the_readable_records_of_a_write_ahead_with_a_damaged_page_are_kept(tmp_path: Path) -> None:
@@ -397,9 +401,8 @@ def test_the_command_starts_with_a_damaged_record_and_a_random_spool_file_and_re
     first.append(request_bytes({"GPU-1": ("kept", 0.5)}, now), now)
     first.append(request_bytes({"GPU-2": ("lost", 0.5)}, now), now)
     first.close()
-    with sqlite3.connect(accepted_file(spool)) as db:
+    with contextlib.closing(sqlite3.connect(accepted_file(spool))) as db, db:
         db.execute("UPDATE accepted SET payload = ? WHERE id = 2", (random.Random(7).randbytes(200),))
-    db.close()
     _random_file(spool)
     collector = collector_process(
         "--listen", "127.0.0.1:0", "--spool", str(spool), "--export-endpoint", sink.grpc_endpoint
@@ -706,3 +709,41 @@ def test_the_wal_checksum_is_sqlites_cumulative_fibonacci_weighted_sum() -> None
     assert wal_checksum(struct.pack("<4I", 1, 2, 3, 4), big_endian=False, seed=(0, 0)) == (7, 14)
     # mod 2**32: from (2**32 - 1, 0), the pair (1, 0): s0 = 2**32 - 1 + 1 + 0 = 0 (wrapped), s1 = 0 + 0 + 0 = 0
     assert wal_checksum(struct.pack(">2I", 1, 0), big_endian=True, seed=(2**32 - 1, 0)) == (0, 0)
+
+
+def _scribble(rng: random.Random, path: Path) -> None:
+    """One random fault on a file: bytes overwritten, the file cut, or a page header scrambled."""
+    data = bytearray(path.read_bytes())
+    if not data:
+        return
+    at = rng.randrange(len(data))
+    kind = rng.choice(("bytes", "cut", "page"))
+    if kind == "bytes":
+        data[at : at + 64] = rng.randbytes(64)[: len(data) - at]
+    elif kind == "cut":
+        del data[at:]
+    else:
+        page = at // 4096 * 4096
+        data[page : page + 16] = rng.randbytes(16)[: len(data) - page]
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_damage_to_any_of_the_files_never_stops_a_start_a_flush_or_a_stop(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    spool = tmp_path / "spool.sqlite"
+    killed_run(accepted_file(spool), W0 + 20 * S)
+    run_python(SPOOL_KILLED, str(spool))
+    files = sorted(tmp_path.iterdir())
+    for path in rng.sample(files, rng.randint(1, len(files))):
+        _scribble(rng, path)
+    service = CollectorService(spooled(spool), clock=lambda: W0 + 30 * S, environ={})
+    try:
+        service.ingest(gpu_request({"GPU-new": ("j", 0.5)}, time_ns=W0 + 25 * S))
+        [(ofu, gpus)] = jobs_of(service, W0 + WINDOW + 11 * S).values()
+        assert ofu == pytest.approx(0.5)
+        assert 1 <= gpus <= 21  # the new GPU, and of the killed run's 20 what its files still held
+        assert service.exports is not None
+        assert service.exports.pump(wait_s=0) is False  # the downstream is down: nothing raised either
+    finally:
+        service.stop(0)

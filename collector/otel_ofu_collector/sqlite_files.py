@@ -119,7 +119,6 @@ class Opened:
     db: sqlite3.Connection | None
     error: str = ""
     moved_aside: str | None = None  # where a file that could not be used went
-    kept: int = 0  # rows of that file copied into the fresh one
     wal_damage: str | None = None  # what a damaged WAL lost
 
 
@@ -135,7 +134,7 @@ def open_store(path: str, what: str, tables: Mapping[str, tuple[str, Sequence[st
     when such a file cannot be moved aside."""
     wal = _wal_damage_at(path)
     if wal is not None:
-        logger.warning("%s %s: its WAL is damaged (%s); the records in it are lost", what, path, wal)
+        logger.warning("%s %s: its WAL is damaged: %s", what, path, wal)
     try:
         return attrs.evolve(Opened(_open(path, tables)), wal_damage=wal)
     except Unusable as why:
@@ -152,7 +151,7 @@ def open_store(path: str, what: str, tables: Mapping[str, tuple[str, Sequence[st
     logger.warning(
         "%s %s could not be read (%s): moved aside to %s, %d readable record(s) kept", what, path, reason, moved, kept
     )
-    return Opened(db, moved_aside=moved, kept=kept, wal_damage=wal)
+    return Opened(db, moved_aside=moved, wal_damage=wal)
 
 
 def remove_files(path: str) -> None:

@@ -166,6 +166,7 @@ class SqliteSpool:
                 self._fail(str(error))
                 return
             self._sent_through = 0
+            self._back(0)
 
     @property
     def size_bytes(self) -> int:
@@ -240,9 +241,7 @@ class SqliteSpool:
         self._held.clear()
         self._held_bytes = 0
         self._sent_through = 0
-        if self._failing:
-            self._failing = False
-            logger.info("spool %s: writing again (%d request(s) held in memory meanwhile now in it)", self.path, stored)
+        self._back(stored)
         return dropped
 
     def _trim(self, db: sqlite3.Connection) -> int:
@@ -270,6 +269,11 @@ class SqliteSpool:
             except sqlite3.Error as error:
                 self._fail(str(error))
         return self._counted
+
+    def _back(self, stored: int) -> None:
+        if self._failing:
+            self._failing = False
+            logger.info("spool %s: writing again (%d request(s) held in memory meanwhile now in it)", self.path, stored)
 
     def _fail(self, error: str) -> None:
         if not self._failing:
