@@ -270,7 +270,7 @@ COLLECTOR_FILES_DAMAGED: Final = MetricSpec(
     "otel_ofu_collector.files.damaged",
     "{file}",
     "sum",
-    "Damaged --spool files found at start, by reason: write_ahead_unreadable, spool_unreadable (moved aside, "
+    "Damaged --spool files found when opened, by reason: write_ahead_unreadable, spool_unreadable (moved aside, "
     "its readable records kept), write_ahead_wal, spool_wal (WAL frames failing their checksums: what was "
     "written after them is lost)",
 )
