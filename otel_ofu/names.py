@@ -227,7 +227,11 @@ COLLECTOR_EXPORT_QUEUED: Final = MetricSpec(
     "otel_ofu_collector.export.queued", "{request}", "gauge", "Requests waiting for the downstream, by stream"
 )
 COLLECTOR_DROPPED: Final = MetricSpec(
-    "otel_ofu_collector.dropped", "{request}", "sum", "Requests dropped beyond the queue or spool bound, by reason"
+    "otel_ofu_collector.dropped",
+    "{request}",
+    "sum",
+    "Requests dropped beyond the queue or spool bound, by reason (windows_spool_failed: held in memory while the "
+    "spool's disk refused them, lost at shutdown)",
 )
 COLLECTOR_EVICTED: Final = MetricSpec(
     "otel_ofu_collector.evicted",
@@ -260,6 +264,28 @@ COLLECTOR_CLOSE_FAILURES: Final = MetricSpec(
     "sum",
     "Groups, jobs or fleet totals left out of a window because closing them failed, and windows given up, by kind",
 )
+COLLECTOR_WRITE_AHEAD_UNWRITTEN: Final = MetricSpec(
+    "otel_ofu_collector.write_ahead.unwritten",
+    "{request}",
+    "sum",
+    "Accepted requests the write-ahead could not store (a full or failing disk): their points are in the "
+    "windows, but a kill or crash before those close loses them",
+)
+COLLECTOR_WRITE_AHEAD_SKIPPED: Final = MetricSpec(
+    "otel_ofu_collector.write_ahead.skipped",
+    "{request}",
+    "sum",
+    "Write-ahead records the replay at start could not use, by reason: damaged (fails its checksum or does not "
+    "parse), failed (replaying it raised)",
+)
+COLLECTOR_FILES_DAMAGED: Final = MetricSpec(
+    "otel_ofu_collector.files.damaged",
+    "{file}",
+    "sum",
+    "Damaged --spool files found when opened, by reason: write_ahead_unreadable, spool_unreadable (moved aside, "
+    "its readable records kept), write_ahead_wal, spool_wal (WAL frames failing their checksums: what was "
+    "written after them is lost)",
+)
 COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_POINTS_ACCEPTED,
     COLLECTOR_POINTS_REJECTED,
@@ -273,6 +299,9 @@ COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_SPOOL_SIZE,
     COLLECTOR_STATE_SIZE,
     COLLECTOR_CLOSE_FAILURES,
+    COLLECTOR_WRITE_AHEAD_UNWRITTEN,
+    COLLECTOR_WRITE_AHEAD_SKIPPED,
+    COLLECTOR_FILES_DAMAGED,
 )
 
 

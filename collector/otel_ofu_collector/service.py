@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
@@ -57,6 +58,9 @@ DEFAULT_SHUTDOWN_GRACE_S = 10.0  # the command's --shutdown-grace default too
 # own default, outputs.prometheus.DEFAULT_EXPIRATION_WINDOWS, is not imported: that module loads only when on).
 DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS = 2
 REJECTION_LOG_INTERVAL_S = 60.0  # at most one summary line of rejected points this often
+# How far past this run's clock the write-ahead's close time may lie (a clock stepped back between runs);
+# further, the value is damaged.
+_CLOCK_SLACK_NS = 86_400 * 1_000_000_000
 
 
 def _mode(_instance: object, _attribute: object, value: str) -> None:
@@ -153,6 +157,8 @@ class CollectorService:
     _self_metrics_sent_at: float | None = attrs.field(init=False, default=None)
     _write_ahead: WriteAhead | None = attrs.field(init=False, default=None)
     _write_ahead_flushed: int = attrs.field(init=False, default=0)
+    # Write-ahead records the start's replay could not use, by reason (COLLECTOR_WRITE_AHEAD_SKIPPED).
+    _write_ahead_skipped: dict[str, int] = attrs.field(init=False, factory=lambda: {"damaged": 0, "failed": 0})
     _rejections_logged: dict[str, int] = attrs.field(init=False, factory=dict)
     _rejections_logged_at: float | None = attrs.field(init=False, default=None)
 
@@ -246,23 +252,44 @@ class CollectorService:
         return outcome
 
     def _replay(self) -> None:
-        """Rebuild the open windows a killed run left in the write-ahead (see ``write_ahead``)."""
+        """Rebuild the open windows a killed run left in the write-ahead (see ``write_ahead``). A record
+        that is damaged, or whose replay raises, costs only itself: skipped and counted."""
         assert self._write_ahead is not None
         flushed_ns, payloads = self._write_ahead.pending()
-        if not payloads:
+        damaged = self._write_ahead.damaged_records  # bytes that fail their CRC: never in ``payloads``
+        if not payloads and not damaged:
             return
+        if flushed_ns is not None and not 0 < flushed_ns <= self.clock() + _CLOCK_SLACK_NS:
+            # A damaged value: closing through it could mark every window to come as closed already.
+            logger.warning("write-ahead: ignored its damaged close time %d", flushed_ns)
+            flushed_ns = None
         if flushed_ns is not None:
             self.aggregator.flush(flushed_ns)  # nothing to close yet: marks what was exported as closed
             self._write_ahead_flushed = flushed_ns
+        unparsed = failed = 0
         for payload in payloads:
-            self.decoder.decode(ExportMetricsServiceRequest.FromString(payload), payload)  # forwarded already
+            try:
+                request = ExportMetricsServiceRequest.FromString(payload)
+            except DecodeError:
+                unparsed += 1
+                continue
+            try:
+                self.decoder.decode(request, payload)  # forwarded already
+            except Exception:
+                failed += 1
+                if failed == 1:
+                    logger.exception("write-ahead: replaying a record failed; it is skipped")
         accepted = self.decoder.stats.accepted
         self.decoder.stats = DecoderStats()  # this run's counters count this run's requests
+        self._write_ahead_skipped["damaged"] += damaged + unparsed
+        self._write_ahead_skipped["failed"] += failed
         logger.warning(
             "replayed %d request(s) (%d point(s) of windows still open) that a previous run accepted but "
-            "never closed (it was killed or crashed)",
-            len(payloads),
+            "never closed (it was killed or crashed); %d damaged record(s) skipped, %d failed",
+            len(payloads) - unparsed - failed,
             accepted,
+            damaged + unparsed,
+            failed,
         )
 
     # --- lifecycle ----------------------------------------------------------------------------------
@@ -498,6 +525,7 @@ class CollectorService:
                 failures[stream] = delivery.stats.failures
                 if isinstance(delivery.queue, SqliteSpool):
                     spool_bytes = delivery.queue.size_bytes
+                    dropped[f"{stream}_spool_failed"] = delivery.queue.unstored_dropped
         state: dict[str, Any] = {}
         if isinstance(self.aggregator, Aggregator):
             stats = self.aggregator.stats
@@ -522,6 +550,7 @@ class CollectorService:
             state[names.COLLECTOR_EXPORT_FAILURES.name] = failures
         if spool_bytes is not None:
             state[names.COLLECTOR_SPOOL_SIZE.name] = spool_bytes
+        state.update(self._file_metrics())
         return {
             names.COLLECTOR_POINTS_ACCEPTED.name: decoder.accepted,
             names.COLLECTOR_POINTS_REJECTED.name: dict(decoder.rejected_by_reason),
@@ -534,3 +563,19 @@ class CollectorService:
             names.COLLECTOR_DROPPED.name: dropped,
             **state,
         }
+
+    def _file_metrics(self) -> dict[str, Any]:
+        """What the write-ahead and the spool lost to their disk and their files (absent without a spool)."""
+        found: dict[str, Any] = {}
+        damaged: dict[str, int] = {}
+        ahead = self._write_ahead
+        if ahead is not None:
+            found[names.COLLECTOR_WRITE_AHEAD_UNWRITTEN.name] = ahead.unwritten
+            found[names.COLLECTOR_WRITE_AHEAD_SKIPPED.name] = dict(self._write_ahead_skipped)
+            damaged |= {"write_ahead_unreadable": ahead.files_unreadable, "write_ahead_wal": ahead.wal_damaged}
+        spool = None if self.exports is None else self.exports.queue
+        if isinstance(spool, SqliteSpool):
+            damaged |= {"spool_unreadable": spool.files_unreadable, "spool_wal": spool.wal_damaged}
+        if damaged:
+            found[names.COLLECTOR_FILES_DAMAGED.name] = damaged
+        return found

@@ -5,7 +5,7 @@ configured the service also appends every request that had points accepted to th
 after each flush records up to when windows are closed (``flushed_ns``, the flush's time) and drops the
 requests that can hold no point of a window still open. On the next start it replays what is left into
 the fresh aggregator after closing through the recorded time, so points of windows already exported are
-late and only the open windows are rebuilt. A clean stop closes every window, so it clears the file.
+late and only the open windows are rebuilt. A clean stop closes every window, so it deletes the file.
 
 A request received at ``r`` holds points stamped at most ``r + max_future`` (the decoder's future bound);
 the window of such a point closes at most a window plus the lateness after it, so the request is needed
@@ -13,16 +13,41 @@ until the flush time passes ``r + max_future + window + lateness``.
 
 Requests are written in batches (every ``batch_s`` or ``batch_size`` requests, one transaction each): one
 insert per request would more than double the cost of ingest. A kill loses at most the last batch.
+
+The write-ahead only makes the open windows crash-safe: their points are in memory whatever happens to it.
+So nothing here raises past its methods but the constructor (a damaged file that cannot be moved aside).
+A disk that refuses a write turns it off: the batch is counted in ``unwritten``, one line says so, and it
+tries again at most every ``retry_s`` (a flush's ``closed_through`` the disk refused meanwhile is written
+with the next batch, so a kill after it comes back replays no window already exported). Each record
+carries the CRC-32 of its bytes: a record whose bytes changed on disk is skipped and counted
+(``damaged_records``), never replayed as other numbers. Damaged files and WALs: ``sqlite_files``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sqlite3
 import threading
 import time
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
+
+from otel_ofu_collector import sqlite_files
+from otel_ofu_collector.sqlite_files import RETRY_S
+
+logger = logging.getLogger(__name__)
+
+_TABLES = {
+    "accepted": (
+        "id INTEGER PRIMARY KEY AUTOINCREMENT, received_ns INTEGER NOT NULL, payload BLOB NOT NULL, crc INTEGER",
+        ("received_ns", "payload", "crc"),
+    ),
+    "state": ("key TEXT PRIMARY KEY, value INTEGER NOT NULL", ("key", "value")),
+}
 
 
 @attrs.define
@@ -30,74 +55,172 @@ class WriteAhead:
     path: str
     batch_s: float = 0.2
     batch_size: int = 256
-    _db: sqlite3.Connection = attrs.field(init=False)
-    _batch: list[tuple[int, bytes]] = attrs.field(init=False, factory=list)
+    clock: Callable[[], float] = time.monotonic
+    retry_s: float = RETRY_S
+    unwritten: int = attrs.field(init=False, default=0)  # accepted requests the disk refused
+    damaged_records: int = attrs.field(init=False, default=0)  # records skipped by pending(): bytes changed
+    files_unreadable: int = attrs.field(init=False, default=0)  # files moved aside
+    wal_damaged: int = attrs.field(init=False, default=0)  # damaged WALs found
+    _db: sqlite3.Connection | None = attrs.field(init=False, default=None)
+    _batch: list[tuple[int, bytes, int]] = attrs.field(init=False, factory=list)
     _batch_started: float = attrs.field(init=False, default=0.0)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _closed: bool = attrs.field(init=False, default=False)
+    _failing: bool = attrs.field(init=False, default=False)
+    _retry_at: float = attrs.field(init=False, default=0.0)
+    _unwritten_before: int = attrs.field(init=False, default=0)  # ``unwritten`` when the disk began refusing
+    _state: tuple[int, int] | None = attrs.field(init=False, default=None)  # a refused closed_through
+    _stale: bool = attrs.field(init=False, default=False)  # opened only after the start: its records are old
 
     def __attrs_post_init__(self) -> None:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # survives a killed process; the spool's own choice too
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS accepted "
-            "(id INTEGER PRIMARY KEY AUTOINCREMENT, received_ns INTEGER NOT NULL, payload BLOB NOT NULL)"
-        )
-        self._db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        with self._lock:
+            if not self._open():
+                self._stale = True  # what the file holds could not be replayed at the start
 
     def append(self, payload: bytes, received_ns: int) -> None:
         with self._lock:
             if self._closed:
                 return
+            now = self.clock()
+            if self._failing and now < self._retry_at:
+                self.unwritten += 1
+                return
             if not self._batch:
-                self._batch_started = time.monotonic()
-            self._batch.append((received_ns, payload))
-            if len(self._batch) >= self.batch_size or time.monotonic() - self._batch_started >= self.batch_s:
-                self._write_batch()
-
-    def _write_batch(self) -> None:
-        """Write what waits, in one transaction; the caller holds the lock."""
-        if self._batch:
-            self._db.execute("BEGIN")
-            self._db.executemany("INSERT INTO accepted (received_ns, payload) VALUES (?, ?)", self._batch)
-            self._db.execute("COMMIT")
-            self._batch.clear()
+                self._batch_started = now
+            self._batch.append((received_ns, payload, zlib.crc32(payload)))
+            if self._failing or len(self._batch) >= self.batch_size or now - self._batch_started >= self.batch_s:
+                self._write()
 
     def closed_through(self, flushed_ns: int, needed_after_ns: int) -> None:
         """Windows are closed as of ``flushed_ns``; requests received before ``needed_after_ns`` are done."""
         with self._lock:
             if self._closed:
                 return
-            self._write_batch()
-            self._db.execute("BEGIN")
-            self._db.execute("INSERT OR REPLACE INTO state (key, value) VALUES ('flushed_ns', ?)", (flushed_ns,))
-            self._db.execute("DELETE FROM accepted WHERE received_ns < ?", (needed_after_ns,))
-            self._db.execute("COMMIT")
+            self._state = (flushed_ns, needed_after_ns)
+            if not self._failing or self.clock() >= self._retry_at:
+                self._write()
 
     def pending(self) -> tuple[int | None, list[bytes]]:
         """What a previous run left: the time it had closed windows through (None: none closed), and the
-        requests to replay, oldest first."""
+        requests to replay, oldest first. Records whose bytes fail their CRC are left out, counted in
+        ``damaged_records`` and deleted."""
         with self._lock:
-            self._write_batch()
-            row = self._db.execute("SELECT value FROM state WHERE key = 'flushed_ns'").fetchone()
-            payloads = [bytes(found[0]) for found in self._db.execute("SELECT payload FROM accepted ORDER BY id")]
-        return (None if row is None else int(row[0])), payloads
+            if self._batch:
+                self._write()
+            if self._db is None:
+                return None, []
+            flushed_ns: int | None = None
+            payloads: list[bytes] = []
+            damaged: list[int] = []
+            try:
+                row = self._db.execute("SELECT value FROM state WHERE key = 'flushed_ns'").fetchone()
+                flushed_ns = None if row is None else int(row[0])
+                for record_id, payload, crc in self._db.execute("SELECT id, payload, crc FROM accepted ORDER BY id"):
+                    # crc None: a record copied from a file without the column (see sqlite_files.readable_rows)
+                    if isinstance(payload, bytes) and (crc is None or zlib.crc32(payload) == crc):
+                        payloads.append(payload)
+                    else:
+                        damaged.append(record_id)
+            except (sqlite3.Error, TypeError, ValueError) as error:  # TypeError, ValueError: a damaged value
+                logger.warning("write-ahead %s: reading it stopped (%s); replaying what was read", self.path, error)
+            with contextlib.suppress(sqlite3.Error):  # else they are skipped again at the next start
+                self._db.executemany("DELETE FROM accepted WHERE id = ?", [(record_id,) for record_id in damaged])
+            self.damaged_records += len(damaged)
+        return flushed_ns, payloads
 
     def clear(self) -> None:
-        """Every window is closed and handed on (a clean stop): nothing to replay."""
+        """Every window is closed and handed on (a clean stop): nothing to replay. Deletes the file, which
+        needs no free space, unlike a DELETE."""
         with self._lock:
-            if not self._closed:
-                self._batch.clear()
-                self._db.execute("BEGIN")
-                self._db.execute("DELETE FROM accepted")
-                self._db.execute("DELETE FROM state")
-                self._db.execute("COMMIT")
+            self._closed = True
+            self._batch.clear()
+            self._close_db()
+            try:
+                sqlite_files.remove_files(self.path)
+            except OSError as error:
+                logger.error(
+                    "write-ahead %s could not be deleted at a clean stop (%s): the next start replays windows "
+                    "already exported",
+                    self.path,
+                    error,
+                )
 
     def close(self) -> None:
         with self._lock:
             if not self._closed:
-                self._write_batch()
+                if self._batch:
+                    self._write()
                 self._closed = True
+                self._close_db()
+
+    # --- the disk ---------------------------------------------------------------------------------
+
+    def _open(self) -> bool:
+        """Open the file (moving a damaged one aside); False when the disk refuses. The caller holds the lock."""
+        opened = sqlite_files.open_store(self.path, "write-ahead", _TABLES)
+        self.files_unreadable += opened.moved_aside is not None
+        self.wal_damaged += opened.wal_damage is not None
+        self._db = opened.db
+        if opened.db is None:
+            self._fail(opened.error)
+        return opened.db is not None
+
+    def _write(self) -> None:
+        """Write the batch and a waiting closed_through in one transaction; the caller holds the lock."""
+        try:
+            if self._db is None and not self._open():
+                raise sqlite3.OperationalError("the file cannot be opened")
+            assert self._db is not None
+            self._db.execute("BEGIN")
+            if self._stale:
+                self._db.execute("DELETE FROM accepted")  # a run before the start's: its windows are gone
+            self._db.executemany("INSERT INTO accepted (received_ns, payload, crc) VALUES (?, ?, ?)", self._batch)
+            if self._state is not None:
+                flushed_ns, needed_after_ns = self._state
+                self._db.execute("INSERT OR REPLACE INTO state (key, value) VALUES ('flushed_ns', ?)", (flushed_ns,))
+                self._db.execute("DELETE FROM accepted WHERE received_ns < ?", (needed_after_ns,))
+            self._db.execute("COMMIT")
+        except (sqlite3.Error, OSError) as error:
+            self._rollback()
+            self.unwritten += len(self._batch)
+            self._batch.clear()
+            self._fail(str(error))
+            return
+        self._batch.clear()
+        self._state = None
+        self._stale = False
+        if self._failing:
+            self._failing = False
+            logger.info(
+                "write-ahead %s: writing again; %d accepted request(s) were not written ahead meanwhile",
+                self.path,
+                self.unwritten - self._unwritten_before,
+            )
+
+    def _fail(self, error: str) -> None:
+        if not self._failing:
+            self._failing = True
+            self._unwritten_before = self.unwritten
+            logger.warning(
+                "write-ahead %s cannot be written (%s): going on without it, retrying every %.0f s; the accepted "
+                "points are in the windows, but a kill or crash meanwhile loses those of the open windows",
+                self.path,
+                error,
+                self.retry_s,
+            )
+        self._retry_at = self.clock() + self.retry_s
+
+    def _rollback(self) -> None:
+        try:
+            if self._db is not None and self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # SQLite rolls back itself on a failed write
+
+    def _close_db(self) -> None:
+        if self._db is not None:
+            # closing checkpoints the WAL: a full disk may refuse it, the WAL then stays
+            with contextlib.suppress(sqlite3.Error):
                 self._db.close()
+            self._db = None
