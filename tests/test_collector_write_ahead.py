@@ -69,7 +69,7 @@ def request_bytes(gpus: dict[str, tuple[str, float]], time_ns: int) -> bytes:
     return gpu_request(gpus, time_ns=time_ns).SerializeToString()
 
 
-def jobs_of(service: CollectorService, now_ns: int) -> dict[str, tuple[object, int]]:
+def jobs_of(service: CollectorService, now_ns: int) -> dict[str, tuple[object, float]]:
     """{job: (OFU, GPUs)} of the windows ``flush(now_ns)`` closes (OFU as ``object``: tests compare it with
     pytest.approx)."""
     return {job.job_id: (job.ofu, job.gpus) for report in service.flush(now_ns) for job in report.jobs}
@@ -269,7 +269,8 @@ def test_the_readable_records_of_a_write_ahead_with_a_damaged_page_are_kept(tmp_
     page = content.find(b"GPU-2") // 4096 * 4096
     content[page : page + 8] = b"\xff" * 8  # the page header of GPU-2's record: no longer a b-tree page
     path.write_bytes(content)
-    service = CollectorService(spooled(spool), clock=lambda: W0 + 30 * S, environ={})
+    # The long host names are longer than the default --max-attribute-length: allowed here.
+    service = CollectorService(spooled(spool, max_attribute_length=4096), clock=lambda: W0 + 30 * S, environ={})
     try:
         assert len(aside(path)) == 1
         # GPU-2's record is lost with its page; the others' OFU: (0.1 + 0.2 + 0.4 + 0.5) / 4 = 0.3
@@ -608,9 +609,11 @@ def test_the_command_stopped_while_the_disk_is_full_exports_its_windows_and_exit
     )
     port = collector.grpc_port
     _prlimit_fsize(collector.process.pid, FULL)
+    now = time.time_ns()
+    inside = now - now % (60 * S) + 11 * S  # every point's 10 s interval inside one window: one job.ofu point
     collector.wait_for(
         "going on without it",
-        between=lambda: send(port, gpu_request({"GPU-1": ("full", 0.5)}, time_ns=time.time_ns())),
+        between=lambda: send(port, gpu_request({"GPU-1": ("full", 0.5)}, time_ns=inside)),
     )
     assert collector.terminate() == 0  # before: exit 1, the write-ahead's clear raised
     assert "Traceback" not in "\n".join(collector.lines)
