@@ -1,13 +1,16 @@
-"""The producer's export path end to end: snapshot -> MetricsData -> the SDK's exporters -> a real receiver."""
+"""The producer's export path end to end: snapshot -> MetricsData -> its OTLP exporter -> a real receiver."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import logging
 import os
 import signal
 import threading
+import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -18,7 +21,8 @@ from otel_ofu import names
 from otel_ofu.gpu_values import CalibrationTable, compute
 from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot
 from otel_ofu.producer import MetricsDataBuilder, Producer, compute_snapshot, otlp_exporter
-from otel_ofu.producer.exporters import HTTP_PROTOBUF, resolve_protocol
+from otel_ofu.producer.exporters import HTTP_PROTOBUF, OtlpMetricExporter, resolve_protocol
+from otel_ofu.producer.otlp_settings import OtlpSettings
 from otel_ofu.producer.prometheus import PROMETHEUS_NAMES, PrometheusEndpoint
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode, unused_port
 
@@ -556,3 +560,107 @@ def test_simulated_fleet_through_grpc_matches_its_truth(sink: OtlpSink) -> None:
         assert (ofu.start_time_unix_nano, ofu.time_unix_nano) == (reading.start_ns, reading.end_ns)
         truth = fleet.interval_truth(reading.gpu.key, reading.start_ns, reading.end_ns)
         assert ofu.as_double == pytest.approx(truth.ofu, abs=0.02)
+
+
+# --- honest export errors: one line, never "behind" for a dead backend, a short shutdown ---------------
+
+
+def until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll ``predicate`` (another thread makes it true) until it holds; False after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_backend_that_fails_is_not_called_behind(caplog: pytest.LogCaptureFixture) -> None:
+    # Nothing listens: the exporter says so once; the intervals that pile up meanwhile are dropped and counted,
+    # without a second line blaming a slow backend.
+    release = threading.Event()
+    settings = OtlpSettings.resolve(endpoint=f"http://127.0.0.1:{unused_port()}")
+    exporter = OtlpMetricExporter(settings, wait=lambda seconds: release.wait(30))
+    clock = FakeClock()
+    producer = Producer(source=FakeSource(gpus=2, clock=clock), exporter=exporter, clock=clock, max_queue=1)
+    try:
+        producer.run_once()
+        assert until(lambda: exporter.health.failing)  # its first attempt was refused; it waits to retry
+        for _ in range(5):  # 5 more intervals: 1 queued, 4 dropped
+            producer.run_once()
+        assert export_failures(producer) == {names.ExportFailureReason.QUEUE_FULL: 4}
+    finally:
+        release.set()
+        producer.close()
+    lines = [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "shutdown" not in r.getMessage()
+    ]
+    assert len(lines) == 1
+    assert "nothing is listening there (connection refused)" in lines[0]
+
+
+def test_a_slow_backend_is_said_once_until_it_catches_up(sink: OtlpSink, caplog: pytest.LogCaptureFixture) -> None:
+    sink.set_mode(SinkMode.HOLD)
+    clock = FakeClock()
+    producer = Producer(
+        source=FakeSource(gpus=2, clock=clock), exporter=otlp_exporter(endpoint=sink.grpc_endpoint), clock=clock,
+        max_queue=2,
+    )  # fmt: skip
+    try:
+        producer.run_once()
+        assert sink.wait_for(lambda s: s.attempts == 1)  # held by the backend: it answers, only slowly
+        for _ in range(6):  # 2 queued, 4 dropped
+            producer.run_once()
+        assert export_failures(producer) == {names.ExportFailureReason.QUEUE_FULL: 4}
+        sink.set_mode(SinkMode.OK)
+        assert producer.worker is not None
+        assert producer.worker.flush(10)
+    finally:
+        producer.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.startswith("exports are slower than the interval: dropping the oldest queued interval")
+
+
+def test_close_gives_up_a_stalled_export_and_counts_it(sink: OtlpSink) -> None:
+    # The backend holds every request (for up to 20 s): close waits its own second, then gives up the export in
+    # flight and the two queued, each counted as a shutdown loss, while the backend still holds the first.
+    sink.set_mode(SinkMode.HOLD)
+    clock = FakeClock()
+    producer = Producer(source=FakeSource(gpus=2, clock=clock), exporter=otlp_exporter(endpoint=sink.grpc_endpoint),
+                        clock=clock)  # fmt: skip
+    for _ in range(3):
+        producer.run_once()
+    assert sink.wait_for(lambda s: s.attempts == 1)
+    closing = threading.Thread(target=producer.close)
+    closing.start()
+    closing.join(timeout=8)  # the old close waited 10 s for the backend
+    assert not closing.is_alive()
+    assert sink.received == []
+    assert export_failures(producer) == {names.ExportFailureReason.SHUTDOWN: 3}
+
+
+def test_run_with_nothing_listening_says_so_once_and_ends_soon_after_its_duration(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # `otel-ofu run --duration` against a port nothing listens on: one line naming the endpoint and the cause,
+    # and the run ends about a second after its duration (it took over 10 s: the flush waited out the retries).
+    from otel_ofu.commands import run
+
+    endpoint = f"http://127.0.0.1:{unused_port()}"
+    parser = argparse.ArgumentParser(prog="otel-ofu")
+    run.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        ["run", "--source", "sim", "--interval", "0.2", "--duration", "1", "--export-endpoint", endpoint, "--quiet"]
+    )
+    status: list[int] = []
+    running = threading.Thread(target=lambda: status.append(args.handler(args)))
+    running.start()
+    running.join(timeout=6)
+    assert not running.is_alive()
+    assert status == [0]
+    failing = [r.getMessage() for r in caplog.records if "cannot export" in r.getMessage()]
+    assert failing == [
+        f"cannot export to {endpoint} (grpc): nothing is listening there (connection refused): is the receiver "
+        "running, on this host and port? (sampling goes on; each export is tried again as it comes)"
+    ]
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
