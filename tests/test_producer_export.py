@@ -664,3 +664,15 @@ def test_run_with_nothing_listening_says_so_once_and_ends_soon_after_its_duratio
         "running, on this host and port? (sampling goes on; each export is tried again as it comes)"
     ]
     assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+def test_run_names_the_endpoint_it_will_really_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The start-up line said "the SDK default", and the base URL where OTLP/HTTP appends /v1/metrics.
+    from otel_ofu.commands import run
+
+    parser = argparse.ArgumentParser(prog="otel-ofu")
+    run.register(parser.add_subparsers(dest="command", required=True))
+    assert run._describe_otlp(parser.parse_args(["run"])) == "grpc http://localhost:4317"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://gateway:4318")
+    args = parser.parse_args(["run", "--protocol", "http/protobuf"])
+    assert run._describe_otlp(args) == "http/protobuf http://gateway:4318/v1/metrics"
