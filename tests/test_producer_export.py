@@ -7,6 +7,8 @@ import importlib.util
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -676,3 +678,21 @@ def test_run_names_the_endpoint_it_will_really_use(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://gateway:4318")
     args = parser.parse_args(["run", "--protocol", "http/protobuf"])
     assert run._describe_otlp(args) == "http/protobuf http://gateway:4318/v1/metrics"
+
+
+def test_the_command_prints_no_raw_grpc_lines_for_a_tls_mismatch(sink: OtlpSink) -> None:
+    # TLS to a plain-text gRPC port: grpc itself logged "I... ssl_transport_security.cc ... Handshake failed" on
+    # stderr for every attempt, beside the one line of otel-ofu's own that says what is wrong.
+    endpoint = f"https://127.0.0.1:{sink.grpc_port}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "GRPC_"))}
+    argv = [sys.executable, "-m", "otel_ofu.cli", "run", "--source", "sim", "--interval", "0.3", "--duration", "1"]
+    done = subprocess.run(
+        [*argv, "--export-endpoint", endpoint, "--quiet"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line for line in lines if "cannot export" in line] == [
+        line for line in lines if f"cannot export to {endpoint} (grpc): the TLS handshake failed" in line
+    ]
+    assert len([line for line in lines if "cannot export" in line]) == 1
+    assert not [line for line in lines if "ssl_transport_security" in line or line[:1] in ("I", "E", "W")]

@@ -165,7 +165,7 @@ def grpc_failure(error: grpc.RpcError, settings: OtlpSettings) -> Attempt:
     delay = _grpc_retry_delay(error)
     retryable = code in RETRYABLE_GRPC or (code == grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None)
     cause = grpc_cause(code, details, settings)
-    if cause == _WRONG_PROTOCOL_HTTP1 or cause.startswith(_TLS_VERIFY):
+    if misconfigured(cause):
         retryable = False  # a retry a second later cannot cure these: the next interval tries again
     return Attempt(False, retryable, delay, cause)
 
@@ -202,6 +202,8 @@ _WRONG_PROTOCOL_HTTP2 = (
 )
 _REFUSED = "nothing is listening there (connection refused): is the receiver running, on this host and port?"
 _TLS_VERIFY = "its TLS certificate is not trusted"
+_TLS_TO_PLAIN = "the TLS handshake failed: the port seems to speak plain text"
+_PLAIN_TO_TLS = "it speaks TLS and this exporter plain text: use an https:// endpoint"
 
 
 def _tls_to_plain(settings: OtlpSettings) -> str:
@@ -210,10 +212,14 @@ def _tls_to_plain(settings: OtlpSettings) -> str:
         if "://" in settings.endpoint
         else "use an http:// endpoint or OTEL_EXPORTER_OTLP_INSECURE=true"
     )
-    return f"the TLS handshake failed: the port seems to speak plain text; {fix}"
+    return f"{_TLS_TO_PLAIN}; {fix}"
 
 
-_PLAIN_TO_TLS = "it speaks TLS and this exporter plain text: use an https:// endpoint"
+def misconfigured(cause: str) -> bool:
+    """A cause only a change of settings cures (protocol, TLS): not retried within an export."""
+    return cause in (_WRONG_PROTOCOL_HTTP1, _WRONG_PROTOCOL_HTTP2, _PLAIN_TO_TLS) or cause.startswith(
+        (_TLS_VERIFY, _TLS_TO_PLAIN)
+    )
 
 
 def grpc_cause(code: grpc.StatusCode, details: str, settings: OtlpSettings) -> str:
