@@ -31,39 +31,40 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
 )
 
-# Re-exported: the request our exporters send, for callers that encode alone.
-from otel_ofu.producer.otlp_encoding import OtlpEncodingError, encode_request
-from otel_ofu.producer.otlp_encoding import encode_with_intervals as encode_with_intervals
+from otel_ofu.producer.otlp_encoding import OtlpEncodingError, encode_request, encode_with_intervals
 from otel_ofu.producer.otlp_settings import (
-    GRPC as GRPC,
-)
-from otel_ofu.producer.otlp_settings import (
-    HTTP_METRICS_PATH as HTTP_METRICS_PATH,
-)
-from otel_ofu.producer.otlp_settings import (
-    HTTP_PROTOBUF as HTTP_PROTOBUF,
-)
-from otel_ofu.producer.otlp_settings import (
-    PROTOCOLS as PROTOCOLS,
-)
-from otel_ofu.producer.otlp_settings import (
-    ExporterConfigError as ExporterConfigError,
-)
-from otel_ofu.producer.otlp_settings import (
+    GRPC,
+    HTTP_METRICS_PATH,
+    HTTP_PROTOBUF,
+    PROTOCOLS,
+    ExporterConfigError,
     OtlpSettings,
+    check_env_endpoint,
+    http_metrics_url,
     preferred_aggregation,
     preferred_temporality,
-)
-from otel_ofu.producer.otlp_settings import (
-    check_env_endpoint as check_env_endpoint,
-)
-from otel_ofu.producer.otlp_settings import (
-    http_metrics_url as http_metrics_url,
-)
-from otel_ofu.producer.otlp_settings import (
-    resolve_protocol as resolve_protocol,
+    resolve_protocol,
 )
 from otel_ofu.producer.otlp_transport import Attempt, Sender, open_sender
+
+# Re-exported for the commands and callers that encode or resolve settings alone.
+__all__ = [
+    "EXPORTER_KINDS",
+    "GRPC",
+    "HTTP_METRICS_PATH",
+    "HTTP_PROTOBUF",
+    "PROTOCOLS",
+    "ExportHealth",
+    "ExporterConfigError",
+    "OtlpMetricExporter",
+    "build_exporter",
+    "check_env_endpoint",
+    "console_exporter",
+    "encode_with_intervals",
+    "http_metrics_url",
+    "otlp_exporter",
+    "resolve_protocol",
+]
 
 log = logging.getLogger(__name__)
 
