@@ -183,12 +183,15 @@ def test_temporality_and_histogram_preferences_as_the_otlp_exporters_read_them()
 # --- delivery and retries -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize(
+    ("protocol", "compression"),
+    [("grpc", "gzip"), ("grpc", "deflate"), ("http/protobuf", "gzip"), ("http/protobuf", "deflate")],
+)
 def test_delivered_with_the_user_agent_headers_and_compression(
-    sink: OtlpSink, monkeypatch: pytest.MonkeyPatch, protocol: str
+    sink: OtlpSink, monkeypatch: pytest.MonkeyPatch, protocol: str, compression: str
 ) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-tenant=ml")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", compression)
     endpoint = sink.grpc_endpoint if protocol == "grpc" else sink.http_endpoint
     otlp, _ = exporter(endpoint, protocol)
     try:
@@ -199,7 +202,7 @@ def test_delivered_with_the_user_agent_headers_and_compression(
     assert received.metadata["x-tenant"] == "ml"
     assert received.metadata["user-agent"].startswith(f"otel-ofu/{__version__}")
     if protocol == "http/protobuf":
-        assert received.metadata["content-encoding"] == "gzip"  # the sink decompressed it to parse it
+        assert received.metadata["content-encoding"] == compression  # the sink decompressed it to parse it
     points = received.request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points
     assert (points[0].start_time_unix_nano, points[0].time_unix_nano) == (10 * SECOND, 20 * SECOND)
 
