@@ -489,3 +489,18 @@ def test_shutdown_ends_a_wait_between_retries_at_once(sink: OtlpSink) -> None:
     assert results == [MetricExportResult.FAILURE]
     assert otlp.export(data()) is MetricExportResult.FAILURE  # after shutdown, nothing is sent
     assert sink.attempts == 1
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_no_answer_within_the_timeout_names_the_timeout(
+    sink: OtlpSink, caplog: pytest.LogCaptureFixture, protocol: str
+) -> None:
+    sink.set_mode(SinkMode.HOLD)  # takes the request and answers nothing (for up to 20 s)
+    endpoint = sink.grpc_endpoint if protocol == "grpc" else sink.http_endpoint
+    otlp, waits = exporter(endpoint, protocol, timeout_s=0.3)
+    assert otlp.export(data()) is MetricExportResult.FAILURE
+    otlp.shutdown()
+    sink.set_mode(SinkMode.OK)
+    (line,) = warnings_of(caplog)
+    assert "no answer within the export timeout (0.3 s, OTEL_EXPORTER_OTLP_TIMEOUT)" in line
+    assert waits.delays == []  # the first backoff (1 s) is past the 0.3 s timeout
