@@ -73,10 +73,10 @@ def _producer(module: Any, ctx: RunContext) -> BenchResult:
         (
             e["source"],
             f"{e['ours_ms']:.3f}",
+            f"{e['sdk_ms']:.3f}",
+            f"{e['sdk_ratio']:.2f}",
             f"{e['floor_ms']:.3f}",
-            f"{e['ratio']:.2f}",
-            f"{e['encoding_ms']:.3f}",
-            f"{e['encoding_ratio']:.2f}",
+            f"{e['floor_ratio']:.2f}",
             f"{e['ours_us_per_gpu']:.0f}",
             f"{e['openlit_us_per_gpu']:.0f}",
             f"{e['ours_points']} / {e['openlit_points']}",
@@ -89,8 +89,8 @@ def _producer(module: Any, ctx: RunContext) -> BenchResult:
         where = e["source"]
         verdicts.append(
             Verdict(
-                f"whole cycle / SDK encoder on the same MetricsData, 8 GPUs, {where}",
-                e["ratio"],
+                f"whole cycle / the SDK's encoder on the same MetricsData (the reference), 8 GPUs, {where}",
+                e["sdk_ratio"],
                 target["ratio"],
                 "x",
                 kind="ratio",
@@ -98,8 +98,8 @@ def _producer(module: Any, ctx: RunContext) -> BenchResult:
         )
         verdicts.append(
             Verdict(
-                f"a floor is never beaten: whole cycle / its own encoding step alone (>= 1), {where}",
-                e["encoding_ratio"],
+                f"the floor is never beaten: whole cycle / its own encode step alone (>= 1), {where}",
+                e["floor_ratio"],
                 1.0,
                 "x",
                 higher_is_better=True,
@@ -127,9 +127,9 @@ def _producer(module: Any, ctx: RunContext) -> BenchResult:
                 (
                     "source",
                     "ours ms",
-                    "SDK encoder ms",
-                    "ratio",
-                    "own encoding ms (floor)",
+                    "SDK encoder ms (reference)",
+                    "ratio to reference",
+                    "own encode ms (floor)",
                     "ratio to floor",
                     "ours us/GPU",
                     "OpenLIT us/GPU",
@@ -137,9 +137,9 @@ def _producer(module: Any, ctx: RunContext) -> BenchResult:
                     "bytes ours / SDK",
                 ),
                 rows,
-                note="Targets: whole cycle <= 1.3x the SDK encoder on the same MetricsData (ratio; the contract's "
-                "reference: our exporter encodes from cached Resource encodings and beats it, so the floor proper is "
-                "our own encoding step alone, which the whole cycle must never beat), <= 2 ms of CPU "
+                note="Targets: whole cycle <= 1.3x the SDK's encoder on the same MetricsData (the reference, ratio; "
+                "our exporter encodes from cached Resource encodings straight to bytes and beats it), never under "
+                "the floor (our own encode step alone, which the whole cycle cannot leave out), <= 2 ms of CPU "
                 "per cycle (absolute, reported) and less CPU per GPU than OpenLIT (ratio < 1). OpenLIT's cycle is "
                 "its callbacks through the SDK MeterProvider plus the same SDK encode; it reads 11 gauges per GPU "
                 "(no OFU), ours 6 per GPU plus self-metrics.",
@@ -157,13 +157,13 @@ def _producer_plot(ctx: RunContext, data: dict[str, Any]) -> str:
     sources = data["sources"]
     width = 0.27
     for offset, (key, label) in enumerate(
-        (("ours_ms", "otel-ofu cycle"), ("floor_ms", "SDK encoder alone (floor)"), ("openlit_ms", "OpenLIT GPU"))
+        (("ours_ms", "otel-ofu cycle"), ("sdk_ms", "SDK encoder alone (reference)"), ("openlit_ms", "OpenLIT GPU"))
     ):
         xs = [i + (offset - 1) * width for i in range(len(sources))]
         axes.bar(xs, [e[key] * 1e3 / data["gpus"] for e in sources], width, label=label)
     axes.set_xticks(range(len(sources)), [e["source"] for e in sources])
     axes.set_ylabel("us of CPU per GPU per cycle")
-    axes.set_title(f"Producer, {data['gpus']} GPUs: whole cycle vs floor vs OpenLIT")
+    axes.set_title(f"Producer, {data['gpus']} GPUs: whole cycle vs the SDK's encoder vs OpenLIT")
     axes.legend(fontsize=8)
     return save_figure(figure, ctx, "producer")
 

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # grpc logs a failed TLS handshake itself, on stderr, once per attempt ("I... ssl_transport_security.cc"),
+    # beside the commands' own one line on what is wrong. It reads this when imported: before the commands are.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -1,11 +1,11 @@
-"""The producer's OTLP encoder: the SDK's request, field for field, with gauge start times kept."""
+"""The producer's OTLP encoder: the SDK's request, byte for byte, with gauge start times kept."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import pytest
-from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import EncodingException, encode_metrics
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.metrics.export import (
@@ -24,8 +24,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
-from otel_ofu.producer import MetricsDataBuilder, compute_snapshot, env_resource
-from otel_ofu.producer.otlp_encoding import encode_with_intervals
+from otel_ofu.producer import MetricsDataBuilder, compute_snapshot, env_resource, otlp_encoding
+from otel_ofu.producer.otlp_encoding import OtlpEncodingError, encode_request, encode_with_intervals
 
 SECOND = 1_000_000_000
 SCOPE = InstrumentationScope("otel-ofu", "1.0")
@@ -75,7 +75,8 @@ def test_the_producers_export_is_the_sdks_request_with_start_times() -> None:
         data = builder.build(compute_snapshot(snapshot))
         request = encode_with_intervals(data)
         assert request == sdk_then_starts(data)
-        assert request.SerializeToString() == sdk_then_starts(data).SerializeToString()
+        # What is sent: the very bytes protobuf writes for the SDK's request with the start times set.
+        assert encode_request(data) == sdk_then_starts(data).SerializeToString()
         assert request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points[0].start_time_unix_nano
 
 
@@ -95,6 +96,7 @@ def test_values_and_attribute_types_are_encoded_as_the_sdk_does() -> None:
     for _ in range(2):
         request = encode_with_intervals(data)
         assert request == sdk_then_starts(data)
+        assert encode_request(data) == sdk_then_starts(data).SerializeToString()
         points = request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points
         assert points[2].attributes[0].value.int_value == 1
         assert points[3].attributes[0].value.bool_value is True
@@ -135,10 +137,32 @@ def test_what_it_does_not_take_goes_through_the_sdk() -> None:
     assert request == sdk_then_starts(data)
 
 
-def test_a_bad_value_fails_as_the_sdk_fails() -> None:
-    data = data_of((Resource({"a": "1"}), [gauge("g", point("high"))]))  # type: ignore[arg-type]
-    with pytest.raises(EncodingException):
+def test_a_bad_value_is_one_line_naming_the_metric() -> None:
+    data = data_of((Resource({"a": "1"}), [gauge("bad.gauge", point("high"))]))  # type: ignore[arg-type]
+    with pytest.raises(OtlpEncodingError, match=r"bad\.gauge") as raised:
+        encode_request(data)
+    assert "\n" not in str(raised.value)
+    with pytest.raises(OtlpEncodingError):
         encode_with_intervals(data)
+
+
+def test_zero_times_and_empty_metrics_are_written_as_protobuf_writes_them() -> None:
+    # proto3 leaves a zero time out; a gauge or sum with no points has no data field at all in the SDK's request.
+    empty_sum = Metric("s", "", "1", Sum([], AggregationTemporality.DELTA, is_monotonic=True))
+    metrics = [gauge("g", point(1.5, start=0), point(2, {"k": "v"}, start=0)), gauge("empty"), empty_sum]
+    data = data_of((Resource({"a": "1"}), metrics))
+    assert encode_request(data) == sdk_then_starts(data).SerializeToString()
+    request = encode_with_intervals(data)
+    assert request.resource_metrics[0].scope_metrics[0].metrics[1].WhichOneof("data") is None
+
+
+def test_an_attribute_value_otlp_cannot_carry_is_left_out_and_the_rest_kept(caplog: pytest.LogCaptureFixture) -> None:
+    # The SDK's encoder does the same (its own log line carries a traceback): the point and its other attributes go.
+    data = data_of((Resource({"a": "1"}), [gauge("g", point(1.0, {"ok": "yes", "bad": object()}))]))
+    (point_pb,) = encode_with_intervals(data).resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points
+    (kept,) = point_pb.attributes
+    assert (kept.key, kept.value.string_value) == ("ok", "yes")
+    assert "'bad' left out" in caplog.text
 
 
 def test_each_resource_gets_its_own_encoding_as_resources_come_and_go() -> None:
@@ -147,3 +171,17 @@ def test_each_resource_gets_its_own_encoding_as_resources_come_and_go() -> None:
         request = encode_with_intervals(data)
         assert request.resource_metrics[0].resource.attributes[0].value.string_value == f"job-{i}"
         del data
+
+
+def test_the_producers_data_is_written_without_the_sdks_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fallback gives the same bytes, so the equality tests above cannot tell which path wrote them: this can.
+    gpus = [GpuIdentity(uuid=f"GPU-{i}", model="NVIDIA H100 80GB HBM3", index=i, host="node-1") for i in range(2)]
+    snapshot = Snapshot(tuple(GpuReading(gpu, 10 * SECOND, 20 * SECOND, tensor_active=0.5) for gpu in gpus))
+    data = MetricsDataBuilder(base=env_resource("node-1"), placement="both").build(compute_snapshot(snapshot))
+    expected = sdk_then_starts(data).SerializeToString()
+
+    def refuse(data: MetricsData) -> ExportMetricsServiceRequest:
+        raise AssertionError("the SDK's encoder was called")
+
+    monkeypatch.setattr(otlp_encoding, "encode_metrics", refuse)
+    assert encode_request(data) == expected

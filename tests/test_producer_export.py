@@ -1,13 +1,18 @@
-"""The producer's export path end to end: snapshot -> MetricsData -> the SDK's exporters -> a real receiver."""
+"""The producer's export path end to end: snapshot -> MetricsData -> its OTLP exporter -> a real receiver."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -18,7 +23,8 @@ from otel_ofu import names
 from otel_ofu.gpu_values import CalibrationTable, compute
 from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot
 from otel_ofu.producer import MetricsDataBuilder, Producer, compute_snapshot, otlp_exporter
-from otel_ofu.producer.exporters import HTTP_PROTOBUF, resolve_protocol
+from otel_ofu.producer.exporters import HTTP_PROTOBUF, OtlpMetricExporter, resolve_protocol
+from otel_ofu.producer.otlp_settings import OtlpSettings
 from otel_ofu.producer.prometheus import PROMETHEUS_NAMES, PrometheusEndpoint
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode, unused_port
 
@@ -568,3 +574,137 @@ def test_simulated_fleet_through_grpc_matches_its_truth(sink: OtlpSink) -> None:
         assert (ofu.start_time_unix_nano, ofu.time_unix_nano) == (reading.start_ns, reading.end_ns)
         truth = fleet.interval_truth(reading.gpu.key, reading.start_ns, reading.end_ns)
         assert ofu.as_double == pytest.approx(truth.ofu, abs=0.02)
+
+
+# --- honest export errors: one line, never "behind" for a dead backend, a short shutdown ---------------
+
+
+def until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll ``predicate`` (another thread makes it true) until it holds; False after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_backend_that_fails_is_not_called_behind(caplog: pytest.LogCaptureFixture) -> None:
+    # Nothing listens: the exporter says so once; the intervals that pile up meanwhile are dropped and counted,
+    # without a second line blaming a slow backend.
+    release = threading.Event()
+    settings = OtlpSettings.resolve(endpoint=f"http://127.0.0.1:{unused_port()}")
+    exporter = OtlpMetricExporter(settings, wait=lambda seconds: release.wait(30))
+    clock = FakeClock()
+    producer = Producer(source=FakeSource(gpus=2, clock=clock), exporter=exporter, clock=clock, max_queue=1)
+    try:
+        producer.run_once()
+        assert until(lambda: exporter.health.failing)  # its first attempt was refused; it waits to retry
+        for _ in range(5):  # 5 more intervals: 1 queued, 4 dropped
+            producer.run_once()
+        assert export_failures(producer) == {names.ExportFailureReason.QUEUE_FULL: 4}
+    finally:
+        release.set()
+        producer.close()
+    lines = [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "shutdown" not in r.getMessage()
+    ]
+    assert len(lines) == 1
+    assert "nothing is listening there (connection refused)" in lines[0]
+
+
+def test_a_slow_backend_is_said_once_until_it_catches_up(sink: OtlpSink, caplog: pytest.LogCaptureFixture) -> None:
+    sink.set_mode(SinkMode.HOLD)
+    clock = FakeClock()
+    producer = Producer(
+        source=FakeSource(gpus=2, clock=clock), exporter=otlp_exporter(endpoint=sink.grpc_endpoint), clock=clock,
+        max_queue=2,
+    )  # fmt: skip
+    try:
+        producer.run_once()
+        assert sink.wait_for(lambda s: s.attempts == 1)  # held by the backend: it answers, only slowly
+        for _ in range(6):  # 2 queued, 4 dropped
+            producer.run_once()
+        assert export_failures(producer) == {names.ExportFailureReason.QUEUE_FULL: 4}
+        sink.set_mode(SinkMode.OK)
+        assert producer.worker is not None
+        assert producer.worker.flush(10)
+    finally:
+        producer.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.startswith("exports are slower than the interval: dropping the oldest queued interval")
+
+
+def test_close_gives_up_a_stalled_export_and_counts_it(sink: OtlpSink) -> None:
+    # The backend holds every request (for up to 20 s): close waits its own second, then gives up the export in
+    # flight and the two queued, each counted as a shutdown loss, while the backend still holds the first.
+    sink.set_mode(SinkMode.HOLD)
+    clock = FakeClock()
+    producer = Producer(source=FakeSource(gpus=2, clock=clock), exporter=otlp_exporter(endpoint=sink.grpc_endpoint),
+                        clock=clock)  # fmt: skip
+    for _ in range(3):
+        producer.run_once()
+    assert sink.wait_for(lambda s: s.attempts == 1)
+    closing = threading.Thread(target=producer.close)
+    closing.start()
+    closing.join(timeout=8)  # the old close waited 10 s for the backend
+    assert not closing.is_alive()
+    assert sink.received == []
+    assert export_failures(producer) == {names.ExportFailureReason.SHUTDOWN: 3}
+
+
+def test_run_with_nothing_listening_says_so_once_and_ends_soon_after_its_duration(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # `otel-ofu run --duration` against a port nothing listens on: one line naming the endpoint and the cause,
+    # and the run ends about a second after its duration (it took over 10 s: the flush waited out the retries).
+    from otel_ofu.commands import run
+
+    endpoint = f"http://127.0.0.1:{unused_port()}"
+    parser = argparse.ArgumentParser(prog="otel-ofu")
+    run.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        ["run", "--source", "sim", "--interval", "0.2", "--duration", "1", "--export-endpoint", endpoint, "--quiet"]
+    )
+    status: list[int] = []
+    running = threading.Thread(target=lambda: status.append(args.handler(args)))
+    running.start()
+    running.join(timeout=6)
+    assert not running.is_alive()
+    assert status == [0]
+    failing = [r.getMessage() for r in caplog.records if "cannot export" in r.getMessage()]
+    assert failing == [
+        f"cannot export to {endpoint} (grpc): nothing is listening there (connection refused): is the receiver "
+        "running, on this host and port? (sampling goes on; each export is tried again as it comes)"
+    ]
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+def test_run_names_the_endpoint_it_will_really_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The start-up line said "the SDK default", and the base URL where OTLP/HTTP appends /v1/metrics.
+    from otel_ofu.commands import run
+
+    parser = argparse.ArgumentParser(prog="otel-ofu")
+    run.register(parser.add_subparsers(dest="command", required=True))
+    assert run._describe_otlp(parser.parse_args(["run"])) == "grpc http://localhost:4317"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://gateway:4318")
+    args = parser.parse_args(["run", "--protocol", "http/protobuf"])
+    assert run._describe_otlp(args) == "http/protobuf http://gateway:4318/v1/metrics"
+
+
+def test_the_command_prints_no_raw_grpc_lines_for_a_tls_mismatch(sink: OtlpSink) -> None:
+    # TLS to a plain-text gRPC port: grpc itself logged "I... ssl_transport_security.cc ... Handshake failed" on
+    # stderr for every attempt, beside the one line of otel-ofu's own that says what is wrong.
+    endpoint = f"https://127.0.0.1:{sink.grpc_port}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "GRPC_"))}
+    argv = [sys.executable, "-m", "otel_ofu.cli", "run", "--source", "sim", "--interval", "0.3", "--duration", "1"]
+    done = subprocess.run(
+        [*argv, "--export-endpoint", endpoint, "--quiet"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line for line in lines if "cannot export" in line] == [
+        line for line in lines if f"cannot export to {endpoint} (grpc): the TLS handshake failed" in line
+    ]
+    assert len([line for line in lines if "cannot export" in line]) == 1
+    assert not [line for line in lines if "ssl_transport_security" in line or line[:1] in ("I", "E", "W")]

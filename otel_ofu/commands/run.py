@@ -292,12 +292,8 @@ def _close_unowned(source: Source | None, exporter: MetricExporter | None, recor
 
 
 def _describe_otlp(args: argparse.Namespace) -> str:
-    from otel_ofu.producer.exporters import resolve_protocol
+    """The protocol and endpoint the exporter really uses (its defaults and the standard variables applied)."""
+    from otel_ofu.producer.otlp_settings import OtlpSettings
 
-    protocol = resolve_protocol(args.protocol)
-    endpoint = (
-        args.export_endpoint
-        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "the SDK default")
-    )
-    return f"{protocol} {endpoint}"
+    settings = OtlpSettings.resolve(protocol=args.protocol, endpoint=args.export_endpoint)
+    return f"{settings.protocol} {settings.endpoint}"

@@ -1,27 +1,29 @@
-"""The SDK's own exporters, built the way the standard variables say.
+"""The producer's OTLP metric exporter, on the OpenTelemetry SDK's public API only, and the console one.
 
-Endpoint, headers, TLS, compression and timeout are left to the SDK's env handling so every
-``OTEL_EXPORTER_OTLP_*`` variable works as documented; explicit values are passed only for the
-options a user gave on our command line. Each call builds a new exporter: one per pipeline, never
-shared between readers.
+``OtlpMetricExporter`` is an SDK ``MetricExporter`` (so an SDK ``MetricReader`` drives it as well as the
+producer's own worker does) that encodes each export itself (``otlp_encoding.py``: gauge start times kept) and
+sends the bytes itself (``otlp_transport.py``), with the OTLP specification's retries: a retryable failure is
+tried again after the delay the receiver asked for (RetryInfo, Retry-After), else after an exponential
+backoff of 1, 2, 4 ... s with 20% jitter, within the export timeout; ``shutdown`` ends a wait at once.
+
+Settings come from the options given and the standard ``OTEL_EXPORTER_OTLP_*`` variables
+(``otlp_settings.py``). Failures are said on stderr in one line with the endpoint and the likely cause: when
+exporting starts failing, again when the cause changes (at most once a minute), and once when it works again
+(``ExportHealth``); each failed export is also counted by the producer's self-metrics. Each call of
+``otlp_exporter`` builds a new exporter: one per pipeline, never shared between readers.
 """
 
 from __future__ import annotations
 
-import os
+import logging
+import random
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import IO
-from urllib.parse import urlparse
 
-from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as SdkGrpcExporter
-from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as SdkHttpExporter
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.sdk.environment_variables import (
-    OTEL_EXPORTER_OTLP_ENDPOINT,
-    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT,
-    OTEL_EXPORTER_OTLP_METRICS_PROTOCOL,
-    OTEL_EXPORTER_OTLP_PROTOCOL,
-)
+import attrs
 from opentelemetry.sdk.metrics.export import (
     ConsoleMetricExporter,
     MetricExporter,
@@ -29,89 +31,180 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
 )
 
-# Re-exported: the request our exporters send, for callers that encode alone.
-from otel_ofu.producer.otlp_encoding import encode_with_intervals as encode_with_intervals
+from otel_ofu.producer.otlp_encoding import OtlpEncodingError, encode_request, encode_with_intervals
+from otel_ofu.producer.otlp_settings import (
+    GRPC,
+    HTTP_METRICS_PATH,
+    HTTP_PROTOBUF,
+    PROTOCOLS,
+    ExporterConfigError,
+    OtlpSettings,
+    check_env_endpoint,
+    http_metrics_url,
+    preferred_aggregation,
+    preferred_temporality,
+    resolve_protocol,
+)
+from otel_ofu.producer.otlp_transport import Attempt, Sender, open_sender
 
-GRPC = "grpc"
-HTTP_PROTOBUF = "http/protobuf"
-PROTOCOLS = (GRPC, HTTP_PROTOBUF)
+# Re-exported for the commands and callers that encode or resolve settings alone.
+__all__ = [
+    "EXPORTER_KINDS",
+    "GRPC",
+    "HTTP_METRICS_PATH",
+    "HTTP_PROTOBUF",
+    "PROTOCOLS",
+    "ExportHealth",
+    "ExporterConfigError",
+    "OtlpMetricExporter",
+    "build_exporter",
+    "check_env_endpoint",
+    "console_exporter",
+    "encode_with_intervals",
+    "http_metrics_url",
+    "otlp_exporter",
+    "resolve_protocol",
+]
+
+log = logging.getLogger(__name__)
+
 EXPORTER_KINDS = ("otlp", "console", "none")
-HTTP_METRICS_PATH = "/v1/metrics"
+MAX_ATTEMPTS = 6  # as the SDK's exporters: the first try and five retries, all within the timeout
+BACKOFF_JITTER = 0.2
+CAUSE_CHANGE_EVERY_S = 60.0
 
 
-class ExporterConfigError(ValueError):
-    """An exporter setting the producer cannot honour; the message says which and why."""
+@attrs.define
+class ExportHealth:
+    """Whether exports to one endpoint are failing, said on stderr when that changes (see the module docstring).
 
-
-def resolve_protocol(explicit: str | None = None) -> str:
-    """``--protocol``, else ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc."""
-    for candidate, source in (
-        (explicit, "--protocol"),
-        (os.environ.get(OTEL_EXPORTER_OTLP_METRICS_PROTOCOL), OTEL_EXPORTER_OTLP_METRICS_PROTOCOL),
-        (os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL), OTEL_EXPORTER_OTLP_PROTOCOL),
-    ):
-        if candidate:
-            value = candidate.strip().lower()
-            if value not in PROTOCOLS:
-                raise ExporterConfigError(
-                    f"{source}={candidate!r} is not supported: use {' or '.join(PROTOCOLS)}"
-                    " (the Python SDK has no http/json exporter)"
-                )
-            return value
-    return GRPC
-
-
-def check_env_endpoint() -> None:
-    """ExporterConfigError when the endpoint variable the SDK would use is not a URL (or HOST:PORT).
-
-    The SDK takes any text and then fails every export in the background, so a typo would otherwise
-    export nothing and say nothing.
+    Thread-safe: the exporter's thread reports, the producer's worker reads ``failing``.
     """
-    from argparse import ArgumentTypeError
 
-    from otel_ofu.cli_support import url_or_host_port
+    endpoint: str
+    clock: Callable[[], float] = time.monotonic
+    every_s: float = CAUSE_CHANGE_EVERY_S
+    _said: str | None = attrs.field(init=False, default=None)
+    _said_at: float = attrs.field(init=False, default=0.0)
+    _lost: int = attrs.field(init=False, default=0)
+    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
 
-    for variable in (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT):
-        value = os.environ.get(variable, "").strip()
-        if not value:
-            continue
-        try:
-            url_or_host_port(value)
-        except ArgumentTypeError as error:
-            raise ExporterConfigError(f"{variable}: {error}") from None
-        return
+    @property
+    def failing(self) -> bool:
+        with self._lock:
+            return self._said is not None
+
+    def attempt_failed(self, cause: str) -> None:
+        """An attempt failed and will be retried: said now if nothing is said yet (the retries can take long)."""
+        with self._lock:
+            if self._said is None:
+                self._say(cause)
+
+    def export_failed(self, cause: str) -> None:
+        """An export is lost: said when it is the first, or when the cause changed and the quiet period is over."""
+        with self._lock:
+            self._lost += 1
+            if self._said is None or (cause != self._said and self.clock() - self._said_at >= self.every_s):
+                self._say(cause)
+
+    def export_delivered(self) -> None:
+        with self._lock:
+            if self._said is None:
+                return
+            lost, self._said, self._lost = self._lost, None, 0
+        what = f"{lost} export{'s' if lost != 1 else ''} lost while it failed" if lost else "a retry got through"
+        log.warning("exporting to %s works again (%s)", self.endpoint, what)
+
+    def _say(self, cause: str) -> None:
+        log.warning(
+            "cannot export to %s: %s (sampling goes on; each export is tried again as it comes)", self.endpoint, cause
+        )
+        self._said, self._said_at = cause, self.clock()
 
 
-def http_metrics_url(endpoint: str) -> str:
-    """A base URL (like ``OTEL_EXPORTER_OTLP_ENDPOINT``) gets ``/v1/metrics``; a URL with a path is kept."""
-    parsed = urlparse(endpoint)
-    if parsed.path in ("", "/"):
-        return endpoint.rstrip("/") + HTTP_METRICS_PATH
-    return endpoint
+class OtlpMetricExporter(MetricExporter):
+    """OTLP/gRPC or OTLP/HTTP protobuf, on public OpenTelemetry API only (see the module docstring)."""
 
-
-class GrpcMetricExporter(SdkGrpcExporter):
-    """The SDK's gRPC exporter (env handling, retries, TLS, compression) with interval start times kept."""
-
-    def _translate_data(self, data: MetricsData) -> ExportMetricsServiceRequest:
-        return encode_with_intervals(data)
-
-
-class HttpMetricExporter(SdkHttpExporter):
-    """The SDK's OTLP/HTTP protobuf exporter with interval start times kept."""
+    def __init__(
+        self,
+        settings: OtlpSettings,
+        *,
+        sender: Sender | None = None,
+        wait: Callable[[float], bool] | None = None,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        super().__init__(preferred_temporality=preferred_temporality(), preferred_aggregation=preferred_aggregation())
+        self.settings = settings
+        self.health = ExportHealth(f"{settings.endpoint} ({settings.protocol})")
+        self._sender = sender if sender is not None else open_sender(settings)
+        self._stopping = threading.Event()
+        # ``wait(seconds)`` sleeps between attempts and says whether shutdown began meanwhile.
+        self._wait = wait if wait is not None else self._stopping.wait
+        self._jitter = jitter
+        self._shut_down = False
 
     def export(
-        self, metrics_data: MetricsData, timeout_millis: float | None = 10_000, **kwargs: object
+        self, metrics_data: MetricsData, timeout_millis: float | None = None, **kwargs: object
     ) -> MetricExportResult:
-        # The SDK splits batches itself when asked to; only the single-request path is re-encoded here.
-        if self._shutdown or self._max_export_batch_size is not None or not hasattr(self, "_export_batch"):
-            return super().export(metrics_data, timeout_millis, **kwargs)
+        if self._stopping.is_set():
+            return MetricExportResult.FAILURE
         try:
-            request = encode_with_intervals(metrics_data)
-        except Exception:
-            return super().export(metrics_data, timeout_millis, **kwargs)
-        result: MetricExportResult = self._export_batch(request)
-        return result
+            payload = encode_request(metrics_data)
+        except OtlpEncodingError as error:
+            log.error("%s", error)
+            return MetricExportResult.FAILURE
+        timeout_s = self.settings.timeout_s
+        if timeout_millis is not None and timeout_millis > 0:
+            timeout_s = min(timeout_s, timeout_millis / 1000)
+        return MetricExportResult.SUCCESS if self.send(payload, timeout_s) else MetricExportResult.FAILURE
+
+    def send(self, payload: bytes, timeout_s: float) -> bool:
+        """Deliver one serialized request, retrying as the OTLP specification says; True when delivered."""
+        deadline = time.monotonic() + timeout_s
+        attempt: Attempt | None = None
+        for number in range(MAX_ATTEMPTS):
+            remaining = deadline - time.monotonic()
+            attempt = self._sender.send(payload, max(remaining, 0.001))
+            if attempt.delivered:
+                self._delivered(attempt)
+                return True
+            if self._stopping.is_set():
+                return False  # shut down while in flight: the loss is the shutdown's, said by the worker
+            delay = attempt.retry_after_s
+            if delay is None:
+                delay = 2**number * (1 + BACKOFF_JITTER * (2 * self._jitter() - 1))
+            if not attempt.retryable or number + 1 == MAX_ATTEMPTS or delay > deadline - time.monotonic():
+                break
+            if attempt.retry_after_s is None:
+                # Not the receiver pacing us (that is normal under load): a failure worth saying now.
+                self.health.attempt_failed(attempt.cause)
+            log.debug("export attempt %d failed (%s); retrying in %.2f s", number + 1, attempt.cause, delay)
+            if self._wait(delay):
+                return False
+        assert attempt is not None
+        self.health.export_failed(attempt.cause)
+        return False
+
+    def _delivered(self, attempt: Attempt) -> None:
+        self.health.export_delivered()
+        if attempt.rejected_points:
+            log.warning(
+                "%s refused %d data point(s) of an export: %s",
+                self.settings.endpoint,
+                attempt.rejected_points,
+                attempt.rejection or "no reason given",
+            )
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True  # nothing is buffered here: each export is sent when it is made
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        """End any wait between attempts and any call in flight at once; later exports fail."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self._stopping.set()
+        self._sender.close()
 
 
 def otlp_exporter(
@@ -120,18 +213,10 @@ def otlp_exporter(
     endpoint: str | None = None,
     headers: dict[str, str] | None = None,
     timeout_s: float | None = None,
-) -> MetricExporter:
+) -> OtlpMetricExporter:
     """A new OTLP metric exporter; ``None`` arguments defer to the standard variables."""
-    if endpoint is None:
-        check_env_endpoint()
-    chosen = resolve_protocol(protocol)
-    if chosen == HTTP_PROTOBUF:
-        return HttpMetricExporter(
-            endpoint=http_metrics_url(endpoint) if endpoint else None,
-            headers=headers,
-            timeout=timeout_s,
-        )
-    return GrpcMetricExporter(endpoint=endpoint or None, headers=headers, timeout=timeout_s)
+    settings = OtlpSettings.resolve(protocol=protocol, endpoint=endpoint, headers=headers, timeout_s=timeout_s)
+    return OtlpMetricExporter(settings)
 
 
 def console_exporter(out: IO[str] | None = None) -> MetricExporter:

@@ -1,8 +1,9 @@
 """The sampling loop: read the source once per interval, attribute, compute, hand one export to the worker.
 
 One ``exporter.export`` call (one RPC) per interval carries every GPU of the host. Sampling never
-waits on the backend (see ``worker.py``). SIGTERM/SIGINT stop the loop after one last read covering
-the partial interval, which is exported before the exporter shuts down.
+waits on the backend (see ``worker.py``). SIGTERM/SIGINT (or the end of ``--duration``) stop the loop
+after one last read covering the partial interval, which is exported before the exporter shuts down,
+within ``shutdown_timeout_s``: a backend that is down or stalled never holds the exit up longer.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from otel_ofu.clock import wall_clock
 from otel_ofu.gpu_samples import Attribution, ComputedSnapshot, compute_snapshot, hints_attribution
 from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.model import Clock, GpuError, Snapshot, Source
+from otel_ofu.producer.exporters import OtlpMetricExporter
 from otel_ofu.producer.metrics_data import MetricsDataBuilder
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.producer.source_health import SourceHealth
@@ -33,6 +35,7 @@ from otel_ofu.sources import is_exhausted
 log = logging.getLogger(__name__)
 
 Observer = Callable[[ComputedSnapshot, SelfMetrics], None]
+DEFAULT_SHUTDOWN_TIMEOUT_S = 1.0
 
 
 class Recorder(Protocol):
@@ -77,7 +80,8 @@ class Producer:
     observers: Sequence[Observer] = ()
     recorder: Recorder | None = None
     max_queue: int = 4
-    shutdown_timeout_s: float = 10.0
+    # The last interval's export gets this long at shutdown; an unreachable backend gets no more.
+    shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S
     time_scale: float = 1.0
     self_metrics: SelfMetrics = attrs.field(init=False)
     health: SourceHealth = attrs.field(init=False)
@@ -95,7 +99,8 @@ class Producer:
         self.self_metrics = SelfMetrics(start_ns=self.clock())
         self.health = SourceHealth(self.source.name, self.clock)
         if self.exporter is not None:
-            self.worker = ExportWorker(self.exporter, self.self_metrics, max_queue=self.max_queue)
+            health = self.exporter.health if isinstance(self.exporter, OtlpMetricExporter) else None
+            self.worker = ExportWorker(self.exporter, self.self_metrics, max_queue=self.max_queue, health=health)
 
     def run_once(self) -> MetricsData:
         """One interval: read, attribute, compute, queue the export; returns what was queued."""

@@ -7,29 +7,22 @@ treat a synchronous Counter: ``cumulative`` (the default) reports running totals
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 from collections import Counter
 
 import attrs
 from opentelemetry.sdk.environment_variables import OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE
+from opentelemetry.sdk.metrics import Counter as CounterInstrument
 from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, Metric, NumberDataPoint, Sum
 
 from otel_ofu import names
-
-log = logging.getLogger(__name__)
+from otel_ofu.producer.otlp_settings import preferred_temporality
 
 
 def counter_temporality(preference: str | None = None) -> AggregationTemporality:
-    """The temporality the SDK's OTLP exporters give a Counter under the standard preference variable."""
-    raw = preference if preference is not None else os.environ.get(OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE)
-    value = (raw or "cumulative").strip().lower()
-    if value in ("delta", "lowmemory"):
-        return AggregationTemporality.DELTA
-    if value != "cumulative":
-        log.warning("unknown %s %r: using cumulative", OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, raw)
-    return AggregationTemporality.CUMULATIVE
+    """The temporality the OTLP exporters give a Counter under the standard preference variable."""
+    environ = {OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE: preference} if preference is not None else None
+    return preferred_temporality(environ)[CounterInstrument]
 
 
 @attrs.define

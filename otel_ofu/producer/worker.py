@@ -1,8 +1,10 @@
 """Exports on their own thread so a slow or dead backend never holds up sampling.
 
-The queue is bounded: when the backend falls behind, the oldest interval is dropped (the newest is the
-one worth having) and the drop is counted in ``otel_ofu.export.failures{reason="queue_full"}``. Each
-export is bounded by the SDK exporter's own timeout.
+The queue is bounded: when exports fall behind, the oldest interval is dropped (the newest is the one worth
+having) and the drop is counted in ``otel_ofu.export.failures{reason="queue_full"}``. A backend that answers,
+only slowly, is said once until the queue drains; one that fails has said why already (the exporter's
+``ExportHealth``), so its drops are only counted. Each export is bounded by the exporter's own timeout, and
+``close`` by its own deadline: the backlog and an export in flight are given up, and counted, when it passes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import attrs
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
 from otel_ofu.names import ExportFailureReason
+from otel_ofu.producer.exporters import ExportHealth
 from otel_ofu.producer.self_metrics import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -26,10 +29,13 @@ class ExportWorker:
     exporter: MetricExporter
     self_metrics: SelfMetrics
     max_queue: int = 4
+    # The exporter's health when it keeps one: drops while exports fail are then not news.
+    health: ExportHealth | None = None
     _queue: deque[MetricsData] = attrs.field(factory=deque, init=False)
     _cond: threading.Condition = attrs.field(factory=threading.Condition, init=False)
     _busy: bool = attrs.field(default=False, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _said_behind: bool = attrs.field(default=False, init=False)
     _thread: threading.Thread | None = attrs.field(default=None, init=False)
     exported: int = attrs.field(default=0, init=False)
     max_seen_queue: int = attrs.field(default=0, init=False)
@@ -54,7 +60,12 @@ class ExportWorker:
             if len(self._queue) >= self.max_queue:
                 self._queue.popleft()
                 self.self_metrics.count_export_failure(ExportFailureReason.QUEUE_FULL)
-                log.warning("the backend is behind: dropped the oldest queued interval")
+                if not self._said_behind and not (self.health is not None and self.health.failing):
+                    self._said_behind = True
+                    log.warning(
+                        "exports are slower than the interval: dropping the oldest queued interval until they "
+                        "catch up (counted in otel_ofu.export.failures, reason queue_full)"
+                    )
             self._queue.append(data)
             self.max_seen_queue = max(self.max_seen_queue, len(self._queue))
             self._cond.notify_all()
@@ -70,23 +81,32 @@ class ExportWorker:
                 self._cond.wait(remaining)
         return True
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Flush within ``timeout_s``, count what is left as lost, then shut the exporter down."""
-        flushed = self.flush(timeout_s)
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Flush for at most ``timeout_s``, count what is left as lost, shut the exporter down (which ends an
+        export in flight, or its wait between retries), and wait for the thread within what is left."""
+        deadline = time.monotonic() + timeout_s
+        self.flush(timeout_s)
         with self._cond:
             self._closing = True
             left = len(self._queue)
             self._queue.clear()
+            in_flight = self._busy
             self._cond.notify_all()
-        if left:
-            self.self_metrics.count_export_failure(ExportFailureReason.SHUTDOWN, left)
-            log.warning("shutdown: %d interval(s) could not be exported in time", left)
+        if left or in_flight:
+            if left:
+                self.self_metrics.count_export_failure(ExportFailureReason.SHUTDOWN, left)
+            log.warning(
+                "shutdown: %d interval(s) not exported within %g s%s",
+                left + in_flight,
+                timeout_s,
+                " (the one in flight given up)" if in_flight else "",
+            )
         try:
-            self.exporter.shutdown(timeout_millis=max(timeout_s, 0.1) * 1000)
+            self.exporter.shutdown(timeout_millis=max(deadline - time.monotonic(), 0.1) * 1000)
         except Exception:
             log.exception("exporter shutdown failed")
         if self._thread is not None:
-            self._thread.join(timeout=timeout_s if flushed else 1.0)
+            self._thread.join(timeout=max(deadline - time.monotonic(), 0.1))
 
     def _run(self) -> None:
         while True:
@@ -116,5 +136,12 @@ class ExportWorker:
             self.self_metrics.record_export_duration(time.perf_counter() - started)
         if result is MetricExportResult.SUCCESS:
             self.exported += 1
-        else:
-            self.self_metrics.count_export_failure(ExportFailureReason.REJECTED)
+            with self._cond:
+                if not self._queue:
+                    self._said_behind = False  # caught up: a new backlog is news again
+            return
+        with self._cond:
+            closing = self._closing
+        # An export in flight when close gave up waiting is a shutdown's loss, not the backend's refusal.
+        reason = ExportFailureReason.SHUTDOWN if closing else ExportFailureReason.REJECTED
+        self.self_metrics.count_export_failure(reason)

@@ -1,10 +1,14 @@
 """A real OTLP metrics receiver on loopback for tests, the demo and benchmarks.
 
 gRPC (opentelemetry-proto's MetricsService) and OTLP/HTTP protobuf (``POST /v1/metrics``), both on
-127.0.0.1 with a free port. Every request is kept with its metadata/headers. The failure mode can be
-scripted so failure tests exercise the real exporters: ``UNAVAILABLE`` (HTTP 503) or ``HOLD`` (the
-handler waits until released, like a stalled backend). For a backend that refuses connections, point
-the exporter at ``unused_port()``.
+127.0.0.1 with a free port, optionally over TLS (``start(tls=pki)``, mutual when the PKI's CA is to check
+clients). Every request is kept with its metadata/headers. The failure mode can be scripted so failure
+tests exercise the real exporters: ``UNAVAILABLE`` (HTTP 503), ``EXHAUSTED`` (RESOURCE_EXHAUSTED, HTTP
+429), ``REFUSE`` (a permanent INVALID_ARGUMENT, HTTP 400) or ``HOLD`` (the handler waits until released,
+like a stalled backend), each optionally with a retry delay (gRPC RetryInfo in the standard status details
+and the ``google.rpc.retryinfo-bin`` trailer, HTTP ``Retry-After``). ``rejected_points`` makes an accepted
+request's response report a partial success. For a backend that refuses connections, point the exporter at
+``unused_port()``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import enum
 import gzip
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -22,13 +27,28 @@ from typing import Any
 
 import attrs
 import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[import-untyped]
+from grpc_status import rpc_status
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+
+from otel_ofu.testing.pki import Pki
 
 
 class SinkMode(enum.Enum):
     OK = "ok"
     UNAVAILABLE = "unavailable"  # gRPC UNAVAILABLE, HTTP 503
+    EXHAUSTED = "exhausted"  # gRPC RESOURCE_EXHAUSTED, HTTP 429
+    REFUSE = "refuse"  # a permanent refusal: gRPC INVALID_ARGUMENT, HTTP 400
     HOLD = "hold"  # the handler blocks until the mode changes or the sink closes
+
+
+# The failure modes' answers: gRPC status (and google.rpc code), HTTP status.
+_FAILURES = {
+    SinkMode.UNAVAILABLE: (grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE, 503),
+    SinkMode.EXHAUSTED: (grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED, 429),
+    SinkMode.REFUSE: (grpc.StatusCode.INVALID_ARGUMENT, code_pb2.INVALID_ARGUMENT, 400),
+}
 
 
 @attrs.frozen
@@ -51,9 +71,14 @@ class OtlpSink:
     """Start with ``OtlpSink.start()``; ``grpc_endpoint`` and ``http_endpoint`` say where to send."""
 
     hold_limit_s: float = 30.0
+    tls: Pki | None = None
+    # With tls: require a client certificate signed by the PKI's CA.
+    mutual: bool = False
     received: list[Received] = attrs.field(factory=list, init=False)
     attempts: int = attrs.field(default=0, init=False)
     mode: SinkMode = attrs.field(default=SinkMode.OK, init=False)
+    retry_after_s: float | None = attrs.field(default=None, init=False)
+    rejected_points: int = attrs.field(default=0, init=False)
     _cond: threading.Condition = attrs.field(factory=threading.Condition, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     _grpc: grpc.Server | None = attrs.field(default=None, init=False)
@@ -62,25 +87,36 @@ class OtlpSink:
     http_port: int = attrs.field(default=0, init=False)
 
     @classmethod
-    def start(cls, hold_limit_s: float = 30.0) -> OtlpSink:
-        sink = cls(hold_limit_s=hold_limit_s)
+    def start(cls, hold_limit_s: float = 30.0, tls: Pki | None = None, mutual: bool = False) -> OtlpSink:
+        sink = cls(hold_limit_s=hold_limit_s, tls=tls, mutual=mutual)
         sink._start_grpc()
         sink._start_http()
         return sink
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    @property
     def grpc_endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.grpc_port}"
+        return f"{self.scheme}://127.0.0.1:{self.grpc_port}"
 
     @property
     def http_endpoint(self) -> str:
         """The full OTLP/HTTP metrics URL."""
-        return f"http://127.0.0.1:{self.http_port}/v1/metrics"
+        return f"{self.scheme}://127.0.0.1:{self.http_port}/v1/metrics"
 
-    def set_mode(self, mode: SinkMode) -> None:
+    def set_mode(self, mode: SinkMode, retry_after_s: float | None = None) -> None:
+        """Answer every request from now on as ``mode`` says, asking for ``retry_after_s`` when given."""
         with self._cond:
             self.mode = mode
+            self.retry_after_s = retry_after_s
             self._cond.notify_all()
+
+    def reject_points(self, count: int) -> None:
+        """Accept requests but report ``count`` of their points rejected (``partial_success``)."""
+        with self._cond:
+            self.rejected_points = count
 
     def requests(self) -> list[Any]:
         with self._cond:
@@ -115,8 +151,8 @@ class OtlpSink:
 
     # --- shared by both transports --------------------------------------------------------------
 
-    def _admit(self) -> SinkMode:
-        """Count the attempt and apply the failure mode; returns the mode to answer with."""
+    def _admit(self) -> tuple[SinkMode, float | None]:
+        """Count the attempt and apply the failure mode; returns the mode to answer with and its retry delay."""
         deadline = time.monotonic() + self.hold_limit_s
         with self._cond:
             self.attempts += 1
@@ -126,7 +162,27 @@ class OtlpSink:
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            return SinkMode.OK if self.mode is SinkMode.HOLD else self.mode
+            return (SinkMode.OK if self.mode is SinkMode.HOLD else self.mode), self.retry_after_s
+
+    def _response(self) -> bytes:
+        with self._cond:
+            rejected = self.rejected_points
+        response = metrics_service_pb2.ExportMetricsServiceResponse()
+        if rejected:
+            response.partial_success.rejected_data_points = rejected
+            response.partial_success.error_message = f"sink scripted to reject {rejected} point(s)"
+        return response.SerializeToString()
+
+    @staticmethod
+    def _status(mode: SinkMode, retry_after_s: float | None) -> Any:
+        """The google.rpc.Status a failure mode answers with, RetryInfo in its details when asked."""
+        status = status_pb2.Status(code=_FAILURES[mode][1], message=f"sink scripted to answer {mode.value}")
+        if retry_after_s is not None:
+            delay = duration_pb2.Duration(seconds=int(retry_after_s), nanos=int(retry_after_s % 1 * 1e9))
+            detail = any_pb2.Any()
+            detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+            status.details.append(detail)
+        return status
 
     def _store(self, request: Any, metadata: dict[str, str], transport: str) -> None:
         with self._cond:
@@ -140,15 +196,27 @@ class OtlpSink:
 
         class Servicer(metrics_service_pb2_grpc.MetricsServiceServicer):
             def Export(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-                if sink._admit() is SinkMode.UNAVAILABLE:
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "sink scripted to be unavailable")
+                mode, retry_after_s = sink._admit()
+                if mode in _FAILURES:
+                    status = sink._status(mode, retry_after_s)
+                    if status.details:  # RetryInfo also in the trailer older clients read
+                        context.set_trailing_metadata((("google.rpc.retryinfo-bin", status.details[0].value),))
+                    context.abort_with_status(rpc_status.to_status(status))
                 metadata = {key.lower(): str(value) for key, value in context.invocation_metadata()}
                 sink._store(request, metadata, "grpc")
-                return metrics_service_pb2.ExportMetricsServiceResponse()
+                return metrics_service_pb2.ExportMetricsServiceResponse.FromString(sink._response())
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Servicer(), server)  # type: ignore[no-untyped-call]
-        self.grpc_port = server.add_insecure_port("127.0.0.1:0")
+        if self.tls is None:
+            self.grpc_port = server.add_insecure_port("127.0.0.1:0")
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(self.tls.server_key.read_bytes(), self.tls.server_cert.read_bytes())],
+                root_certificates=self.tls.ca.read_bytes() if self.mutual else None,
+                require_client_auth=self.mutual,
+            )
+            self.grpc_port = server.add_secure_port("127.0.0.1:0", credentials)
         server.start()
         self._grpc = server
 
@@ -168,8 +236,11 @@ class OtlpSink:
                     body = gzip.decompress(body)
                 elif encoding == "deflate":
                     body = zlib.decompress(body)
-                if sink._admit() is SinkMode.UNAVAILABLE:
-                    self._reply(503, b"sink scripted to be unavailable", "text/plain")
+                mode, retry_after_s = sink._admit()
+                if mode in _FAILURES:
+                    status = sink._status(mode, retry_after_s).SerializeToString()
+                    retry = {"Retry-After": f"{retry_after_s:g}"} if retry_after_s is not None else {}
+                    self._reply(_FAILURES[mode][2], status, "application/x-protobuf", retry)
                     return
                 request = metrics_service_pb2.ExportMetricsServiceRequest()
                 try:
@@ -178,13 +249,14 @@ class OtlpSink:
                     self._reply(400, b"malformed protobuf", "text/plain")
                     return
                 sink._store(request, {key.lower(): value for key, value in self.headers.items()}, "http")
-                reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
-                self._reply(200, reply, "application/x-protobuf")
+                self._reply(200, sink._response(), "application/x-protobuf")
 
-            def _reply(self, status: int, body: bytes, content_type: str) -> None:
+            def _reply(self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
+                for name, value in (extra or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -193,6 +265,13 @@ class OtlpSink:
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(self.tls.server_cert, self.tls.server_key)
+            if self.mutual:
+                context.load_verify_locations(self.tls.ca)
+                context.verify_mode = ssl.CERT_REQUIRED
+            server.socket = context.wrap_socket(server.socket, server_side=True)
         self.http_port = server.server_address[1]
         threading.Thread(target=server.serve_forever, args=(0.05,), name="otlp-sink-http", daemon=True).start()
         self._http = server

@@ -1,0 +1,259 @@
+"""Where and how the producer's OTLP exporter sends: the options given, else the standard variables.
+
+Each setting is read as the OpenTelemetry Python SDK's OTLP metric exporters read it, the metrics-specific
+variable first (``OTEL_EXPORTER_OTLP_METRICS_*``), then the generic one (``OTEL_EXPORTER_OTLP_*``); an empty
+variable counts as unset. Endpoint: gRPC takes ``OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`` as a URL or
+``HOST:PORT`` (default ``http://localhost:4317``); OTLP/HTTP uses the metrics endpoint as is and appends
+``/v1/metrics`` to the generic one (default ``http://localhost:4318/v1/metrics``). TLS: an ``https`` URL is
+TLS and an ``http`` one plain text; gRPC to a ``HOST:PORT`` is TLS unless ``..._INSECURE=true`` (the OTLP
+specification's rule). ``..._CERTIFICATE`` is the CA to trust, ``..._CLIENT_KEY`` and
+``..._CLIENT_CERTIFICATE`` the client's for mutual TLS. ``..._HEADERS`` (``key=value,...``, URL-encoded),
+``..._COMPRESSION`` (``gzip``, ``deflate`` or ``none``) and ``..._TIMEOUT`` (seconds per export, retries
+included, as the Python SDK reads it; default 10). A value the exporter cannot honour is an
+``ExporterConfigError`` saying which variable and why, raised when the exporter is built, before anything
+runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from urllib.parse import urlparse
+
+import attrs
+from opentelemetry.sdk.environment_variables import (
+    OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION,
+    OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE,
+)
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
+from opentelemetry.sdk.metrics.export import AggregationTemporality
+from opentelemetry.sdk.metrics.view import (
+    Aggregation,
+    ExplicitBucketHistogramAggregation,
+    ExponentialBucketHistogramAggregation,
+)
+from opentelemetry.util.re import parse_env_headers
+
+GRPC = "grpc"
+HTTP_PROTOBUF = "http/protobuf"
+PROTOCOLS = (GRPC, HTTP_PROTOBUF)
+# The producer's option that picks the protocol, named in the errors that suggest the other protocol.
+PROTOCOL_OPTION = "--protocol"
+PROTOCOL_VARIABLE = "OTEL_EXPORTER_OTLP_PROTOCOL"
+HTTP_METRICS_PATH = "/v1/metrics"
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318" + HTTP_METRICS_PATH
+DEFAULT_TIMEOUT_S = 10.0
+COMPRESSIONS = ("gzip", "deflate")
+
+log = logging.getLogger(__name__)
+
+
+class ExporterConfigError(ValueError):
+    """An exporter setting the producer cannot honour; the message says which and why."""
+
+
+def _variable(environ: Mapping[str, str], name: str) -> tuple[str, str] | tuple[None, None]:
+    """(variable, value) of ``OTEL_EXPORTER_OTLP_METRICS_<name>``, else ``OTEL_EXPORTER_OTLP_<name>``."""
+    for variable in (f"OTEL_EXPORTER_OTLP_METRICS_{name}", f"OTEL_EXPORTER_OTLP_{name}"):
+        value = environ.get(variable, "").strip()
+        if value:
+            return variable, value
+    return None, None
+
+
+def resolve_protocol(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """``--protocol``, else ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc."""
+    env = os.environ if environ is None else environ
+    variable, value = _variable(env, "PROTOCOL")
+    for candidate, source in ((explicit, PROTOCOL_OPTION), (value, variable)):
+        if candidate:
+            chosen = candidate.strip().lower()
+            if chosen not in PROTOCOLS:
+                raise ExporterConfigError(
+                    f"{source}={candidate!r} is not supported: use {' or '.join(PROTOCOLS)}"
+                    " (otel-ofu sends OTLP protobuf, not http/json)"
+                )
+            return chosen
+    return GRPC
+
+
+def check_env_endpoint(environ: Mapping[str, str] | None = None) -> None:
+    """ExporterConfigError when the endpoint variable the exporter would use is not a URL (or HOST:PORT),
+    so a typo stops the command at once instead of failing every export in the background."""
+    from argparse import ArgumentTypeError
+
+    from otel_ofu.cli_support import url_or_host_port
+
+    variable, value = _variable(os.environ if environ is None else environ, "ENDPOINT")
+    if variable is None or value is None:
+        return
+    try:
+        url_or_host_port(value)
+    except ArgumentTypeError as error:
+        raise ExporterConfigError(f"{variable}: {error}") from None
+
+
+def http_metrics_url(endpoint: str) -> str:
+    """A base URL (like ``OTEL_EXPORTER_OTLP_ENDPOINT``) gets ``/v1/metrics``; a URL with a path is kept."""
+    if "://" not in endpoint:
+        endpoint = "http://" + endpoint  # HOST:PORT: plain HTTP, as for gRPC's http:// default
+    parsed = urlparse(endpoint)
+    if parsed.path in ("", "/"):
+        return endpoint.rstrip("/") + HTTP_METRICS_PATH
+    return endpoint
+
+
+@attrs.frozen
+class OtlpSettings:
+    """One exporter's resolved settings (see the module docstring for where each comes from)."""
+
+    protocol: str
+    # gRPC: the URL or HOST:PORT as configured; OTLP/HTTP: the full metrics URL.
+    endpoint: str
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    compression: str | None = None
+    tls: bool = False
+    certificate: str | None = None
+    client_key: str | None = None
+    client_certificate: str | None = None
+
+    @property
+    def grpc_target(self) -> str:
+        """``HOST:PORT`` for the gRPC channel."""
+        if "://" in self.endpoint:
+            return urlparse(self.endpoint).netloc or self.endpoint.split("://", 1)[1].rstrip("/")
+        return self.endpoint
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        protocol: str | None = None,
+        endpoint: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> OtlpSettings:
+        env = os.environ if environ is None else environ
+        chosen = resolve_protocol(protocol, env)
+        if endpoint is None:
+            check_env_endpoint(env)
+        url = _endpoint(chosen, endpoint, env)
+        return cls(
+            protocol=chosen,
+            endpoint=url,
+            headers=_headers(headers, env),
+            timeout_s=_timeout(timeout_s, env),
+            compression=_compression(env),
+            tls=_tls(chosen, url, env),
+            certificate=_variable(env, "CERTIFICATE")[1],
+            client_key=_variable(env, "CLIENT_KEY")[1],
+            client_certificate=_variable(env, "CLIENT_CERTIFICATE")[1],
+        )
+
+
+def _endpoint(protocol: str, explicit: str | None, env: Mapping[str, str]) -> str:
+    if explicit:
+        return http_metrics_url(explicit) if protocol == HTTP_PROTOBUF else explicit.strip()
+    metrics = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "").strip()
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    if protocol == GRPC:
+        return metrics or base or DEFAULT_GRPC_ENDPOINT
+    if metrics:  # the signal's own endpoint is used as is, per the specification
+        return metrics if "://" in metrics else "http://" + metrics
+    if base:  # the base gets the signal's path, even when it has a path of its own
+        return (base if "://" in base else "http://" + base).rstrip("/") + HTTP_METRICS_PATH
+    return DEFAULT_HTTP_ENDPOINT
+
+
+def _headers(explicit: Mapping[str, str] | None, env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    # gRPC metadata keys must be lower case; HTTP header names are case-insensitive.
+    _, text = _variable(env, "HEADERS")
+    merged = dict(parse_env_headers(text or "", liberal=True))
+    merged.update({key.strip().lower(): value for key, value in (explicit or {}).items()})
+    return tuple(merged.items())
+
+
+def _timeout(explicit: float | None, env: Mapping[str, str]) -> float:
+    if explicit is not None:
+        value, source = float(explicit), "the export timeout"
+    else:
+        variable, text = _variable(env, "TIMEOUT")
+        if variable is None or text is None:
+            return DEFAULT_TIMEOUT_S
+        try:
+            value, source = float(text), variable
+        except ValueError:
+            raise ExporterConfigError(f"{variable}={text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ExporterConfigError(f"{source} must be a positive number of seconds, got {value!r}")
+    return value
+
+
+def _compression(env: Mapping[str, str]) -> str | None:
+    variable, text = _variable(env, "COMPRESSION")
+    if variable is None or text is None or text.lower() == "none":
+        return None
+    if text.lower() not in COMPRESSIONS:
+        raise ExporterConfigError(f"{variable}={text!r} is not supported: use gzip, deflate or none")
+    return text.lower()
+
+
+def _tls(protocol: str, endpoint: str, env: Mapping[str, str]) -> bool:
+    scheme = urlparse(endpoint).scheme.lower() if "://" in endpoint else ""
+    if scheme in ("http", "https") or protocol == HTTP_PROTOBUF:
+        return scheme == "https"
+    # ..._INSECURE applies only to a gRPC endpoint without a scheme (the specification's rule).
+    _, insecure = _variable(env, "INSECURE")
+    return insecure is None or insecure.lower() != "true"
+
+
+def preferred_temporality(environ: Mapping[str, str] | None = None) -> dict[type, AggregationTemporality]:
+    """What ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`` asks of each instrument kind, as the
+    OpenTelemetry exporters read it: ``cumulative`` (default), ``delta`` or ``lowmemory``; an unknown value is
+    cumulative, said once."""
+    env = os.environ if environ is None else environ
+    raw = env.get(OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, "").strip()
+    preference = raw.lower() or "cumulative"
+    cumulative, delta = AggregationTemporality.CUMULATIVE, AggregationTemporality.DELTA
+    chosen: dict[type, AggregationTemporality] = dict.fromkeys((Counter, UpDownCounter, Histogram), cumulative)
+    chosen |= dict.fromkeys((ObservableCounter, ObservableUpDownCounter, ObservableGauge), cumulative)
+    if preference == "delta":
+        chosen |= {Counter: delta, Histogram: delta, ObservableCounter: delta}
+    elif preference == "lowmemory":
+        chosen |= {Counter: delta, Histogram: delta}
+    elif preference != "cumulative":
+        _warn_once(OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, raw, "cumulative")
+    return chosen
+
+
+def preferred_aggregation(environ: Mapping[str, str] | None = None) -> dict[type, Aggregation]:
+    """The histogram aggregation ``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`` asks for."""
+    env = os.environ if environ is None else environ
+    raw = env.get(OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION, "").strip()
+    if raw.lower() == "base2_exponential_bucket_histogram":
+        return {Histogram: ExponentialBucketHistogramAggregation()}
+    if raw and raw.lower() != "explicit_bucket_histogram":
+        _warn_once(OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION, raw, "explicit_bucket_histogram")
+    return {Histogram: ExplicitBucketHistogramAggregation()}
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(variable: str, value: str, instead: str) -> None:
+    """A bad variable is said once per process, however many exporters (and self-metrics) read it."""
+    if (variable, value) not in _WARNED:
+        _WARNED.add((variable, value))
+        log.warning("unknown %s %r: using %s", variable, value, instead)
