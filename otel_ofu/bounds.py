@@ -32,6 +32,8 @@ RANGES: Final[Mapping[str, tuple[float, float]]] = {
     names.GPU_THROTTLE.name: FRACTION,
     names.GPU_SM_ACTIVE.name: FRACTION,
     names.GPU_DRAM_ACTIVE.name: FRACTION,
+    names.GPU_ENGINE_ACTIVE.name: FRACTION,
+    names.GPU_SM_OCCUPANCY.name: FRACTION,
     names.GPU_CLOCK_SM.name: (MIN_CLOCK_HZ, MAX_CLOCK_HZ),
     names.GPU_CLOCK_SM_MAX.name: (MIN_CLOCK_HZ, MAX_CLOCK_HZ),
     names.GPU_FLOPS_ACHIEVED.name: (0.0, MAX_FLOPS),

@@ -50,6 +50,18 @@ GPU_FLOPS_ACHIEVED: Final = MetricSpec(
 )
 GPU_SM_ACTIVE: Final = MetricSpec("gpu.sm.active", "1", "gauge", "Fraction of cycles an SM had a warp resident")
 GPU_DRAM_ACTIVE: Final = MetricSpec("gpu.dram.active", "1", "gauge", "Fraction of cycles the DRAM interface was busy")
+GPU_ENGINE_ACTIVE: Final = MetricSpec(
+    "gpu.engine.active", "1", "gauge", "Fraction of time the graphics/compute engine had a kernel running"
+)
+GPU_SM_OCCUPANCY: Final = MetricSpec(
+    "gpu.sm.occupancy", "1", "gauge", "Resident warps as a fraction of the maximum, averaged over SMs"
+)
+# Cumulative byte counters (monotonic sums) with NETWORK_IO_DIRECTION, after the OpenTelemetry hardware conventions'
+# network.io; from sources that report rates (DCGM 1009-1012, GPM), the producer integrates the rate over time.
+GPU_NVLINK_IO: Final = MetricSpec(
+    "gpu.nvlink.io", "By", "sum", "NVLink bytes sent or received, by network.io.direction"
+)
+GPU_PCIE_IO: Final = MetricSpec("gpu.pcie.io", "By", "sum", "PCIe bytes sent or received, by network.io.direction")
 
 PRODUCER_METRICS: tuple[MetricSpec, ...] = (  # extended by the power/throttle block below
     GPU_OFU,
@@ -60,6 +72,10 @@ PRODUCER_METRICS: tuple[MetricSpec, ...] = (  # extended by the power/throttle b
     GPU_FLOPS_ACHIEVED,
     GPU_SM_ACTIVE,
     GPU_DRAM_ACTIVE,
+    GPU_ENGINE_ACTIVE,
+    GPU_SM_OCCUPANCY,
+    GPU_NVLINK_IO,
+    GPU_PCIE_IO,
 )
 
 # Training side: reported by the MFU reporter or the log follower.
@@ -169,13 +185,24 @@ OFU_LOSS_CAUSE: Final = "ofu.loss.cause"
 
 
 class OfuLossCause:
-    """Values of ``ofu.loss.cause``: where a job's 1 - OFU went."""
+    """Values of ``ofu.loss.cause``: where a job's 1 - OFU went.
+
+    What kept the tensor pipes from being busy is split by what the engine and SMs were doing, on GPUs whose source
+    reports engine and SM activity (E, S, with tensor activity T, clamped so that T <= S <= E): ``no_kernel``
+    1 - E, ``sm_idle`` E - S, ``non_tensor`` S - T. A GPU without them keeps the coarse ``tensor`` (1 - T), so a
+    job's causes always sum to 1 with its OFU.
+    """
 
     IDLE = "idle"  # attributed GPUs with no tensor activity all window
-    CLOCK = "clock"  # TPA x (1 - f/f_max): the SM clock held below its max
-    TENSOR = "tensor"  # 1 - TPA on working GPUs
+    CLOCK = "clock"  # TPA x (1 - f/f_tensor): the SM clock held below the tensor clock
+    NO_KERNEL = "no_kernel"  # 1 - E: no kernel running (input pipeline, host, synchronisation, checkpoints)
+    SM_IDLE = "sm_idle"  # E - S: kernels running, SMs left empty (small grids, launch gaps, tails)
+    NON_TENSOR = "non_tensor"  # S - T: SMs busy off the tensor pipes (memory-bound, element-wise, communication)
+    TENSOR = "tensor"  # 1 - TPA on working GPUs whose source lacks engine and SM activity
 
-    ALL = (IDLE, CLOCK, TENSOR)
+    ALL = (IDLE, CLOCK, NO_KERNEL, SM_IDLE, NON_TENSOR, TENSOR)
+    # The finer split of TENSOR, in the order the engine, SM and tensor activities nest.
+    TENSOR_PARTS = (NO_KERNEL, SM_IDLE, NON_TENSOR)
 
 
 # --- Collector partial state (merge mode) ------------------------------------------------------------
@@ -374,6 +401,16 @@ K8S_CONTAINER_NAME: Final = "k8s.container.name"
 K8S_POD_UID: Final = "k8s.pod.uid"
 QUANTILE: Final = "quantile"
 ERROR_REASON: Final = "reason"
+NETWORK_IO_DIRECTION: Final = "network.io.direction"
+
+
+class IoDirection:
+    """Values of ``network.io.direction`` (OpenTelemetry semantic conventions)."""
+
+    TRANSMIT = "transmit"
+    RECEIVE = "receive"
+
+    ALL = (TRANSMIT, RECEIVE)
 
 
 class ErrorReason:
@@ -442,6 +479,10 @@ DCGM_FI_PROF_SM_ACTIVE: Final = 1002
 DCGM_FI_PROF_SM_OCCUPANCY: Final = 1003
 DCGM_FI_PROF_PIPE_TENSOR_ACTIVE: Final = 1004
 DCGM_FI_PROF_DRAM_ACTIVE: Final = 1005
+DCGM_FI_PROF_PCIE_TX_BYTES: Final = 1009  # bytes per second, like 1010-1012
+DCGM_FI_PROF_PCIE_RX_BYTES: Final = 1010
+DCGM_FI_PROF_NVLINK_TX_BYTES: Final = 1011
+DCGM_FI_PROF_NVLINK_RX_BYTES: Final = 1012
 DCGM_FI_PROF_SM_CYCLES_ELAPSED: Final = 1084
 DCGM_FI_PROF_SM_CYCLES_ACTIVE: Final = 1085
 DCGM_FI_PROF_MMA_CYCLES_ACTIVE: Final = 1086
@@ -481,6 +522,7 @@ DCGM_FP64_BLANK_MIN: Final = 140737488355328.0  # DCGM_FP64_BLANK (2^47) and abo
 # --- NVML ids ---------------------------------------------------------------------------------------
 
 NVML_CLOCK_SM: Final = 1
+NVML_GPM_METRIC_GRAPHICS_UTIL: Final = 1
 NVML_GPM_METRIC_SM_UTIL: Final = 2
 NVML_GPM_METRIC_SM_OCCUPANCY: Final = 3
 NVML_GPM_METRIC_ANY_TENSOR_UTIL: Final = 5

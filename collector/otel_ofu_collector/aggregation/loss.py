@@ -42,7 +42,7 @@ import attrs
 from otel_ofu import names
 from otel_ofu_collector.results import FleetLoss, JobLoss
 
-CAUSES = names.OfuLossCause.ALL
+CAUSES = (names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.OfuLossCause.TENSOR)
 IDLE, CLOCK, TENSOR = names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.OfuLossCause.TENSOR
 IDLE_TENSOR_ACTIVE = 0.01  # mean tensor pipe activity below which a GPU did no tensor work in the window
 J_PER_KWH = 3.6e6

@@ -40,7 +40,7 @@ IDLE: Final = idle_gpus.DETECTOR.kind
 STRAGGLER: Final = straggler.GPU_DETECTOR.kind
 # Every flag, in the vocabulary's order: the job flags, then the GPU flags (shown on their job).
 FLAG_KINDS: Final = tuple(d.kind for d in DETECTORS) + tuple(d.kind for d in GPU_DETECTORS)
-CAUSES: Final = names.OfuLossCause.ALL
+CAUSES: Final = (names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.OfuLossCause.TENSOR)
 CAUSE_WORDS: Final = {
     names.OfuLossCause.IDLE: "idle GPUs",
     names.OfuLossCause.CLOCK: "clock held below max",
