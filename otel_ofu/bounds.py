@@ -22,6 +22,9 @@ MAX_GPU_POWER_W: Final = 5000.0  # board power; also bounds an energy counter's 
 MIN_CLOCK_HZ: Final = 1e6  # a clock under 1 MHz is a reading in the wrong unit (MHz sent as Hz), not a clock
 MAX_CLOCK_HZ: Final = 1e10
 MAX_FLOPS: Final = 1e17  # per GPU, FLOP/s
+# A GPU's link traffic, bytes/s, bounds its NVLink and PCIe counters' rates: NVLink 5 carries 1.8 TB/s per GPU,
+# PCIe 6 x16 about 256 GB/s both ways.
+MAX_IO_BYTES_PER_S: Final = 1e13
 
 # Per metric: (lowest, highest) value a point may carry. Beyond the range of a fraction is out of range; beyond
 # the physics of power, clocks and FLOP/s is implausible.
@@ -38,8 +41,10 @@ RANGES: Final[Mapping[str, tuple[float, float]]] = {
     names.GPU_CLOCK_SM_MAX.name: (MIN_CLOCK_HZ, MAX_CLOCK_HZ),
     names.GPU_FLOPS_ACHIEVED.name: (0.0, MAX_FLOPS),
     names.GPU_POWER.name: (0.0, MAX_GPU_POWER_W),
-    # Any finite counter: its rate is bounded where deltas are taken (by MAX_GPU_POWER_W).
+    # Any finite counter: its rate is bounded where deltas are taken (MAX_RATES).
     names.GPU_ENERGY.name: (0.0, sys.float_info.max),
+    names.GPU_NVLINK_IO.name: (0.0, sys.float_info.max),
+    names.GPU_PCIE_IO.name: (0.0, sys.float_info.max),
 }
 _ANY: Final = (0.0, sys.float_info.max)
 
@@ -63,3 +68,16 @@ def refusal(metric: str, value: float) -> str | None:
 def energy_rate_plausible(joules: float, seconds: float) -> bool:
     """Whether ``joules`` over ``seconds`` stays within what one GPU board can draw."""
     return 0.0 <= joules <= MAX_GPU_POWER_W * max(seconds, 0.0)
+
+
+# The cumulative counters whose rate is bounded, by metric: the most one unit of it per second a GPU can reach.
+MAX_RATES: Final[Mapping[str, float]] = {
+    names.GPU_ENERGY.name: MAX_GPU_POWER_W,
+    names.GPU_NVLINK_IO.name: MAX_IO_BYTES_PER_S,
+    names.GPU_PCIE_IO.name: MAX_IO_BYTES_PER_S,
+}
+
+
+def rate_plausible(metric: str, amount: float, seconds: float) -> bool:
+    """Whether a counter of ``metric`` that grew by ``amount`` over ``seconds`` stays within ``MAX_RATES``."""
+    return 0.0 <= amount <= MAX_RATES[metric] * max(seconds, 0.0)

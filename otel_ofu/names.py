@@ -135,7 +135,10 @@ PROMETHEUS_QUANTILE_LABEL: Final = "ofu_quantile"
 JOB_GPUS: Final = MetricSpec("job.gpus", "{gpu}", "gauge", "GPUs attributed to the job in the window")
 JOB_GPU_TIME: Final = MetricSpec("job.gpu_time", "s", "sum", "GPU-seconds attributed to the job in the window")
 JOB_OFU_LOSS: Final = MetricSpec(
-    "job.ofu.loss", "1", "gauge", "The job's 1 - OFU split by cause (idle, clock, tensor); OFU + the causes = 1"
+    "job.ofu.loss",
+    "1",
+    "gauge",
+    "The job's 1 - OFU split by cause (idle, clock, no_kernel, sm_idle, non_tensor, tensor); OFU + the causes = 1",
 )
 JOB_GPU_TIME_LOST: Final = MetricSpec("job.gpu_time.lost", "s", "sum", "GPU-seconds lost in the window, by cause")
 JOB_ENERGY: Final = MetricSpec("job.energy", "J", "sum", "Energy of the job's GPUs in the window")
@@ -164,6 +167,18 @@ JOB_GPUS_IDLE: Final = MetricSpec(
     "job.gpus.idle", "{gpu}", "gauge", "GPUs attributed to the job with no tensor activity for the idle windows"
 )
 
+# What the job's GPUs were doing besides tensor work, beside its loss split: what tells a memory-bound job (DRAM
+# busy) from a communication-bound one (NVLink or PCIe traffic, DRAM quiet). Means over the GPUs that report them.
+JOB_DRAM_ACTIVE: Final = MetricSpec(
+    "job.dram.active", "1", "gauge", "Mean DRAM activity of the job's GPUs in the window, where they report it"
+)
+JOB_NVLINK_THROUGHPUT: Final = MetricSpec(
+    "job.nvlink.throughput", "By/s", "gauge", "Mean NVLink bytes per second per GPU (sent and received) in the window"
+)
+JOB_PCIE_THROUGHPUT: Final = MetricSpec(
+    "job.pcie.throughput", "By/s", "gauge", "Mean PCIe bytes per second per GPU (sent and received) in the window"
+)
+
 COLLECTOR_LOSS_METRICS: Final = (
     JOB_GPUS,
     JOB_GPU_TIME,
@@ -179,6 +194,9 @@ COLLECTOR_LOSS_METRICS: Final = (
     FLEET_COST_LOST,
     GPU_STRAGGLER,
     JOB_GPUS_IDLE,
+    JOB_DRAM_ACTIVE,
+    JOB_NVLINK_THROUGHPUT,
+    JOB_PCIE_THROUGHPUT,
 )
 
 OFU_LOSS_CAUSE: Final = "ofu.loss.cause"
@@ -599,6 +617,11 @@ LOSS_SPLIT_INPUTS: Final = (
     GPU_POWER,
     GPU_ENERGY,
     GPU_THROTTLE,
+    GPU_ENGINE_ACTIVE,
+    GPU_SM_ACTIVE,
+    GPU_DRAM_ACTIVE,
+    GPU_NVLINK_IO,
+    GPU_PCIE_IO,
 )
 
 GPU_THROTTLE_REASON: Final = "gpu.throttle.reason"

@@ -159,6 +159,10 @@ def test_prometheus_names_follow_the_conventions() -> None:
         "gpu.flops.achieved": "gpu_flops_achieved_per_second",
         "gpu.sm.active": "gpu_sm_active",
         "gpu.dram.active": "gpu_dram_active",
+        "gpu.engine.active": "gpu_engine_active",
+        "gpu.sm.occupancy": "gpu_sm_occupancy",
+        "gpu.nvlink.io": "gpu_nvlink_io_bytes",  # exposed with _total, as gpu_energy_joules
+        "gpu.pcie.io": "gpu_pcie_io_bytes",
         "gpu.power": "gpu_power_watts",
         "gpu.energy": "gpu_energy_joules",
         "gpu.throttle": "gpu_throttle",

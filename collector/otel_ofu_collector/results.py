@@ -61,6 +61,11 @@ class JobLoss:
     cost_lost: Mapping[str, float] | None = None
     emissions_kg: float | None = None
     currency: str | None = None  # of cost and cost_lost
+    # What the job's GPUs did besides tensor work (means over the GPUs that report them): what tells a
+    # memory-bound job from a communication-bound one. None: no GPU reported it.
+    dram_active: float | None = None
+    nvlink_bytes_per_s: float | None = None
+    pcie_bytes_per_s: float | None = None
 
 
 @attrs.frozen
@@ -265,6 +270,9 @@ def _job_loss_points(attributes: Mapping[str, str | float | int], loss: JobLoss)
         (names.JOB_FLOPS_PER_JOULE, loss.flops_per_joule),
         (cost_spec(names.JOB_COST, loss.currency), loss.cost),
         (names.JOB_EMISSIONS, loss.emissions_kg),
+        (names.JOB_DRAM_ACTIVE, loss.dram_active),
+        (names.JOB_NVLINK_THROUGHPUT, loss.nvlink_bytes_per_s),
+        (names.JOB_PCIE_THROUGHPUT, loss.pcie_bytes_per_s),
     ):
         if value is not None:
             yield GaugePoint(spec, attributes, value)

@@ -1,32 +1,41 @@
 """Where a job's OFU is lost, and what it costs: pure arithmetic over one window's per-GPU values.
 
-Per GPU, from its window means (OFU ``O``, tensor pipe activity ``T``, SM clock ``f``):
+Per GPU, from its window means (OFU ``O``, tensor pipe activity ``T``, SM clock ``f``; and where the source reports
+them, engine activity ``E`` and SM activity ``S``):
 
-    idle   = 1 - O when the GPU had no tensor activity all window (T < IDLE_TENSOR_ACTIVE), else 0
-    clock  = T x (1 - r), r = min(1, f / f_ref), clamped to [0, T - O]      (0 for an idle GPU)
-    tensor = 1 - O - idle - clock                                            (0 for an idle GPU)
+    idle       = 1 - O when the GPU had no tensor activity all window (T < IDLE_TENSOR_ACTIVE), else 0
+    clock      = T x (1 - r), r = min(1, f / f_ref), clamped to [0, T - O]          (0 for an idle GPU)
+    with E and S, clamped so that T <= S <= E <= 1 where sampling noise disorders them:
+    no_kernel  = 1 - E          (no kernel running: input pipeline, host, synchronisation, checkpoints)
+    sm_idle    = E - S          (kernels running, SMs left empty: small grids, launch gaps, tails)
+    non_tensor = S - O - clock  (SMs busy off useful tensor work)
+    without them:
+    tensor     = 1 - O - clock  (tensor pipes not kept busy, the coarse cause)
 
-"No tensor activity" allows a stray kernel: tensor pipes active under 1% of the window do no work worth
-the allocation, and an idle GPU's whole 1 - O is idle loss.
+so that O + idle + clock + no_kernel + sm_idle + non_tensor (or O + idle + clock + tensor) = 1 for every GPU.
 
-``f_ref`` is the clock OFU itself is measured against: the tensor clock of the GPU model where the catalog
-knows it (the clock the datasheet's dense peak is specified at: an SM boosting above it adds no tensor
-FLOPs, so it is no loss either), the board's maximum SM clock otherwise. Since the producer's OFU is
-``T x r x calibration``, ``T - O = T(1 - r) + T r (1 - calibration)``: the clock term is the first part,
-and calibration's share (tile quantization: tensor pipes busy on padding) stays in ``tensor``, as tensor
-work that did no useful FLOPs. The clamp keeps every share >= 0 when window means of separate gauges do
-not multiply exactly; without a clock reading ``clock`` is 0 and the whole ``T - O`` reads as ``tensor``;
-without ``T`` (a producer that sends only ``gpu.ofu``), ``T`` is taken as ``O``: everything lost is tensor.
+"No tensor activity" allows a stray kernel: tensor pipes active under 1% of the window do no work worth the
+allocation, and an idle GPU's whole 1 - O is idle loss.
 
-Per job: each share is the plain mean over its GPUs, as ``job.ofu`` is, and the job's ``tensor`` share is
-taken as ``1 - OFU - idle - clock`` of those means, so ``OFU + idle + clock + tensor = 1`` holds to the
-last bit of that one subtraction. GPU-seconds lost by cause = sum over GPUs of share x the GPU's seconds.
-Energy, FLOPs per joule, cost and emissions are sums over the GPUs that have the inputs (see ``GpuLoss``).
+``f_ref`` is the clock OFU itself is measured against: the tensor clock of the GPU model where the catalog knows it
+(the clock the datasheet's dense peak is specified at: an SM boosting above it adds no tensor FLOPs, so it is no
+loss either), the board's maximum SM clock otherwise. Since the producer's OFU is ``T x r x calibration``,
+``T - O = T(1 - r) + T r (1 - calibration)``: the clock term is the first part, and calibration's share (tile
+quantization: tensor pipes busy on padding) stays in ``tensor``, or in ``non_tensor`` (S - T plus that share: SMs
+busy on no useful tensor work), as work that did no useful FLOPs. The clamps keep every share >= 0 when window
+means of separate gauges do not multiply exactly; without a clock reading ``clock`` is 0; without ``T`` (a
+producer that sends only ``gpu.ofu``), ``T`` is taken as ``O``.
 
-Every sum over GPUs is exactly rounded (``math.fsum``): the GPUs come in the order their points arrived,
-which differs between a single collector and a shard behind the load balancer, and a plain running sum
-would round differently by order; the residual ``tensor`` share of an idle job (1 - OFU - idle, ~0)
-would then come out +1e-16 one way and -1e-16 the other. Same GPUs, same bits, whatever the order.
+Per job: each share is the mean over its GPUs weighted by their shares of a GPU, as ``job.ofu`` is, and the job's
+last cause (``tensor`` where some GPU lacks E and S, else ``non_tensor``) is taken as 1 - OFU - the others, so the
+identity holds to the last bit of that one subtraction. A job's causes are the ones its GPUs have: the finer three
+where some GPU reports E and S, ``tensor`` where some does not. GPU-seconds lost by cause = sum over GPUs of share x
+the GPU's seconds. Energy, FLOPs per joule, cost and emissions are sums over the GPUs that have the inputs.
+
+Every sum over GPUs is exactly rounded (``math.fsum``): the GPUs come in the order their points arrived, which
+differs between a single collector and a shard behind the load balancer, and a plain running sum would round
+differently by order; the residual share of an idle job (1 - OFU - idle, ~0) would then come out +1e-16 one way
+and -1e-16 the other. Same GPUs, same bits, whatever the order.
 """
 
 from __future__ import annotations
@@ -42,8 +51,10 @@ import attrs
 from otel_ofu import names
 from otel_ofu_collector.results import FleetLoss, JobLoss
 
-CAUSES = (names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.OfuLossCause.TENSOR)
-IDLE, CLOCK, TENSOR = names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.OfuLossCause.TENSOR
+C = names.OfuLossCause
+CAUSES = C.ALL
+IDLE, CLOCK, TENSOR = C.IDLE, C.CLOCK, C.TENSOR
+NO_KERNEL, SM_IDLE, NON_TENSOR = C.NO_KERNEL, C.SM_IDLE, C.NON_TENSOR
 IDLE_TENSOR_ACTIVE = 0.01  # mean tensor pipe activity below which a GPU did no tensor work in the window
 J_PER_KWH = 3.6e6
 S_PER_HOUR = 3600.0
@@ -58,34 +69,52 @@ class GpuLoss:
     tensor_active: float  # T as used (O where T was not reported)
     idle: float
     clock: float
-    tensor: float
+    tensor: float  # the coarse cause: 0 where the finer split applies
     seconds: float  # GPU-seconds in the window
     energy_j: float | None  # None: no energy counter nor power reading
     flops: float | None  # achieved FLOPs in the window (None where the dense peak is not known)
     price: float | None  # per GPU-hour, None: not priced
+    no_kernel: float | None = None  # the finer split (None: no engine and SM activity)
+    sm_idle: float | None = None
+    non_tensor: float | None = None
 
 
 @attrs.frozen
 class Split:
-    """The split of a job's GPUs in columns, one entry per GPU in one order: T as used, and the causes."""
+    """The split of a job's GPUs in columns, one entry per GPU in one order: T as used, and the causes. ``finer``:
+    the GPUs with engine and SM activity (None: none had them); ``no_kernel``, ``sm_idle``, ``non_tensor`` are
+    zeros where a GPU lacks them, as ``tensor`` is where it has them."""
 
     tensor_active: list[float]
     idle: list[float]
     clock: list[float]
     tensor: list[float]
+    no_kernel: list[float] | None = None
+    sm_idle: list[float] | None = None
+    non_tensor: list[float] | None = None
+    finer: list[bool] | None = None
+
+    def column(self, cause: str) -> list[float]:
+        found = {IDLE: self.idle, CLOCK: self.clock, TENSOR: self.tensor}.get(cause)
+        if found is None:
+            found = {NO_KERNEL: self.no_kernel, SM_IDLE: self.sm_idle, NON_TENSOR: self.non_tensor}[cause]
+        return found if found is not None else [0.0] * len(self.idle)
 
 
 def split_columns(
     ofu: list[float],
     tensor_active: list[float | None] | None = None,
     clock_ratio: list[float | None] | None = None,
+    engine_active: list[float | None] | None = None,
+    sm_active: list[float | None] | None = None,
 ) -> Split:
     """The split of every GPU (see the module doc), in columns: the one implementation of it.
 
     ``tensor_active`` None (or an entry None): the GPU sent no tensor activity, T is taken as O; ``clock_ratio`` None
-    (or an entry None): no clock reading, no clock term (a ratio of 1 gives the same bits: T x 0 = 0). Each column
-    is a C-level pass in the same operations and order for every GPU, so one GPU's shares do not depend on which
-    other GPUs share its job.
+    (or an entry None): no clock reading, no clock term (a ratio of 1 gives the same bits: T x 0 = 0);
+    ``engine_active`` and ``sm_active`` None (or an entry None in either): the coarse ``tensor``. Each column is a
+    C-level pass in the same operations and order for every GPU, so one GPU's shares do not depend on which other
+    GPUs share its job.
     """
     n = len(ofu)
     if tensor_active is None:
@@ -102,9 +131,37 @@ def split_columns(
         clock = list(map(min, map(max, unclamped, itertools.repeat(0.0)), map(operator.sub, tpa, ofu)))
     tensor = list(map(operator.sub, map(_ONE.__sub__, ofu), clock))  # 1 - O - clock
     idle = [0.0] * n
-    for i in itertools.compress(range(n), map(IDLE_TENSOR_ACTIVE.__gt__, tpa)):  # the few idle GPUs
+    idle_at = list(itertools.compress(range(n), map(IDLE_TENSOR_ACTIVE.__gt__, tpa)))  # the few idle GPUs
+    for i in idle_at:
         idle[i], clock[i], tensor[i] = 1.0 - ofu[i], 0.0, 0.0
-    return Split(tpa, idle, clock, tensor)
+    finer = _finer(engine_active, sm_active)
+    if finer is None:
+        return Split(tpa, idle, clock, tensor)
+    engine, sm = cast(list[float | None], engine_active), cast(list[float | None], sm_active)
+    if all(finer):
+        s_used = list(map(min, itertools.repeat(1.0), map(max, cast(list[float], sm), tpa)))  # T <= S <= 1
+        e_used = list(map(min, itertools.repeat(1.0), map(max, cast(list[float], engine), s_used)))  # S <= E <= 1
+    else:
+        s_used = [min(1.0, max(s, t)) if s is not None else t for s, t in zip(sm, tpa, strict=True)]
+        e_used = [min(1.0, max(e, s)) if e is not None else s for e, s in zip(engine, s_used, strict=True)]
+    no_kernel = list(map(_ONE.__sub__, e_used))  # 1 - E
+    sm_idle = list(map(operator.sub, e_used, s_used))  # E - S
+    non_tensor = list(map(operator.sub, map(operator.sub, s_used, ofu), clock))  # S - O - clock
+    for i in itertools.compress(range(n), map(operator.not_, finer)):  # GPUs without E and S keep the coarse cause
+        no_kernel[i] = sm_idle[i] = non_tensor[i] = 0.0
+    for i in idle_at:
+        no_kernel[i] = sm_idle[i] = non_tensor[i] = 0.0
+    for i in itertools.compress(range(n), finer):
+        tensor[i] = 0.0
+    return Split(tpa, idle, clock, tensor, no_kernel, sm_idle, non_tensor, finer)
+
+
+def _finer(engine_active: list[float | None] | None, sm_active: list[float | None] | None) -> list[bool] | None:
+    """Which GPUs have both engine and SM activity; None when none has."""
+    if engine_active is None or sm_active is None:
+        return None
+    finer = [e is not None and s is not None for e, s in zip(engine_active, sm_active, strict=True)]
+    return finer if any(finer) else None
 
 
 def split_gpu(
@@ -113,15 +170,29 @@ def split_gpu(
     clock_ratio: float | None,
     *,
     seconds: float,
+    engine_active: float | None = None,
+    sm_active: float | None = None,
     energy_j: float | None = None,
     flops_per_s: float | None = None,
     price: float | None = None,
 ) -> GpuLoss:
     """One GPU's split (``split_columns`` of one GPU); ``clock_ratio`` is ``min(1, f / f_ref)`` or None."""
-    split = split_columns([ofu], [tensor_active], [clock_ratio])
+    split = split_columns([ofu], [tensor_active], [clock_ratio], [engine_active], [sm_active])
     flops = None if flops_per_s is None else flops_per_s * seconds
+    finer = split.finer is not None
     return GpuLoss(
-        ofu, split.tensor_active[0], split.idle[0], split.clock[0], split.tensor[0], seconds, energy_j, flops, price
+        ofu,
+        split.tensor_active[0],
+        split.idle[0],
+        split.clock[0],
+        split.tensor[0],
+        seconds,
+        energy_j,
+        flops,
+        price,
+        split.column(NO_KERNEL)[0] if finer else None,
+        split.column(SM_IDLE)[0] if finer else None,
+        split.column(NON_TENSOR)[0] if finer else None,
     )
 
 
@@ -154,19 +225,33 @@ def weighted_mean(values: list[float], share: list[float] | None) -> float:
 
 @attrs.define
 class GpuColumns:
-    """A job's GPUs' splits in columns, one entry per GPU in one order: what a window close fills in one pass
-    over the job's GPUs (``GpuLoss``'s fields, without an object per GPU). ``share``: each GPU's share of a
-    physical GPU (a MIG slice's fraction, ``otel_ofu.gpu_share``), None when all are whole GPUs."""
+    """A job's GPUs in columns, one entry per GPU in one order: what a window close fills in one pass over the job's
+    GPUs, without an object per GPU. ``share``: each GPU's share of a physical GPU (a MIG slice's fraction,
+    ``otel_ofu.gpu_share``), None when all are whole GPUs; ``dram``, ``nvlink``, ``pcie``: each GPU's DRAM
+    activity and link bytes per second, None where it sent none (the column None: no GPU did)."""
 
-    ofu: list[float] = attrs.field(factory=list)
-    idle: list[float] = attrs.field(factory=list)
-    clock: list[float] = attrs.field(factory=list)
-    tensor: list[float] = attrs.field(factory=list)
-    seconds: list[float] = attrs.field(factory=list)
-    energy_j: list[float | None] = attrs.field(factory=list)
-    flops: list[float | None] = attrs.field(factory=list)
-    price: list[float | None] = attrs.field(factory=list)
+    ofu: list[float]
+    split: Split
+    seconds: list[float]
+    energy_j: list[float | None]
+    flops: list[float | None]
+    price: list[float | None]
     share: list[float] | None = None
+    dram: list[float | None] | None = None
+    nvlink: list[float | None] | None = None
+    pcie: list[float | None] | None = None
+
+
+def causes_of(split: Split) -> tuple[str, ...]:
+    """The causes a job's split has, in ``names.OfuLossCause.ALL`` order: the finer three where some GPU reports
+    engine and SM activity, ``tensor`` where some does not."""
+    finer = split.finer
+    coarse = finer is None or not all(finer)
+    return tuple(
+        cause
+        for cause in CAUSES
+        if (cause not in C.TENSOR_PARTS or finer is not None) and (cause != TENSOR or coarse)
+    )
 
 
 def job_loss_of(
@@ -183,13 +268,15 @@ def job_loss_of(
     if not n:
         return None
     share = gpus.share
+    split = gpus.split
+    causes = causes_of(split)
+    own = {cause: split.column(cause) for cause in causes}
     ofu = weighted_mean(gpus.ofu, share)
-    idle = weighted_mean(gpus.idle, share)
-    clock = weighted_mean(gpus.clock, share)
-    shares = {IDLE: idle, CLOCK: clock, TENSOR: 1.0 - ofu - idle - clock}
-    own = {IDLE: gpus.idle, CLOCK: gpus.clock, TENSOR: gpus.tensor}
+    last = causes[-1]  # tensor, or non_tensor where every GPU has the finer split: the residual
+    shares = {cause: weighted_mean(own[cause], share) for cause in causes[:-1]}
+    shares[last] = 1.0 - ofu - math.fsum(shares.values())
     seconds = gpus.seconds if share is None else list(map(operator.mul, gpus.seconds, share))
-    lost = {cause: math.fsum(map(operator.mul, own[cause], seconds)) for cause in CAUSES}
+    lost = {cause: math.fsum(map(operator.mul, own[cause], seconds)) for cause in causes}
     energy: float | None = None
     flops = flops_energy = 0.0
     if gpus.energy_j.count(None) < n:
@@ -207,10 +294,10 @@ def job_loss_of(
         if unpriced:  # some GPUs not priced: the others' columns alone
             priced = [i for i, price in enumerate(gpus.price) if price is not None]
             hours = [hours[i] for i in priced]
-            parts = {cause: [own[cause][i] for i in priced] for cause in CAUSES}
+            parts = {cause: [own[cause][i] for i in priced] for cause in causes}
         cost = math.fsum(map(operator.mul, prices, hours))
         cost_lost = {
-            cause: math.fsum(map(operator.mul, map(operator.mul, prices, parts[cause]), hours)) for cause in CAUSES
+            cause: math.fsum(map(operator.mul, map(operator.mul, prices, parts[cause]), hours)) for cause in causes
         }
     return JobLoss(
         gpu_time_s=math.fsum(seconds),
@@ -222,7 +309,21 @@ def job_loss_of(
         cost_lost=cost_lost,
         emissions_kg=emissions_kg(energy, pue, grid_intensity),
         currency=currency if cost is not None else None,
+        dram_active=_context_mean(gpus.dram, share),
+        nvlink_bytes_per_s=_context_mean(gpus.nvlink, share),
+        pcie_bytes_per_s=_context_mean(gpus.pcie, share),
     )
+
+
+def _context_mean(values: list[float | None] | None, share: list[float] | None) -> float | None:
+    """A job's mean of a per-GPU context value over the GPUs that report it (weighted by their shares of a GPU);
+    None when none does."""
+    if values is None:
+        return None
+    pairs = [(v, 1.0 if share is None else share[i]) for i, v in enumerate(values) if v is not None]
+    if not pairs:
+        return None
+    return math.fsum(v * w for v, w in pairs) / math.fsum(w for _v, w in pairs)
 
 
 def emissions_kg(energy_j: float | None, pue: float, grid_intensity: float | None) -> float | None:

@@ -104,6 +104,9 @@ _FLOPS = names.GPU_FLOPS_ACHIEVED.name
 _POWER = names.GPU_POWER.name
 _ENERGY = names.GPU_ENERGY.name
 _THROTTLE = names.GPU_THROTTLE.name
+_ENGINE = names.GPU_ENGINE_ACTIVE.name
+_SM = names.GPU_SM_ACTIVE.name
+_DRAM = names.GPU_DRAM_ACTIVE.name
 _GPU_IDENTITY_KEYS = (names.HOST_NAME, names.HW_ID, names.GPU_MIG_INSTANCE_ID)
 # A GPU whose OFU points cover less than this of a window carried no durations: it counts the whole window.
 _MIN_COVERED_NS = 1_000_000
@@ -145,11 +148,22 @@ class _Cell:
     carried: float = 0.0
 
 
-# Where each averaged loss input keeps its (weighted sum, weight) pair in ``_GpuInputs.sums``; after them, each
-# throttle reason's weighted share (over the GPU's OFU weight: the same intervals).
-_SLOTS: dict[str, int] = {_TENSOR: 0, _CLOCK: 2, _CLOCK_MAX: 4, _FLOPS: 6, _POWER: 8}
-_REASON_SLOTS: dict[str, int] = {reason: 10 + i for i, reason in enumerate(names.ThrottleReason.ALL)}
-_SUMS = 10 + len(_REASON_SLOTS)
+# Where each averaged loss input keeps its (weighted sum, weight) pair in ``_GpuInputs.sums``; after them the NVLink
+# and PCIe bytes of the window (their counters' deltas, both directions) and each throttle reason's weighted share
+# (over the GPU's OFU weight: the same intervals).
+_SLOTS: dict[str, int] = {
+    _TENSOR: 0,
+    _CLOCK: 2,
+    _CLOCK_MAX: 4,
+    _FLOPS: 6,
+    _POWER: 8,
+    _ENGINE: 10,
+    _SM: 12,
+    _DRAM: 14,
+}
+_NVLINK_SLOT, _PCIE_SLOT = 16, 18  # (bytes, parts counted): the second says the GPU sent the counter at all
+_REASON_SLOTS: dict[str, int] = {reason: 20 + i for i, reason in enumerate(names.ThrottleReason.ALL)}
+_SUMS = 20 + len(_REASON_SLOTS)
 _TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT, _FLOPS_SLOT, _POWER_SLOT = (
     _SLOTS[_TENSOR],
     _SLOTS[_CLOCK],
@@ -157,6 +171,22 @@ _TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT, _FLOPS_SLOT, _POWER_SLOT = (
     _SLOTS[_FLOPS],
     _SLOTS[_POWER],
 )
+_ENGINE_SLOT, _SM_SLOT, _DRAM_SLOT = _SLOTS[_ENGINE], _SLOTS[_SM], _SLOTS[_DRAM]
+# The cumulative counters a GPU stream sends, by field (``otlp.roles.keyed_field``), with their metric; and where
+# the I/O counters' deltas go (energy has a field of its own, ``_GpuInputs.energy_j``).
+_COUNTER_FIELDS: dict[str, str] = {
+    _ENERGY: _ENERGY,
+    **{
+        f"{metric}|{direction}": metric
+        for metric in (names.GPU_NVLINK_IO.name, names.GPU_PCIE_IO.name)
+        for direction in names.IoDirection.ALL
+    },
+}
+_COUNTER_SLOTS: dict[str, int] = {
+    f"{metric}|{direction}": slot
+    for metric, slot in ((names.GPU_NVLINK_IO.name, _NVLINK_SLOT), (names.GPU_PCIE_IO.name, _PCIE_SLOT))
+    for direction in names.IoDirection.ALL
+}
 
 
 def _no_sums() -> array[float]:
@@ -205,7 +235,8 @@ class _JobGpus:
 _Route = tuple[Callable[[float], None], Callable[[CellKey], None], Callable[[_Cell], None], Callable[[float], None]]
 _LAST_END = operator.attrgetter("last_end_ns")
 _SUMS_OF = operator.attrgetter("sums")
-_MEAN_SLOTS = (_TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT)  # the means a split needs
+# The means a split needs (tensor activity, clocks, engine and SM activity), and DRAM activity for its context.
+_MEAN_SLOTS = (_TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT, _ENGINE_SLOT, _SM_SLOT, _DRAM_SLOT)
 
 
 _WEIGHT = operator.attrgetter("weight")
@@ -323,8 +354,9 @@ class Aggregator:
     lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _windows_closed: int = attrs.field(init=False, default=0)
     _points_gpu: int = attrs.field(init=False, default=0)
-    # A stream's energy counter as last seen: (series start, time, joules), for deltas.
-    _energy: dict[str, tuple[int, int, float]] = attrs.field(init=False, factory=dict)
+    # Each cumulative counter's latest reading by stream, by field (gpu.energy, gpu.nvlink.io|transmit, ...): (series
+    # start, time, value), the baseline of the next delta.
+    _counters: dict[str, dict[str, tuple[int, int, float]]] = attrs.field(init=False, factory=dict)
     # By hw.model: its price per GPU-hour and its tensor clock (None: not priced, not in the catalog).
     _prices: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
     _tensor_clocks: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
@@ -588,28 +620,33 @@ class Aggregator:
         values: Mapping[str, float],
         throttle: Mapping[str, float],
     ) -> str | None:
-        """A GPU stream's loss inputs of one interval (start, end]: ``values`` by metric name, ``throttle`` shares
-        by reason (a reason left out reads as 0), each split over the windows the interval overlaps as OFU is.
-        None when taken, else why not (late, over the stream cap, beyond physics).
+        """A GPU stream's loss inputs of one interval (start, end]: ``values`` by field (a gauge's metric name, or a
+        cumulative counter: ``gpu.energy``, ``gpu.nvlink.io|transmit`` and the like), ``throttle`` shares by reason
+        (a reason left out reads as 0), each split over the windows the interval overlaps as OFU is. None when
+        taken, else why not (late, over the stream cap, beyond physics); a refused interval changes nothing.
 
-        ``gpu.energy`` is the board's cumulative counter (``start_ns`` its series start): see ``_energy_delta``;
-        its delta is split over the windows of the time it covers, since the stream's previous reading.
+        A counter's ``start_ns`` is its series start: see ``_counter_delta``; its delta is split over the windows of
+        the time it covers, since the stream's previous reading.
         """
         if end_ns > self._watermark_ns:
             self._watermark_ns = end_ns
-        delta = 0.0
-        since = end_ns
-        joules = values.get(_ENERGY)
-        if joules is not None:
-            found = self._energy_delta(stream_key, start_ns, end_ns, joules)
+        gauges = bool(throttle)
+        counted: list[tuple[str, float, int, tuple[int, int, float]]] = []  # (field, delta, since, state)
+        for field, value in values.items():
+            metric = _COUNTER_FIELDS.get(field)
+            if metric is None:
+                gauges = True
+                continue
+            found = self._counter_delta(field, metric, stream_key, start_ns, end_ns, value)
             if isinstance(found, str):
                 return found
-            delta, since = found
-            if not delta and len(values) == 1 and not throttle:
-                return None  # a baseline, a retry or an older reading: nothing to book
-        gauges = len(values) > (joules is not None) or bool(throttle)
+            counted.append((field, *found))
         if gauges and end_ns - start_ns > self._max_interval_ns:
             return R.IMPLAUSIBLE
+        booked = [entry for entry in counted if entry[1]]
+        if not gauges and not booked:  # a baseline, a retry or an older reading: nothing to book
+            self._commit_counters(stream_key, counted)
+            return None
         if self._last_start < end_ns <= self._last_end:
             window = self._last_window
             window_start = self._last_start
@@ -625,24 +662,22 @@ class Aggregator:
                 parts.append((window, float(end_ns - start_ns) if end_ns > start_ns else 1.0, 0.0))
             else:
                 parts = self._parts(start_ns, end_ns, window_start, window)
-        energy_parts: list[tuple[_Window, float, float]] = []
-        if delta:
+        counter_parts: list[tuple[str, float, float, list[tuple[_Window, float, float]]]] = []
+        for field, delta, since, _state in booked:
             if since >= window_start:
-                energy_parts.append((window, float(end_ns - since), 0.0))
+                split = [(window, float(end_ns - since), 0.0)]
             else:
-                energy_parts = self._parts(since, end_ns, window_start, window)
-        targets: list[_GpuInputs] = []
-        for part_window, _weight, _carried in (*parts, *energy_parts):
-            inputs = part_window.gpus.get(stream_key)
-            if inputs is None:
-                if len(part_window.gpus) >= self.config.max_streams:
-                    self._rejected_streams += 1
-                    return R.MAX_STREAMS
-                inputs = part_window.gpus[stream_key] = _GpuInputs(identity)
-            targets.append(inputs)
+                split = self._parts(since, end_ns, window_start, window)
+            counter_parts.append((field, delta, float(end_ns - since), split))
+        windows = [part[0] for part in parts] + [part[0] for *_, split in counter_parts for part in split]
+        for part_window in windows:
+            if stream_key not in part_window.gpus and len(part_window.gpus) >= self.config.max_streams:
+                self._rejected_streams += 1
+                return R.MAX_STREAMS
+        self._commit_counters(stream_key, counted)
         self._points_gpu += len(values) + len(throttle)
-        for inputs, (_window, weight, _carried) in zip(targets, parts, strict=False):
-            sums = inputs.sums
+        for part_window, weight, _carried in parts:
+            sums = self._inputs(part_window, stream_key, identity).sums
             for metric, value in values.items():
                 slot = _SLOTS.get(metric)
                 if slot is not None:
@@ -652,47 +687,67 @@ class Aggregator:
                 slot = _REASON_SLOTS.get(reason)
                 if slot is not None:
                     sums[slot] += value * weight
-        covered = float(end_ns - since)
-        for inputs, (_window, weight, _carried) in zip(targets[len(parts) :], energy_parts, strict=True):
-            part = delta * (weight / covered)
-            inputs.energy_j = part if inputs.energy_j is None else inputs.energy_j + part
+        for field, delta, covered, split in counter_parts:
+            for part_window, weight, _carried in split:
+                inputs = self._inputs(part_window, stream_key, identity)
+                part = delta * (weight / covered)
+                if field == _ENERGY:
+                    inputs.energy_j = part if inputs.energy_j is None else inputs.energy_j + part
+                else:
+                    slot = _COUNTER_SLOTS[field]
+                    inputs.sums[slot] += part
+                    inputs.sums[slot + 1] += 1.0
         return None
 
-    def _energy_delta(self, stream_key: str, series_start: int, end_ns: int, joules: float) -> tuple[float, int] | str:
-        """What one reading of a stream's energy counter books: (joules, since), the delta over (since, end];
-        (0.0, end) when it books nothing; a ``names.RejectReason`` code when refused.
+    @staticmethod
+    def _inputs(window: _Window, stream_key: str, identity: Mapping[str, str]) -> _GpuInputs:
+        inputs = window.gpus.get(stream_key)
+        if inputs is None:
+            inputs = window.gpus[stream_key] = _GpuInputs(identity)
+        return inputs
+
+    def _commit_counters(self, stream_key: str, counted: list[tuple[str, float, int, tuple[int, int, float]]]) -> None:
+        """Keep each counter reading of an interval taken as its stream's latest (the baseline of the next delta)."""
+        for field, _delta, _since, state in counted:
+            if state[1] >= 0:
+                self._counters.setdefault(field, {})[stream_key] = state
+
+    def _counter_delta(
+        self, field: str, metric: str, stream_key: str, series_start: int, end_ns: int, value: float
+    ) -> tuple[float, int, tuple[int, int, float]] | str:
+        """What one reading of a stream's cumulative counter books: (amount, since, state): the delta over
+        (since, end] and the reading to keep (not kept yet: the caller commits it once the whole interval is
+        taken; a state with end -1 keeps nothing); a ``names.RejectReason`` code when refused.
 
         The delta is since the stream's previous reading of the same series (start time). A first reading (or one
         of a new series: a driver reload) counts whole only when its series began within one window before it,
         else it only sets the baseline (a collector restarting mid-series must not book a day's energy into one
         window). A retry of the latest reading books nothing; an older reading arriving after a newer one (a load
         balancer's parallel exports reorder) is already inside the newer delta. A counter that runs backwards
-        within its series, or faster than a board can draw (``otel_ofu.bounds``), is refused and leaves the
-        baseline as it was.
+        within its series, or faster than a GPU can (``otel_ofu.bounds.MAX_RATES``), is refused and leaves the
+        baseline as it was; so is one holding more than its series' age at that rate, so that a poisoned reading
+        never becomes the baseline every later one is measured against.
         """
-        previous = self._energy.get(stream_key)
-        if previous is None and len(self._energy) >= self.config.max_streams:
+        states = self._counters.get(field)
+        previous = states.get(stream_key) if states is not None else None
+        if previous is None and states is not None and len(states) >= self.config.max_streams:
             self._rejected_streams += 1
             return R.MAX_STREAMS
-        nothing = (0.0, end_ns)
-        # A counter cannot hold more than its series' age at the most a board can draw: a poisoned reading never
-        # becomes the baseline that every later one would be measured against.
-        if not bounds.energy_rate_plausible(joules, (end_ns - series_start) / _NS_PER_S):
+        keep = (series_start, end_ns, value)
+        if not bounds.rate_plausible(metric, value, (end_ns - series_start) / _NS_PER_S):
             return R.IMPLAUSIBLE
         if previous is not None:
-            previous_start, previous_end, previous_joules = previous
+            previous_start, previous_end, previous_value = previous
             if end_ns <= previous_end:
-                return nothing
+                return 0.0, end_ns, (0, -1, 0.0)
             if previous_start == series_start:
-                delta = joules - previous_joules
-                if not bounds.energy_rate_plausible(delta, (end_ns - previous_end) / _NS_PER_S):
-                    return R.IMPLAUSIBLE  # running backwards, or faster than any board draws
-                self._energy[stream_key] = (series_start, end_ns, joules)
-                return delta, previous_end
-        self._energy[stream_key] = (series_start, end_ns, joules)
+                delta = value - previous_value
+                if not bounds.rate_plausible(metric, delta, (end_ns - previous_end) / _NS_PER_S):
+                    return R.IMPLAUSIBLE  # running backwards, or faster than a GPU can
+                return delta, previous_end, keep
         if not 0 < series_start < end_ns or end_ns - series_start > self._window_ns:
-            return nothing
-        return joules, series_start
+            return 0.0, end_ns, keep
+        return value, series_start, keep
 
     # --- closing -----------------------------------------------------------------------------------
 
@@ -925,8 +980,8 @@ class Aggregator:
 
     def _gpu_losses(
         self, window: _Window, gpus: _JobGpus
-    ) -> tuple[loss.GpuColumns, list[float], list[_GpuInputs | None]]:
-        """The job's GPUs' splits in columns, their tensor activity as used, and their loss inputs.
+    ) -> tuple[loss.GpuColumns, loss.Split, list[_GpuInputs | None]]:
+        """The job's GPUs in columns, their split (with their tensor activity as used), and their loss inputs.
 
         The window means a split needs (tensor activity, clocks) come in columns, each a C-level pass where every
         GPU sent them (the producer's layout); ``loss.split_columns`` is the one split. Energy and FLOPs in one
@@ -947,14 +1002,12 @@ class Aggregator:
             prices = list(map(self._prices.__getitem__, models))
         if not with_inputs:
             split = loss.split_columns(ofus)
-            columns = loss.GpuColumns(
-                ofus, split.idle, split.clock, split.tensor, seconds, [None] * n, [None] * n, prices, gpus.shares
-            )
-            return columns, split.tensor_active, found
+            return loss.GpuColumns(ofus, split, seconds, [None] * n, [None] * n, prices, gpus.shares), split, found
         sums = [None if inputs is None else inputs.sums for inputs in found]
-        active, sm_clock, max_clock = (_means(sums, slot) for slot in _MEAN_SLOTS)
+        active, sm_clock, max_clock, engine, sm, dram = (_means(sums, slot) for slot in _MEAN_SLOTS)
         tensor_clocks = list(map(self._tensor_clocks.__getitem__, models))
-        split = loss.split_columns(ofus, active, _clock_ratios(sm_clock, max_clock, tensor_clocks))
+        ratios = _clock_ratios(sm_clock, max_clock, tensor_clocks)
+        split = loss.split_columns(ofus, active, ratios, engine, sm)
         energy: list[float | None] = []
         flops: list[float | None] = []
         for gpu_seconds, inputs in zip(seconds, found, strict=True):
@@ -971,9 +1024,18 @@ class Aggregator:
             weight = gpu_sums[_FLOPS_SLOT + 1]
             flops.append(gpu_sums[_FLOPS_SLOT] / weight * gpu_seconds if weight else None)
         columns = loss.GpuColumns(
-            ofus, split.idle, split.clock, split.tensor, seconds, energy, flops, prices, gpus.shares
+            ofus,
+            split,
+            seconds,
+            energy,
+            flops,
+            prices,
+            gpus.shares,
+            dram=dram,
+            nvlink=_rates(sums, _NVLINK_SLOT, seconds),
+            pcie=_rates(sums, _PCIE_SLOT, seconds),
         )
-        return columns, split.tensor_active, found
+        return columns, split, found
 
     def _gpu_flags(
         self,
@@ -1039,7 +1101,8 @@ class Aggregator:
         idle_gpus: dict[str, float] = {}
         gpu_flags: list[GpuFlagReport] = []
         if gpus is not None:
-            columns, tensor_active, inputs = self._gpu_losses(window, gpus)
+            columns, split, inputs = self._gpu_losses(window, gpus)
+            tensor_active = split.tensor_active
             job_loss = loss.job_loss_of(
                 columns, currency=self._currency(), pue=config.pue, grid_intensity=config.grid_intensity
             )
@@ -1106,9 +1169,9 @@ class Aggregator:
             del self._streams[key]
             self._state_bytes -= STREAM_STATE_BYTES + 2 * len(key)
         self._evicted_streams += len(stale_streams)
-        stale_energy = [key for key, (_start, seen, _joules) in self._energy.items() if seen <= cutoff]
-        for key in stale_energy:
-            del self._energy[key]
+        for states in self._counters.values():
+            for key in [key for key, (_start, seen, _value) in states.items() if seen <= cutoff]:
+                del states[key]
         oldest_horizon = now_ns - self.config.horizon_ns
         gone: list[str] = []
         for job_id, job in self._jobs.items():
@@ -1149,25 +1212,42 @@ class Aggregator:
         self._profiles_bytes = sum(map(_profile_bytes, used))
 
 
-def _means(sums: list[array[float] | None], slot: int) -> list[float | None]:
-    """Each GPU's window mean of one loss input (None: not sent), in a C-level pass where every GPU sent it."""
+def _means(sums: list[array[float] | None], slot: int) -> list[float | None] | None:
+    """Each GPU's window mean of one loss input (None: not sent), in a C-level pass where every GPU sent it; None
+    when no GPU did (the column is absent, at the cost of one pass)."""
     if None not in sums:
         present = cast(list["array[float]"], sums)
         weights = list(map(operator.itemgetter(slot + 1), present))
         if 0.0 not in weights:
             return list(map(operator.truediv, map(operator.itemgetter(slot), present), weights))
-    return [None if found is None or not found[slot + 1] else found[slot] / found[slot + 1] for found in sums]
+        if not any(weights):
+            return None
+    means = [None if found is None or not found[slot + 1] else found[slot] / found[slot + 1] for found in sums]
+    return means if any(mean is not None for mean in means) else None
+
+
+def _rates(sums: list[array[float] | None], slot: int, seconds: list[float]) -> list[float | None] | None:
+    """Each GPU's link bytes per second in the window (its counter deltas over its GPU-seconds), None where it sent
+    no such counter; None when no GPU did."""
+    rates = [
+        None if found is None or not found[slot + 1] else found[slot] / gpu_seconds
+        for found, gpu_seconds in zip(sums, seconds, strict=True)
+    ]
+    return rates if any(rate is not None for rate in rates) else None
 
 
 def _clock_ratios(
-    sm_clock: list[float | None], max_clock: list[float | None], tensor_clocks: list[float | None]
-) -> list[float | None]:
+    sm_clock: list[float | None] | None, max_clock: list[float | None] | None, tensor_clocks: list[float | None]
+) -> list[float | None] | None:
     """Each GPU's ``loss.clock_ratio`` (its model's tensor clock where known, else its board max), in a C-level pass
-    where every GPU has a clock and a reference."""
-    references = [tensor or board for tensor, board in zip(tensor_clocks, max_clock, strict=True)]
+    where every GPU has a clock and a reference; None without any clock reading."""
+    if sm_clock is None:
+        return None
+    boards = max_clock if max_clock is not None else [None] * len(sm_clock)
+    references = [tensor or board for tensor, board in zip(tensor_clocks, boards, strict=True)]
     if None not in sm_clock and None not in references and min(cast(list[float], references)) > 0.0:
         return cast(list[float | None], loss.clock_ratios(cast(list[float], sm_clock), cast(list[float], references)))
-    return list(map(loss.clock_ratio, sm_clock, max_clock, tensor_clocks))
+    return list(map(loss.clock_ratio, sm_clock, boards, tensor_clocks))
 
 
 def _profile_bytes(profile: Profile) -> int:

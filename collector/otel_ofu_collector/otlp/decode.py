@@ -43,8 +43,6 @@ _OFU = names.GPU_OFU.name
 _MFU = names.JOB_MFU.name
 _JOB_ID = names.JOB_ID
 _THROTTLE = names.GPU_THROTTLE.name
-_THROTTLE_REASON = names.GPU_THROTTLE_REASON
-_THROTTLE_REASONS = frozenset(names.ThrottleReason.ALL)
 _INPUTS = "loss inputs"  # how refused loss inputs are named (taken per GPU interval, all together)
 GPU_INPUT_NAMES = roles.GPU_INPUT_NAMES
 INPUT_METRIC_NAMES = roles.INPUT_METRIC_NAMES
@@ -510,6 +508,7 @@ class _Reading:
         latest = self.latest
         max_length = self.decoder.max_attribute_length
         throttle = name == _THROTTLE
+        keyed = roles.KEYED.get(name)
         low, high = bounds.range_of(name)
         group: _Group | None = None
         group_at: tuple[str, int, int] | None = None
@@ -520,12 +519,13 @@ class _Reading:
                 continue
             field = name
             attributes = point.attributes
-            if throttle:
-                reason, own = _throttle_reason(attributes)
-                if reason is None:
-                    rejections.add(R.BAD_ATTRIBUTE, f"{name} without a known {_THROTTLE_REASON}")
+            if keyed is not None:
+                attribute, known = keyed
+                found, own = _keyed_by(attributes, attribute, known)
+                if found is None:
+                    rejections.add(R.BAD_ATTRIBUTE, f"{name} without a known {attribute}")
                     continue
-                field = reason
+                field = roles.keyed_field(name, found)
                 identity, key = (
                     self._own_identity(name, attributes, entry) if own else (entry.identity, entry.stream_key)
                 )
@@ -590,16 +590,17 @@ class _Reading:
                 rejections.refuse(_MFU, refused)
 
 
-def _throttle_reason(attributes: Any) -> tuple[str | None, bool]:
-    """A gpu.throttle point's reason (None: none, or not a known one) and whether it carries identity of its own."""
-    reason: str | None = None
+def _keyed_by(attributes: Any, attribute: str, known: frozenset[str]) -> tuple[str | None, bool]:
+    """A keyed point's value of its keying attribute (None: none, or not a known one: a throttle reason, an I/O
+    direction) and whether it carries identity of its own."""
+    found: str | None = None
     own_identity = False
     for kv in attributes:
-        if kv.key == _THROTTLE_REASON:
-            reason = kv.value.string_value
+        if kv.key == attribute:
+            found = kv.value.string_value
         elif kv.key in IDENTITY:
             own_identity = True
-    return (reason if reason in _THROTTLE_REASONS else None), own_identity
+    return (found if found in known else None), own_identity
 
 
 def _number(point: Any) -> float | None:

@@ -24,3 +24,18 @@ ROLES: Final[dict[str, int]] = {
     names.GPU_OFU.name: OFU,
     names.JOB_MFU.name: MFU,
 }
+
+# Loss inputs whose points are told apart by one attribute of theirs (a point's other attributes are identity): the
+# attribute and its known values. A throttle point's reason names the share it carries; an NVLink or PCIe counter's
+# direction names its series (``keyed_field``).
+KEYED: Final[dict[str, tuple[str, frozenset[str]]]] = {
+    names.GPU_THROTTLE.name: (names.GPU_THROTTLE_REASON, frozenset(names.ThrottleReason.ALL)),
+    names.GPU_NVLINK_IO.name: (names.NETWORK_IO_DIRECTION, frozenset(names.IoDirection.ALL)),
+    names.GPU_PCIE_IO.name: (names.NETWORK_IO_DIRECTION, frozenset(names.IoDirection.ALL)),
+}
+THROTTLE: Final = names.GPU_THROTTLE.name
+
+
+def keyed_field(metric: str, value: str) -> str:
+    """The field a keyed point feeds: a throttle share's reason, a counter's ``metric|direction``."""
+    return value if metric == THROTTLE else f"{metric}|{value}"

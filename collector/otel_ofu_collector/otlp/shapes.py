@@ -30,14 +30,12 @@ if TYPE_CHECKING:
 
 R = names.RejectReason
 _THROTTLE = names.GPU_THROTTLE.name
-_THROTTLE_REASON = names.GPU_THROTTLE_REASON
-_THROTTLE_REASONS = frozenset(names.ThrottleReason.ALL)
 _INPUTS = "loss inputs"  # how refused loss inputs are named (they are taken per GPU interval, all together)
 
 
 class Planned(NamedTuple):
-    """One point of a layout: its role, its field (the metric, or a throttle point's reason), whether it is a
-    gpu.throttle share, where its start time, time and value are among the template's numbers (no start: None),
+    """One point of a layout: its role, its field (the metric, or a keyed point's: ``roles.keyed_field``), whether
+    it is a gpu.throttle share, where its start time, time and value are among the template's numbers (no start: None),
     the bounds of its value, and its metric's name."""
 
     role: int
@@ -101,13 +99,16 @@ def shape_of(rm: Any, scope_bytes: bytes) -> Shape | None:
                 return None
             throttle = name == _THROTTLE
             field = name
-            if throttle:
+            keyed = roles.KEYED.get(name)
+            if keyed is not None:  # one attribute, its key's known value: the field it feeds
+                attribute, known = keyed
                 attributes = point.attributes
-                if len(attributes) != 1 or attributes[0].key != _THROTTLE_REASON:
+                if len(attributes) != 1 or attributes[0].key != attribute:
                     return None
-                field = attributes[0].value.string_value
-                if field not in _THROTTLE_REASONS or attributes[0].value.WhichOneof("value") != "string_value":
+                text = attributes[0].value.string_value
+                if text not in known or attributes[0].value.WhichOneof("value") != "string_value":
                     return None
+                field = roles.keyed_field(name, text)
             elif slot.has_attributes or point.attributes:
                 return None
             if role == roles.INPUT:

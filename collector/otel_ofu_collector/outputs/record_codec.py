@@ -6,7 +6,8 @@ newer version; a later version may add keys, which version-1 readers ignore. Eac
 flag (its detector's ``record_key``); a record without one (written before that flag existed) reads as
 the flag absent. Where OFU is lost (added in version 1 without a version change, as optional keys): a job's
 ``"loss"`` (``gpu_time_s``, ``shares`` and ``lost_s`` by cause, ``energy_j``, ``flops_per_joule``, ``cost``,
-``cost_lost``, ``emissions_kg``, ``currency``), the fleet's ``"loss"`` (``lost_s``, ``energy_j``,
+``cost_lost``, ``emissions_kg``, ``currency``, and what the GPUs did besides tensor work: ``dram_active``,
+``nvlink_bytes_per_s``, ``pcie_bytes_per_s``), the fleet's ``"loss"`` (``lost_s``, ``energy_j``,
 ``cost_lost``, ``currency``) and the window's ``"gpu_flags"`` (GPU-level flags: ``metric``, ``job_id``,
 ``attributes``, ``value``, ``ofu``, ``job_median_ofu``); a record without them reads as none known.
 
@@ -266,6 +267,9 @@ def _job_loss_from_json(value: object) -> JobLoss:
         cost_lost=_optional_by_cause(data, "cost_lost", "job.loss"),
         emissions_kg=_optional_number(data, "emissions_kg", "job.loss"),
         currency=_optional_text(data, "currency", "job.loss"),
+        dram_active=_optional_number(data, "dram_active", "job.loss"),
+        nvlink_bytes_per_s=_optional_number(data, "nvlink_bytes_per_s", "job.loss"),
+        pcie_bytes_per_s=_optional_number(data, "pcie_bytes_per_s", "job.loss"),
     )
 
 
