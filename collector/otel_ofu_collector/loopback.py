@@ -22,7 +22,7 @@ from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.producer.loop import Producer
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.consumer import CallbackConsumer, WindowConsumer
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 
@@ -58,6 +58,7 @@ class LoopbackPipeline:
     attribution: Attribution | None = None
     calibration: CalibrationTable = attrs.field(factory=CalibrationTable)
     mfu: MfuReports | None = None
+    consumers: Sequence[WindowConsumer] = ()  # more outputs of the collector (a report feed, say)
     _closed: list[WindowReport] = attrs.field(init=False, factory=list)
     _computed: list[ComputedSnapshot] = attrs.field(init=False, factory=list)
     _service: CollectorService | None = attrs.field(init=False, default=None)
@@ -74,7 +75,7 @@ class LoopbackPipeline:
                 pass_through=False,
             ),
             clock=self.clock,
-            consumers=[CallbackConsumer(self._closed.extend)],
+            consumers=[CallbackConsumer(self._closed.extend), *self.consumers],
             environ={},
         )
         service.start()
