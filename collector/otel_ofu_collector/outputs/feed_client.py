@@ -71,6 +71,7 @@ def fetch_records(
     """The windows a running collector's feed holds (those that ended after ``since_ns``); FeedError when it
     cannot be read."""
     target = feed_url(url, since_ns)
+    where = feed_url(url)  # what the messages name: the feed, not this read's query
     access = access or FeedAccess()
     request = urllib.request.Request(target, headers=access.headers())
     context = access.context() if target.startswith("https:") else None
@@ -78,13 +79,13 @@ def fetch_records(
         with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             text = response.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as error:
-        raise FeedError(f"report feed {target} answered HTTP {error.code}{_WHY.get(error.code, '')}") from None
+        raise FeedError(f"report feed {where} answered HTTP {error.code}{_WHY.get(error.code, '')}") from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
-        raise FeedError(f"cannot read report feed {target}: {reason}") from None
+        raise FeedError(f"cannot read report feed {where}: {reason}") from None
     except http.client.HTTPException as error:  # a connection dropped mid-answer, or no HTTP server there
-        raise FeedError(f"cannot read report feed {target}: {type(error).__name__} {error}".rstrip()) from None
-    return parse_lines(text.splitlines(), target)
+        raise FeedError(f"cannot read report feed {where}: {type(error).__name__} {error}".rstrip()) from None
+    return parse_lines(text.splitlines(), where)
 
 
 def fetch_feed(url: str, timeout: float = 10.0) -> list[WindowReport]:

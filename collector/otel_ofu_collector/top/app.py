@@ -66,7 +66,7 @@ class _Widths:
     """The job table's columns at a terminal width: fixed numbers, the rest to the name, then the history."""
 
     def __init__(self, total: int) -> None:
-        self.job, self.gpus, self.ofu, self.mfu, self.lost, self.flag = 8, 4, 6, 6, 8, 9
+        self.job, self.gpus, self.ofu, self.mfu, self.lost, self.flag = 8, 4, 6, 6, 8, 10
         self.spark, self.bar = 6, 10
         fixed = sum((self.job, self.gpus, self.ofu + 1, self.mfu, self.lost, self.flag, self.spark, self.bar))
         room = max(0, total - 2 - 8 - fixed)  # 2: the scroll bar; 8: each column's gutter
@@ -131,6 +131,7 @@ class JobsScreen(Screen[None]):
         self.query_one("#fleet", Static).update(text)
 
     def _status_line(self) -> None:
+        """The source and its state; a fault in full (it may take three lines) with what the screen still shows."""
         app = self.top
         newest = app.model.newest
         line = Text(app.status or app.source_title, style=_PROBLEM_STYLE if app.problem else "dim")
@@ -140,20 +141,27 @@ class JobsScreen(Screen[None]):
             line.append(f" · window to {clock_time(newest.end_ns)}", style="dim")
         if app.paused:
             line.append(" · PAUSED", style="bold")
-        line.truncate(max(1, self.size.width), overflow="ellipsis")
+        if not app.problem:
+            line.truncate(max(1, self.size.width), overflow="ellipsis")
         self.query_one("#status", Static).update(line)
 
     def _legend(self) -> None:
+        """What the filter and the sort are, then what the bar's glyphs and the lost column mean: the line is cut
+        at the screen's width, so what the keys changed comes first."""
         app = self.top
         causes = app.model.causes()
-        legend = Text("loss ")
+        legend = Text()
+        if app.filter_text:
+            legend.append(f"filter: {app.filter_text}", style="bold")
+            legend.append(" · ")
+        legend.append(f"sort: {app.sort} · loss ")
         for cause in causes:
             glyph, colour = cells.cause_style(cause, causes)
             legend.append(glyph, style=colour)
             legend.append(f"{cause} ")
-        legend.append(f"· sort: {app.sort} · lost: last hour")
-        if app.filter_text:
-            legend.append(f" · filter: {app.filter_text}", style="bold")
+        rows = app.model.jobs()
+        currency = next((row.currency for row in rows if row.cost_lost is not None and row.currency), None)
+        legend.append(f"· lost: {currency or 'GPU-h'}, last hour")
         legend.truncate(max(1, self.size.width), overflow="ellipsis")
         self.query_one("#legend", Static).update(legend)
 
@@ -162,7 +170,6 @@ class JobsScreen(Screen[None]):
         widths = _Widths(self.size.width)
         causes = self.top.model.causes()
         priced = any(row.cost_lost is not None for row in rows)
-        currency = next((row.currency for row in rows if row.currency), None)
         selected = self._selected(table)
         table.clear(columns=True)
         for label, width, right in (
@@ -173,7 +180,7 @@ class JobsScreen(Screen[None]):
             ("recent", widths.spark, False),
             ("MFU", widths.mfu, True),
             ("loss by cause", widths.bar, False),
-            (f"lost {currency}" if priced and currency else "lost GPU-h", widths.lost, True),
+            ("lost", widths.lost, True),  # the unit is in the legend: the currency, or GPU-hours
             ("flag", widths.flag, False),
         ):
             table.add_column(_cell(label, width, right=right), key=label, width=width + 1)
@@ -350,7 +357,8 @@ class TopApp(App[None]):
     TITLE = "otel-ofu top"
     ENABLE_COMMAND_PALETTE = False
     CSS = """
-    #fleet, #status, #legend, #job, #note { height: 1; }
+    #fleet, #legend, #job, #note { height: 1; }
+    #status { height: auto; max-height: 3; }
     #jobs, #gpus { height: 1fr; }
     #filter { height: 3; }
     .no-color DataTable > .datatable--cursor { text-style: reverse; }
