@@ -18,6 +18,7 @@ import attrs
 import pytest
 
 from otel_ofu import names
+from otel_ofu.model import Snapshot
 from otel_ofu.sources.nvml import NvmlSource
 from otel_ofu.testing.fake_nvml import FakeNvml
 from otel_ofu.testing.otlp_sink import unused_port
@@ -273,3 +274,44 @@ def test_a_nodes_gpus_through_the_pipeline(fake: FakeNvml) -> None:
     assert fleet.gpus == 2  # the window's group
     # its median interpolates between the two: (0.40758 + 0.20) / 2 = 0.30379
     assert fleet.ofu_p50 == pytest.approx((0.425 * 1755 / 1830 + 0.20) / 2)
+
+
+@attrs.define
+class DownSource:
+    """A source whose every read fails as a whole (a dcgm-exporter that is down, say)."""
+
+    name: str = "dcgm-exporter"
+    reads: int = 0
+
+    def read(self) -> Snapshot:
+        self.reads += 1
+        raise OSError("cannot scrape http://node-7:9400/metrics: [Errno 111] Connection refused")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_source_that_reads_nothing_says_why_on_the_status_line() -> None:
+    clock = ManualClock(T * S)
+    down = DownSource()
+    pipeline = LoopbackPipeline(
+        source=down, clock=clock, aggregator=AggregatorConfig(window_s=10, lateness_s=2), interval_s=2
+    )
+    updates: list[Update] = []
+    stop = threading.Event()
+
+    def advance() -> None:
+        clock.advance(2)
+        if len(updates) >= 2:
+            stop.set()
+
+    PipelineRunner(
+        pipeline, title="dcgm-exporter: scraping http://node-7:9400/metrics", pause_s=0, advance=advance
+    ).run(updates.append, stop)
+    assert down.reads == 3
+    assert [update.problem for update in updates] == [True, True, True]
+    assert updates[-1].status == (
+        "dcgm-exporter: scraping http://node-7:9400/metrics · no GPU read: "
+        "cannot scrape http://node-7:9400/metrics: [Errno 111] Connection refused"
+    )
+    assert updates[-1].readings == ()  # nothing read: no GPU shown, none shown as 0

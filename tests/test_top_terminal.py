@@ -210,6 +210,10 @@ def test_the_demo_in_a_terminal_sorts_filters_opens_a_job_pauses_and_quits(termi
     held = status_times(paused)
     time.sleep(3)  # at 10x, 30 s of fleet time: a screen that was not held would have moved
     assert status_times(term.screen()) == held
+    term.keys("s")  # keys still work on the data held: re-sorted, not refreshed
+    resorted = term.wait_for("sort by job", lambda text: "sort: job" in text)
+    assert ids(resorted) == sorted(DEMO_JOBS)
+    assert status_times(resorted) == held
     term.keys("p")
     term.wait_for("the screen moving again", lambda text: "PAUSED" not in text and status_times(text) != held)
 

@@ -11,6 +11,7 @@ second, so a slow or dead source never blocks a key.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 from collections.abc import Sequence
@@ -25,6 +26,8 @@ from textual.widgets import DataTable, Footer, Input, Static
 from otel_ofu_collector.top import cells
 from otel_ofu_collector.top.feeds import Update, clock_time
 from otel_ofu_collector.top.model import HISTORY, NO_JOB, FleetModel, GpuRow, JobRow, Sort
+
+logger = logging.getLogger(__name__)
 
 _DRAIN_S: Final = 0.2
 _FLAG_STYLE: Final = "bold red"
@@ -390,20 +393,27 @@ class TopApp(App[None]):
         self.set_interval(_DRAIN_S, self._drain)
 
     def _drain(self) -> None:
+        """Take the updates waiting (none while paused: the screen's data is held, keys work on it)."""
+        if self.paused:
+            return
         changed = False
         while True:
             try:
                 update = self._updates.get_nowait()
             except queue.Empty:
                 break
-            changed = self.model.add_windows(update.windows) or changed
-            if update.readings is not None:
-                self.model.set_readings(update.readings)
-                changed = True
+            try:
+                changed = self.model.add_windows(update.windows) or changed
+                if update.readings is not None:
+                    self.model.set_readings(update.readings)
+                    changed = True
+            except Exception as error:  # an update the model cannot take costs that update, not the screen
+                logger.warning("top: an update could not be shown: %s", error, exc_info=True)
+                update = Update(status=f"an update could not be shown: {type(error).__name__}: {error}", problem=True)
             if update.status is not None and (update.status, update.problem) != (self.status, self.problem):
                 self.status, self.problem = update.status, update.problem
                 changed = True
-        if changed and not self.paused:
+        if changed:
             self._redraw()
 
     def _redraw(self) -> None:
@@ -414,6 +424,8 @@ class TopApp(App[None]):
     def toggle_pause(self) -> None:
         self.paused = not self.paused
         self._redraw()
+        if not self.paused:
+            self._drain()  # what arrived meanwhile, at once
 
     def open_job(self, job_id: str) -> None:
         self.push_screen(GpusScreen(job_id))

@@ -20,6 +20,7 @@ from typing import Final, Protocol
 
 import attrs
 
+from otel_ofu.gpu_samples import ComputedSnapshot
 from otel_ofu_collector.loopback import LoopbackPipeline
 from otel_ofu_collector.outputs.feed_client import FeedAccess, FeedError, feed_url, fetch_records
 from otel_ofu_collector.results import WindowReport
@@ -115,13 +116,20 @@ class PipelineRunner:
     advance: Callable[[], object] = lambda: None
     fleet_clock: Callable[[], int] | None = None  # a simulated fleet's own time, said in the status
 
-    def _status(self, windows: int) -> str:
+    def _status(self, windows: int, computed: ComputedSnapshot) -> tuple[str, bool]:
+        """The status line after a step, and whether it is a fault: nothing read at all is one; some GPUs
+        that could not be read are said (how many, the first reason) beside the others."""
         status = self.title
         if self.fleet_clock is not None:
             status += f" · fleet time {clock_time(self.fleet_clock())}"
+        errors = computed.errors
+        if errors and not (computed.samples or computed.partial):
+            return f"{status} · no GPU read: {errors[0].message}", True
+        if errors:
+            status += f" · {len(errors)} GPU error(s), the first: {errors[0].message}"
         if not windows:
             status += " · waiting for the first window to close"
-        return status
+        return status, False
 
     def run(self, post: Post, stop: threading.Event) -> None:
         try:
@@ -140,7 +148,8 @@ class PipelineRunner:
                     post(Update(status=f"{self.title} · a read failed: {_one_line(error)}", problem=True))
                     continue
                 closed += len(step.windows)
-                post(Update(step.windows, rows_of_snapshot(step.computed), self._status(closed)))
+                status, problem = self._status(closed, step.computed)
+                post(Update(step.windows, rows_of_snapshot(step.computed), status, problem))
         finally:
             try:
                 self.pipeline.stop()
