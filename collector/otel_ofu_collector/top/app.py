@@ -2,8 +2,9 @@
 
 Textual rather than rich's ``Live``: a live table needs keys (sort, filter, Enter into a job, pause, quit),
 a cursor, a text field, resizing and a terminal put back as it was however the program ends; textual has
-them all, tested, and draws with rich, which the project already uses. ``NO_COLOR`` turns colours off
-(textual's own monochrome filter); the bars tell causes apart by glyph as well.
+them all, tested, and draws with rich, which the project already uses. ``NO_COLOR`` turns every colour off
+(textual's own filter, with the terminal's default colours); the bars tell causes apart by glyph as well, and
+the cursor row is in reverse video.
 
 Data arrives on a source's thread as ``feeds.Update``s in a queue; the screen takes them a few times a
 second, so a slow or dead source never blocks a key.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Final
 
 from rich.text import Text
@@ -30,6 +31,10 @@ from otel_ofu_collector.top.model import HISTORY, NO_JOB, FleetModel, GpuRow, Jo
 logger = logging.getLogger(__name__)
 
 _DRAIN_S: Final = 0.2
+# The table shows this many jobs at most (the first in the sort): a fleet of thousands stays quick to redraw,
+# and the filter finds any other.
+MAX_ROWS: Final = 500
+_CLOCK_NOTE: Final = "MHz: the SM clock / the clock OFU is measured against (the tensor clock, else the board's max)"
 _FLAG_STYLE: Final = "bold red"
 _PROBLEM_STYLE: Final = "bold reverse"
 
@@ -45,9 +50,9 @@ def _cell(text: str | Text, width: int, *, right: bool = False) -> Text:
     return Text(" ") + body
 
 
-def _bar(shares: dict[str, float] | None, causes: Sequence[str], width: int) -> Text:
+def _bar(shares: Mapping[str, float], causes: Sequence[str], width: int) -> Text:
     bar = Text()
-    for cause, count in cells.bar_cells(shares or {}, causes, width):
+    for cause, count in cells.bar_cells(shares, causes, width):
         glyph, colour = cells.cause_style(cause, causes)
         bar.append(glyph * count, style=colour)
     return bar
@@ -66,13 +71,16 @@ class _Table(DataTable[Text]):
 
 
 class _Widths:
-    """The job table's columns at a terminal width: fixed numbers, the rest to the name, then the history."""
+    """The job table's columns at a terminal width: the numbers' fixed, the room left to the name first, then
+    to the sparkline (up to ``HISTORY`` windows), then to the bar."""
+
+    COLUMNS: Final = 9
 
     def __init__(self, total: int) -> None:
         self.job, self.gpus, self.ofu, self.mfu, self.lost, self.flag = 8, 4, 6, 6, 8, 10
         self.spark, self.bar = 6, 10
-        fixed = sum((self.job, self.gpus, self.ofu + 1, self.mfu, self.lost, self.flag, self.spark, self.bar))
-        room = max(0, total - 2 - 8 - fixed)  # 2: the scroll bar; 8: each column's gutter
+        fixed = sum((self.job, self.gpus, self.ofu, self.mfu, self.lost, self.flag, self.spark, self.bar))
+        room = max(0, total - 2 - self.COLUMNS - fixed)  # 2: the scroll bar; a space of gutter before each column
         self.name = min(24, max(6, room))
         room -= self.name
         grow = max(0, min(HISTORY - self.spark, room))
@@ -116,10 +124,11 @@ class JobsScreen(Screen[None]):
 
     def redraw(self) -> None:
         app = self.top
+        rows = app.model.jobs(app.sort, app.filter_text)
         self._fleet_line()
         self._status_line()
-        self._table(app.model.jobs(app.sort, app.filter_text))
-        self._legend()
+        self._table(rows[:MAX_ROWS])
+        self._legend(rows)
 
     def _fleet_line(self) -> None:
         fleet = self.top.model.fleet()
@@ -148,7 +157,7 @@ class JobsScreen(Screen[None]):
             line.truncate(max(1, self.size.width), overflow="ellipsis")
         self.query_one("#status", Static).update(line)
 
-    def _legend(self) -> None:
+    def _legend(self, rows: Sequence[JobRow]) -> None:
         """What the filter and the sort are, then what the bar's glyphs and the lost column mean: the line is cut
         at the screen's width, so what the keys changed comes first."""
         app = self.top
@@ -157,14 +166,18 @@ class JobsScreen(Screen[None]):
         if app.filter_text:
             legend.append(f"filter: {app.filter_text}", style="bold")
             legend.append(" · ")
-        legend.append(f"sort: {app.sort} · loss ")
-        for cause in causes:
-            glyph, colour = cells.cause_style(cause, causes)
-            legend.append(glyph, style=colour)
-            legend.append(f"{cause} ")
-        rows = app.model.jobs()
+        if len(rows) > MAX_ROWS:
+            legend.append(f"the first {MAX_ROWS} of {len(rows)} jobs · ", style="bold")
+        legend.append(f"sort: {app.sort} · ")
+        if causes:
+            legend.append("loss ")
+            for cause in causes:
+                glyph, colour = cells.cause_style(cause, causes)
+                legend.append(glyph, style=colour)
+                legend.append(f"{cause} ")
+            legend.append("· ")
         currency = next((row.currency for row in rows if row.cost_lost is not None and row.currency), None)
-        legend.append(f"· lost: {currency or 'GPU-h'}, last hour")
+        legend.append(f"lost: {currency or 'GPU-h'}, last hour")
         legend.truncate(max(1, self.size.width), overflow="ellipsis")
         self.query_one("#legend", Static).update(legend)
 
@@ -196,7 +209,7 @@ class JobsScreen(Screen[None]):
                 _cell(cells.percent(row.ofu), widths.ofu, right=True),
                 _cell(cells.sparkline(row.history, widths.spark), widths.spark),
                 _cell(cells.percent(row.mfu), widths.mfu, right=True),
-                _cell(_bar(dict(row.shares), causes, widths.bar), widths.bar),
+                _cell(_bar(row.shares, causes, widths.bar), widths.bar),
                 _cell(lost if row.job_id != NO_JOB else cells.MISSING, widths.lost, right=True),
                 _cell(_flag(row.flags), widths.flag),
                 key=row.job_id,
@@ -314,7 +327,7 @@ class GpusScreen(Screen[None]):
             header.append("  PAUSED", style="bold")
         self.query_one("#job", Static).update(header)
         self._table(gpus)
-        note = ""
+        note = _CLOCK_NOTE
         if not gpus:
             note = "no GPU of this job in the newest data"
         elif not app.model.has_gpu_values:

@@ -255,23 +255,31 @@ class FleetModel:
     """
 
     _windows: dict[int, WindowReport] = attrs.field(factory=dict)  # by end time
+    _jobs: dict[int, dict[str, JobReport]] = attrs.field(factory=dict)  # each window's jobs by id, by end time
     _readings: tuple[GpuRow, ...] | None = None  # None: the source gives windows only (a feed)
+    # The job rows and causes as last built: built again only when data comes, not for each key or redraw.
+    _rows: list[JobRow] | None = attrs.field(default=None, init=False)
+    _causes: tuple[str, ...] | None = attrs.field(default=None, init=False)
 
     def add_windows(self, reports: Iterable[WindowReport]) -> bool:
         """Take closed windows; True when the model changed."""
         changed = False
         for report in reports:
             self._windows[report.end_ns] = report
+            self._jobs[report.end_ns] = {job.job_id: job for job in report.jobs}
             changed = True
         if changed:
             ends = sorted(self._windows)
             newest = ends[-1]
             keep = set(ends[-HISTORY:]) | {end for end in ends if end > newest - HOUR_NS}
             self._windows = {end: self._windows[end] for end in ends if end in keep}
+            self._jobs = {end: self._jobs[end] for end in ends if end in keep}
+            self._rows = self._causes = None
         return changed
 
     def set_readings(self, rows: Sequence[GpuRow]) -> None:
         self._readings = tuple(rows)
+        self._rows = None
 
     @property
     def has_gpu_values(self) -> bool:
@@ -319,44 +327,57 @@ class FleetModel:
 
     def causes(self) -> tuple[str, ...]:
         """Every loss cause the last hour's windows carry, in the vocabulary's order then by name."""
-        return ordered_causes(
-            cause for report in self._hour() for job in report.jobs if job.loss for cause in job.loss.shares
-        )
+        if self._causes is None:
+            self._causes = ordered_causes(
+                cause for report in self._hour() for job in report.jobs if job.loss for cause in job.loss.shares
+            )
+        return self._causes
 
     def jobs(self, sort: str = Sort.LOST, text: str = "") -> list[JobRow]:
         """The newest window's jobs (and the GPUs no job claims), sorted, those matching ``text`` only."""
+        if self._rows is None:
+            self._rows = self._job_rows()
+        rows = self._rows
+        needle = text.strip().lower()
+        if needle:
+            rows = [row for row in rows if needle in _haystack(row)]
+        return sort_jobs(rows, sort)
+
+    def _job_rows(self) -> list[JobRow]:
         newest = self.newest
         rows: list[JobRow] = []
         if newest is not None:
             hour = self._hour()
             recent = self.windows[-HISTORY:]
-            rows = [self._job_row(job, hour, recent, newest.gpu_flags) for job in newest.jobs]
+            flagged: dict[str, list[str]] = {}
+            for flag in newest.gpu_flags:
+                if flag.value == 1:
+                    kinds = flagged.setdefault(flag.job_id, [])
+                    kind = _KIND_OF.get(flag.metric, flag.metric)
+                    if kind not in kinds:
+                        kinds.append(kind)
+            rows = [self._job_row(job, hour, recent, flagged.get(job.job_id, ())) for job in newest.jobs]
         unclaimed = [row for row in self._readings or () if row.job_id is None]
         if unclaimed:
             rows.append(_unclaimed_row(unclaimed))
-        needle = text.strip().lower()
-        if needle:
-            rows = [row for row in rows if needle in _haystack(row)]
-        return sort_jobs(rows, sort)
+        return rows
 
     def _job_row(
         self,
         job: JobReport,
         hour: Sequence[WindowReport],
         recent: Sequence[WindowReport],
-        gpu_flags: Sequence[GpuFlagReport],
+        gpu_flags: Sequence[str],  # the kinds of the GPU flags up on the job's GPUs
     ) -> JobRow:
-        mine = [found for report in hour if (found := _job_in(report, job.job_id)) is not None]
+        mine = [found for report in hour if (found := self._jobs[report.end_ns].get(job.job_id)) is not None]
         losses = [found.loss for found in mine if found.loss is not None]
         gpu_time = sum(loss.gpu_time_s for loss in losses)
         lost = _sum(loss.lost_s for loss in losses)
         costs = [loss.cost_lost for loss in losses if loss.cost_lost is not None]
-        history = tuple(found.ofu if (found := _job_in(report, job.job_id)) else None for report in recent)
-        flags = _flags_up(job)
-        for kind in dict.fromkeys(
-            _KIND_OF.get(flag.metric, flag.metric) for flag in gpu_flags if flag.job_id == job.job_id and flag.value
-        ):
-            flags.append(kind)
+        history = tuple(
+            found.ofu if (found := self._jobs[report.end_ns].get(job.job_id)) else None for report in recent
+        )
+        flags = [*_flags_up(job), *gpu_flags]
         return JobRow(
             job_id=job.job_id,
             name=job.attributes.get(names.JOB_NAME),
@@ -388,10 +409,6 @@ def _where(row: GpuRow) -> tuple[str, int, str, str]:
     host, _, rest = row.gpu.rpartition("/")
     index = rest.split(":", 1)[0]
     return (host, int(index) if index.isdigit() else 1 << 30, row.hw_id, row.mig)
-
-
-def _job_in(report: WindowReport, job_id: str) -> JobReport | None:
-    return next((job for job in report.jobs if job.job_id == job_id), None)
 
 
 def _unclaimed_row(rows: Sequence[GpuRow]) -> JobRow:
