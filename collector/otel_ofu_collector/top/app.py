@@ -34,7 +34,7 @@ _DRAIN_S: Final = 0.2
 # The table shows this many jobs at most (the first in the sort): a fleet of thousands stays quick to redraw,
 # and the filter finds any other.
 MAX_ROWS: Final = 500
-_CLOCK_NOTE: Final = "MHz: the SM clock / the clock OFU is measured against (the tensor clock, else the board's max)"
+_CLOCK_NOTE: Final = "MHz: SM clock / the clock OFU divides by (tensor clock, else board max)"
 _FLAG_STYLE: Final = "bold red"
 _PROBLEM_STYLE: Final = "bold reverse"
 
@@ -282,7 +282,7 @@ class GpusScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="job")
-        yield _Table(id="gpus", cursor_type="row", cell_padding=0)
+        yield DataTable(id="gpus", cursor_type="row", cell_padding=0)
         yield Static(id="note")
         yield Footer()
 
@@ -315,14 +315,15 @@ class GpusScreen(Screen[None]):
             header.append("is not in the newest window")
         else:
             header.append(
-                f"{job.name or ''}  {job.gpus} GPUs  OFU {cells.percent(job.ofu)}  MFU {cells.percent(job.mfu)}"
+                f"{job.name or ''}  {job.gpus} GPUs  OFU {cells.percent(job.ofu)}  MFU {cells.percent(job.mfu)}  "
             )
+            if job.flags:
+                header.append_text(_flag(job.flags))
+                header.append("  ")
             if job.cost_lost is not None:
-                header.append(f"  lost 1h {cells.money(job.cost_lost)} {job.currency or ''}".rstrip())
+                header.append(f"lost 1h {cells.money(job.cost_lost)} {job.currency or ''}".rstrip())
             elif job.job_id != NO_JOB:
-                header.append(f"  lost 1h {cells.gpu_hours(job.lost_gpu_s)} GPU-h")
-            header.append("  ")
-            header.append_text(_flag(job.flags))
+                header.append(f"lost 1h {cells.gpu_hours(job.lost_gpu_s)} GPU-h")
         if app.paused:
             header.append("  PAUSED", style="bold")
         self.query_one("#job", Static).update(header)
@@ -373,7 +374,8 @@ class TopApp(App[None]):
     TITLE = "otel-ofu top"
     ENABLE_COMMAND_PALETTE = False
     CSS = """
-    #fleet, #legend, #job, #note { height: 1; }
+    #fleet, #legend, #note { height: 1; }
+    #job { height: auto; max-height: 2; }
     #status { height: auto; max-height: 3; }
     #jobs, #gpus { height: 1fr; }
     #filter { height: 3; }
