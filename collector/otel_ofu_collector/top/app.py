@@ -195,7 +195,7 @@ class JobsScreen(Screen[None]):
             ("OFU", widths.ofu, True),
             ("recent", widths.spark, False),
             ("MFU", widths.mfu, True),
-            ("loss by cause", widths.bar, False),
+            ("loss", widths.bar, False),  # by cause: the legend names each glyph
             ("lost", widths.lost, True),  # the unit is in the legend: the currency, or GPU-hours
             ("flag", widths.flag, False),
         ):
