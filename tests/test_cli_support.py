@@ -26,9 +26,9 @@ from otel_ofu.cli_support import (
     positive_float,
     positive_int,
 )
-from otel_ofu_collector.prefixes import COLLECTOR_PREFIX, DEMO_PREFIX, REPORT_PREFIX
+from otel_ofu_collector.prefixes import COLLECTOR_PREFIX, DEMO_PREFIX, REPORT_PREFIX, TOP_PREFIX
 
-# The options run and snapshot share on purpose: one node's source settings serve both.
+# The options run, snapshot and top share on purpose: one node's source settings serve all three.
 SHARED_SOURCE_OPTIONS = frozenset(
     {"--source", "--url", "--file", "--host", "--seed", "--calibration", "--clock-sample-hz", "--nvml-library",
      "--dcgm-address", "--model", "--max-sm-clock"}
@@ -39,7 +39,9 @@ COMMAND_PREFIXES = {
     "mfu-from-log": MFU_PREFIX,
     "report": REPORT_PREFIX,
     "snapshot": SNAPSHOT_PREFIX,
+    "top": TOP_PREFIX,
 }
+SOURCE_COMMANDS = frozenset({"run", "snapshot", "top"})
 
 
 @pytest.fixture(autouse=True)
@@ -157,7 +159,7 @@ def test_a_bad_variable_breaks_only_its_own_command(
 ) -> None:
     monkeypatch.setenv("OTEL_OFU_COLLECTOR_WINDOW", "abc")
     monkeypatch.setenv("OTEL_OFU_SNAPSHOT_FORMAT", "xml")
-    for command in ("run", "collector", "snapshot", "demo", "report", "mfu-from-log"):
+    for command in ("run", "collector", "snapshot", "demo", "report", "mfu-from-log", "top"):
         with pytest.raises(SystemExit) as exited:
             cli.main([command, "--help"])
         assert exited.value.code == 0, command
@@ -197,17 +199,17 @@ def test_each_command_has_its_own_variables() -> None:
                 assert variable == f"{PREFIX}LOG_LEVEL", command
                 continue
             users.setdefault(variable, set()).add((command, flag))
-            shared = command in ("run", "snapshot") and flag in SHARED_SOURCE_OPTIONS
+            shared = command in SOURCE_COMMANDS and flag in SHARED_SOURCE_OPTIONS
             expected = PREFIX if command == "run" or shared else COMMAND_PREFIXES[command]
             assert variable.startswith(expected), (command, flag, variable)
     for variable, where in users.items():
         if len(where) > 1:
             commands = {command for command, _ in where}
             flags = {flag for _, flag in where}
-            assert commands == {"run", "snapshot"}, (variable, where)
+            assert commands <= SOURCE_COMMANDS, (variable, where)
             assert len(flags) == 1, (variable, where)
             assert flags <= SHARED_SOURCE_OPTIONS, (variable, where)
-    assert users[f"{PREFIX}SOURCE"] == {("run", "--source"), ("snapshot", "--source")}
+    assert users[f"{PREFIX}SOURCE"] == {("run", "--source"), ("snapshot", "--source"), ("top", "--source")}
 
 
 def test_shared_options_read_the_same_in_both_commands_help() -> None:
@@ -221,7 +223,7 @@ def test_shared_options_read_the_same_in_both_commands_help() -> None:
             if flag in SHARED_SOURCE_OPTIONS
         }
 
-    assert metavars("run") == metavars("snapshot")
+    assert metavars("run") == metavars("snapshot") == metavars("top")
     assert set(metavars("run")) == SHARED_SOURCE_OPTIONS
 
 

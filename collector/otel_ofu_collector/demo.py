@@ -18,7 +18,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -27,17 +26,15 @@ from otel_ofu import names
 from otel_ofu.attribution import build_chain
 from otel_ofu.cli_support import CommandOptions, output_path, positive_float
 from otel_ofu.clock import ManualClock
-from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
-from otel_ofu.producer.exporters import otlp_exporter
-from otel_ofu.producer.loop import Producer
+from otel_ofu.mfu.timed import TimedMfu
+from otel_ofu.model import Clock
 from otel_ofu.sources.simulated import H100_SXM_NAME, SimulatedFleet
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.consumer import CallbackConsumer
 from otel_ofu_collector.detectors import detector_for
+from otel_ofu_collector.loopback import LoopbackPipeline, MfuReports
 from otel_ofu_collector.prefixes import DEMO_PREFIX
 from otel_ofu_collector.report.summary import CAUSES, FleetSummary, hours, money, share, summarize
 from otel_ofu_collector.results import WindowReport
-from otel_ofu_collector.service import CollectorOptions, CollectorService
 
 DESCRIPTION = """\
 The embedded default, end to end on loopback.
@@ -99,9 +96,34 @@ def _handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checked(result: MetricExportResult, what: str) -> None:
-    if result is not MetricExportResult.SUCCESS:
-        raise RuntimeError(f"the collector did not accept the {what} export")
+def frameworks_mfu(fleet: SimulatedFleet) -> MfuReports:
+    """What each simulated job's framework reports as its MFU over an interval (with its job name)."""
+
+    def reports(start_ns: int, end_ns: int) -> list[TimedMfu]:
+        return [
+            TimedMfu(job.job_id, mfu, start_ns, end_ns, {names.JOB_NAME: job.name})
+            for job in fleet.jobs
+            if (mfu := fleet.reported_mfu(job.job_id, start_ns, end_ns)) is not None
+        ]
+
+    return reports
+
+
+def demo_pipeline(fleet: SimulatedFleet, clock: Clock, *, interval_s: float, window_s: float) -> LoopbackPipeline:
+    """The demo fleet through the producer, OTLP on loopback and the collector, priced at the example price."""
+    return LoopbackPipeline(
+        source=fleet,
+        clock=clock,
+        aggregator=AggregatorConfig(
+            window_s=window_s,
+            lateness_s=interval_s,
+            price_per_gpu_hour=EXAMPLE_PRICES,
+            currency=EXAMPLE_CURRENCY,
+        ),
+        interval_s=interval_s,
+        attribution=build_chain(clock=clock).attribute,
+        mfu=frameworks_mfu(fleet),
+    )
 
 
 def run_demo(
@@ -126,30 +148,8 @@ def run_demo(
     clock = ManualClock(start_ns=start // window_ns * window_ns)
     fleet = SimulatedFleet.demo(seed=seed, clock=clock, duration_s=duration_s)
     reports: list[WindowReport] = []
-    service = CollectorService(
-        CollectorOptions(
-            aggregator=AggregatorConfig(
-                window_s=window_s,
-                lateness_s=interval_s,
-                price_per_gpu_hour=EXAMPLE_PRICES,
-                currency=EXAMPLE_CURRENCY,
-            ),
-            grpc_listen="127.0.0.1:0",
-            flush_interval_s=0,  # simulated time: the demo closes windows itself
-            pass_through=False,
-        ),
-        clock=clock,
-        consumers=[CallbackConsumer(reports.extend)],
-        environ={},
-    )
-    service.start()
-    endpoint = f"http://127.0.0.1:{service.ports['grpc']}"
-    # One exporter per pipeline: the producer's GPUs and the frameworks' MFU are separate clients.
-    gpu_exporter: MetricExporter = otlp_exporter(protocol="grpc", endpoint=endpoint)
-    mfu_exporter: MetricExporter = otlp_exporter(protocol="grpc", endpoint=endpoint)
-    producer = Producer(
-        source=fleet, attribution=build_chain(clock=clock).attribute, interval_s=interval_s, clock=clock
-    )
+    pipeline = demo_pipeline(fleet, clock, interval_s=interval_s, window_s=window_s)
+    pipeline.start()
     steps = int(duration_s // interval_s)
     try:
         with Progress(
@@ -162,24 +162,11 @@ def run_demo(
         ) as progress:
             task = progress.add_task("demo", total=steps, sim="0 min", windows=0)
             for step in range(steps):
-                start_ns = clock()
                 clock.advance(interval_s)
-                _checked(gpu_exporter.export(producer.run_once()), "GPU")
-                points = [
-                    TimedMfu(job.job_id, mfu, start_ns, clock(), {names.JOB_NAME: job.name})
-                    for job in fleet.jobs
-                    if (mfu := fleet.reported_mfu(job.job_id, start_ns, clock())) is not None
-                ]
-                if points:
-                    _checked(mfu_exporter.export(timed_mfu_metrics_data(points)), "MFU")
-                service.flush(clock())
+                reports.extend(pipeline.step().windows)
                 progress.update(task, advance=1, sim=f"{(step + 1) * interval_s / 60:.0f} min", windows=len(reports))
     finally:
-        service.stop()
-        producer.close()
-        gpu_exporter.shutdown()
-        mfu_exporter.shutdown()
-        fleet.close()
+        reports.extend(pipeline.stop())
     return reports
 
 

@@ -109,6 +109,27 @@ class GpuFlagReport:
     job_median_ofu: float  # the median OFU of the job's other GPUs (the GPU's peers) in the window
 
 
+_NO_THROTTLE: Final[Mapping[str, float]] = {}
+
+
+@attrs.frozen
+class GpuReport:
+    """One GPU's means over one window, for a screen that opens a job's GPUs (``otel-ofu top``).
+
+    ``attributes``: its identity (``host.name``, ``hw.id``, ``gpu.index``, ``hw.model``, ``gpu.mig.instance.id``
+    where known). None: the GPU sent no such input. ``throttle``: share of the window by ``gpu.throttle.reason``.
+    """
+
+    job_id: str | None
+    attributes: Mapping[str, str]
+    ofu: float
+    tensor_active: float | None = None
+    sm_clock_hz: float | None = None
+    sm_clock_max_hz: float | None = None
+    power_w: float | None = None
+    throttle: Mapping[str, float] = _NO_THROTTLE
+
+
 @attrs.frozen
 class JobReport:
     job_id: str
@@ -154,6 +175,7 @@ class WindowReport:
     jobs: tuple[JobReport, ...]
     fleet: FleetReport
     gpu_flags: tuple[GpuFlagReport, ...] = ()
+    gpus: tuple[GpuReport, ...] = ()  # per-GPU means; empty where the windows were not asked for them
 
 
 @attrs.frozen

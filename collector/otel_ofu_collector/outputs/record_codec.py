@@ -9,7 +9,10 @@ the flag absent. Where OFU is lost (added in version 1 without a version change,
 ``cost_lost``, ``emissions_kg``, ``currency``, and what the GPUs did besides tensor work: ``dram_active``,
 ``nvlink_bytes_per_s``, ``pcie_bytes_per_s``), the fleet's ``"loss"`` (``lost_s``, ``energy_j``,
 ``cost_lost``, ``currency``) and the window's ``"gpu_flags"`` (GPU-level flags: ``metric``, ``job_id``,
-``attributes``, ``value``, ``ofu``, ``job_median_ofu``); a record without them reads as none known.
+``attributes``, ``value``, ``ofu``, ``job_median_ofu``); a record without them reads as none known. Per GPU
+(likewise optional): the window's ``"gpus"``, each GPU's means (``job_id``, ``attributes``, ``ofu``,
+``tensor_active``, ``sm_clock_hz``, ``sm_clock_max_hz``, ``power_w``, ``throttle`` by reason); an entry that
+cannot be used is skipped with a warning, never the window.
 
     {"otel_ofu_report": 1, "start_ns": 1700000000000000000, "end_ns": 1700000060000000000,
      "groups": [{"attributes": {"hw.model": "NVIDIA H100 80GB HBM3", "gpu.precision": "bf16"}, "gpus": 8,
@@ -45,6 +48,7 @@ from otel_ofu_collector.results import (
     FleetLoss,
     FleetReport,
     GpuFlagReport,
+    GpuReport,
     GroupReport,
     JobLoss,
     JobReport,
@@ -127,6 +131,22 @@ def _fleet_to_json(fleet: FleetReport) -> dict[str, Any]:
     }
 
 
+def _gpu_to_json(gpu: GpuReport) -> dict[str, Any] | None:
+    """One GPU's means; None (left out) when its OFU is not a finite number. Missing values are null."""
+    if finite_or_none(gpu.ofu) is None:
+        return None
+    return {
+        "job_id": gpu.job_id,
+        "attributes": dict(gpu.attributes),
+        "ofu": gpu.ofu,
+        "tensor_active": finite_or_none(gpu.tensor_active),
+        "sm_clock_hz": finite_or_none(gpu.sm_clock_hz),
+        "sm_clock_max_hz": finite_or_none(gpu.sm_clock_max_hz),
+        "power_w": finite_or_none(gpu.power_w),
+        "throttle": {reason: share for reason, share in gpu.throttle.items() if finite_or_none(share) is not None},
+    }
+
+
 def report_to_json(report: WindowReport) -> dict[str, Any]:
     return {
         FORMAT_KEY: FORMAT_VERSION,
@@ -136,6 +156,7 @@ def report_to_json(report: WindowReport) -> dict[str, Any]:
         "jobs": [_job_to_json(job) for job in report.jobs],
         "fleet": _fleet_to_json(report.fleet),
         **({"gpu_flags": [attrs.asdict(flag) for flag in report.gpu_flags]} if report.gpu_flags else {}),
+        **({"gpus": [found for gpu in report.gpus if (found := _gpu_to_json(gpu)) is not None]} if report.gpus else {}),
     }
 
 
@@ -297,6 +318,45 @@ def _gpu_flag_from_json(value: object) -> GpuFlagReport:
     )
 
 
+def _gpu_from_json(value: object) -> GpuReport:
+    data = _object(value, "gpu")
+    job_id = data.get("job_id")
+    if job_id is not None and not isinstance(job_id, str):
+        raise RecordFormatError("gpu.job_id is not a string")
+    return GpuReport(
+        job_id=job_id,
+        attributes=_attributes(data.get("attributes", {}), "gpu.attributes"),
+        ofu=_number(data, "ofu", "gpu"),
+        tensor_active=_optional_number(data, "tensor_active", "gpu"),
+        sm_clock_hz=_optional_number(data, "sm_clock_hz", "gpu"),
+        sm_clock_max_hz=_optional_number(data, "sm_clock_max_hz", "gpu"),
+        power_w=_optional_number(data, "power_w", "gpu"),
+        throttle=_by_cause(data.get("throttle", {}), "gpu.throttle"),
+    )
+
+
+def _gpus_from_json(value: object, end_ns: object) -> tuple[GpuReport, ...]:
+    """The usable GPU entries; one that is not is skipped with a warning, never the window."""
+    gpus: list[GpuReport] = []
+    skipped = 0
+    first: str | None = None
+    for entry in _list(value, "gpus"):
+        try:
+            gpus.append(_gpu_from_json(entry))
+        except (RecordFormatError, TypeError, ValueError) as error:
+            skipped += 1
+            first = first or str(error)
+    if skipped:
+        logger.warning(
+            "window ending %s: skipped %d unusable GPU %s, the first: %s",
+            end_ns,
+            skipped,
+            "entry" if skipped == 1 else "entries",
+            first,
+        )
+    return tuple(gpus)
+
+
 def _fleet_from_json(value: object) -> FleetReport:
     data = _object(value, "fleet")
     moments = _object(data.get("comoments"), "fleet.comoments")
@@ -333,6 +393,7 @@ def report_from_json(data: object) -> WindowReport:
             jobs=tuple(_job_from_json(job) for job in _list(record.get("jobs"), "jobs")),
             fleet=_fleet_from_json(record.get("fleet")),
             gpu_flags=tuple(_gpu_flag_from_json(flag) for flag in _list(record.get("gpu_flags", []), "gpu_flags")),
+            gpus=_gpus_from_json(record.get("gpus", []), record.get("end_ns")),
         )
     except (TypeError, ValueError) as error:  # attrs validators (a negative count, say)
         if isinstance(error, RecordFormatError):
