@@ -133,7 +133,7 @@ class JobsScreen(Screen[None]):
     def _fleet_line(self) -> None:
         fleet = self.top.model.fleet()
         text = Text()
-        text.append(f"{fleet.gpus} GPUs", style="bold")
+        text.append(f"{cells.gpus(fleet.gpus)} GPUs", style="bold")
         text.append(f"  OFU p50 {cells.percent(fleet.ofu_p50)} p95 {cells.percent(fleet.ofu_p95)}")
         text.append(f"  lost 1h {cells.gpu_hours(fleet.lost_gpu_s)} GPU-h")
         if fleet.cost_lost is not None:
@@ -205,7 +205,7 @@ class JobsScreen(Screen[None]):
             table.add_row(
                 _cell(row.job_id, widths.job),
                 _cell(row.name or cells.MISSING, widths.name),
-                _cell(str(row.gpus), widths.gpus, right=True),
+                _cell(cells.gpus(row.gpus), widths.gpus, right=True),
                 _cell(cells.percent(row.ofu), widths.ofu, right=True),
                 _cell(cells.sparkline(row.history, widths.spark), widths.spark),
                 _cell(cells.percent(row.mfu), widths.mfu, right=True),
@@ -315,7 +315,8 @@ class GpusScreen(Screen[None]):
             header.append("is not in the newest window")
         else:
             header.append(
-                f"{job.name or ''}  {job.gpus} GPUs  OFU {cells.percent(job.ofu)}  MFU {cells.percent(job.mfu)}  "
+                f"{job.name or ''}  {cells.gpus(job.gpus)} GPUs  "
+                f"OFU {cells.percent(job.ofu)}  MFU {cells.percent(job.mfu)}  "
             )
             if job.flags:
                 header.append_text(_flag(job.flags))

@@ -31,6 +31,11 @@ def percent(value: float | None) -> str:
     return MISSING if value is None or not math.isfinite(value) else f"{value:.1%}"
 
 
+def gpus(count: float) -> str:
+    """A count of GPU equivalents: whole as "8", a MIG slice's share as "0.14"."""
+    return str(int(count)) if count == int(count) else f"{count:.2f}"
+
+
 def gpu_hours(seconds: float | None) -> str:
     """GPU-seconds as GPU-hours, three significant digits at most: 18720 -> "5.20"."""
     if seconds is None:

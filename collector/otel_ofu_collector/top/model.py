@@ -49,7 +49,7 @@ class Sort:
 
 @attrs.frozen
 class FleetLine:
-    gpus: int
+    gpus: float  # GPU equivalents: a MIG slice counts as its share of its GPU
     ofu_p50: float | None
     ofu_p95: float | None
     lost_gpu_s: float | None  # over the last hour; None: no window carried where OFU was lost
@@ -64,7 +64,7 @@ class FleetLine:
 class JobRow:
     job_id: str
     name: str | None
-    gpus: int
+    gpus: float  # GPU equivalents
     ofu: float | None
     mfu: float | None
     history: tuple[float | None, ...]  # OFU of the job's last windows, oldest first (None: not in that window)
