@@ -315,3 +315,66 @@ def test_a_source_that_reads_nothing_says_why_on_the_status_line() -> None:
         "cannot scrape http://node-7:9400/metrics: [Errno 111] Connection refused"
     )
     assert updates[-1].readings == ()  # nothing read: no GPU shown, none shown as 0
+
+
+# --- the windows' per-GPU means, for a screen that opens a job ---------------------------------------------
+
+
+def test_the_windows_give_each_gpus_means_when_asked_and_the_feed_keeps_them_on_its_newest_window() -> None:
+    from otel_ofu_collector.aggregation.windows import Aggregator
+
+    window_ns = 60 * S
+    t0 = 29_000_000 * window_ns
+    identity = {
+        names.HOST_NAME: "node-1",
+        names.HW_ID: "GPU-1",
+        names.GPU_INDEX: "3",
+        names.HW_MODEL: H100,
+        names.JOB_ID: "big",
+    }
+    agg = Aggregator(AggregatorConfig(lateness_s=0, per_gpu_reports=True))
+    plain = Aggregator(AggregatorConfig(lateness_s=0))
+    for minute_index in range(2):
+        for tick in range(6):  # 10 s intervals: power 500 W then 300 W, the clock at 1700 MHz, 40% power-capped
+            start = t0 + minute_index * window_ns + tick * 10 * S
+            values = {
+                names.GPU_TENSOR_ACTIVE.name: 0.5,
+                names.GPU_CLOCK_SM.name: 1.7e9,
+                names.GPU_CLOCK_SM_MAX.name: 1.98e9,
+                names.GPU_POWER.name: 500.0 if tick < 3 else 300.0,
+            }
+            for each in (agg, plain):
+                assert each.add_ofu("node-1|GPU-1", 0.4, start, start + 10 * S, identity) is None
+                assert (
+                    each.add_gpu_inputs("node-1|GPU-1", start, start + 10 * S, identity, values, {"power": 0.4}) is None
+                )
+    reports = agg.flush(t0 + 2 * window_ns)
+    assert all(report.gpus == () for report in plain.flush(t0 + 2 * window_ns))  # off unless asked: no cost
+    (first, *_), (newest, *_) = (report.gpus for report in reports)
+    assert first.job_id == "big"
+    assert dict(first.attributes) == {
+        names.HOST_NAME: "node-1",
+        names.HW_ID: "GPU-1",
+        names.GPU_INDEX: "3",
+        names.HW_MODEL: H100,
+    }
+    # The window's means: power (3 x 500 + 3 x 300) / 6 = 400 W; the power cap held the clock 40% of the window.
+    assert (first.ofu, first.tensor_active, first.sm_clock_hz, first.sm_clock_max_hz) == pytest.approx(
+        (0.4, 0.5, 1.7e9, 1.98e9)
+    )
+    assert first.power_w == pytest.approx(400.0)
+    assert dict(first.throttle) == pytest.approx({"power": 0.4})
+    feed = ReportFeed(port=0)
+    feed.consume_windows(reports)
+    records = parse_lines(feed.body().decode().splitlines())
+    assert [len(report.gpus) for report in records.reports] == [0, 1]  # only the newest keeps its GPUs
+    assert records.reports[1].gpus[0] == newest
+
+
+def test_the_records_file_leaves_the_per_gpu_means_out(tmp_path: Any) -> None:
+    from otel_ofu_collector.outputs.recorder import ReportRecorder
+
+    with ReportRecorder(tmp_path / "windows.jsonl") as recorder:
+        recorder.consume_windows([window(T, jobs=[job("big", 0.4)], gpus=[gpu(0.4)])])
+    (line,) = (tmp_path / "windows.jsonl").read_text().splitlines()
+    assert "gpus" not in json.loads(line)  # a run's records keep jobs and flags, not every GPU of every window

@@ -244,8 +244,10 @@ def test_without_prices_the_table_sorts_by_lost_gpu_time() -> None:
 
 
 def test_causes_are_those_the_windows_carry_in_the_vocabularys_order_then_by_name() -> None:
-    assert hour_of_jobs().causes() == ("idle", "clock", "tensor", "no_kernel")
-    assert ordered_causes(["tensor", "sm_idle", "no_kernel", "idle"]) == ("idle", "tensor", "no_kernel", "sm_idle")
+    # The vocabulary's order: idle, clock, the finer split of tensor (no_kernel, sm_idle, non_tensor), tensor.
+    assert hour_of_jobs().causes() == ("idle", "clock", "no_kernel", "tensor")
+    assert ordered_causes(["tensor", "sm_idle", "no_kernel", "idle"]) == ("idle", "no_kernel", "sm_idle", "tensor")
+    assert ordered_causes(["cosmic", "idle"]) == ("idle", "cosmic")  # one outside the vocabulary last, by name
 
 
 def test_a_window_read_twice_replaces_its_copy_and_the_model_keeps_an_hour() -> None:

@@ -289,6 +289,8 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         currency=str(args.currency),
         pue=float(args.pue),
         grid_intensity=None if args.grid_intensity is None else float(args.grid_intensity),
+        # The report feed is what a live screen reads a job's GPUs from.
+        per_gpu_reports=args.report_feed_port is not None,
     )
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")

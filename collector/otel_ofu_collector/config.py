@@ -141,6 +141,9 @@ class AggregatorConfig:
     pue: float = attrs.field(default=1.0, validator=_positive)
     # kg CO2e per kWh of facility energy; None: no emissions output.
     grid_intensity: float | None = attrs.field(default=None, validator=_optional_non_negative)
+    # Each GPU's own window means in WindowReport.gpus, for a live screen that opens a job (the report feed's
+    # `otel-ofu top`); off by default: a 100k-GPU window would carry 100k of them.
+    per_gpu_reports: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.window_ns <= 0:

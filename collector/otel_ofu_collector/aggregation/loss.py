@@ -248,9 +248,7 @@ def causes_of(split: Split) -> tuple[str, ...]:
     finer = split.finer
     coarse = finer is None or not all(finer)
     return tuple(
-        cause
-        for cause in CAUSES
-        if (cause not in C.TENSOR_PARTS or finer is not None) and (cause != TENSOR or coarse)
+        cause for cause in CAUSES if (cause not in C.TENSOR_PARTS or finer is not None) and (cause != TENSOR or coarse)
     )
 
 

@@ -75,6 +75,7 @@ from otel_ofu_collector.results import (
     STATUS_OK,
     FleetReport,
     GpuFlagReport,
+    GpuReport,
     GroupReport,
     JobReport,
     WindowReport,
@@ -830,6 +831,7 @@ class Aggregator:
         group_end = 1 + self._groups
         job_reports: list[JobReport] = []
         gpu_flags: list[GpuFlagReport] = []
+        gpu_reports: list[GpuReport] = []
         for job_id in sorted(jobs_gpus.keys() | window.mfu.keys()):
             job = self._jobs.get(job_id)
             if job is None:  # over the job cap when its points came
@@ -845,12 +847,13 @@ class Aggregator:
                 attributes.update((k, v) for k, v in zip(JOB_ATTRIBUTE_KEYS, newest, strict=True) if v is not None)
             job.attributes = attributes
             try:
-                report, flagged = self._job_report(job_id, job, start, end, mfu_cell, window, gpus)
+                report, flagged, per_gpu = self._job_report(job_id, job, start, end, mfu_cell, window, gpus)
             except Exception:
                 self._close_failed("job", job_id)
                 continue
             job_reports.append(report)
             gpu_flags += flagged
+            gpu_reports += per_gpu
         fleet = self._fleet_report(end)
         try:
             job_losses = [job.loss for job in job_reports if job.loss is not None]
@@ -860,7 +863,7 @@ class Aggregator:
         self._windows_closed += 1
         # In a stable order, whatever order the GPUs' points arrived in: the same data gives the same outputs.
         gpu_flags.sort(key=lambda r: (r.job_id, r.metric, sorted(r.attributes.items())))
-        return WindowReport(start, end, tuple(groups), tuple(job_reports), fleet, tuple(gpu_flags))
+        return WindowReport(start, end, tuple(groups), tuple(job_reports), fleet, tuple(gpu_flags), tuple(gpu_reports))
 
     def _close_failed(self, kind: str, name: str) -> None:
         """Count a group, job or the fleet's totals that failed to close; the first failure of each kind is
@@ -1087,8 +1090,9 @@ class Aggregator:
         mfu_cell: _MfuCell | None,
         window: _Window,
         gpus: _JobGpus | None,
-    ) -> tuple[JobReport, list[GpuFlagReport]]:
-        """The job's report for the window, and the points its GPU-level flags show."""
+    ) -> tuple[JobReport, list[GpuFlagReport], list[GpuReport]]:
+        """The job's report for the window, the points its GPU-level flags show, and its GPUs' own means where the
+        configuration asks for them (``AggregatorConfig.per_gpu_reports``)."""
         config = self.config
         ofu = loss.weighted_mean(gpus.ofus, gpus.shares) if gpus is not None else None
         mfu = mfu_cell.total / mfu_cell.count if mfu_cell is not None else None
@@ -1100,8 +1104,11 @@ class Aggregator:
         count = 0.0
         idle_gpus: dict[str, float] = {}
         gpu_flags: list[GpuFlagReport] = []
+        per_gpu: list[GpuReport] = []
         if gpus is not None:
             columns, split, inputs = self._gpu_losses(window, gpus)
+            if config.per_gpu_reports:
+                per_gpu = _gpu_reports(job_id, gpus, inputs, self._model_index)
             tensor_active = split.tensor_active
             job_loss = loss.job_loss_of(
                 columns, currency=self._currency(), pue=config.pue, grid_intensity=config.grid_intensity
@@ -1140,7 +1147,7 @@ class Aggregator:
             gpus=count,
             loss=job_loss,
         )
-        return report, gpu_flags
+        return report, gpu_flags, per_gpu
 
     def _fleet_report(self, end: int) -> FleetReport:
         oldest = end - self.config.horizon_ns
@@ -1326,6 +1333,30 @@ def _peer_medians_by_rank(values: list[float]) -> list[float]:
     for index, median in zip(order, by_rank, strict=True):
         found[index] = median
     return found
+
+
+def _gpu_reports(job_id: str, gpus: _JobGpus, inputs: list[_GpuInputs | None], model_index: int) -> list[GpuReport]:
+    """Each of a job's GPUs' own window means, for a screen that opens the job (``otel-ofu top``)."""
+    reports: list[GpuReport] = []
+    for key, cell, ofu, found in zip(gpus.stream_keys(), gpus.cells, gpus.ofus, inputs, strict=True):
+        attributes = _gpu_identity(key, found)
+        if found is not None and found.identity.get(names.GPU_INDEX):
+            attributes[names.GPU_INDEX] = found.identity[names.GPU_INDEX]
+        model = cell.profile[model_index]
+        if model:
+            attributes[names.HW_MODEL] = model
+        if found is None:
+            reports.append(GpuReport(job_id, attributes, ofu))
+            continue
+        sums = found.sums
+        tensor, clock, clock_max, power = (sums[i] / sums[i + 1] if sums[i + 1] else None for i in _GPU_REPORT_SLOTS)
+        throttle = found.throttle_shares(cell.weight)
+        reports.append(GpuReport(job_id, attributes, ofu, tensor, clock, clock_max, power, throttle))
+    return reports
+
+
+# The means a GpuReport shows, in its fields' order: tensor activity, SM clock, board max clock, power.
+_GPU_REPORT_SLOTS = (_TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT, _POWER_SLOT)
 
 
 def _gpu_identity(key: str, inputs: _GpuInputs | None) -> dict[str, str]:

@@ -38,6 +38,7 @@ class ReportFeed:
     port: int = 0
     keep: int = attrs.field(default=DEFAULT_FEED_KEEP)
     _lines: deque[tuple[int, str]] = attrs.field(init=False)
+    _newest: tuple[WindowReport, str] | None = attrs.field(init=False, default=None)  # with its per-GPU means
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _server: ThreadingHTTPServer | None = attrs.field(init=False, default=None)
     _thread: threading.Thread | None = attrs.field(init=False, default=None)
@@ -51,13 +52,25 @@ class ReportFeed:
         self._lines = deque(maxlen=self.keep)
 
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
-        encoded = encode_lines(windows)
+        # The per-GPU means only on the newest window: what a live screen opens a job from, and a 100k-GPU fleet's
+        # would be tens of MB a window if every window kept them.
+        newest = max(windows, key=lambda report: report.end_ns, default=None)
+        lean = [attrs.evolve(report, gpus=()) if report.gpus else report for report in windows]
+        encoded = encode_lines(lean)
+        full = encode_lines([newest]) if newest is not None and newest.gpus else []
         with self._lock:
             self._lines.extend((report.end_ns, line) for report, line in encoded)
+            if full:
+                self._newest = full[0]
 
     def body(self, since_ns: int | None = None) -> bytes:
         with self._lock:
-            lines = [line for end, line in self._lines if since_ns is None or end > since_ns]
+            newest = self._newest
+            lines = [
+                newest[1] if newest is not None and end == newest[0].end_ns else line
+                for end, line in self._lines
+                if since_ns is None or end > since_ns
+            ]
         return "".join(line + "\n" for line in lines).encode("utf-8")
 
     def start(self) -> int:

@@ -26,7 +26,8 @@ class ReportRecorder:
         self._file = self.path.open("a", encoding="utf-8")
 
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
-        encoded = encode_lines(windows)
+        # Without the windows' per-GPU means: a live screen's, too large to keep for every window of a run.
+        encoded = encode_lines([attrs.evolve(report, gpus=()) if report.gpus else report for report in windows])
         if not encoded:
             return
         with self._lock:
