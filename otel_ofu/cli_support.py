@@ -12,6 +12,7 @@ every other command has its own prefix, so one command's setting never changes a
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import math
 import os
@@ -325,6 +326,46 @@ class _Deprecated(argparse.Action):
 def add_deprecated_alias(parser: Container, old: str, new: str, *, dest: str, **kwargs: Any) -> None:
     """``old`` sets ``dest`` like ``new`` does (pass the same ``type``), with a deprecation line."""
     parser.add_argument(old, dest=dest, action=_Deprecated, new=new, **kwargs)
+
+
+# --- suggestions for a mistyped option or choice (argparse in Python 3.11 makes none) -------------------
+
+_INVALID_CHOICE: Final = re.compile(
+    r"invalid choice: '(?P<given>[^']*)'(?: \(from [A-Z0-9_]+\))? \(choose from (?P<choices>.*)\)$"
+)
+
+
+def closest(word: str, candidates: Collection[str]) -> str | None:
+    """The candidate ``word`` was most likely meant to be (difflib's ratio of at least 0.6), else None."""
+    found = difflib.get_close_matches(word, sorted(candidates), n=1)
+    return found[0] if found else None
+
+
+def long_options(*parsers: argparse.ArgumentParser) -> set[str]:
+    """Every ``--option`` these parsers take (hidden ones too: an old spelling is still a right one)."""
+    flags = (flag for parser in parsers for action in parser._actions for flag in action.option_strings)
+    return {flag for flag in flags if flag.startswith("--")}
+
+
+def unrecognized_message(extras: Sequence[str], options: Collection[str]) -> str:
+    """argparse's "unrecognized arguments" line, with the closest option for each mistyped one."""
+    guesses = []
+    for extra in extras:
+        given = extra.split("=", 1)[0]
+        if given.startswith("--") and (guess := closest(given, options)) is not None:
+            guesses.append(f"{given}: did you mean {guess}?")
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    return f"{message} ({'; '.join(guesses)})" if guesses else message
+
+
+def with_choice_suggestion(message: str) -> str:
+    """An "invalid choice" message with the closest choice added; any other message as it is."""
+    match = _INVALID_CHOICE.search(message)
+    if match is None:
+        return message
+    choices = [choice.strip().strip("'") for choice in match.group("choices").split(",")]
+    guess = closest(match.group("given"), choices)
+    return message if guess is None else f"{message}: did you mean {guess}?"
 
 
 def option_variables(parser: argparse.ArgumentParser) -> dict[str, str]:
