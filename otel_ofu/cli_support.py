@@ -207,12 +207,19 @@ class _FromEnv(str):
         return self
 
 
-def _converter(convert: Callable[[str], Any], choices: Collection[Any] | None) -> Callable[[str], Any]:
-    """``convert`` that also checks ``choices`` and names the variable when the text came from one."""
+def _converter(
+    convert: Callable[[str], Any], choices: Collection[Any] | None, renamed: tuple[str, str, str] | None = None
+) -> Callable[[str], Any]:
+    """``convert`` that also checks ``choices`` and names the variable when the text came from one.
+
+    ``renamed`` is (command, old variable, new variable): a value read from the old one says it is deprecated
+    (argparse converts a default only when its option was not given, so the line shows only when it counts)."""
     name = getattr(convert, "__name__", "value")
 
     def checked(text: str) -> Any:
         origin = f" (from {text.variable})" if isinstance(text, _FromEnv) else ""
+        if renamed is not None and isinstance(text, _FromEnv) and text.variable == renamed[1]:
+            print(f"{renamed[0]}: {renamed[1]} is deprecated, use {renamed[2]}", file=sys.stderr)
         try:
             value = convert(str(text))
         except argparse.ArgumentTypeError as error:
@@ -239,20 +246,25 @@ def add_option(
     type: Callable[[str], Any] = str,
     choices: Sequence[Any] | None = None,
     required: bool = False,
+    old_env: str | None = None,
     **kwargs: Any,
 ) -> None:
     """Add ``flag`` whose default comes from ``env`` (``<prefix><FLAG>`` unless given), then ``default``.
 
     The help text names the variable and the default, so ``--help`` documents both. A required option is
-    satisfied by its variable.
+    satisfied by its variable. ``old_env`` is the variable's former name: still read when the new one is
+    unset, with a deprecation line when its value is used.
     """
     variable = env or env_name(flag, prefix)
-    raw = os.environ.get(variable, "")
+    raw, source = os.environ.get(variable, ""), variable
+    if not raw and old_env:
+        raw, source = os.environ.get(old_env, ""), old_env
     shown = "" if default is None else f"; default {default}"
+    renamed = (getattr(parser, "prog", "otel-ofu"), old_env, variable) if old_env else None
     parser.add_argument(
         flag,
-        default=_FromEnv(raw, variable) if raw else default,
-        type=_converter(type, choices),
+        default=_FromEnv(raw, source) if raw else default,
+        type=_converter(type, choices, renamed),
         choices=choices,
         required=required and not raw,
         help=f"{help} (env {variable}{shown})",
