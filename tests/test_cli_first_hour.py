@@ -278,7 +278,7 @@ def test_log_level_before_or_after_the_command(monkeypatch: pytest.MonkeyPatch) 
 
 def test_run_names_the_prometheus_host_as_the_collector_does(capsys: pytest.CaptureFixture[str]) -> None:
     parser = cli.build_parser()
-    assert parser.parse_args(["run"]).prometheus_host == "0.0.0.0"
+    assert parser.parse_args(["run"]).prometheus_host == "127.0.0.1"
     assert parser.parse_args(["run", "--prometheus-host", "127.0.0.1"]).prometheus_host == "127.0.0.1"
     assert parser.parse_args(["collector", "--prometheus-host", "127.0.0.1"]).prometheus_host == "127.0.0.1"
     capsys.readouterr()
