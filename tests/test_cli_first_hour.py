@@ -319,7 +319,7 @@ def test_the_snapshot_table_reads_at_80_columns() -> None:
     assert all(len(line) <= 80 for line in text)
     rows = [line for line in text if "H100-SXM" in line]
     assert len(rows) == 2  # one line per GPU: nothing wrapped onto a second line
-    assert rows[0].split()[2:] == ["0.496", "1950", "1980", "0.496", "490.3", "job-1001"]
+    assert rows[0].split()[2:] == ["0.496", "1950", "1830", "0.496", "490.3", "job-1001"]  # ref: the tensor clock
     assert "1755" in rows[1]
     assert rows[1].split()[0].endswith("…/7")  # the host is cut, never the GPU index
     # The error is a note under the table, in full, its number where the GPU's OFU would be.

@@ -99,3 +99,37 @@ def test_a_grpc_port_in_use_is_one_clean_line_without_grpcs_own_log() -> None:
     assert "add_port.cc" not in line
     assert line.endswith(f"otel-ofu collector cannot start: cannot listen for OTLP/gRPC on 127.0.0.1:{port} "
                          "(Address already in use)")  # fmt: skip
+
+
+# --- the snapshot table shows the clock OFU divides by -------------------------------------------------
+
+
+def test_the_snapshot_table_shows_the_clock_ofu_divides_by() -> None:
+    import io
+
+    from rich.console import Console
+
+    from otel_ofu import names
+    from otel_ofu.commands.snapshot import print_table
+
+    h100 = {names.HOST_NAME: "n1", names.GPU_INDEX: 0, names.HW_MODEL: "NVIDIA H100 80GB HBM3"}
+    unknown = {names.HOST_NAME: "n2", names.GPU_INDEX: 0, names.HW_MODEL: "NVIDIA A800 80GB PCIe"}
+    lines = [
+        # H100 SXM: OFU = TPA x SM / tensor clock = 0.5 x 1755 / 1830 = 0.4795, not / 1980 (the board max).
+        {**h100, names.GPU_TENSOR_ACTIVE.name: 0.5, names.GPU_CLOCK_SM.name: 1755e6,
+         names.GPU_CLOCK_SM_MAX.name: 1980e6, names.GPU_OFU.name: 0.5 * 1755 / 1830},
+        # A model the catalog does not know: its own max clock, 0.5 x 1200 / 1410 = 0.4255.
+        {**unknown, names.GPU_TENSOR_ACTIVE.name: 0.5, names.GPU_CLOCK_SM.name: 1200e6,
+         names.GPU_CLOCK_SM_MAX.name: 1410e6, names.GPU_OFU.name: 0.5 * 1200 / 1410},
+    ]  # fmt: skip
+    out = io.StringIO()
+    print_table(lines, Console(file=out, width=80, color_system=None))
+    text = out.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in text)
+    (header,) = [line for line in text if "TPA" in line]
+    assert header.split()[2:6] == ["TPA", "SM", "MHz", "ref"]
+    (first,) = [line for line in text if line.strip().startswith("n1/0")]
+    (second,) = [line for line in text if line.strip().startswith("n2/0")]
+    assert first.split()[2:6] == ["0.500", "1755", "1830", "0.480"]
+    assert second.split()[2:6] == ["0.500", "1200", "1410", "0.426"]
+    assert any("ref MHz: the clock OFU divides by (tensor clock, else max SM clock)" in line for line in text)
