@@ -198,10 +198,12 @@ def _grafana() -> Any:
 
 
 def _metrics_in(expr: str) -> set[str]:
-    return {name for name in re.findall(r"[a-z][a-z0-9_]*(?=\{)", expr)}
+    return set(re.findall(r"[a-z][a-z0-9_]*(?=\{)", expr))
 
 
-OFU_SERIES = {generate.prometheus_name(spec.name) for spec in (names.FLEET_OFU_QUANTILE, names.JOB_OFU, names.JOB_OFU_LOSS)}
+OFU_SERIES = {
+    generate.prometheus_name(spec.name) for spec in (names.FLEET_OFU_QUANTILE, names.JOB_OFU, names.JOB_OFU_LOSS)
+}
 
 
 def test_every_grafana_panel_has_a_unit_and_ofu_reads_as_a_percentage() -> None:
@@ -236,7 +238,8 @@ def test_grafana_tables_are_instant_queries_and_the_dashboard_refreshes() -> Non
 
 
 def test_grafana_energy_and_flops_per_joule_have_their_own_axes_and_units() -> None:
-    energy, flops_per_joule = (generate.prometheus_name(s.name) for s in (names.FLEET_ENERGY, names.JOB_FLOPS_PER_JOULE))
+    energy = generate.prometheus_name(names.FLEET_ENERGY.name)
+    flops_per_joule = generate.prometheus_name(names.JOB_FLOPS_PER_JOULE.name)
     (panel,) = [p for p in _grafana()["panels"] if any(flops_per_joule in t["expr"] for t in p["targets"])]
     kwh, per_joule = panel["targets"]
     assert energy in kwh["expr"]

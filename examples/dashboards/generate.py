@@ -623,9 +623,7 @@ def grafana_dashboard() -> JSON:
             [(f"sum by ({cause}) ({prometheus_name(names.FLEET_COST_LOST.name)})", f"{{{{{cause}}}}}")],
             unit=COST_UNIT,
         ),
-        _grafana_panel(
-            11, "Per job: cost lost per hour", [(cost_per_hour, f"{{{{{job}}}}}")], unit=COST_PER_HOUR_UNIT
-        ),
+        _grafana_panel(11, "Per job: cost lost per hour", [(cost_per_hour, f"{{{{{job}}}}}")], unit=COST_PER_HOUR_UNIT),
         # Two quantities, two axes: the fleet's kWh on the left, each job's GFLOP/J on the right.
         _grafana_panel(
             12,
