@@ -128,7 +128,8 @@ def _handle(args: argparse.Namespace) -> int:
         from otel_ofu_collector.report.html_page import write_report
 
         write_report(Path(args.html), reports, title="otel-ofu demo fleet")
-        console.print(f"HTML report written to {args.html}")
+        # A path split over two lines could not be pasted: the terminal wraps it, rich does not.
+        console.print(f"HTML report written to {args.html}", soft_wrap=True, markup=False, highlight=False)
     return 0
 
 
