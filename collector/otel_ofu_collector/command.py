@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="0.0.0.0:4317",
         type=address_or_off,
         metavar="HOST:PORT",
-        help="OTLP/gRPC listen address; off (or none) turns the gRPC receiver off",
+        help="OTLP/gRPC listen address; off (or none) turns the gRPC receiver off (then --http-listen is needed)",
     )
     options.option(
         "--http-listen",
