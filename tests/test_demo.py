@@ -6,6 +6,7 @@ import io
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 from rich.console import Console
 
@@ -230,3 +231,20 @@ def test_the_flaky_gpu_the_readme_promises_is_in_the_report(summary: FleetSummar
     assert 0 < failed < 180
     assert f"{failed} of 180 reads failed (" in line
     assert set(unreadable.by_gpu) == {(f"{flaky.host}/{flaky.index}", flaky.job_id)}  # no other GPU failed
+
+
+def test_long_ids_and_names_are_cut_not_wrapped(summary: FleetSummary) -> None:
+    # A Kubernetes job id is <namespace>/<workload>: 40 characters and more. Only ids and names give way.
+    long_id = "research-llm-pretraining/llama3-405b-pretrain-run-0042"
+    job = summary.jobs[0]
+    renamed = attrs.evolve(job, job_id=long_id, attributes={**job.attributes, names.JOB_NAME: long_id + "-name"})
+    console = Console(file=io.StringIO(), width=80)
+    print_report(attrs.evolve(summary, jobs=(renamed, *summary.jobs[1:])), console)
+    file = console.file
+    assert isinstance(file, io.StringIO)
+    lines = file.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    rows = [line for line in lines if line.startswith("research-llm-p")]
+    assert len(rows) == 2  # the jobs table and the loss table, one line each
+    assert all("…" in row for row in rows)
+    assert rows[0].split()[-1] == "straggler"  # the flag is never the part cut

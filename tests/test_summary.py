@@ -139,11 +139,15 @@ def test_numbers_are_written_one_way() -> None:
     assert hours(200) == "0.056 GPU-h"  # 0.0556: two significant digits under 0.1
 
 
-def test_the_fleet_r_is_shown_only_over_enough_jobs() -> None:
+def test_the_fleet_r_is_a_finding_only_over_enough_jobs() -> None:
+    from otel_ofu_collector.report.terminal import fleet_lines
+
     reports = _reports([_job(0.4, 0.38)])
     few = attrs.evolve(reports[0], fleet=attrs.evolve(reports[0].fleet, correlation=0.99, jobs=MIN_FLEET_R_JOBS - 1))
     enough = attrs.evolve(few, fleet=attrs.evolve(few.fleet, jobs=MIN_FLEET_R_JOBS))
     assert MIN_FLEET_R_JOBS == 4
-    assert summarize([few]).correlation == 0.99  # the figure is kept...
-    assert summarize([few]).correlation_shown is None  # ...but 3 jobs are too few to show it as a finding
-    assert summarize([enough]).correlation_shown == 0.99
+    assert summarize([few]).correlation == 0.99  # the figure is kept, but 3 jobs are too few to show it
+    assert fleet_lines(summarize([few]))[2] == (
+        "Fleet r(OFU, MFU): not enough jobs (3 with both; it needs 4 or more). Mean absolute error -."
+    )
+    assert fleet_lines(summarize([enough]))[2] == "Fleet r(OFU, MFU) = 0.99 over 4 jobs, mean absolute error -."

@@ -19,7 +19,6 @@ from otel_ofu.cli_support import (
     DEFAULT_EXPORT_INTERVAL_S,
     MFU_PREFIX,
     CommandOptions,
-    env_name,
     export_interval_s,
     non_negative_float,
     positive_float,
@@ -31,8 +30,8 @@ from otel_ofu.producer.exporters import GRPC, PROTOCOLS, http_metrics_url, otlp_
 
 log = logging.getLogger(__name__)
 
-# Every variable is OTEL_OFU_MFU_<FLAG>; the log file's was OTEL_OFU_MFU_LOG_FILE, still read (deprecated).
-ENV_FILE = env_name("--file", MFU_PREFIX)
+# Every variable is OTEL_OFU_MFU_<FLAG> (the log file's OTEL_OFU_MFU_FILE); the file's was
+# OTEL_OFU_MFU_LOG_FILE, still read when the new one is unset, with a deprecation line.
 OLD_ENV_FILE = "OTEL_OFU_MFU_LOG_FILE"
 # Where the SDK's exporters send when no endpoint is configured.
 SDK_DEFAULT_ENDPOINTS = {GRPC: "localhost:4317", "http/protobuf": "http://localhost:4318/v1/metrics"}

@@ -430,11 +430,6 @@ class FleetSummary:
     def gpus(self) -> int:
         return sum(group.gpus for group in self.last_groups)
 
-    @property
-    def correlation_shown(self) -> float | None:
-        """The fleet's r where enough jobs stand behind it to say something (MIN_FLEET_R_JOBS), else None."""
-        return self.correlation if self.fleet_jobs >= MIN_FLEET_R_JOBS else None
-
     def flags(self) -> list[Flag]:
         """Every flag of every job: FLOP miscounts first, then by when they rose and by job name."""
         every = (flag for job in self.jobs for flag in job.flags())

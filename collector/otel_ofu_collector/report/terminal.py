@@ -33,7 +33,9 @@ from otel_ofu_collector.report.summary import (
 )
 
 INDENT: Final = 2
-_NAME_WIDTH: Final = 18
+_NAME_WIDTH: Final = 24  # an id or name longer than this is cut even when there is room
+_MIN_NAME_WIDTH: Final = 6
+_GAP: Final = 2  # between columns: the box's separator and the cell's left padding
 
 
 def short_model(model: str | None) -> str:
@@ -54,8 +56,9 @@ def _number(value: float | None) -> str:
 def _table(*columns: tuple[str, str]) -> Table:
     """A table with a rule under its header and two spaces between columns: 80 columns hold it.
 
-    ``justify`` is "right" for a number, "left" for a word (an id, a flag: never cut) or "name" (a free-form
-    name: the one column cut short, with an ellipsis, when the table would be wider than the console)."""
+    ``justify`` is "right" for a number, "left" for a word (a precision, a flag: never cut) or "name" (an id
+    or a name: cut short with an ellipsis when the table would be wider than the console; the JSON and HTML
+    reports have them in full)."""
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False, show_edge=False)
     for header, justify in columns:
         if justify == "name":
@@ -65,12 +68,26 @@ def _table(*columns: tuple[str, str]) -> Table:
     return table
 
 
-def _fix_widths(table: Table) -> Table:
-    """Every column but the names as wide as its widest cell, so rich shrinks only the names."""
-    for column in table.columns:
-        if column.max_width is None:
-            cells = [Text.from_markup(str(cell)).cell_len for cell in column.cells]
-            column.min_width = max([Text.from_markup(str(column.header)).cell_len, *cells])
+def _fit(table: Table, width: int) -> Table:
+    """Every column but the ids and names as wide as its widest cell; the ids and names share what is left
+    of ``width`` (each at most _NAME_WIDTH), so only they are ever cut."""
+    natural = {
+        index: max(Text.from_markup(str(cell)).cell_len for cell in (column.header, *column.cells))
+        for index, column in enumerate(table.columns)
+    }
+    names_ = [index for index, column in enumerate(table.columns) if column.max_width is not None]
+    fixed = sum(natural[i] for i in natural if i not in names_) + _GAP * (len(table.columns) - 1)
+    room = max(_MIN_NAME_WIDTH * len(names_), width - fixed)
+    given: dict[int, int] = {}
+    # The narrowest first: what a short id does not need is left to the longer names.
+    for left, index in enumerate(sorted(names_, key=lambda i: natural[i])):
+        given[index] = min(natural[index], _NAME_WIDTH, room // (len(names_) - left))
+        room -= given[index]
+    for index, column in enumerate(table.columns):
+        if index in given:
+            column.max_width = column.min_width = given[index]
+        else:
+            column.min_width = natural[index]
     return table
 
 
@@ -148,11 +165,11 @@ def print_report(
             str(group.gpus),
             *(percent(group.quantiles.get(quantile)) for quantile in names.QUANTILES),
         )
-    console.print(_fix_widths(groups))
+    console.print(_fit(groups, console.width))
 
     _heading(console, "Jobs: OFU (hardware) vs reported MFU, means over the windows with both")
     jobs = _table(
-        ("job", "left"),
+        ("job", "name"),
         ("name", "name"),
         ("GPUs", "right"),
         ("OFU", "right"),
@@ -173,7 +190,7 @@ def print_report(
             _number(job.correlation),
             _verdict(job),
         )
-    console.print(_fix_widths(jobs))
+    console.print(_fit(jobs, console.width))
     print_loss(summary, console, price_note=price_note)
     print_flags(summary, console)
 
@@ -184,7 +201,7 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
     priced = any(job.cost_lost is not None for job in summary.jobs)
     _heading(console, "Where OFU is lost: shares of each job's GPU time, GPU-hours and cost lost")
     table = _table(
-        ("job", "left"),
+        ("job", "name"),
         ("GPU-h", "right"),
         ("OFU", "right"),
         *((cause, "right") for cause in CAUSES),
@@ -205,7 +222,7 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
             hours_number(sum(job.lost_s.values())),
             *cost_cell,
         )
-    console.print(_fix_widths(table))
+    console.print(_fit(table, console.width))
     if not summary.lost_s:
         return
     by_cause = ", ".join(f"{cause} {hours(summary.lost_s.get(cause, 0.0))}" for cause in CAUSES)
