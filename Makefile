@@ -7,16 +7,25 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit system-deps bench bench-quick clean helm otelcol
 
+# Each step says what it installs (a cold install is a minute or two of pip's quiet work); setuptools'
+# "Editable installation" notice, a boxed warning about an editable install working as designed, is left out.
+QUIET_BUILD := PYTHONWARNINGS='ignore:Editable installation'
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	# The producer benchmark's peer, without its own pins (see the dev extra in pyproject.toml).
-	$(BIN)/python -m pip install --quiet --no-deps 'openlit>=1.45,<2'
-	touch $(STAMP)
+	@echo "make: setting up $(VENV) (once, and again when pyproject.toml changes)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "make: updating pip, setuptools and wheel in $(VENV)"
+	@$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	@echo "make: installing otel-ofu (editable) with its dependencies and its dev tools (pytest, mypy, ruff, ...)"
+	@$(QUIET_BUILD) $(BIN)/python -m pip install --quiet -e '.[dev]'
+# The producer benchmark's peer, without its own pins (see the dev extra in pyproject.toml).
+	@echo "make: installing openlit, the producer benchmark's peer"
+	@$(BIN)/python -m pip install --quiet --no-deps 'openlit>=1.45,<2'
+	@touch $(STAMP)
+	@echo "make: $(VENV) is ready"
 
 demo: $(STAMP)
-	$(BIN)/otel-ofu demo
+	@echo "make: otel-ofu demo (a simulated fleet through the real producer, OTLP and collector)"
+	@$(BIN)/otel-ofu demo
 
 # System packages and npm clients some end-to-end tests use (Chromium, Prometheus, Node OTLP client).
 system-deps:

@@ -19,7 +19,14 @@ from typing import NoReturn
 
 import otel_ofu
 import otel_ofu.commands
-from otel_ofu.cli_support import Register, add_option, env_name
+from otel_ofu.cli_support import (
+    Register,
+    add_option,
+    env_name,
+    long_options,
+    unrecognized_message,
+    with_choice_suggestion,
+)
 
 ENTRY_POINT_GROUP = "otel_ofu.commands"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -38,10 +45,11 @@ def _registrars() -> list[Register]:
 
 class Parser(argparse.ArgumentParser):
     """A parser whose usage errors are one line (exit 2) that points at ``--help``, not the whole usage block:
-    the collector's usage alone is thirty lines, and the error is what the user has to read."""
+    the collector's usage alone is thirty lines, and the error is what the user has to read. A mistyped
+    choice gets the closest one suggested."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {with_choice_suggestion(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,12 +77,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args``, except that an unknown option is the chosen command's usage error and names
+    the closest option it has (``--windw``: did you mean ``--window``?)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = _command_parser(parser, getattr(args, "command", None)) or parser
+        command.error(unrecognized_message(extras, long_options(command, parser)))
+    return args
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            chosen: argparse.ArgumentParser = action.choices[command]
+            return chosen
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # grpc logs a failed TLS handshake itself, on stderr, once per attempt ("I... ssl_transport_security.cc"),
     # beside the commands' own one line on what is wrong. It reads this when imported: before the commands are.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     logging.basicConfig(
         level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -12,6 +12,7 @@ every other command has its own prefix, so one command's setting never changes a
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import math
 import os
@@ -206,12 +207,19 @@ class _FromEnv(str):
         return self
 
 
-def _converter(convert: Callable[[str], Any], choices: Collection[Any] | None) -> Callable[[str], Any]:
-    """``convert`` that also checks ``choices`` and names the variable when the text came from one."""
+def _converter(
+    convert: Callable[[str], Any], choices: Collection[Any] | None, renamed: tuple[str, str, str] | None = None
+) -> Callable[[str], Any]:
+    """``convert`` that also checks ``choices`` and names the variable when the text came from one.
+
+    ``renamed`` is (command, old variable, new variable): a value read from the old one says it is deprecated
+    (argparse converts a default only when its option was not given, so the line shows only when it counts)."""
     name = getattr(convert, "__name__", "value")
 
     def checked(text: str) -> Any:
         origin = f" (from {text.variable})" if isinstance(text, _FromEnv) else ""
+        if renamed is not None and isinstance(text, _FromEnv) and text.variable == renamed[1]:
+            print(f"{renamed[0]}: {renamed[1]} is deprecated, use {renamed[2]}", file=sys.stderr)
         try:
             value = convert(str(text))
         except argparse.ArgumentTypeError as error:
@@ -238,20 +246,25 @@ def add_option(
     type: Callable[[str], Any] = str,
     choices: Sequence[Any] | None = None,
     required: bool = False,
+    old_env: str | None = None,
     **kwargs: Any,
 ) -> None:
     """Add ``flag`` whose default comes from ``env`` (``<prefix><FLAG>`` unless given), then ``default``.
 
     The help text names the variable and the default, so ``--help`` documents both. A required option is
-    satisfied by its variable.
+    satisfied by its variable. ``old_env`` is the variable's former name: still read when the new one is
+    unset, with a deprecation line when its value is used.
     """
     variable = env or env_name(flag, prefix)
-    raw = os.environ.get(variable, "")
+    raw, source = os.environ.get(variable, ""), variable
+    if not raw and old_env:
+        raw, source = os.environ.get(old_env, ""), old_env
     shown = "" if default is None else f"; default {default}"
+    renamed = (getattr(parser, "prog", "otel-ofu"), old_env, variable) if old_env else None
     parser.add_argument(
         flag,
-        default=_FromEnv(raw, variable) if raw else default,
-        type=_converter(type, choices),
+        default=_FromEnv(raw, source) if raw else default,
+        type=_converter(type, choices, renamed),
         choices=choices,
         required=required and not raw,
         help=f"{help} (env {variable}{shown})",
@@ -325,6 +338,46 @@ class _Deprecated(argparse.Action):
 def add_deprecated_alias(parser: Container, old: str, new: str, *, dest: str, **kwargs: Any) -> None:
     """``old`` sets ``dest`` like ``new`` does (pass the same ``type``), with a deprecation line."""
     parser.add_argument(old, dest=dest, action=_Deprecated, new=new, **kwargs)
+
+
+# --- suggestions for a mistyped option or choice (argparse in Python 3.11 makes none) -------------------
+
+_INVALID_CHOICE: Final = re.compile(
+    r"invalid choice: '(?P<given>[^']*)'(?: \(from [A-Z0-9_]+\))? \(choose from (?P<choices>.*)\)$"
+)
+
+
+def closest(word: str, candidates: Collection[str]) -> str | None:
+    """The candidate ``word`` was most likely meant to be (difflib's ratio of at least 0.6), else None."""
+    found = difflib.get_close_matches(word, sorted(candidates), n=1)
+    return found[0] if found else None
+
+
+def long_options(*parsers: argparse.ArgumentParser) -> set[str]:
+    """Every ``--option`` these parsers take (hidden ones too: an old spelling is still a right one)."""
+    flags = (flag for parser in parsers for action in parser._actions for flag in action.option_strings)
+    return {flag for flag in flags if flag.startswith("--")}
+
+
+def unrecognized_message(extras: Sequence[str], options: Collection[str]) -> str:
+    """argparse's "unrecognized arguments" line, with the closest option for each mistyped one."""
+    guesses = []
+    for extra in extras:
+        given = extra.split("=", 1)[0]
+        if given.startswith("--") and (guess := closest(given, options)) is not None:
+            guesses.append(f"{given}: did you mean {guess}?")
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    return f"{message} ({'; '.join(guesses)})" if guesses else message
+
+
+def with_choice_suggestion(message: str) -> str:
+    """An "invalid choice" message with the closest choice added; any other message as it is."""
+    match = _INVALID_CHOICE.search(message)
+    if match is None:
+        return message
+    choices = [choice.strip().strip("'") for choice in match.group("choices").split(",")]
+    guess = closest(match.group("given"), choices)
+    return message if guess is None else f"{message}: did you mean {guess}?"
 
 
 def option_variables(parser: argparse.ArgumentParser) -> dict[str, str]:

@@ -81,6 +81,11 @@ def raw_ofu(tensor_active: float | None, sm_clock_hz: float | None, max_clock_hz
     return tpa * board_clock_ratio(sm_clock_hz, max_clock_hz)
 
 
+def reference_clock_hz(max_clock_hz: float | None, tensor_clock_hz: float | None) -> float | None:
+    """The clock OFU divides the SM clock by: the tensor clock where it is known, else the max SM clock."""
+    return tensor_clock_hz if tensor_clock_hz is not None else max_clock_hz
+
+
 def domain_clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, tensor_clock_hz: float | None) -> float:
     """The clock ratio in the tensor clock domain when it is known, the board domain otherwise.
 
@@ -93,7 +98,7 @@ def domain_clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, te
     board = board_clock_ratio(sm_clock_hz, max_clock_hz)  # validates both clocks
     if tensor_clock_hz is None:
         return board
-    tensor = check_clock("tensor clock", tensor_clock_hz)
+    tensor = check_clock("tensor clock", reference_clock_hz(max_clock_hz, tensor_clock_hz))
     return min(float(sm_clock_hz) / tensor, 1.0)  # type: ignore[arg-type]  # validated above
 
 

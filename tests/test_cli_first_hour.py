@@ -278,7 +278,7 @@ def test_log_level_before_or_after_the_command(monkeypatch: pytest.MonkeyPatch) 
 
 def test_run_names_the_prometheus_host_as_the_collector_does(capsys: pytest.CaptureFixture[str]) -> None:
     parser = cli.build_parser()
-    assert parser.parse_args(["run"]).prometheus_host == "0.0.0.0"
+    assert parser.parse_args(["run"]).prometheus_host == "127.0.0.1"
     assert parser.parse_args(["run", "--prometheus-host", "127.0.0.1"]).prometheus_host == "127.0.0.1"
     assert parser.parse_args(["collector", "--prometheus-host", "127.0.0.1"]).prometheus_host == "127.0.0.1"
     capsys.readouterr()
@@ -319,7 +319,7 @@ def test_the_snapshot_table_reads_at_80_columns() -> None:
     assert all(len(line) <= 80 for line in text)
     rows = [line for line in text if "H100-SXM" in line]
     assert len(rows) == 2  # one line per GPU: nothing wrapped onto a second line
-    assert rows[0].split()[2:] == ["0.496", "1950", "1980", "0.496", "490.3", "job-1001"]
+    assert rows[0].split()[2:] == ["0.496", "1950", "1830", "0.496", "490.3", "job-1001"]  # ref: the tensor clock
     assert "1755" in rows[1]
     assert rows[1].split()[0].endswith("…/7")  # the host is cut, never the GPU index
     # The error is a note under the table, in full, its number where the GPU's OFU would be.

@@ -188,3 +188,94 @@ def test_grafana_exprs_parse_as_promql(tmp_path: Path, promtool: str) -> None:
     result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+# --- Grafana: what each panel shows, as a reader needs it ----------------------------------------------
+
+
+def _grafana() -> Any:
+    return json.loads((DASHBOARDS / "grafana.json").read_text())
+
+
+def _metrics_in(expr: str) -> set[str]:
+    return set(re.findall(r"[a-z][a-z0-9_]*(?=\{)", expr))
+
+
+OFU_SERIES = {
+    generate.prometheus_name(spec.name) for spec in (names.FLEET_OFU_QUANTILE, names.JOB_OFU, names.JOB_OFU_LOSS)
+}
+
+
+def test_every_grafana_panel_has_a_unit_and_ofu_reads_as_a_percentage() -> None:
+    for panel in _grafana()["panels"]:
+        unit = panel["fieldConfig"]["defaults"]["unit"]
+        assert unit, panel["title"]
+        metrics = set().union(*(_metrics_in(target["expr"]) for target in panel["targets"]))
+        if metrics and metrics <= OFU_SERIES | {generate.prometheus_name(names.JOB_OFU_MFU_GAP.name)}:
+            # OFU is a fraction: 0.45 must read 45%, not 0.45.
+            assert unit == "percentunit", panel["title"]
+    by_title = {panel["title"]: panel for panel in _grafana()["panels"]}
+    # The MAE beside the correlation is a difference of OFUs: a percentage too, r a plain number.
+    stat = by_title["Fleet OFU-MFU correlation and MAE"]
+    (override,) = stat["fieldConfig"]["overrides"]
+    assert override["matcher"] == {"id": "byFrameRefID", "options": "B"}
+    assert stat["targets"][1]["refId"] == "B"
+    assert generate.prometheus_name(names.FLEET_OFU_MFU_MAE.name) in stat["targets"][1]["expr"]
+    assert {"id": "unit", "value": "percentunit"} in override["properties"]
+
+
+def test_grafana_tables_are_instant_queries_and_the_dashboard_refreshes() -> None:
+    dashboard = _grafana()
+    tables = [panel for panel in dashboard["panels"] if panel["type"] == "table"]
+    assert len(tables) == 3  # flagged jobs, straggler GPUs, idle GPUs
+    for panel in tables:
+        for target in panel["targets"]:
+            # One row per series at its latest value, not every sample of the time range.
+            assert target["instant"] is True, panel["title"]
+            assert target["range"] is False, panel["title"]
+            assert target["format"] == "table", panel["title"]
+    assert re.fullmatch(r"\d+[smh]", dashboard["refresh"])
+
+
+def test_grafana_energy_and_flops_per_joule_have_their_own_axes_and_units() -> None:
+    energy = generate.prometheus_name(names.FLEET_ENERGY.name)
+    flops_per_joule = generate.prometheus_name(names.JOB_FLOPS_PER_JOULE.name)
+    (panel,) = [p for p in _grafana()["panels"] if any(flops_per_joule in t["expr"] for t in p["targets"])]
+    kwh, per_joule = panel["targets"]
+    assert energy in kwh["expr"]
+    assert flops_per_joule in per_joule["expr"]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "kwatth"
+    (override,) = panel["fieldConfig"]["overrides"]
+    assert override["matcher"] == {"id": "byFrameRefID", "options": per_joule["refId"]}
+    properties = {item["id"]: item["value"] for item in override["properties"]}
+    assert properties == {"unit": "suffix: GFLOP/J", "custom.axisPlacement": "right"}
+    # An H100 at 400 TFLOP/s for 700 W does 5.7e11 FLOP/J: shown as 571 GFLOP/J, so the query divides by 1e9.
+    assert per_joule["expr"].endswith("/ 1000000000")
+
+
+@pytest.fixture(scope="module")
+def demo_series() -> dict[str, list[set[str]]]:
+    """Each output metric's series label names, as the collector's Prometheus endpoint shows the demo fleet
+    (every flag raised, priced, with energy): what a Grafana selector can filter on."""
+    from otel_ofu_collector.demo import run_demo
+    from otel_ofu_collector.outputs.prometheus import window_series
+
+    found: dict[str, list[set[str]]] = {}
+    for series in (found for report in run_demo(start_ns=1_800_000_000 * 10**9) for found in window_series(report)):
+        found.setdefault(series.name, []).append({label for label, _ in series.labels})
+    return found
+
+
+def test_grafana_panels_filter_only_on_labels_their_series_have(demo_series: dict[str, list[set[str]]]) -> None:
+    """A variable's matcher on a label its series lack empties the panel as soon as a value is chosen (the
+    straggler panel did, filtering GPU series on the job's model)."""
+    checked = 0
+    for panel in _grafana()["panels"]:
+        for target in panel["targets"]:
+            for metric, selector in re.findall(r"([a-z][a-z0-9_]*)\{([^}]*)\}", target["expr"]):
+                assert demo_series.get(metric), f"the demo fleet shows no {metric}"
+                filtered = set(re.findall(r'([a-z_]+)=~"\$\w+"', selector))
+                for labels in demo_series[metric]:
+                    assert filtered <= labels, (panel["title"], metric, filtered - labels)
+                checked += 1
+    assert checked >= 14

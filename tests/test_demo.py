@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import io
+import time
 from pathlib import Path
 
+import attrs
 import pytest
+from rich.console import Console
 
 from otel_ofu import names
 from otel_ofu.cli import main
 from otel_ofu.sources.simulated import GpuFault, ProfileKind, SimulatedFleet
-from otel_ofu_collector.demo import run_demo
+from otel_ofu_collector.demo import UnreadableGpus, print_unreadable, run_demo, short_duration_warning
 from otel_ofu_collector.report.summary import IDLE, STRAGGLER, FleetSummary, summarize
+from otel_ofu_collector.report.terminal import print_report
 from otel_ofu_collector.results import WindowReport
 
 
 @pytest.fixture(scope="module")
-def reports() -> list[WindowReport]:
-    return run_demo(duration_s=1800, interval_s=10, window_s=60, seed=7)
+def unreadable() -> UnreadableGpus:
+    return UnreadableGpus()
+
+
+@pytest.fixture(scope="module")
+def reports(unreadable: UnreadableGpus) -> list[WindowReport]:
+    return run_demo(duration_s=1800, interval_s=10, window_s=60, seed=7, observers=[unreadable])
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +131,7 @@ def test_the_command_prints_the_report_and_exits_zero(capsys: pytest.CaptureFixt
     assert "straggler: GPU dgx-h100-01/" in flat
     assert "clock held down by its power cap" in flat
     assert "idle allocation: 1 GPU" in flat
-    assert "example price of 2.50 USD per GPU-hour" in flat
+    assert "example price of 2.50 USD per H100 GPU-hour" in flat
     assert "Fleet lost" in flat
 
 
@@ -135,3 +145,106 @@ def test_a_mixed_precision_job_reads_as_both_precisions_whichever_window_ends_th
     assert job.precision == f"{spec.precision}+{spec.alternate_precision}"
     short = summarize(run_demo(duration_s=120, interval_s=10, window_s=60, seed=7))
     assert next(j for j in short.jobs if j.job_id == spec.job_id).precision == spec.precision
+
+
+# --- what a new user reads: the record ends now, at 80 columns, piped --------------------------------
+
+
+def test_the_record_ends_by_now_not_half_an_hour_into_the_future() -> None:
+    before = time.time_ns()
+    reports = run_demo(duration_s=300, interval_s=10, window_s=60, seed=7)
+    after = time.time_ns()
+    # 300 s of fleet time ending by now: 5 windows of 60 s, the first starting (aligned down to the
+    # minute) at most 300 + 60 s before the run began, the last ending no later than the run ended.
+    assert len(reports) == 5
+    assert reports[-1].end_ns <= after
+    assert reports[0].start_ns >= before - 360 * 10**9
+    assert reports[-1].end_ns - reports[0].start_ns == 300 * 10**9
+
+
+def test_a_duration_shorter_than_a_window_is_warned_with_the_minimum(capsys: pytest.CaptureFixture[str]) -> None:
+    assert short_duration_warning(1800, 10, 60) is None
+    assert short_duration_warning(60, 10, 60) is None
+    assert main(["demo", "--duration", "30"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "otel-ofu demo: --duration 30 s is shorter than one window (--window 60 s, reads every 10 s): no whole "
+        "window closes. Give --duration 60 or more"
+    ) in err
+    # Reads 20 s apart cannot fill a 15 s window either: the minimum is the longer of the two.
+    warning = short_duration_warning(15, 20, 10)
+    assert warning is not None
+    assert "Give --duration 20 or more" in warning
+
+
+def rendered(summary: FleetSummary, unreadable: UnreadableGpus, console: Console) -> list[str]:
+    print_report(summary, console, title="otel-ofu demo: fleet report")
+    print_unreadable(unreadable, console)
+    file = console.file
+    assert isinstance(file, io.StringIO)
+    return file.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("piped", [False, True], ids=["terminal-80", "piped"])
+def test_the_report_fits_80_columns_on_a_terminal_and_piped(
+    piped: bool, summary: FleetSummary, unreadable: UnreadableGpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+    # Piped: not a terminal, so rich takes its default of 80 columns; else a terminal 80 columns wide (its
+    # colours left out, so that the text can be measured).
+    file = io.StringIO()
+    console = Console(file=file) if piped else Console(file=file, width=80, force_terminal=True, color_system=None)
+    assert console.is_terminal is not piped
+    plain = rendered(summary, unreadable, console)
+    assert all(len(line) <= 80 for line in plain), [line for line in plain if len(line) > 80]
+
+    # Nothing wraps in a table: each job is one line in the jobs table and one in the loss table, each
+    # GPU group one line (short model names), and no cell carries a unit (it is in the header).
+    rows = [line for line in plain if line.startswith("job-")]
+    assert len(rows) == 2 * len(summary.jobs)
+    assert not any("GPU-h" in row or "USD" in row for row in rows)
+    assert len([line for line in plain if line.startswith("H100-SXM ")]) == len(summary.last_groups)
+    (loss_header,) = [line for line in plain if line.startswith("job ") and "lost GPU-h" in line]
+    assert loss_header.split() == ["job", "GPU-h", "OFU", "idle", "clock", "tensor", "lost", "GPU-h", "lost", "USD"]
+
+    # The idle job's OFU reads the same in both tables (it was 0.00059% in one and 0.0% in the other).
+    idle_rows = [row.split() for row in rows if row.startswith("job-1006")]
+    assert idle_rows[0][3] == "<0.1%"  # jobs table: job, name, GPUs, OFU
+    assert idle_rows[1][2] == "<0.1%"  # loss table: OFU column
+
+    # Flagged jobs: one paragraph per reason, every line of it indented, none back at the margin.
+    start = plain.index("Flagged jobs and GPUs:")
+    paragraphs = plain[start + 1 : plain.index("", start)]
+    assert len([line for line in paragraphs if line.startswith("  job-")]) == sum(
+        len(job.reasons()) for job in summary.jobs
+    )
+    assert all(line.startswith("  ") for line in paragraphs)
+
+
+def test_the_flaky_gpu_the_readme_promises_is_in_the_report(summary: FleetSummary, unreadable: UnreadableGpus) -> None:
+    (flaky,) = SimulatedFleet.demo(seed=7).flaky_gpus
+    lines = rendered(summary, unreadable, Console(file=io.StringIO(), width=80))
+    (line,) = [line for line in lines if line.startswith(f"  GPU {flaky.host}/{flaky.index} ({flaky.job_id}): ")]
+    # 1800 s read every 10 s: 180 reads, some of them failed (an outage of 15-45 s every 4 minutes or so).
+    failed = int(line.split(": ")[1].split()[0])
+    assert 0 < failed < 180
+    assert f"{failed} of 180 reads failed (" in line
+    assert set(unreadable.by_gpu) == {(f"{flaky.host}/{flaky.index}", flaky.job_id)}  # no other GPU failed
+
+
+def test_long_ids_and_names_are_cut_not_wrapped(summary: FleetSummary) -> None:
+    # A Kubernetes job id is <namespace>/<workload>: 40 characters and more. Only ids and names give way.
+    long_id = "research-llm-pretraining/llama3-405b-pretrain-run-0042"
+    job = summary.jobs[0]
+    renamed = attrs.evolve(job, job_id=long_id, attributes={**job.attributes, names.JOB_NAME: long_id + "-name"})
+    console = Console(file=io.StringIO(), width=80)
+    print_report(attrs.evolve(summary, jobs=(renamed, *summary.jobs[1:])), console)
+    file = console.file
+    assert isinstance(file, io.StringIO)
+    lines = file.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    rows = [line for line in lines if line.startswith("research-llm-p")]
+    assert len(rows) == 2  # the jobs table and the loss table, one line each
+    assert all("…" in row for row in rows)
+    assert rows[0].split()[-1] == "straggler"  # the flag is never the part cut

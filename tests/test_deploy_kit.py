@@ -84,6 +84,8 @@ def test_systemd_unit_sets_only_run_options(monkeypatch: pytest.MonkeyPatch) -> 
     environment = unit_environment(text)
     check_settings(environment, argv, monkeypatch)
     assert "KillSignal=SIGTERM" in text  # SIGTERM flushes the last interval
+    # Scraped from the Prometheus host, and the producer's endpoint is on loopback unless told otherwise.
+    assert environment["OTEL_OFU_PROMETHEUS_HOST"] == "0.0.0.0"
 
 
 def test_daemonset_sets_only_run_options_and_mounts_what_they_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,6 +102,8 @@ def test_daemonset_sets_only_run_options_and_mounts_what_they_name(monkeypatch: 
     assert proc["readOnly"] is True
     ports = {port["containerPort"] for port in container["ports"]}
     assert int(environment["OTEL_OFU_PROMETHEUS_PORT"]) in ports
+    # The producer's endpoint is on loopback unless told otherwise: a declared pod port must be opened.
+    assert environment["OTEL_OFU_PROMETHEUS_HOST"] == "0.0.0.0"
 
 
 def run_script(name: str, mapping: Path, job: str, gpus: str) -> None:

@@ -1,4 +1,5 @@
-"""The tour of examples/README.md end to end: the simulated fleet and the example training loop meet in the collector.
+"""The tour of examples/README.md end to end: run as written, top to bottom (the last tests here), and its
+first stop in detail: the simulated fleet and the example training loop meet in the collector.
 
     otel-ofu run --source sim ----------- gpu.* (24 GPUs, jobs job-1001..1006) --+
                                                                                  +--OTLP gRPC--> CollectorService
@@ -20,10 +21,12 @@ usual run takes about four seconds, most of it the two processes importing NumPy
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -209,3 +212,90 @@ def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path, require: Cal
     complaints = [line for line in (result.stdout + result.stderr).splitlines() if unit.name in line]
     assert result.returncode == 0, result.stderr
     assert complaints == []
+
+
+# --- the tour of examples/README.md as written, top to bottom -----------------------------------------
+
+TOUR = ROOT / "examples" / "README.md"
+FENCE = re.compile(r"^```(sh|text)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+# The ports the tour names, each given a free one here (other runs on this machine may hold the named ones).
+TOUR_PORTS = ("4317", "4318", "4327", "4337", "9464")
+TOUR_BOUND_S = 300  # the tour waits about 40 s of its own (the set-up, a window to close, 20 s of agent)
+
+
+def tour_blocks() -> list[tuple[str, list[str]]]:
+    """Each ``sh`` block of the tour with the lines of the ``text`` blocks that follow it (what it prints)."""
+    blocks: list[tuple[str, list[str]]] = []
+    for kind, body in FENCE.findall(TOUR.read_text(encoding="utf-8")):
+        if kind == "sh":
+            blocks.append((body, []))
+        else:
+            assert blocks, "a text block before any command"
+            blocks[-1][1].extend(line for line in body.splitlines() if line.strip())
+    return blocks
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for probe in sockets:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in sockets]
+    finally:
+        for probe in sockets:
+            probe.close()
+
+
+def pattern(line: str) -> re.Pattern[str]:
+    """A documented output line as a regex: literal, except that ``...`` stands for anything."""
+    return re.compile(".*".join(re.escape(part) for part in line.split("...")))
+
+
+def test_the_tour_parses_into_commands_and_their_outputs() -> None:
+    blocks = tour_blocks()
+    assert len(blocks) >= 12
+    assert blocks[0][0].startswith("otel-ofu collector --listen 127.0.0.1:4327")
+    assert blocks[-1][0].strip() == "kill %1 %2"
+    assert pattern("wrote /tmp/r.html (... windows, 6 jobs, flagged: ...b, c)").search(
+        "wrote /tmp/r.html (12 windows, 6 jobs, flagged: a, b, c)"
+    )
+    assert not pattern("none flagged").search("wrote x (3 windows, 6 jobs, flagged: a)")
+
+
+def test_the_tour_runs_top_to_bottom_exactly_as_written(tmp_path: Path, require: Callable[[bool, str], None]) -> None:
+    """Every ``sh`` block in order in one bash, as a reader pastes them, with only the named ports and /tmp
+    swapped for free ones; then every documented output line must have been printed after its command."""
+    otelcol = ROOT / "build" / "otelcol" / "otelcol-ofu"
+    require(otelcol.exists(), "build/otelcol/otelcol-ofu is not built (make otelcol)")
+    require(shutil.which("promtool") is not None, "promtool (Debian package prometheus) is not installed")
+    ports = dict(zip(TOUR_PORTS, (str(port) for port in free_ports(len(TOUR_PORTS))), strict=True))
+
+    def here(text: str) -> str:
+        text = re.sub(r"\b(" + "|".join(TOUR_PORTS) + r")\b", lambda m: ports[m.group(1)], text)
+        return text.replace("/tmp/", f"{tmp_path}/")
+
+    blocks = [(here(command), [here(line) for line in prints]) for command, prints in tour_blocks()]
+    assert len(blocks) >= 12, "the tour's commands are its sh blocks"
+    assert sum(len(prints) for _, prints in blocks) >= 12, "the tour's documented outputs are its text blocks"
+    script = "set -e\n" + "".join(f"echo '@@tour {i}@@'\n{command}\n" for i, (command, _) in enumerate(blocks))
+    (tmp_path / "tour.sh").write_text(script, encoding="utf-8")
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "OFU_"))}
+    environment["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environment.get('PATH', '')}"
+    environment["COLUMNS"] = "80"
+    with (tmp_path / "tour.out").open("w", encoding="utf-8") as out:
+        tour = subprocess.Popen(
+            ["bash", str(tmp_path / "tour.sh")], cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = tour.wait(timeout=TOUR_BOUND_S)
+        finally:  # whatever the tour left running (it stops its own jobs when it gets to the end)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(tour.pid, signal.SIGKILL)
+    output = (tmp_path / "tour.out").read_text(encoding="utf-8")
+    assert code == 0, output[-4000:]
+    for index, (command, prints) in enumerate(blocks):
+        # What a command prints shows after it started (its background jobs may print a little later).
+        after = output[output.index(f"@@tour {index}@@") :].splitlines()
+        for line in prints:
+            assert any(pattern(line).search(printed) for printed in after), (command, line, output[-4000:])

@@ -209,6 +209,8 @@ def test_the_producer_reaches_the_collector_and_mounts_the_pod_resources_socket(
     # Prometheus annotations-free scraping: the port the producer serves is the one it declares.
     if "OTEL_OFU_PROMETHEUS_PORT" in env:
         assert container_ports(daemonset)["metrics"] == int(env["OTEL_OFU_PROMETHEUS_PORT"])
+        # The producer listens on loopback unless told otherwise: the declared port must be opened.
+        assert env["OTEL_OFU_PROMETHEUS_HOST"] == "0.0.0.0"
     else:
         assert "ports" not in container
 

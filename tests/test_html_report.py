@@ -205,11 +205,25 @@ def test_summary_numbers() -> None:
     summary = page[page.index('<section class="summary">') : page.index("<h2>Flagged jobs</h2>")]
     assert ">8</div>" in summary  # GPUs in the last window
     assert '<div class="value">4</div><div class="label">jobs (3 report MFU)</div>' in summary
-    assert ">0.35</div>" in summary  # fleet r
+    # The fleet's r over 3 jobs is no finding: it reads "not enough jobs" with how many it had.
+    assert (
+        '<div class="stat" id="fleet-r"><div class="value">not enough jobs</div>'
+        '<div class="label">fleet r(OFU, MFU): 3 jobs with both; it needs 4 or more</div></div>'
+    ) in summary
+    assert ">0.35</div>" not in summary
     assert ">9.0%</div>" in summary  # fleet MAE
     assert "OFU percentiles of the last window" in summary
     # header, then one row per group (model, precision): the rows the terminal report prints
     assert summary.count("<tr>") == 1 + 2
+
+
+def test_the_fleet_r_is_a_headline_from_four_jobs() -> None:
+    reports = [attrs.evolve(r, fleet=attrs.evolve(r.fleet, jobs=4)) for r in synthetic_reports()]
+    page = build_report(reports)
+    assert (
+        '<div class="stat" id="fleet-r"><div class="value">0.35</div>'
+        '<div class="label">fleet r(OFU, MFU) over 4 jobs</div></div>'
+    ) in page
 
 
 def test_the_last_windows_percentiles_are_the_terminals_rows() -> None:
@@ -239,8 +253,13 @@ def test_summary_shows_an_undefined_fleet_correlation_as_absent_not_nan() -> Non
     summary = _summary_section(page)
     assert "nan" not in summary.lower()
     assert "inf" not in summary.lower()
-    assert '<div class="value">-</div><div class="label">fleet r(OFU, MFU) over 0 jobs</div>' in summary
+    assert '<div class="value">not enough jobs</div><div class="label">fleet r(OFU, MFU): 0 jobs with' in summary
     assert '<div class="value">-</div><div class="label">fleet MAE |OFU - MFU|</div>' in summary
+    # Over enough jobs but undefined (every job's MFU the same, say): absent, never "nan".
+    enough = attrs.evolve(last, fleet=attrs.evolve(nan_fleet, jobs=5))
+    summary = _summary_section(build_report([*reports[:-1], enough]))
+    assert '<div class="value">-</div><div class="label">fleet r(OFU, MFU) over 5 jobs</div>' in summary
+    assert "nan" not in summary.lower()
 
 
 def test_summary_takes_the_fleet_figures_from_the_fleet_summary() -> None:
@@ -250,7 +269,7 @@ def test_summary_takes_the_fleet_figures_from_the_fleet_summary() -> None:
     reports = [*reports[:-1], shrunk]
     summary = _summary_section(build_report(list(reversed(reports))))  # any order
     assert '<div class="value">4</div><div class="label">GPUs in the last window (peak 8)</div>' in summary
-    assert '>0.35</div><div class="label">fleet r(OFU, MFU) over 3 jobs</div>' in summary
+    assert "fleet r(OFU, MFU): 3 jobs with both" in summary  # the last window's count
     assert f"3 windows of 60 s, from {format_time(T0)} to {format_time(T0 + 3 * WINDOW)}" in summary
 
 
@@ -379,3 +398,18 @@ def test_report_options_have_environment_variables(
     help_text = capsys.readouterr().out
     for variable in ("RECORDS", "CAPTURE", "LIVE", "OUT", "TITLE", "WINDOW"):
         assert f"OTEL_OFU_REPORT_{variable}" in help_text
+
+
+def test_every_flag_the_detectors_define_has_a_badge_style_and_a_new_one_gets_one() -> None:
+    from otel_ofu_collector.report.html_page import FLAG_PALETTE, flag_colour, flag_styles
+    from otel_ofu_collector.report.summary import FLAG_KINDS
+
+    page = build_report(synthetic_reports())
+    for kind in FLAG_KINDS:  # miscount, regression, idle, straggler: each painted in its own colour
+        assert f".flag.{kind} {{ background: {flag_colour(kind)}; }}" in page
+    assert len({flag_colour(kind) for kind in FLAG_KINDS}) == len(FLAG_KINDS)
+    # A flag no colour was chosen for takes the palette's next one, in the detectors' order.
+    kinds = (*FLAG_KINDS, "thermal-drift", "nvlink-errors")
+    styles = flag_styles(kinds)
+    assert f".flag.thermal-drift {{ background: {FLAG_PALETTE[0]}; }}" in styles
+    assert f".flag.nvlink-errors {{ background: {FLAG_PALETTE[1]}; }}" in styles

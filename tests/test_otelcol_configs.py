@@ -60,10 +60,45 @@ def test_sharding_routes_by_job_id() -> None:
     assert balancer["resolver"]
 
 
+GATEWAYS = {  # the shipped gateway -> its otelcol-contrib variant with the datadog exporter
+    OTELCOL / "backend-gateway.yaml": OTELCOL / "contrib" / "backend-gateway.yaml",
+    OTELCOL / "sharded" / "gateway.yaml": OTELCOL / "contrib" / "sharded-gateway.yaml",
+}
+
+
+def test_the_gateways_send_datadog_its_otlp_intake_with_deltas_and_the_api_key() -> None:
+    for path in GATEWAYS:
+        config = load(path)
+        assert "datadog" not in config["exporters"]  # otel-ofu's own Collector build has no datadog exporter
+        datadog = config["exporters"]["otlphttp/datadog"]
+        assert datadog["metrics_endpoint"] == "https://otlp.${env:DD_SITE}/v1/metrics"
+        assert datadog["headers"]["dd-api-key"] == "${env:DD_API_KEY}"
+        translator = yaml.safe_load(datadog["headers"]["dd-otel-metric-config"])  # a JSON object
+        assert translator == {"resource_attributes_as_tags": True}
+        to_datadog = [p for p in config["service"]["pipelines"].values() if "otlphttp/datadog" in p["exporters"]]
+        assert to_datadog
+        for pipeline in to_datadog:
+            # The intake takes delta temporality only: cumulative sums (gpu.energy passed through) converted.
+            assert "cumulativetodelta" in pipeline["processors"], pipeline
+            assert pipeline["processors"].index("cumulativetodelta") < pipeline["processors"].index("batch")
+
+
+def test_the_contrib_variants_differ_only_by_the_datadog_exporter() -> None:
+    for path, variant in GATEWAYS.items():
+        shipped, contrib = load(path), load(variant)
+        exporter = contrib["exporters"].pop("datadog")
+        assert exporter["api"] == {"key": "${env:DD_API_KEY}", "site": "${env:DD_SITE}"}
+        assert exporter["metrics"]["resource_attributes_as_tags"] is True
+        assert exporter["metrics"]["sums"]["cumulative_monotonic_mode"] == "to_delta"
+        del shipped["exporters"]["otlphttp/datadog"]
+        for pipeline in contrib["service"]["pipelines"].values():
+            pipeline["exporters"] = ["otlphttp/datadog" if e == "datadog" else e for e in pipeline["exporters"]]
+        assert contrib == shipped, f"{variant.name} drifted from {path.name}"
+
+
 def test_backends_are_configured_as_they_need() -> None:
-    for path in (OTELCOL / "backend-gateway.yaml", OTELCOL / "sharded" / "gateway.yaml"):
+    for path in GATEWAYS:
         exporters = load(path)["exporters"]
-        assert exporters["datadog"]["metrics"]["resource_attributes_as_tags"] is True
         honeycomb = exporters["otlp/honeycomb"]["headers"]
         assert {"x-honeycomb-team", "x-honeycomb-dataset"} <= set(honeycomb)
         assert "prometheus" in exporters

@@ -3,12 +3,15 @@ script error, and the screenshot shows the plots' colours, not a blank page. A b
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -17,6 +20,7 @@ from otel_ofu import names
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.report.html_page import COLOUR_HEALTHY, COLOUR_MISCOUNT, write_report
+from otel_ofu_collector.report.summary import FLAG_KINDS
 from otel_ofu_collector.results import WindowReport
 
 S = 1_000_000_000
@@ -168,3 +172,115 @@ def test_a_broken_page_is_caught(tmp_path: Path) -> None:
     assert dom.errors_hidden is False
     assert "A plot could not be drawn" in dom.error_text
     assert dom.figures_with_svg == set(FIGURES) - {"ofu-distribution"}
+
+
+# --- what a reader sees: flags that stand out, no legend on a title, no sideways scroll -------------------
+
+# Run in the page once plotly has drawn: what the checks below read, as JSON in <pre id="probe">.
+PROBE = """
+<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  function rgb(text) { var m = text.match(/[\\d.]+/g) || []; return m.slice(0, 4).map(Number); }
+  function backdrop(el) {  // the colour behind an element: its nearest ancestor with an opaque background
+    for (var up = el.parentElement; up; up = up.parentElement) {
+      var c = rgb(getComputedStyle(up).backgroundColor);
+      if (c.length === 3 || c[3] > 0) { return c.slice(0, 3); }
+    }
+    return [255, 255, 255];
+  }
+  function box(el) { var r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }
+  var badges = [].map.call(document.querySelectorAll("span.flag"), function (el) {
+    var s = getComputedStyle(el);
+    return {kind: el.className.replace("flag", "").trim(), background: rgb(s.backgroundColor),
+            color: rgb(s.color), behind: backdrop(el)};
+  });
+  var figures = [].map.call(document.querySelectorAll(".js-plotly-plot"), function (plot) {
+    var legend = plot.querySelector("g.legend");
+    var titles = plot.querySelectorAll(".gtitle, .g-xtitle, .g-ytitle, g.annotation");
+    return {id: plot.id, legend: legend ? box(legend) : null,
+            titles: [].map.call(titles, function (t) { return {text: t.textContent, box: box(t)}; })};
+  });
+  var pre = document.createElement("pre");
+  pre.id = "probe";
+  pre.textContent = JSON.stringify({badges: badges, figures: figures,
+    scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth});
+  document.body.appendChild(pre);
+}, 500); });
+</script>
+"""
+
+
+@pytest.fixture(scope="module")
+def demo_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo fleet's report (every flag kind raised), with the probe."""
+    from otel_ofu_collector.demo import run_demo
+
+    folder = tmp_path_factory.mktemp("demo-page")
+    page = write_report(folder / "report.html", run_demo(start_ns=T0), title="the demo fleet")
+    probed = folder / "probed.html"
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    return probed
+
+
+def probe(page: Path, tmp_path: Path, width: int) -> dict[str, Any]:
+    result = _chromium(page, tmp_path, "--dump-dom", f"--window-size={width},1200")
+    assert result.returncode == 0, result.stderr[-2000:]
+    match = re.search(r'<pre id="probe">(.*?)</pre>', result.stdout, re.DOTALL)
+    assert match is not None, "the probe did not run"
+    found: dict[str, Any] = json.loads(html.unescape(match.group(1)))
+    return found
+
+
+def luminance(rgb: Sequence[float]) -> float:
+    """WCAG relative luminance of an sRGB colour (0-255 per channel)."""
+    linear = [c / 255 / 12.92 if c / 255 <= 0.03928 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb[:3]]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast(a: Sequence[float], b: Sequence[float]) -> float:
+    light, dark = sorted((luminance(a), luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def test_contrast_is_wcags() -> None:
+    # Worked by hand: white on black is (1 + 0.05) / (0 + 0.05) = 21; a colour on itself 1.
+    assert contrast((255, 255, 255), (0, 0, 0)) == pytest.approx(21.0)
+    assert contrast((214, 39, 40), (214, 39, 40)) == pytest.approx(1.0)
+
+
+@pytest.mark.usefixtures("chromium")
+def test_every_flag_badge_stands_out_from_its_background(demo_page: Path, tmp_path: Path) -> None:
+    found = probe(demo_page, tmp_path, 1400)
+    kinds = {badge["kind"] for badge in found["badges"]}
+    assert kinds == set(FLAG_KINDS)  # the demo raises every flag the detectors define
+    for badge in found["badges"]:
+        background = badge["background"]
+        # Painted (not transparent: the straggler and idle badges were white text on the white table)...
+        assert len(background) == 3 or background[3] == 1, badge
+        assert background[:3] != badge["behind"], badge
+        # ...and readable: white bold text on the colour, at least 3:1 (WCAG's bar for large or bold UI text).
+        assert contrast(badge["color"], background) >= 3.0, badge
+        assert contrast(background, badge["behind"]) >= 2.0, badge
+
+
+@pytest.mark.usefixtures("chromium")
+@pytest.mark.parametrize("width", [800, 1400])
+def test_no_legend_sits_on_a_title(demo_page: Path, tmp_path: Path, width: int) -> None:
+    found = probe(demo_page, tmp_path, width)
+    figures = {figure["id"]: figure for figure in found["figures"]}
+    assert "job-timelines" in figures
+    for figure in figures.values():
+        if figure["legend"] is None:
+            continue
+        left, top, right, bottom = figure["legend"]
+        for title in figure["titles"]:
+            t_left, t_top, t_right, t_bottom = title["box"]
+            apart = right <= t_left or t_right <= left or bottom <= t_top or t_bottom <= top
+            assert apart, (figure["id"], width, title["text"])
+
+
+@pytest.mark.usefixtures("chromium")
+def test_the_page_does_not_scroll_sideways_at_800_px(demo_page: Path, tmp_path: Path) -> None:
+    found = probe(demo_page, tmp_path, 800)
+    assert found["clientWidth"] <= 800
+    assert found["scrollWidth"] <= found["clientWidth"], found["scrollWidth"]

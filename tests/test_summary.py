@@ -10,7 +10,15 @@ import pytest
 from otel_ofu import names
 from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.exphist import ExpHistogram
-from otel_ofu_collector.report.summary import MISCOUNT, REGRESSION, format_time, summarize
+from otel_ofu_collector.report.summary import (
+    MIN_FLEET_R_JOBS,
+    MISCOUNT,
+    REGRESSION,
+    format_time,
+    hours,
+    percent,
+    summarize,
+)
 from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
 
 S = 1_000_000_000
@@ -115,3 +123,31 @@ def test_fleet_figures_are_the_last_windows_and_non_finite_ones_are_absent() -> 
     assert (summary.correlation, summary.mae, summary.fleet_jobs) == (None, None, 1)
     summary = summarize([attrs.evolve(reports[0], fleet=undefined), attrs.evolve(reports[1], fleet=defined)])
     assert (summary.correlation, summary.mae, summary.fleet_jobs) == (0.5, 0.02, 7)
+
+
+def test_numbers_are_written_one_way() -> None:
+    assert percent(0.448) == "44.8%"
+    assert percent(1.0) == "100.0%"
+    assert percent(0.0) == "0.0%"
+    # An idle GPU's measured 0.00059% is not a zero: it reads "<0.1%" (it read "0.00059%" in one table
+    # and "0.0%" in another); a rounding to -0 reads 0.
+    assert percent(0.0000059) == "<0.1%"
+    assert percent(0.0005) == "0.1%"  # the smallest value written as a number
+    assert percent(-0.0001) == "0.0%"
+    assert percent(None) == "-"
+    assert hours(7956) == "2.21 GPU-h"  # 7956 s / 3600 = 2.21
+    assert hours(200) == "0.056 GPU-h"  # 0.0556: two significant digits under 0.1
+
+
+def test_the_fleet_r_is_a_finding_only_over_enough_jobs() -> None:
+    from otel_ofu_collector.report.terminal import fleet_lines
+
+    reports = _reports([_job(0.4, 0.38)])
+    few = attrs.evolve(reports[0], fleet=attrs.evolve(reports[0].fleet, correlation=0.99, jobs=MIN_FLEET_R_JOBS - 1))
+    enough = attrs.evolve(few, fleet=attrs.evolve(few.fleet, jobs=MIN_FLEET_R_JOBS))
+    assert MIN_FLEET_R_JOBS == 4
+    assert summarize([few]).correlation == 0.99  # the figure is kept, but 3 jobs are too few to show it
+    assert fleet_lines(summarize([few]))[2] == (
+        "Fleet r(OFU, MFU): not enough jobs (3 with both; it needs 4 or more). Mean absolute error -."
+    )
+    assert fleet_lines(summarize([enough]))[2] == "Fleet r(OFU, MFU) = 0.99 over 4 jobs, mean absolute error -."

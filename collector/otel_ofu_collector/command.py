@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import threading
 from types import FrameType
@@ -59,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="0.0.0.0:4317",
         type=address_or_off,
         metavar="HOST:PORT",
-        help="OTLP/gRPC listen address; off (or none) turns the gRPC receiver off",
+        help="OTLP/gRPC listen address; off (or none) turns the gRPC receiver off (then --http-listen is needed)",
     )
     options.option(
         "--http-listen",
@@ -202,7 +203,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=non_negative_float,
         help="seconds to finish up on SIGTERM",
     )
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, usage_error=parser.error)
 
 
 def _prices(text: str) -> dict[str, float]:
@@ -333,10 +334,41 @@ def _token_on_command_line() -> bool:
     return any(arg == "--bearer-token" or arg.startswith("--bearer-token=") for arg in sys.argv)
 
 
+def check_grpc_address(address: str) -> None:
+    """OSError, in one line, when the gRPC receiver could not bind ``address`` (taken, or not this host's).
+
+    Asked before grpc is: grpc would print its own raw ``E... add_port.cc`` log line on stderr before raising.
+    The receiver binds without SO_REUSEPORT, so a plain bind here gives the answer grpc would."""
+    host, _, port = address.rpartition(":")
+    if int(port) == 0:
+        return  # the system picks a free one
+    try:
+        found = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as error:
+        raise OSError(f"cannot listen for OTLP/gRPC on {address} ({error.strerror or error})") from None
+    failure: OSError | None = None
+    for family, kind, proto, _, where in found:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc sets it
+            try:
+                probe.bind(where)
+                return  # grpc binds every address it can and fails only when none binds
+            except OSError as error:
+                failure = error
+    why = failure.strerror if failure is not None and failure.strerror else "not available"
+    raise OSError(f"cannot listen for OTLP/gRPC on {address} ({why})")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.listen is None and args.http_listen is None:
+        args.usage_error("--listen and --http-listen are both off: the collector would receive nothing")
     recorder: ReportRecorder | None = None
     feed: ReportFeed | None = None
     try:
+        if args.listen is not None:
+            check_grpc_address(args.listen)
         options = options_from_args(args)
         if args.bearer_token and not args.bearer_token_file and _token_on_command_line():
             logger.warning(

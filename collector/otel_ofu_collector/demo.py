@@ -14,26 +14,32 @@ and the demo closes its windows itself, so two runs print the same numbers.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
 from otel_ofu import names
 from otel_ofu.attribution import build_chain
 from otel_ofu.cli_support import CommandOptions, output_path, positive_float
 from otel_ofu.clock import ManualClock
+from otel_ofu.gpu_samples import ComputedSnapshot
 from otel_ofu.mfu.timed import TimedMfu
 from otel_ofu.model import Clock
+from otel_ofu.producer.loop import Observer
+from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.sources.simulated import H100_SXM_NAME, SimulatedFleet
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.detectors import detector_for
 from otel_ofu_collector.loopback import LoopbackPipeline, MfuReports
 from otel_ofu_collector.prefixes import DEMO_PREFIX
-from otel_ofu_collector.report.summary import CAUSES, FleetSummary, hours, money, share, summarize
+from otel_ofu_collector.report.summary import summarize
+from otel_ofu_collector.report.terminal import print_lines, print_report
 from otel_ofu_collector.results import WindowReport
 
 DESCRIPTION = """\
@@ -53,6 +59,7 @@ GPU-hour), and which jobs and GPUs are flagged and why."""
 EXAMPLE_PRICE_PER_GPU_HOUR = 2.50
 EXAMPLE_CURRENCY = "USD"
 EXAMPLE_PRICES = {H100_SXM_NAME: EXAMPLE_PRICE_PER_GPU_HOUR}
+DEFAULT_DURATION_S = 1800.0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,7 +71,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     options = CommandOptions(parser, DEMO_PREFIX)
     options.option(
-        "--duration", metavar="SECONDS", type=positive_float, default=1800.0, help="simulated seconds of fleet time"
+        "--duration",
+        metavar="SECONDS",
+        type=positive_float,
+        default=DEFAULT_DURATION_S,
+        help="simulated seconds of fleet time, ending now (at least one --window)",
     )
     options.option(
         "--interval",
@@ -81,18 +92,42 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=_handle)
 
 
+def short_duration_warning(duration_s: float, interval_s: float, window_s: float) -> str | None:
+    """What to say when ``--duration`` cannot fill one window: its report would be empty or one partial window."""
+    least = max(window_s, interval_s)
+    if duration_s >= least:
+        return None
+    return (
+        f"otel-ofu demo: --duration {duration_s:g} s is shorter than one window (--window {window_s:g} s, "
+        f"reads every {interval_s:g} s): no whole window closes. Give --duration {least:g} or more; the flags "
+        f"need several windows (the default {DEFAULT_DURATION_S:g} s shows every one)."
+    )
+
+
 def _handle(args: argparse.Namespace) -> int:
     console = Console()
+    warning = short_duration_warning(args.duration, args.interval, args.window)
+    if warning:
+        print(warning, file=sys.stderr)
+    unreadable = UnreadableGpus()
     reports = run_demo(
-        duration_s=args.duration, interval_s=args.interval, window_s=args.window, seed=args.seed, console=console
+        duration_s=args.duration,
+        interval_s=args.interval,
+        window_s=args.window,
+        seed=args.seed,
+        console=console,
+        observers=[unreadable],
     )
     summary = summarize(reports)
-    print_report(summary, console)
+    price = f" at an example price of {EXAMPLE_PRICE_PER_GPU_HOUR:.2f} {EXAMPLE_CURRENCY} per H100 GPU-hour"
+    print_report(summary, console, title="otel-ofu demo: fleet report", price_note=price + " (not a quote)")
+    print_unreadable(unreadable, console)
     if args.html:
         from otel_ofu_collector.report.html_page import write_report
 
         write_report(Path(args.html), reports, title="otel-ofu demo fleet")
-        console.print(f"HTML report written to {args.html}")
+        # A path split over two lines could not be pasted: the terminal wraps it, rich does not.
+        console.print(f"HTML report written to {args.html}", soft_wrap=True, markup=False, highlight=False)
     return 0
 
 
@@ -109,7 +144,9 @@ def frameworks_mfu(fleet: SimulatedFleet) -> MfuReports:
     return reports
 
 
-def demo_pipeline(fleet: SimulatedFleet, clock: Clock, *, interval_s: float, window_s: float) -> LoopbackPipeline:
+def demo_pipeline(
+    fleet: SimulatedFleet, clock: Clock, *, interval_s: float, window_s: float, observers: Sequence[Observer] = ()
+) -> LoopbackPipeline:
     """The demo fleet through the producer, OTLP on loopback and the collector, priced at the example price."""
     return LoopbackPipeline(
         source=fleet,
@@ -123,32 +160,36 @@ def demo_pipeline(fleet: SimulatedFleet, clock: Clock, *, interval_s: float, win
         interval_s=interval_s,
         attribution=build_chain(clock=clock).attribute,
         mfu=frameworks_mfu(fleet),
+        observers=observers,
     )
 
 
 def run_demo(
     *,
-    duration_s: float = 1800.0,
+    duration_s: float = DEFAULT_DURATION_S,
     interval_s: float = 10.0,
     window_s: float = 60.0,
     seed: int = 7,
     console: Console | None = None,
     start_ns: int | None = None,
+    observers: Sequence[Observer] = (),
 ) -> list[WindowReport]:
     """Run the simulated fleet end to end and return the collector's closed windows.
 
-    ``start_ns``: the fleet's start (rounded down to the window); None: now. The numbers do not depend on it.
+    ``start_ns``: the fleet's start (rounded down to the window); None: ``duration_s`` before now, so the
+    record ends by now, as a real one would (a window never ends in the future). The numbers do not depend
+    on it. ``observers`` see each of the producer's cycles, as ``Producer`` calls them.
     """
     if duration_s <= 0 or interval_s <= 0 or window_s <= 0:
         raise ValueError("duration, interval and window must be positive")
     console = console or Console(quiet=True)
-    # Aligned to the window so the first window is whole.
+    # Aligned down to the window so the first window is whole (and the last one ends by now).
     window_ns = int(window_s * 1e9)
-    start = time.time_ns() if start_ns is None else start_ns
+    start = time.time_ns() - int(duration_s * 1e9) if start_ns is None else start_ns
     clock = ManualClock(start_ns=start // window_ns * window_ns)
     fleet = SimulatedFleet.demo(seed=seed, clock=clock, duration_s=duration_s)
     reports: list[WindowReport] = []
-    pipeline = demo_pipeline(fleet, clock, interval_s=interval_s, window_s=window_s)
+    pipeline = demo_pipeline(fleet, clock, interval_s=interval_s, window_s=window_s, observers=observers)
     pipeline.start()
     steps = int(duration_s // interval_s)
     try:
@@ -170,127 +211,38 @@ def run_demo(
     return reports
 
 
-def _fraction(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+@attrs.define
+class UnreadableGpus:
+    """Which GPUs the demo's producer could not read, how often and why (an observer of its cycles): the
+    flaky GPU's failed reads are skipped and counted (``otel_ofu.source.errors``), never sent as a 0."""
+
+    reads: int = 0
+    by_gpu: dict[tuple[str, str], Counter[str]] = attrs.field(factory=dict)  # (GPU, job) -> reason -> reads
+
+    def __call__(self, computed: ComputedSnapshot, _metrics: SelfMetrics) -> None:
+        self.reads += 1
+        for error in computed.errors:
+            gpu = error.gpu
+            name = f"{gpu.host}/{gpu.index}" if gpu is not None else error.gpu_key or "the source"
+            job = gpu.hints.get(names.JOB_ID, "") if gpu is not None else ""
+            self.by_gpu.setdefault((name, job), Counter())[error.reason] += 1
+
+    def lines(self) -> list[str]:
+        found = []
+        for (name, job), reasons in sorted(self.by_gpu.items()):
+            why = ", ".join(f"{reason} {count}" for reason, count in sorted(reasons.items()))
+            where = f"GPU {name}" + (f" ({job})" if job else "")
+            found.append(f"{where}: {sum(reasons.values())} of {self.reads} reads failed ({why})")
+        return found
 
 
-def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def print_report(summary: FleetSummary, console: Console) -> None:
-    console.rule("[bold]otel-ofu demo: fleet report")
-    console.print(
-        f"{summary.windows} windows, {summary.gpus} GPUs reporting in the last one, "
-        f"{len(summary.jobs)} jobs; fleet OFU-MFU correlation r = {_number(summary.correlation)}, "
-        f"mean absolute error {_fraction(summary.mae)}"
-    )
-    console.print(
-        "  (fleet r compares each job's mean OFU with its mean reported MFU: the job whose framework over-counts "
-        "FLOPs drags it down, which is what it is for)"
-    )
-    groups = Table(title="Fleet OFU percentiles, last window", title_justify="left")
-    groups.add_column("GPU model")
-    groups.add_column("precision")
-    groups.add_column("GPUs", justify="right")
-    for quantile in names.QUANTILES:
-        groups.add_column(f"p{quantile * 100:g}", justify="right")
-    for group in summary.last_groups:
-        groups.add_row(
-            group.attributes.get(names.HW_MODEL, "unknown").removeprefix("NVIDIA "),
-            group.attributes.get(names.GPU_PRECISION, "unknown"),
-            str(group.gpus),
-            *(_fraction(group.quantiles.get(quantile)) for quantile in names.QUANTILES),
-        )
-    console.print(groups)
-    jobs = Table(
-        title="Jobs: OFU (hardware) vs MFU (framework-reported), means over the windows with both",
-        title_justify="left",
-    )
-    for column, justify in (
-        ("job", "left"),
-        ("name", "left"),
-        ("GPUs", "right"),
-        ("OFU", "right"),
-        ("MFU", "right"),
-        ("MFU/OFU", "right"),
-        ("r", "right"),
-        ("verdict", "left"),
-    ):
-        jobs.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for job in summary.jobs:
-        ratio = job.mfu_over_ofu
-        verdict = "[green]ok"
-        if job.flagged:
-            verdict = "[red]" + " + ".join(detector_for(flag.kind).label for flag in job.flags())
-        elif job.mean_mfu is None:
-            verdict = "[yellow]no MFU reported"
-        jobs.add_row(
-            job.job_id,
-            job.attributes.get(names.JOB_NAME) or "-",
-            str(job.gpus),
-            _fraction(job.mean_ofu),
-            _fraction(job.mean_mfu),
-            "-" if ratio is None else f"{ratio:.2f}x",
-            _number(job.correlation),
-            verdict,
-        )
-    console.print(jobs)
-    print_loss(summary, console)
-    flagged = [job for job in summary.jobs if job.flagged]
-    if flagged:
-        console.print("[bold]Flagged jobs and GPUs:")
-        for job in flagged:
-            for reason in job.reasons():
-                console.print(f"  {job.job_id} ({job.attributes.get(names.JOB_NAME) or 'unnamed'}): {reason}")
-    else:
-        console.print("No job flagged.")
-
-
-def print_loss(summary: FleetSummary, console: Console) -> None:
-    """Where the fleet's OFU went: per job, each cause's share of its GPU time, and the lost GPU-hours and cost."""
-    table = Table(
-        title="Where OFU is lost: shares of each job's GPU time, lost GPU-hours and their cost",
-        title_justify="left",
-    )
-    for column, justify in (
-        ("job", "left"),
-        ("GPU-h", "right"),
-        ("OFU", "right"),
-        *((cause, "right") for cause in CAUSES),
-        ("lost", "right"),
-        ("lost cost", "right"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for job in summary.jobs:
-        shares = job.loss_shares()
-        if shares is None:
-            continue
-        lost = job.lost_s
-        cost_lost = job.cost_lost
-        table.add_row(
-            job.job_id,
-            f"{job.gpu_time_s / 3600:.2f}",
-            share(shares["ofu"]),
-            *(share(shares[cause]) for cause in CAUSES),
-            hours(sum(lost.values())),
-            "-" if cost_lost is None else money(sum(cost_lost.values()), job.currency),
-        )
-    console.print(table)
-    fleet_lost = summary.lost_s
-    if not fleet_lost:
+def print_unreadable(unreadable: UnreadableGpus, console: Console) -> None:
+    lines = unreadable.lines()
+    if not lines:
         return
-    by_cause = ", ".join(f"{cause} {hours(fleet_lost.get(cause, 0.0))}" for cause in CAUSES)
-    line = f"Fleet lost {hours(summary.lost_total_s)} of GPU time ({by_cause})"
-    cost = summary.cost_lost_total
-    if cost is not None:
-        line += (
-            f", costing {money(cost, summary.currency)} at an example price of "
-            f"{money(EXAMPLE_PRICE_PER_GPU_HOUR, EXAMPLE_CURRENCY)} per GPU-hour (the demo's example, not a quote)"
-        )
-    if summary.energy_j is not None:
-        line += f"; the fleet's GPUs used {summary.energy_j / 3.6e6:.1f} kWh"
-    console.print(line + ".")
+    console.print()
+    console.print(Text("Unreadable GPU reads (skipped and counted, never sent as 0):", "bold"))
+    print_lines(console, lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - convenience for python -m

@@ -19,7 +19,7 @@ from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.model import Clock, Source
 from otel_ofu.producer.exporters import otlp_exporter
-from otel_ofu.producer.loop import Producer
+from otel_ofu.producer.loop import Observer, Producer
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import CallbackConsumer, WindowConsumer
@@ -59,6 +59,7 @@ class LoopbackPipeline:
     calibration: CalibrationTable = attrs.field(factory=CalibrationTable)
     mfu: MfuReports | None = None
     consumers: Sequence[WindowConsumer] = ()  # more outputs of the collector (a report feed, say)
+    observers: Sequence[Observer] = ()  # more observers of the producer's cycles (the demo's unreadable GPUs)
     _closed: list[WindowReport] = attrs.field(init=False, factory=list)
     _computed: list[ComputedSnapshot] = attrs.field(init=False, factory=list)
     _service: CollectorService | None = attrs.field(init=False, default=None)
@@ -88,7 +89,7 @@ class LoopbackPipeline:
             interval_s=self.interval_s,
             clock=self.clock,
             calibration=self.calibration,
-            observers=[self._observe],
+            observers=[self._observe, *self.observers],
         )
         self._last_ns = self.clock()
 

@@ -97,6 +97,7 @@ def _dd_query_value(title: str, query: str) -> JSON:
 
 SECONDS_PER_HOUR = 3600
 JOULES_PER_KWH = 3_600_000
+FLOPS_PER_GFLOP = 1_000_000_000
 
 
 def _dd_loss_widgets() -> list[JSON]:
@@ -453,9 +454,39 @@ def _grafana_variable(variable: str, key: str, query: str) -> JSON:
     }
 
 
+# Grafana units (its unit ids; "suffix:" adds a custom one). OFU and its shares are fractions: percentunit.
+OFU_UNIT = "percentunit"
+COUNT_UNIT = "none"
+GPUS_UNIT = "suffix: GPUs"
+GPU_HOURS_UNIT = "suffix: GPU-h"
+# The collector's cost outputs are in its --currency (USD unless told): change these for another currency.
+COST_UNIT = "currencyUSD"
+COST_PER_HOUR_UNIT = "suffix: USD/h"
+ENERGY_UNIT = "kwatth"
+FLOPS_PER_JOULE_UNIT = "suffix: GFLOP/J"
+# Tables show each series' latest value once (an instant query), not a range of samples per series.
+TABLE_KINDS = frozenset({"table"})
+REFRESH = "1m"  # the collector's default window
+
+
+def _override(ref_id: str, unit: str, *, right_axis: bool = False) -> JSON:
+    """A unit for one query's series (and the right-hand axis, for a second quantity in one panel)."""
+    properties: list[JSON] = [{"id": "unit", "value": unit}]
+    if right_axis:
+        properties.append({"id": "custom.axisPlacement", "value": "right"})
+    return {"matcher": {"id": "byFrameRefID", "options": ref_id}, "properties": properties}
+
+
 def _grafana_panel(
-    panel_id: int, title: str, exprs: list[tuple[str, str]], kind: str = "timeseries", unit: str | None = None
+    panel_id: int,
+    title: str,
+    exprs: list[tuple[str, str]],
+    *,
+    unit: str,
+    kind: str = "timeseries",
+    overrides: list[JSON] | None = None,
 ) -> JSON:
+    instant = kind in TABLE_KINDS
     panel: JSON = {
         "id": panel_id,
         "type": kind,
@@ -463,12 +494,16 @@ def _grafana_panel(
         "datasource": DATASOURCE,
         "gridPos": {"h": 8, "w": 12, "x": 12 * ((panel_id - 1) % 2), "y": 8 * ((panel_id - 1) // 2)},
         "targets": [
-            {"refId": chr(ord("A") + index), "expr": expr, "legendFormat": legend}
+            {
+                "refId": chr(ord("A") + index),
+                "expr": expr,
+                "legendFormat": legend,
+                **({"instant": True, "range": False, "format": "table"} if instant else {}),
+            }
             for index, (expr, legend) in enumerate(exprs)
         ],
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": overrides or []},
     }
-    if unit is not None:
-        panel["fieldConfig"] = {"defaults": {"unit": unit}, "overrides": []}
     return panel
 
 
@@ -487,7 +522,9 @@ def grafana_dashboard() -> JSON:
     )
     group = _grafana_selector(names.HW_MODEL, names.GPU_PRECISION)
     per_job = _grafana_selector(names.JOB_ID, names.HW_MODEL, names.GPU_PRECISION)
-    per_gpu = _grafana_selector(names.JOB_ID, names.HW_MODEL, names.GPU_PRECISION, names.HOST_NAME)
+    # A GPU flag's series carry the GPU's identity (host, GPU id) and its job, not the model or precision:
+    # filtering on those would empty the panel whenever a model is chosen.
+    per_gpu = _grafana_selector(names.JOB_ID, names.HOST_NAME)
 
     def series(spec: names.MetricSpec, selector: str = per_job) -> str:
         return f"{prometheus_name(spec.name)}{selector}"
@@ -509,11 +546,13 @@ def grafana_dashboard() -> JSON:
             1,
             "Fleet OFU percentiles",
             [(f"avg({at_quantile(str(q))})", f"p{int(q * 100)}") for q in (0.05, 0.5, 0.95)],
+            unit=OFU_UNIT,
         ),
         _grafana_panel(
             2,
             "Median OFU by model and precision",
             [(at_quantile("0.5"), f"{{{{{model}}}}} {{{{{precision}}}}}")],
+            unit=OFU_UNIT,
         ),
         _grafana_panel(
             3,
@@ -522,6 +561,7 @@ def grafana_dashboard() -> JSON:
                 (series(names.JOB_OFU), f"OFU {{{{{job}}}}}"),
                 (f"{series(names.JOB_OFU)} + on({job}) {series(names.JOB_OFU_MFU_GAP)}", f"MFU {{{{{job}}}}}"),
             ],
+            unit=OFU_UNIT,
         ),
         _grafana_panel(
             4,
@@ -531,6 +571,7 @@ def grafana_dashboard() -> JSON:
                 (f"{series(names.JOB_OFU_REGRESSION)} == 1", f"regression {{{{{job}}}}}"),
             ],
             kind="table",
+            unit=COUNT_UNIT,  # the flag's value: 1 while up
         ),
         _grafana_panel(
             5,
@@ -540,14 +581,18 @@ def grafana_dashboard() -> JSON:
                 (prometheus_name(names.FLEET_OFU_MFU_MAE.name), "MAE"),
             ],
             kind="stat",
+            unit=COUNT_UNIT,  # r is a plain number in [-1, 1]; the MAE is a difference of OFUs
+            overrides=[_override("B", OFU_UNIT)],
         ),
-        _grafana_panel(6, "GPUs reporting", [(f"sum({series(names.FLEET_GPUS, group)})", "GPUs")], kind="stat"),
+        _grafana_panel(
+            6, "GPUs reporting", [(f"sum({series(names.FLEET_GPUS, group)})", "GPUs")], kind="stat", unit=GPUS_UNIT
+        ),
         # Where OFU is lost, and what it costs.
         _grafana_panel(
             7,
             "Per job: OFU lost by cause",
             [(series(names.JOB_OFU_LOSS), f"{{{{{job}}}}} {{{{{cause}}}}}")],
-            unit="percentunit",
+            unit=OFU_UNIT,
         ),
         _grafana_panel(
             8,
@@ -559,6 +604,7 @@ def grafana_dashboard() -> JSON:
                     f"{{{{{cause}}}}}",
                 )
             ],
+            unit=GPUS_UNIT,
         ),
         _grafana_panel(
             9,
@@ -569,20 +615,25 @@ def grafana_dashboard() -> JSON:
                     f"{{{{{cause}}}}}",
                 )
             ],
+            unit=GPU_HOURS_UNIT,
         ),
         _grafana_panel(
             10,
             "Fleet cost lost per window, by cause",
             [(f"sum by ({cause}) ({prometheus_name(names.FLEET_COST_LOST.name)})", f"{{{{{cause}}}}}")],
+            unit=COST_UNIT,
         ),
-        _grafana_panel(11, "Per job: cost lost per hour", [(cost_per_hour, f"{{{{{job}}}}}")]),
+        _grafana_panel(11, "Per job: cost lost per hour", [(cost_per_hour, f"{{{{{job}}}}}")], unit=COST_PER_HOUR_UNIT),
+        # Two quantities, two axes: the fleet's kWh on the left, each job's GFLOP/J on the right.
         _grafana_panel(
             12,
             "Energy per window (kWh) and FLOPs per joule",
             [
                 (f"sum({prometheus_name(names.FLEET_ENERGY.name)}) / {JOULES_PER_KWH}", "fleet kWh"),
-                (series(names.JOB_FLOPS_PER_JOULE), f"FLOP/J {{{{{job}}}}}"),
+                (f"{series(names.JOB_FLOPS_PER_JOULE)} / {FLOPS_PER_GFLOP}", f"GFLOP/J {{{{{job}}}}}"),
             ],
+            unit=ENERGY_UNIT,
+            overrides=[_override("B", FLOPS_PER_JOULE_UNIT, right_axis=True)],
         ),
         _grafana_panel(
             13,
@@ -594,12 +645,14 @@ def grafana_dashboard() -> JSON:
                 )
             ],
             kind="table",
+            unit=COUNT_UNIT,  # the flag's value: 1 while up
         ),
         _grafana_panel(
             14,
             "Idle GPUs per job (allocated, no tensor activity)",
             [(f"{series(names.JOB_GPUS_IDLE)} > 0", f"{{{{{job}}}}}")],
             kind="table",
+            unit=GPUS_UNIT,
         ),
     ]
     return {
@@ -608,6 +661,7 @@ def grafana_dashboard() -> JSON:
         "schemaVersion": 39,
         "tags": ["gpu", "ofu", "opentelemetry"],
         "time": {"from": "now-6h", "to": "now"},
+        "refresh": REFRESH,
         "templating": {
             "list": [
                 {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 from types import FrameType
@@ -21,14 +22,19 @@ from otel_ofu.cli_support import (
     export_interval_s,
     non_negative_float,
     positive_float,
+    url_or_host_port,
 )
-from otel_ofu.mfu.log_follower import DEFAULT_PATTERN, UNITS, LogFollower, MfuPattern
-from otel_ofu.mfu.reporter import DEFAULT_STALE_AFTER_S, MfuReporter
+from otel_ofu.mfu.log_follower import DEFAULT_PATTERN, UNITS, FollowerStats, LogFollower, MfuPattern
+from otel_ofu.mfu.reporter import DEFAULT_STALE_AFTER_S, MfuReporter, otlp_meter_provider
+from otel_ofu.producer.exporters import GRPC, PROTOCOLS, http_metrics_url, otlp_exporter, resolve_protocol
 
 log = logging.getLogger(__name__)
 
-# The log file's variable says what it is; every other variable is OTEL_OFU_MFU_<FLAG>.
-ENV_FILE = "OTEL_OFU_MFU_LOG_FILE"
+# Every variable is OTEL_OFU_MFU_<FLAG> (the log file's OTEL_OFU_MFU_FILE); the file's was
+# OTEL_OFU_MFU_LOG_FILE, still read when the new one is unset, with a deprecation line.
+OLD_ENV_FILE = "OTEL_OFU_MFU_LOG_FILE"
+# Where the SDK's exporters send when no endpoint is configured.
+SDK_DEFAULT_ENDPOINTS = {GRPC: "localhost:4317", "http/protobuf": "http://localhost:4318/v1/metrics"}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     options = CommandOptions(parser, MFU_PREFIX)
-    options.option("--file", metavar="FILE", env=ENV_FILE, required=True, help="the training log")
+    options.option("--file", metavar="FILE", required=True, old_env=OLD_ENV_FILE, help="the training log")
     options.option("--job-id", metavar="ID", required=True, help="job.id of the job")
     options.option("--job-name", metavar="NAME", help="job.name of the job")
     options.option("--precision", default="bf16", choices=names.PRECISIONS, help="gpu.precision the job trains in")
@@ -63,6 +69,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=positive_float,
         help="export interval in seconds "
         f"(default: OTEL_METRIC_EXPORT_INTERVAL in ms, else {DEFAULT_EXPORT_INTERVAL_S:g})",
+    )
+    options.option(
+        "--export-endpoint",
+        metavar="URL",
+        type=url_or_host_port,
+        help="OTLP endpoint URL (default: the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT the SDK reads)",
+    )
+    options.option(
+        "--protocol",
+        choices=PROTOCOLS,
+        help="OTLP transport (default: OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL, else grpc)",
     )
     options.option(
         "--poll-interval", metavar="SECONDS", type=positive_float, default=1.0, help="seconds between reads of the log"
@@ -93,17 +110,44 @@ def pattern_from_args(args: argparse.Namespace) -> MfuPattern:
     return DEFAULT_PATTERN if unit == DEFAULT_PATTERN.unit else MfuPattern(DEFAULT_PATTERN.regex, unit)
 
 
+def export_target(protocol: str | None, endpoint: str | None) -> str:
+    """Where the OTLP exporter sends, as the SDK resolves it: ``grpc http://collector:4317``."""
+    chosen = resolve_protocol(protocol)
+    given = (
+        endpoint
+        or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+    if not given:
+        return f"{chosen} {SDK_DEFAULT_ENDPOINTS[chosen]} (the SDK's default)"
+    # OTLP/HTTP adds /v1/metrics to a base URL (a --export-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT).
+    if chosen != GRPC and given != os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        given = http_metrics_url(given)
+    return f"{chosen} {given}"
+
+
 def run(args: argparse.Namespace) -> int:
+    interval = args.interval or export_interval_s()
     try:
         pattern = pattern_from_args(args)
+        target = export_target(args.protocol, args.export_endpoint)
+        provider = otlp_meter_provider(
+            export_interval_s=interval,
+            exporter=otlp_exporter(protocol=args.protocol, endpoint=args.export_endpoint),
+        )
+    except ValueError as error:
+        log.error("mfu-from-log: %s", error)
+        return 2
+    try:
         reporter = MfuReporter(
             args.job_id,
             job_name=args.job_name,
             precision=args.precision,
             stale_after_s=args.stale_after,
-            export_interval_s=args.interval or export_interval_s(),
+            meter_provider=provider,
         )
     except ValueError as error:
+        provider.shutdown()
         log.error("mfu-from-log: %s", error)
         return 2
     stop = threading.Event()
@@ -112,11 +156,19 @@ def run(args: argparse.Namespace) -> int:
     except OSError as error:
         log.error("mfu-from-log: cannot read %s: %s", args.file, error.strerror or error)
         reporter.shutdown()
+        provider.shutdown()
         return 1
     previous = _install_stop_handlers(stop)
     if not follower.path.exists():
         log.info("waiting for %s to appear", follower.path)
-    log.info("following %s for job %s: exporting %s", follower.path, args.job_id, names.JOB_MFU.name)
+    log.info(
+        "following %s for job %s: exporting %s every %g s to otlp %s",
+        follower.path,
+        args.job_id,
+        names.JOB_MFU.name,
+        interval,
+        target,
+    )
     try:
         follower.run(reporter.report, poll_interval=args.poll_interval, duration=args.duration, should_stop=stop.is_set)
     except OSError as error:  # a directory, no permission: say so in one line, not a traceback
@@ -124,19 +176,22 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         follower.close()
-        reporter.shutdown()
+        reporter.shutdown()  # flushes the last value through the provider, which is ours to close
+        provider.shutdown()
         _restore_handlers(previous)
-    stats = follower.stats
-    log.info(
-        "stopped: %d lines, %d MFU values, %d rejected, %d junk lines skipped, %d rotations, %d truncations",
-        stats.lines,
-        stats.values,
-        stats.rejected,
-        stats.skipped,
-        stats.reopens,
-        stats.truncations,
-    )
+    log.info("stopped: %s", summary(follower.stats))
     return 0
+
+
+def summary(stats: FollowerStats) -> str:
+    """The follower's counts in words. Junk is every line that gave neither an MFU nor a refused one: lines
+    without an MFU in them (the log's other lines) and unreadable ones (binary, not UTF-8, over-long)."""
+    junk = stats.without_mfu + stats.skipped
+    return (
+        f"{stats.lines} lines, {stats.values} MFU values, {stats.rejected} rejected, {junk} junk lines skipped "
+        f"({stats.without_mfu} without an MFU, {stats.skipped} unreadable), "
+        f"{stats.reopens} rotations, {stats.truncations} truncations"
+    )
 
 
 def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:

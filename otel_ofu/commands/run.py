@@ -144,7 +144,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="also serve Prometheus /metrics on this port; off (or none) for no endpoint (default off)",
     )
     # --prometheus-host as the collector spells it; --prometheus-addr was run's own name, kept working.
-    export.option("--prometheus-host", metavar="HOST", default="0.0.0.0", help="address of the Prometheus endpoint")
+    export.option(
+        "--prometheus-host",
+        metavar="HOST",
+        default="127.0.0.1",
+        help="address of the Prometheus endpoint (loopback by default, as the collector's: it has no TLS or "
+        "token; 0.0.0.0 exposes it)",
+    )
     add_deprecated_alias(export.parser, "--prometheus-addr", "--prometheus-host", dest="prometheus_host")
     # ... and its variable: a unit file that set it must not silently fall back to every address.
     legacy = os.environ.get(LEGACY_PROMETHEUS_VARIABLE, "").strip()

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from otel_ofu import catalog, gpu_values, names
+from otel_ofu import catalog, gpu_values, names, ofu_math
 from otel_ofu.cli_support import SNAPSHOT_PREFIX, CommandOptions, non_negative_float
 from otel_ofu.gpu_samples import Attribution, attributes_of, compute_snapshot, hints_attribution
 from otel_ofu.model import GpuError, GpuIdentity, Snapshot, Source, SourceUnavailable
@@ -100,6 +100,15 @@ def _fmt(value: Any, scale: float = 1.0, pattern: str = "{:.3f}") -> str:
 
 
 _GPU_WIDTH = 16
+REFERENCE_CAPTION = "ref MHz: the clock OFU divides by (tensor clock, else max SM clock)"
+
+
+def reference_clock_hz(line: Mapping[str, Any]) -> float | None:
+    """The clock this GPU's OFU was divided by, by the producer's rule: its model's tensor clock where the
+    catalog knows it (1830 MHz on H100 SXM, not the 1980 MHz board max), else the max SM clock."""
+    spec = catalog.lookup(str(line.get(names.HW_MODEL, "")))
+    tensor = spec.tensor_clock_hz if spec is not None else None
+    return ofu_math.reference_clock_hz(line.get(names.GPU_CLOCK_SM_MAX.name), tensor)
 
 
 def print_table(lines: list[dict[str, Any]], console: Any = None) -> None:
@@ -108,12 +117,19 @@ def print_table(lines: list[dict[str, Any]], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="otel-ofu snapshot", box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), pad_edge=False)
+    table = Table(
+        title="otel-ofu snapshot",
+        caption=REFERENCE_CAPTION,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0, 0, 1),
+        pad_edge=False,
+    )
     # Numbers never shrink; at 80 columns a long host, model or job name is cut short with an ellipsis
     # (the JSON output has it in full). A GPU without OFU shows the number of its note in the OFU column.
     table.add_column("GPU", overflow="ellipsis", min_width=8, max_width=_GPU_WIDTH)
     table.add_column("model", overflow="ellipsis", min_width=8, max_width=10)
-    for column, width in (("TPA", 5), ("SM MHz", 6), ("max MHz", 7), ("OFU", 5), ("TFLOP/s", 7)):
+    for column, width in (("TPA", 5), ("SM MHz", 6), ("ref MHz", 7), ("OFU", 5), ("TFLOP/s", 7)):
         table.add_column(column, justify="right", no_wrap=True, min_width=width)
     table.add_column("job", overflow="ellipsis", min_width=8, max_width=10)
     notes: list[str] = []
@@ -136,7 +152,7 @@ def print_table(lines: list[dict[str, Any]], console: Any = None) -> None:
             spec.key if spec is not None else model,
             _fmt(line.get(names.GPU_TENSOR_ACTIVE.name)),
             _fmt(line.get(names.GPU_CLOCK_SM.name), 1e6, "{:.0f}"),
-            _fmt(line.get(names.GPU_CLOCK_SM_MAX.name), 1e6, "{:.0f}"),
+            _fmt(reference_clock_hz(line) if names.GPU_CLOCK_SM_MAX.name in line else None, 1e6, "{:.0f}"),
             ofu,
             _fmt(line.get(names.GPU_FLOPS_ACHIEVED.name), 1e12, "{:.1f}"),
             str(line.get(names.JOB_ID, "")),

@@ -96,6 +96,7 @@ class FollowerStats:
     lines: int = 0  # complete lines read
     values: int = 0  # lines that gave a usable MFU
     rejected: int = 0  # lines whose MFU was not usable
+    without_mfu: int = 0  # readable lines with no MFU in them (the log's other lines)
     skipped: int = 0  # binary, non-UTF-8 or over-long lines
     dropped_partials: int = 0  # fragments: a line cut by the start position, rotation or truncation
     reopens: int = 0  # rotations followed (new file at the path)
@@ -260,6 +261,8 @@ class LogFollower:
             return None
         if value is not None:
             self.stats.values += 1
+        else:
+            self.stats.without_mfu += 1
         return value
 
     def _drop_partial(self) -> None:

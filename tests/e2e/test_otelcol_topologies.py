@@ -51,6 +51,7 @@ from tests.e2e.helpers import StartProcess, app_requests, attributes, port_open,
 OTELCOL_DIR = Path(__file__).resolve().parents[2] / "collector" / "otelcol"
 OTEL_OFU = [sys.executable, "-m", "otel_ofu.cli"]
 TOKEN = "e2e-token"
+DD_API_KEY = "e2e-datadog-key"  # what the gateways' otlphttp/datadog exporter sends as its dd-api-key header
 SEEDS = (7, 8, 9)  # three producers: the demo fleet's 24 GPUs each, six jobs spanning all three
 SIM_SPEED = 30.0
 INTERVAL_S = 10.0
@@ -120,10 +121,13 @@ def load(relative: str) -> dict[str, Any]:
 
 
 def backends_to_sink(config: dict[str, Any], sink: OtlpSink, built: set[str]) -> int:
-    """Honeycomb -> the sink over gRPC, an unbuilt exporter -> the sink over HTTP, Prometheus on a free port."""
+    """Honeycomb -> the sink over gRPC, Datadog's OTLP intake (or an unbuilt exporter) -> the sink over HTTP,
+    Prometheus on a free port."""
     exporters = config["exporters"]
     exporters["otlp/honeycomb"]["endpoint"] = f"127.0.0.1:{sink.grpc_port}"
     exporters["otlp/honeycomb"]["tls"] = {"insecure": True}
+    if "otlphttp/datadog" in exporters:
+        exporters["otlphttp/datadog"]["metrics_endpoint"] = f"http://127.0.0.1:{sink.http_port}/v1/metrics"
     prometheus_port = unused_port()
     exporters["prometheus"]["endpoint"] = f"127.0.0.1:{prometheus_port}"
     renamed = {name: f"otlphttp/{name}-standin" for name in exporters if name.split("/")[0] not in built}
@@ -269,7 +273,8 @@ class Parts:
             return port_open(ready_port) and port_open(telemetry)
 
         # The shipped configurations read the collector's token from the environment.
-        argv = ["env", f"OTEL_OFU_COLLECTOR_BEARER_TOKEN={TOKEN}", str(self.otelcol), f"--config={path}"]
+        argv = ["env", f"OTEL_OFU_COLLECTOR_BEARER_TOKEN={TOKEN}", f"DD_API_KEY={DD_API_KEY}", str(self.otelcol),
+                f"--config={path}"]  # fmt: skip
         return self.start(argv, name, ready), telemetry
 
     def producers(self, endpoint: str, *extra: str) -> list[Path]:
@@ -736,11 +741,28 @@ def test_backend_gateway_serves_a_real_prometheus_and_otlphttp(
         assert not api.query('{__name__=~"fleet_ofu_bucket|fleet_ofu_count"}')
         assert api.query("fleet_ofu_quantile_ratio")
 
-        # The OTLP/HTTP side (the stand-in of an exporter not built, or any otlphttp backend) got them too.
+        # Datadog's OTLP intake path (otlphttp/datadog, redirected to the sink) got them too: with the API key
+        # header, and every sum and histogram as a delta (the intake takes no cumulative temporality; the
+        # collector's own counters are cumulative until cumulativetodelta converts them).
         wait_until(
             lambda: any(m.name == names.JOB_OFU.name for _rm, _sm, m in sink_metrics(sink, transport="http")),
-            "job.ofu reaching the OTLP/HTTP backend",
+            "job.ofu reaching Datadog's OTLP intake",
         )
+        with sink._cond:
+            to_datadog = [item for item in sink.received if item.transport == "http"]
+        assert {item.metadata.get("dd-api-key") for item in to_datadog} == {DD_API_KEY}
+        assert {item.metadata.get("dd-otel-metric-config") for item in to_datadog} == {
+            '{"resource_attributes_as_tags": true}'
+        }
+        delta = 1  # AGGREGATION_TEMPORALITY_DELTA
+        temporalities = {
+            (metric.name, getattr(metric, kind).aggregation_temporality)
+            for _rm, _sm, metric in sink_metrics(sink, transport="http")
+            for kind in ("sum", "histogram", "exponential_histogram")
+            if metric.WhichOneof("data") == kind
+        }
+        assert temporalities, "no sum or histogram reached the Datadog path"
+        assert {name for name, temporality in temporalities if temporality != delta} == set()
 
 
 # --- 3. one shard killed mid-run and restarted on its spool -------------------------------------

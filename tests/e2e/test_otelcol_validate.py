@@ -81,6 +81,23 @@ def test_shipped_configuration_validates(
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
 
 
+@pytest.mark.parametrize("name", ["backend-gateway.yaml", "sharded/gateway.yaml"])
+def test_the_gateways_to_datadog_validate_exactly_as_shipped(
+    name: str, otelcol_binary: Path, otelcol_components: dict[str, set[str]]
+) -> None:
+    """Datadog through its OTLP intake (otlphttp + cumulativetodelta), so no component needs a stand-in:
+    the project's own Collector build runs the gateways as they are. contrib/ keeps the datadog exporter."""
+    path = OTELCOL / name
+    text = path.read_text(encoding="utf-8")
+    assert swap_missing_exporters(yaml.safe_load(text), otelcol_components["exporters"], "http://127.0.0.1:1") == []
+    env = {**os.environ, **{variable: f"test-{variable.lower()}" for variable in referenced_env(text)}}
+    env["DD_SITE"] = "datadoghq.com"
+    result = subprocess.run(
+        [str(otelcol_binary), "validate", f"--config={path}"], capture_output=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
+
+
 def test_validate_rejects_a_broken_configuration(otelcol_binary: Path, tmp_path: Path) -> None:
     """The check above can fail: a pipeline naming an undefined processor does not validate."""
     config = yaml.safe_load((OTELCOL / "agent.yaml").read_text(encoding="utf-8"))

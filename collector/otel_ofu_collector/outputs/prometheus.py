@@ -57,7 +57,7 @@ _GAUGE_ORDER: Mapping[str, int] = {spec.name: index for index, spec in enumerate
 
 
 @attrs.frozen
-class _Series:
+class Series:
     name: str
     description: str
     labels: tuple[tuple[str, str], ...]
@@ -65,10 +65,10 @@ class _Series:
     order: int  # the metric's place in the contract: families are shown in that order
 
 
-def _window_series(report: WindowReport) -> Iterator[_Series]:
+def window_series(report: WindowReport) -> Iterator[Series]:
     """One closed window's gauge outputs (no histograms, no partial state) as Prometheus series."""
     for point in gauge_points(report):
-        yield _Series(
+        yield Series(
             prometheus_name(point.spec.name),
             point.spec.description or point.spec.name,
             tuple(sorted((output_label(key), str(value)) for key, value in point.attributes.items())),
@@ -89,14 +89,14 @@ class OutputsCollector(Collector):
     self_metrics: Callable[[], Mapping[str, Any]] | None = None
     expiration_windows: int = attrs.field(default=DEFAULT_EXPIRATION_WINDOWS, validator=_positive)
     # (name, labels) -> (the series, the end of the newest window it was in)
-    _shown: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[_Series, int]] = attrs.field(factory=dict, init=False)
+    _shown: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Series, int]] = attrs.field(factory=dict, init=False)
     _newest_end_ns: int | None = attrs.field(default=None, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
 
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
         """Take the windows' values (oldest first; a window older than a series' newest one does not replace it),
         then drop every series not seen for ``expiration_windows`` windows."""
-        fresh = [(report, list(_window_series(report))) for report in windows]
+        fresh = [(report, list(window_series(report))) for report in windows]
         with self._lock:
             shown = self._shown
             for report, series in fresh:

@@ -40,6 +40,7 @@ from otel_ofu_collector.report.summary import (
     CAUSES,
     FLAG_KINDS,
     IDLE,
+    MIN_FLEET_R_JOBS,
     MISCOUNT,
     REGRESSION,
     STRAGGLER,
@@ -50,6 +51,7 @@ from otel_ofu_collector.report.summary import (
     format_time,
     hours,
     money,
+    percent,
     plural,
     summarize,
 )
@@ -67,18 +69,18 @@ COLOUR_MISCOUNT: Final = "#d62728"
 COLOUR_REGRESSION: Final = "#ff7f0e"
 COLOUR_MFU: Final = "#2ca02c"
 COLOUR_STRAGGLER: Final = "#9467bd"
-SHADE: Final = {
-    MISCOUNT: "rgba(214, 39, 40, 0.16)",
-    REGRESSION: "rgba(255, 127, 14, 0.22)",
-    STRAGGLER: "rgba(148, 103, 189, 0.18)",
-    IDLE: "rgba(127, 127, 127, 0.18)",
+# Each flag's colour: its badge (white bold text on it), the shading of the windows it was up and their
+# legend. A flag without one here (a new detector) takes the next colour of FLAG_PALETTE in the
+# vocabulary's order, so every flag the detectors define is styled without touching this file.
+FLAG_COLOURS: Final = {
+    MISCOUNT: COLOUR_MISCOUNT,
+    REGRESSION: "#e8700c",  # COLOUR_REGRESSION darkened: white text on it stays readable
+    STRAGGLER: COLOUR_STRAGGLER,
+    IDLE: "#6f6f6f",
 }
-SHADE_LEGEND: Final = {
-    MISCOUNT: "rgba(214, 39, 40, 0.5)",
-    REGRESSION: "rgba(255, 127, 14, 0.55)",
-    STRAGGLER: "rgba(148, 103, 189, 0.5)",
-    IDLE: "rgba(127, 127, 127, 0.5)",
-}
+FLAG_PALETTE: Final = ("#8c564b", "#1f6f8b", "#b5338a", "#5b7d1e", "#6a51a3")
+SHADE_ALPHA: Final = 0.18
+SHADE_LEGEND_ALPHA: Final = 0.5
 # Where OFU went: achieved (the blue of OFU), then each cause of loss.
 LOSS_COLOURS: Final = {
     "ofu": COLOUR_HEALTHY,
@@ -86,9 +88,6 @@ LOSS_COLOURS: Final = {
     names.OfuLossCause.CLOCK: "#ff7f0e",
     names.OfuLossCause.TENSOR: "#c7c7c7",
 }
-# A flag without a colour of its own (any but the two above) is shaded grey.
-_OTHER_SHADE: Final = "rgba(127, 127, 127, 0.18)"
-_OTHER_SHADE_LEGEND: Final = "rgba(127, 127, 127, 0.5)"
 _SHADE_TITLE: Final = {
     MISCOUNT: "FLOP-miscount flag up",
     REGRESSION: "OFU-regression flag up",
@@ -96,8 +95,29 @@ _SHADE_TITLE: Final = {
     IDLE: "idle GPUs flagged",
 }
 PLOTLY_CONFIG: Final = {"displaylogo": False, "responsive": True}
+# From the bottom of the timelines' last subplot to their legend: past the tick labels and the axis title.
+TIMELINE_LEGEND_GAP_PX: Final = 64
 # GPU models get colours apart from the flag colours (red, orange), the same in every figure.
 MODEL_PALETTE: Final = ("#1f77b4", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f")
+
+
+def flag_colour(kind: str, kinds: Sequence[str] = FLAG_KINDS) -> str:
+    """The colour of a flag: its own, else the palette's, in the order of the flags that have none."""
+    if kind in FLAG_COLOURS:
+        return FLAG_COLOURS[kind]
+    others = [k for k in kinds if k not in FLAG_COLOURS]
+    position = others.index(kind) if kind in others else len(others)
+    return FLAG_PALETTE[position % len(FLAG_PALETTE)]
+
+
+def _rgba(colour: str, alpha: float) -> str:
+    red, green, blue = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red}, {green}, {blue}, {alpha})"
+
+
+def flag_styles(kinds: Sequence[str] = FLAG_KINDS) -> str:
+    """One CSS rule per flag kind, for its badge (``<span class="flag KIND">``)."""
+    return "".join(f".flag.{kind} {{ background: {flag_colour(kind, kinds)}; }}\n" for kind in kinds)
 
 
 # --- what the windows say, per job: summary.py condenses them and words the flags -------------------
@@ -469,7 +489,7 @@ def timelines_figure(jobs: Sequence[JobSummary]) -> go.Figure | None:
                 figure.add_vrect(
                     x0=_plot_time(start),
                     x1=_plot_time(end),
-                    fillcolor=SHADE.get(kind, _OTHER_SHADE),
+                    fillcolor=_rgba(flag_colour(kind), SHADE_ALPHA),
                     line_width=0,
                     layer="below",
                     row=row,
@@ -486,20 +506,23 @@ def timelines_figure(jobs: Sequence[JobSummary]) -> go.Figure | None:
                     mode="markers",
                     name=title,
                     hoverinfo="skip",
-                    marker={"symbol": "square", "size": 14, "color": SHADE_LEGEND.get(kind, _OTHER_SHADE_LEGEND)},
+                    marker={"symbol": "square", "size": 14, "color": _rgba(flag_colour(kind), SHADE_LEGEND_ALPHA)},
                 ),
                 row=1,
                 col=1,
             )
     figure.update_xaxes(title={"text": "window end (UTC)"}, row=rows, col=1)
-    height, top_margin, bottom_margin = 150 * rows + 170, 120, 60
-    # The legend sits above the first subplot's title: paper coordinates, so convert pixels.
-    legend_y = 1.0 + 34 / (height - top_margin - bottom_margin)
+    # The legend goes below the x axis and its title, where nothing else is drawn: above the first subplot
+    # it sat on the figure's title once it wrapped to a second row (plotly does not keep the two apart).
+    # A margin for three rows of it; plotly widens the margin further when a narrow page needs more.
+    top_margin, bottom_margin = 90, 150
+    height = 150 * rows + top_margin + bottom_margin - 10
+    legend_y = -TIMELINE_LEGEND_GAP_PX / (height - top_margin - bottom_margin)  # paper coordinates
     _layout(
         figure,
         height,
         title={"text": "Per-job OFU and reported MFU"},
-        legend={"orientation": "h", "y": legend_y, "yanchor": "bottom", "x": 0.0, "xanchor": "left"},
+        legend={"orientation": "h", "y": legend_y, "yanchor": "top", "x": 0.0, "xanchor": "left"},
         hovermode="x unified",
     )
     figure.update_layout(margin={"t": top_margin, "b": bottom_margin})
@@ -526,12 +549,13 @@ section.card { background: #fff; border: 1px solid #dde1e8; border-radius: 8px; 
 table { border-collapse: collapse; width: 100%; font-size: 14px; }
 th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid #e4e7ec; vertical-align: top; }
 th { background: #f0f2f5; font-weight: 600; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
-.flag { display: inline-block; border-radius: 4px; padding: 1px 7px; font-size: 12px; font-weight: 600;
-        color: #fff; white-space: nowrap; }
-.flag.miscount { background: #d62728; }
-.flag.regression { background: #e8700c; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.flag { display: inline-block; border-radius: 4px; padding: 1px 7px; margin: 1px 0; font-size: 12px;
+        font-weight: 600; color: #fff; white-space: nowrap; }
 .ok { color: #2f7d32; }
+/* A table wider than the page scrolls inside its card: the page itself never scrolls sideways. */
+.table-scroll { overflow-x: auto; }
+td.reason { overflow-wrap: anywhere; }
 #flagged-jobs td:first-child, #all-jobs td:first-child { min-width: 120px; }
 #render-errors { background: #fdecea; color: #8a1c12; border: 1px solid #f5c2bd; border-radius: 6px;
                  padding: 10px 14px; white-space: pre-wrap; }
@@ -563,7 +587,11 @@ def _e(text: object) -> str:
 
 
 def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    return percent(value)  # written as the terminal report writes it
+
+
+def _scrolling(table: str) -> str:
+    return f'<div class="table-scroll">{table}</div>'
 
 
 def _number(value: float | None, digits: int = 2) -> str:
@@ -581,8 +609,17 @@ def _figure_html(figure: go.Figure, div_id: str) -> str:
     return f'<div class="figure" id="{div_id}-figure">{body}</div>'
 
 
-def _stat(value: str, label: str) -> str:
-    return f'<div class="stat"><div class="value">{_e(value)}</div><div class="label">{_e(label)}</div></div>'
+def _stat(value: str, label: str, element_id: str | None = None) -> str:
+    where = f' id="{element_id}"' if element_id else ""
+    return f'<div class="stat"{where}><div class="value">{_e(value)}</div><div class="label">{_e(label)}</div></div>'
+
+
+def _fleet_r_stat(summary: FleetSummary) -> str:
+    """The fleet's r as a headline only over enough jobs: over two or three it says next to nothing."""
+    if summary.fleet_jobs < MIN_FLEET_R_JOBS:
+        label = f"fleet r(OFU, MFU): {plural(summary.fleet_jobs, 'job')} with both; it needs {MIN_FLEET_R_JOBS} or more"
+        return _stat("not enough jobs", label, "fleet-r")
+    return _stat(_number(summary.correlation), f"fleet r(OFU, MFU) over {plural(summary.fleet_jobs, 'job')}", "fleet-r")
 
 
 def _summary(summary: FleetSummary, flags: Sequence[Flag]) -> str:
@@ -597,7 +634,7 @@ def _summary(summary: FleetSummary, flags: Sequence[Flag]) -> str:
     cards = [
         _stat(f"{summary.gpus}", f"GPUs in the last window (peak {summary.peak_gpus})"),
         _stat(f"{len(jobs)}", f"jobs ({with_mfu} report MFU)"),
-        _stat(_number(summary.correlation), f"fleet r(OFU, MFU) over {plural(summary.fleet_jobs, 'job')}"),
+        _fleet_r_stat(summary),
         _stat(_percent(summary.mae), "fleet MAE |OFU - MFU|"),
         _stat(f"{flagged_jobs}", "jobs flagged"),
     ]
@@ -617,8 +654,10 @@ def _summary(summary: FleetSummary, flags: Sequence[Flag]) -> str:
             f'<td class="num">{group.gpus}</td>{cells}</tr>'
         )
     table = (
-        '<table class="percentiles"><thead><tr><th>GPU model</th><th>precision</th><th class="num">GPUs</th>'
-        f"{header}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        _scrolling(
+            '<table class="percentiles"><thead><tr><th>GPU model</th><th>precision</th><th class="num">GPUs</th>'
+            f"{header}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        )
         if rows
         else '<p class="note">No GPU reported OFU in the last window.</p>'
     )
@@ -693,7 +732,7 @@ def _loss_table(summary: FleetSummary) -> str:
         )
     if not rows:
         return '<p class="note">No GPU time in this record.</p>'
-    return (
+    return _scrolling(
         '<table id="loss-by-cause"><thead><tr><th>job</th><th>id</th><th class="num">GPU time</th>'
         f'{header}<th class="num">lost</th><th class="num">lost cost</th></tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
@@ -721,7 +760,7 @@ def _flags_table(flags: Sequence[Flag]) -> str:
             f"<td>{state}</td>"
             "</tr>"
         )
-    return (
+    return _scrolling(
         '<table id="flagged-jobs"><thead><tr><th>job</th><th>GPU model</th><th>flag</th><th>why</th>'
         f"<th>at the end</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
@@ -744,10 +783,13 @@ def _jobs_table(jobs: Sequence[JobSummary]) -> str:
         f'<p class="note">{len(jobs) - MAX_TABLE_JOBS} more jobs not listed.</p>' if len(jobs) > MAX_TABLE_JOBS else ""
     )
     return (
-        '<table id="all-jobs"><thead><tr><th>job</th><th>id</th><th>GPU model</th><th>precision</th>'
-        '<th class="num">GPUs</th><th class="num">windows</th><th class="num">mean OFU</th>'
-        '<th class="num">mean MFU</th><th class="num">MFU/OFU</th><th class="num">r</th><th>flags</th></tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>{more}"
+        _scrolling(
+            '<table id="all-jobs"><thead><tr><th>job</th><th>id</th><th>GPU model</th><th>precision</th>'
+            '<th class="num">GPUs</th><th class="num">windows</th><th class="num">mean OFU</th>'
+            '<th class="num">mean MFU</th><th class="num">MFU/OFU</th><th class="num">r</th><th>flags</th></tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>"
+        )
+        + more
     )
 
 
@@ -846,7 +888,7 @@ def build_report(
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{_e(title)}</title><style>{_STYLE}</style>"
+        f"<title>{_e(title)}</title><style>{_STYLE}{flag_styles()}</style>"
         f"<script>{_ERROR_HOOK}</script>"
         f'<script type="text/javascript">{get_plotlyjs()}</script>'
         f"</head><body><main>{''.join(parts)}</main><script>{_ERROR_FLUSH}</script></body></html>\n"

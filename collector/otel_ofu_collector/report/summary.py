@@ -47,6 +47,9 @@ CAUSE_WORDS: Final = {
     names.OfuLossCause.TENSOR: "tensor pipes not busy",
 }
 _H: Final = 3600.0
+# A correlation over fewer jobs says next to nothing (three points fit almost any line): the reports show
+# the fleet's r as a figure from this many jobs on, and say "not enough jobs" below it.
+MIN_FLEET_R_JOBS: Final = 4
 
 
 def format_time(time_ns: int) -> str:
@@ -60,19 +63,33 @@ def plural(count: float, word: str) -> str:
     return f"{text} {word}{'' if count == 1 else 's'}"
 
 
-def share(value: float) -> str:
-    """A fraction as a percentage with enough digits to tell small values apart."""
-    return f"{value:.1%}" if value >= 0.01 or value == 0 else f"{value * 100:.2g}%"
+def percent(value: float | None) -> str:
+    """A fraction as a percentage, written one way in every table and sentence: one decimal; a value above
+    zero too small for it reads "<0.1%" (an idle GPU's 0.0006% was measured, it is not a 0); none, "-"."""
+    if value is None:
+        return "-"
+    if 0 < value < 0.0005:
+        return "<0.1%"
+    text = f"{value:.1%}"
+    return "0.0%" if text == "-0.0%" else text
+
+
+def hours_number(seconds: float) -> str:
+    """GPU-seconds as a number of GPU-hours: two decimals, two significant digits under 0.1 (a short run)."""
+    value = seconds / _H
+    return f"{value:.2f}" if value >= 0.1 or value == 0 else f"{value:.2g}"
 
 
 def hours(seconds: float) -> str:
-    """GPU-seconds as GPU-hours, with enough digits for a short run."""
-    value = seconds / _H
-    return f"{value:.2f} GPU-h" if value >= 0.1 or value == 0 else f"{value:.2g} GPU-h"
+    return f"{hours_number(seconds)} GPU-h"
+
+
+def money_number(value: float) -> str:
+    return f"{value:,.2f}"
 
 
 def money(value: float, currency: str | None) -> str:
-    return f"{value:,.2f} {currency or ''}".rstrip()
+    return f"{money_number(value)} {currency or ''}".rstrip()
 
 
 def _sum_causes(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -331,7 +348,7 @@ class JobSummary:
         )
         sized = f": {self._sized(short, flagged)} lost against its baseline" if _has_loss(flagged) else ""
         return (
-            f"regression: OFU {drop} from {when} ({share(baseline)} -> {share(level)}, "
+            f"regression: OFU {drop} from {when} ({percent(baseline)} -> {percent(level)}, "
             f"{plural(len(flagged), 'window')}){sized}"
         )
 

@@ -1,0 +1,72 @@
+"""A cold ``make demo`` says what it is doing: each install step is announced, and setuptools' boxed notice
+about an editable install (a warning about nothing wrong) is filtered out, with the real setuptools.
+
+The install itself needs the package index, so it is not run here: ``make -n`` prints what it would run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def make(require: Callable[[bool, str], None]) -> str:
+    found = shutil.which("make")
+    require(found is not None, "make (Debian package make) is not installed")
+    assert found is not None
+    return found
+
+
+def dry_run(make: str, tmp_path: Path) -> list[str]:
+    """What a cold ``make demo`` would run, in order, for a virtual environment that does not exist yet."""
+    venv = tmp_path / "venv"
+    result = subprocess.run(
+        [make, "-n", f"VENV={venv}", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    return result.stdout.splitlines()
+
+
+def test_every_install_step_of_a_cold_make_demo_is_announced(make: str, tmp_path: Path) -> None:
+    lines = dry_run(make, tmp_path)
+    steps = [i for i, line in enumerate(lines) if "pip install" in line or "-m venv" in line]
+    assert len(steps) == 4  # the venv, pip itself, otel-ofu with its dev extras, openlit
+    for step in steps:
+        # The line before each step says, in words, what is about to be installed.
+        assert lines[step - 1].startswith('echo "make: '), (lines[step - 1], lines[step])
+    (editable,) = [line for line in lines if "pip install" in line and "-e '.[dev]'" in line]
+    announced = lines[lines.index(editable) - 1]
+    assert "otel-ofu" in announced
+    assert "dev tools" in announced
+    assert lines[-1].endswith("otel-ofu demo")
+
+
+def test_the_editable_install_notice_is_filtered_with_the_real_setuptools(make: str, tmp_path: Path) -> None:
+    (editable,) = [line for line in dry_run(make, tmp_path) if "pip install" in line and "-e '.[dev]'" in line]
+    match = re.search(r"PYTHONWARNINGS='([^']+)'", editable)
+    assert match is not None, editable
+    # setuptools' own notice, emitted as its editable_wheel command emits it.
+    emit = (
+        "from setuptools.warnings import InformationOnly\n"
+        "InformationOnly.emit('Editable installation.', 'Please be careful with folders in your working directory')"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONWARNINGS"}
+
+    def stderr(warnings: str | None) -> str:
+        extra = {"PYTHONWARNINGS": warnings} if warnings else {}
+        result = subprocess.run(
+            [sys.executable, "-c", emit], env={**env, **extra}, capture_output=True, text=True, timeout=60, check=True
+        )
+        return result.stderr
+
+    assert "Editable installation" in stderr(None)  # the boxed notice a cold install printed
+    assert stderr(match.group(1)) == ""
