@@ -398,6 +398,7 @@ def test_the_command_starts_with_a_damaged_record_and_a_random_spool_file_and_re
 ) -> None:
     spool = tmp_path / "spool.sqlite"
     now = time.time_ns()
+    now -= now % (60 * S) - 11 * S  # the points' 10 s intervals inside one window: one job.ofu point each
     first = WriteAhead(str(accepted_file(spool)), batch_s=0.0)
     first.append(request_bytes({"GPU-1": ("kept", 0.5)}, now), now)
     first.append(request_bytes({"GPU-2": ("lost", 0.5)}, now), now)
