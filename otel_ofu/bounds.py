@@ -65,19 +65,10 @@ def refusal(metric: str, value: float) -> str | None:
     return names.RejectReason.IMPLAUSIBLE
 
 
-def energy_rate_plausible(joules: float, seconds: float) -> bool:
-    """Whether ``joules`` over ``seconds`` stays within what one GPU board can draw."""
-    return 0.0 <= joules <= MAX_GPU_POWER_W * max(seconds, 0.0)
-
-
-# The cumulative counters whose rate is bounded, by metric: the most one unit of it per second a GPU can reach.
+# The cumulative counters whose rate is bounded, by metric: the most of it per second a GPU can reach. A delta beyond
+# it over the time since the counter's previous reading, or a reading beyond it over its series' age, is refused.
 MAX_RATES: Final[Mapping[str, float]] = {
     names.GPU_ENERGY.name: MAX_GPU_POWER_W,
     names.GPU_NVLINK_IO.name: MAX_IO_BYTES_PER_S,
     names.GPU_PCIE_IO.name: MAX_IO_BYTES_PER_S,
 }
-
-
-def rate_plausible(metric: str, amount: float, seconds: float) -> bool:
-    """Whether a counter of ``metric`` that grew by ``amount`` over ``seconds`` stays within ``MAX_RATES``."""
-    return 0.0 <= amount <= MAX_RATES[metric] * max(seconds, 0.0)

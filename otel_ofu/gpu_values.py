@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from otel_ofu import catalog, names, ofu_math
+from otel_ofu import catalog, gpu_share, names, ofu_math
 from otel_ofu.model import EnergyCounter, GpuReading
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,8 @@ def compute(
         value = ofu_math.ofu(tpa, sm_clock, max_clock, tensor_clock_hz=tensor_clock, calibration=calibration)
     raw = ofu_math.raw_ofu(tpa, sm_clock, max_clock) if max_clock is not None else None
     peak = spec.peak(precision) if spec is not None else None
+    if peak is not None:  # a MIG slice or compute partition has its share of its GPU's tensor cores
+        peak *= gpu_share.gpu_share(reading.gpu.model, reading.gpu.mig_profile, reading.gpu.compute_partition)
     return GpuValues(
         ofu=value,
         ofu_raw=raw,

@@ -42,4 +42,6 @@ def add_gpu_input(
         if reason is None:  # the decoder refuses a throttle share without its reason
             return names.RejectReason.BAD_ATTRIBUTE
         return aggregator.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {}, {reason: value})
+    if metric == names.GPU_ENERGY.name:  # a cumulative counter: start_ns is its series start
+        return aggregator.add_gpu_counters(stream_key, start_ns, end_ns, identity, {metric: value})
     return aggregator.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {metric: value}, {})

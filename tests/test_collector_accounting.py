@@ -230,3 +230,38 @@ def test_an_interval_longer_than_the_staleness_is_refused() -> None:
     assert (
         agg.add_ofu(_key(identity), 0.5, T0 - 590 * S, T0 + 10 * S, identity) is None
     )  # 600 s: taken, over 11 windows
+
+
+# --- state bounded in bytes -------------------------------------------------------------------------------------
+
+
+def test_the_windows_state_is_bounded_in_bytes() -> None:
+    # What the bound counts (Aggregator.state_bytes): per GPU stream 2048 B + twice its key, per job 4096 B + its id,
+    # per distinct profile 64 + 8 x its 8 fields + its values ("j", and the H100's name and "bf16" both as the group
+    # and as the job's attributes: 1 + 2 x (21 + 4)) = 179 B. One job "j" and streams "h|GPU-0000".. (10
+    # characters): 179 + 4097 + 2068 k <= 1 MiB = 1,048,576 holds k = 504 streams (505 would be 1,048,616).
+    agg = Aggregator(AggregatorConfig(lateness_s=0, max_state_bytes=1024 * 1024))
+    identity = {names.HW_MODEL: H100, names.GPU_PRECISION: "bf16", names.JOB_ID: "j"}
+    taken = [
+        agg.add_ofu(f"h|GPU-{n:04d}", 0.5, T0, T0 + 10 * S, identity)
+        for n in range(600)  # fmt: skip
+    ]
+    assert taken[:504] == [None] * 504
+    assert set(taken[504:]) == {"max_state"}
+    assert agg.state_bytes == 179 + 4097 + 2068 * 504
+    assert agg.stats.rejected_state_cap == 96
+    # Known streams still flow at the bound: only new state is refused.
+    assert agg.add_ofu("h|GPU-0000", 0.5, T0 + 10 * S, T0 + 20 * S, identity) is None
+
+
+def test_identity_values_longer_than_real_ones_are_refused_by_default() -> None:
+    from otel_ofu.testing.otlp_requests import RecordingSink, gpu_request
+    from otel_ofu_collector.otlp.decode import Decoder
+
+    # A Kubernetes "namespace/name" is at most 63 + 1 + 253 = 317 characters: 320 is the default bound.
+    sink = RecordingSink()
+    decoder = Decoder(sink)
+    assert decoder.decode(gpu_request({"GPU-1": ("j" * 320, 0.5)})).rejected == 0
+    refused = decoder.decode(gpu_request({"GPU-2": ("j" * 321, 0.5)}))
+    assert refused.rejected == 1
+    assert "longer than 320 characters" in refused.error_message

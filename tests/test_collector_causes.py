@@ -150,7 +150,7 @@ def test_dram_activity_and_link_throughput_beside_the_split() -> None:
     series = T0  # the producer started counting at the window's start: its first reading counts whole
     for tick in range(1, 7):
         counters = {f"{names.GPU_NVLINK_IO.name}|{d}": 3e9 * tick for d in names.IoDirection.ALL}
-        assert agg.add_gpu_inputs("n|a", series, T0 + tick * 10 * S_NS, identity, counters, {}) is None
+        assert agg.add_gpu_counters("n|a", series, T0 + tick * 10 * S_NS, identity, counters) is None
     (report,) = agg.flush(T0 + W)
     job = _job(report)
     assert job.loss is not None
@@ -167,9 +167,9 @@ def test_a_link_counter_beyond_physics_is_refused() -> None:
     agg = Aggregator(AggregatorConfig(lateness_s=0))
     identity = _identity("a")
     field = f"{names.GPU_NVLINK_IO.name}|{names.IoDirection.TRANSMIT}"
-    assert agg.add_gpu_inputs("n|a", T0, T0 + 10 * S_NS, identity, {field: 1e9}, {}) is None
+    assert agg.add_gpu_counters("n|a", T0, T0 + 10 * S_NS, identity, {field: 1e9}) is None
     # 1e15 bytes in 10 s is 100 TB/s: ten times the bound of any GPU link.
-    assert agg.add_gpu_inputs("n|a", T0, T0 + 20 * S_NS, identity, {field: 1e15}, {}) == "implausible"
+    assert agg.add_gpu_counters("n|a", T0, T0 + 20 * S_NS, identity, {field: 1e15}) == "implausible"
 
 
 def test_the_fleets_finer_causes_merge_across_shards_exactly() -> None:

@@ -251,7 +251,7 @@ def test_an_older_interval_arriving_late_keeps_its_inputs() -> None:
             agg.add_ofu("a", 0.3, start, end, identity)
             # As the decoder groups them: the counter with its series start, the gauges with their interval.
             energy = {names.GPU_ENERGY.name: 1_000_000.0 + 5_000.0 * tick}
-            assert agg.add_gpu_inputs("a", T0 - 3600 * S, end, identity, energy, {}) is None
+            assert agg.add_gpu_counters("a", T0 - 3600 * S, end, identity, energy) is None
             values = {
                 names.GPU_TENSOR_ACTIVE.name: 0.4 + 0.1 * tick,
                 names.GPU_CLOCK_SM.name: 1.5e9 + 1e8 * tick,

@@ -6,6 +6,7 @@ import logging
 import math
 import subprocess
 
+import attrs
 import pytest
 
 from otel_ofu import gpu_values, names
@@ -68,6 +69,16 @@ def test_h100_boost_above_tensor_clock_is_capped() -> None:
 def test_achieved_flops_uses_the_peak_of_the_precision(precision: str, peak: float) -> None:
     values = gpu_values.compute(reading(), precision=precision)
     assert values.flops_achieved == pytest.approx(values.ofu * peak)
+
+
+def test_a_mig_slice_achieves_its_share_of_the_gpus_peak() -> None:
+    # A 1g.10gb instance holds 1 of the H100's 7 compute slices: at OFU 0.5 it does 0.5 x 989.4 / 7 = 70.7 TFLOP/s,
+    # not half the whole GPU's peak (its OFU is the share of its own tensor cores).
+    slice_reading = reading()
+    slice_reading = attrs.evolve(slice_reading, gpu=attrs.evolve(slice_reading.gpu, mig_profile="1g.10gb"))
+    values = gpu_values.compute(slice_reading, precision="bf16")
+    assert values.ofu == pytest.approx(0.5)
+    assert values.flops_achieved == pytest.approx(0.5 * 989.4e12 / 7)
 
 
 @pytest.mark.parametrize("precision", [None, "mixed", "unknown", "fp4"])

@@ -99,6 +99,7 @@ class RecordingSink:
     ofu: list[tuple[str, float, int, int, dict[str, str]]] = attrs.field(factory=list)
     mfu: list[tuple[str, float, int, dict[str, str]]] = attrs.field(factory=list)
     inputs: list[tuple[str, int, int, dict[str, float], dict[str, float]]] = attrs.field(factory=list)
+    counters: list[tuple[str, int, int, dict[str, float]]] = attrs.field(factory=list)
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def profile_of(self, identity: Mapping[str, str]) -> Any:
@@ -124,6 +125,17 @@ class RecordingSink:
         throttle: Mapping[str, float],
     ) -> str | None:
         self.inputs.append((stream_key, start_ns, end_ns, dict(values), dict(throttle)))
+        return None
+
+    def add_gpu_counters(
+        self,
+        stream_key: str,
+        series_start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        counters: Mapping[str, float],
+    ) -> str | None:
+        self.counters.append((stream_key, series_start_ns, end_ns, dict(counters)))
         return None
 
     def live_entries(self) -> int:

@@ -183,6 +183,8 @@ _COUNTER_FIELDS: dict[str, str] = {
         for direction in names.IoDirection.ALL
     },
 }
+# Each counter field's most per second a GPU can reach (``otel_ofu.bounds.MAX_RATES``).
+_COUNTER_RATES: dict[str, float] = {field: bounds.MAX_RATES[metric] for field, metric in _COUNTER_FIELDS.items()}
 _COUNTER_SLOTS: dict[str, int] = {
     f"{metric}|{direction}": slot
     for metric, slot in ((names.GPU_NVLINK_IO.name, _NVLINK_SLOT), (names.GPU_PCIE_IO.name, _PCIE_SLOT))
@@ -621,33 +623,13 @@ class Aggregator:
         values: Mapping[str, float],
         throttle: Mapping[str, float],
     ) -> str | None:
-        """A GPU stream's loss inputs of one interval (start, end]: ``values`` by field (a gauge's metric name, or a
-        cumulative counter: ``gpu.energy``, ``gpu.nvlink.io|transmit`` and the like), ``throttle`` shares by reason
-        (a reason left out reads as 0), each split over the windows the interval overlaps as OFU is. None when
-        taken, else why not (late, over the stream cap, beyond physics); a refused interval changes nothing.
-
-        A counter's ``start_ns`` is its series start: see ``_counter_delta``; its delta is split over the windows of
-        the time it covers, since the stream's previous reading.
-        """
+        """A GPU stream's gauges over one interval (start, end]: ``values`` by metric name, ``throttle`` shares by
+        reason (a reason left out reads as 0), time-weighted into every window the interval overlaps, as OFU is.
+        None when taken, else why not (late, over the stream cap, an interval beyond ``stale_after_s``)."""
         if end_ns > self._watermark_ns:
             self._watermark_ns = end_ns
-        gauges = bool(throttle)
-        counted: list[tuple[str, float, int, tuple[int, int, float]]] = []  # (field, delta, since, state)
-        for field, value in values.items():
-            metric = _COUNTER_FIELDS.get(field)
-            if metric is None:
-                gauges = True
-                continue
-            found = self._counter_delta(field, metric, stream_key, start_ns, end_ns, value)
-            if isinstance(found, str):
-                return found
-            counted.append((field, *found))
-        if gauges and end_ns - start_ns > self._max_interval_ns:
+        if end_ns - start_ns > self._max_interval_ns:
             return R.IMPLAUSIBLE
-        booked = [entry for entry in counted if entry[1]]
-        if not gauges and not booked:  # a baseline, a retry or an older reading: nothing to book
-            self._commit_counters(stream_key, counted)
-            return None
         if self._last_start < end_ns <= self._last_end:
             window = self._last_window
             window_start = self._last_start
@@ -657,48 +639,103 @@ class Aggregator:
                 return R.LATE
             window = opened
             window_start = _window_start(end_ns, self._window_ns)
-        parts: list[tuple[_Window, float, float]] = []
-        if gauges:
-            if start_ns >= window_start or start_ns >= end_ns:
-                parts.append((window, float(end_ns - start_ns) if end_ns > start_ns else 1.0, 0.0))
-            else:
-                parts = self._parts(start_ns, end_ns, window_start, window)
-        counter_parts: list[tuple[str, float, float, list[tuple[_Window, float, float]]]] = []
-        for field, delta, since, _state in booked:
-            if since >= window_start:
-                split = [(window, float(end_ns - since), 0.0)]
-            else:
-                split = self._parts(since, end_ns, window_start, window)
-            counter_parts.append((field, delta, float(end_ns - since), split))
-        windows = [part[0] for part in parts] + [part[0] for *_, split in counter_parts for part in split]
-        for part_window in windows:
-            if stream_key not in part_window.gpus and len(part_window.gpus) >= self.config.max_streams:
-                self._rejected_streams += 1
+        if start_ns >= window_start or start_ns >= end_ns:  # the whole interval in one window: the common case
+            inputs = window.gpus.get(stream_key)
+            if inputs is None:
+                if len(window.gpus) >= self.config.max_streams:
+                    self._rejected_streams += 1
+                    return R.MAX_STREAMS
+                inputs = window.gpus[stream_key] = _GpuInputs(identity)
+            parts = [(inputs, float(end_ns - start_ns) if end_ns > start_ns else 1.0)]
+        else:
+            split = self._parts(start_ns, end_ns, window_start, window)
+            if self._over_stream_cap(stream_key, split):
                 return R.MAX_STREAMS
-        self._commit_counters(stream_key, counted)
+            parts = [(self._inputs(w, stream_key, identity), weight) for w, weight, _carried in split]
         self._points_gpu += len(values) + len(throttle)
-        for part_window, weight, _carried in parts:
-            sums = self._inputs(part_window, stream_key, identity).sums
+        for inputs, weight in parts:
+            sums = inputs.sums
             for metric, value in values.items():
                 slot = _SLOTS.get(metric)
                 if slot is not None:
                     sums[slot] += value * weight
                     sums[slot + 1] += weight
             for reason, value in throttle.items():
-                slot = _REASON_SLOTS.get(reason)
-                if slot is not None:
-                    sums[slot] += value * weight
-        for field, delta, covered, split in counter_parts:
-            for part_window, weight, _carried in split:
-                inputs = self._inputs(part_window, stream_key, identity)
-                part = delta * (weight / covered)
-                if field == _ENERGY:
-                    inputs.energy_j = part if inputs.energy_j is None else inputs.energy_j + part
-                else:
-                    slot = _COUNTER_SLOTS[field]
-                    inputs.sums[slot] += part
-                    inputs.sums[slot + 1] += 1.0
+                if value:  # a reason absent from the interval: nothing to add (the window reads it as 0)
+                    slot = _REASON_SLOTS.get(reason)
+                    if slot is not None:
+                        sums[slot] += value * weight
         return None
+
+    def add_gpu_counters(
+        self,
+        stream_key: str,
+        series_start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        counters: Mapping[str, float],
+    ) -> str | None:
+        """A GPU stream's cumulative counters read at ``end_ns``, their series begun at ``series_start_ns``:
+        ``counters`` by field (``gpu.energy``, ``gpu.nvlink.io|transmit`` and the like). Each one's delta since the
+        stream's previous reading (``_counter_delta``) is split over the windows of the time it covers, in
+        proportion. None when taken, else why not (late, over the stream cap, beyond physics); a refused reading
+        changes nothing, not even the baselines of the interval's other counters."""
+        if end_ns > self._watermark_ns:
+            self._watermark_ns = end_ns
+        counted: list[tuple[str, float, int, tuple[int, int, float]]] = []  # (field, delta, since, state)
+        for field, value in counters.items():
+            max_rate = _COUNTER_RATES.get(field)
+            if max_rate is None:
+                continue  # not a counter the windows keep
+            found = self._counter_delta(field, max_rate, stream_key, series_start_ns, end_ns, value)
+            if isinstance(found, str):
+                return found
+            counted.append((field, *found))
+        if any(entry[1] for entry in counted):
+            if self._last_start < end_ns <= self._last_end:
+                window, window_start = self._last_window, self._last_start
+            else:
+                opened = self._open_window(end_ns)
+                if opened is None:
+                    return R.LATE
+                window, window_start = opened, _window_start(end_ns, self._window_ns)
+            # Where each delta goes: its window alone (the common case), else every window its time overlaps.
+            spread: list[tuple[str, float, float, list[tuple[_Window, float, float]]]] = []
+            for field, delta, since, _state in counted:
+                if delta:
+                    split = [(window, float(end_ns - since), 0.0)] if since >= window_start else None
+                    if split is None:
+                        split = self._parts(since, end_ns, window_start, window)
+                    if self._over_stream_cap(stream_key, split):
+                        return R.MAX_STREAMS
+                    spread.append((field, delta, float(end_ns - since), split))
+            for field, delta, covered, split in spread:
+                for part_window, weight, _carried in split:
+                    inputs = part_window.gpus.get(stream_key)
+                    if inputs is None:
+                        inputs = part_window.gpus[stream_key] = _GpuInputs(identity)
+                    part = delta * (weight / covered)
+                    if field == _ENERGY:
+                        inputs.energy_j = part if inputs.energy_j is None else inputs.energy_j + part
+                    else:
+                        slot = _COUNTER_SLOTS[field]
+                        inputs.sums[slot] += part
+                        inputs.sums[slot + 1] += 1.0
+        for field, _delta, _since, state in counted:
+            if state[1] >= 0:
+                self._counters.setdefault(field, {})[stream_key] = state
+        self._points_gpu += len(counters)
+        return None
+
+    def _over_stream_cap(self, stream_key: str, split: list[tuple[_Window, float, float]]) -> bool:
+        """Whether a stream new to one of these windows is over ``max_streams`` there (counted)."""
+        cap = self.config.max_streams
+        for part_window, _weight, _carried in split:
+            gpus = part_window.gpus
+            if len(gpus) >= cap and stream_key not in gpus:
+                self._rejected_streams += 1
+                return True
+        return False
 
     @staticmethod
     def _inputs(window: _Window, stream_key: str, identity: Mapping[str, str]) -> _GpuInputs:
@@ -707,27 +744,21 @@ class Aggregator:
             inputs = window.gpus[stream_key] = _GpuInputs(identity)
         return inputs
 
-    def _commit_counters(self, stream_key: str, counted: list[tuple[str, float, int, tuple[int, int, float]]]) -> None:
-        """Keep each counter reading of an interval taken as its stream's latest (the baseline of the next delta)."""
-        for field, _delta, _since, state in counted:
-            if state[1] >= 0:
-                self._counters.setdefault(field, {})[stream_key] = state
-
     def _counter_delta(
-        self, field: str, metric: str, stream_key: str, series_start: int, end_ns: int, value: float
+        self, field: str, max_rate: float, stream_key: str, series_start: int, end_ns: int, value: float
     ) -> tuple[float, int, tuple[int, int, float]] | str:
         """What one reading of a stream's cumulative counter books: (amount, since, state): the delta over
-        (since, end] and the reading to keep (not kept yet: the caller commits it once the whole interval is
-        taken; a state with end -1 keeps nothing); a ``names.RejectReason`` code when refused.
+        (since, end] and the reading to keep, which the caller keeps once the whole reading is taken (a state with
+        end -1 keeps nothing); a ``names.RejectReason`` code when refused.
 
         The delta is since the stream's previous reading of the same series (start time). A first reading (or one
         of a new series: a driver reload) counts whole only when its series began within one window before it,
         else it only sets the baseline (a collector restarting mid-series must not book a day's energy into one
         window). A retry of the latest reading books nothing; an older reading arriving after a newer one (a load
         balancer's parallel exports reorder) is already inside the newer delta. A counter that runs backwards
-        within its series, or faster than a GPU can (``otel_ofu.bounds.MAX_RATES``), is refused and leaves the
-        baseline as it was; so is one holding more than its series' age at that rate, so that a poisoned reading
-        never becomes the baseline every later one is measured against.
+        within its series, or faster than a GPU can (``max_rate``, from ``otel_ofu.bounds.MAX_RATES``), is
+        refused and leaves the baseline as it was; so is one holding more than its series' age at that rate, so
+        that a poisoned reading never becomes the baseline every later one is measured against.
         """
         states = self._counters.get(field)
         previous = states.get(stream_key) if states is not None else None
@@ -735,7 +766,7 @@ class Aggregator:
             self._rejected_streams += 1
             return R.MAX_STREAMS
         keep = (series_start, end_ns, value)
-        if not bounds.rate_plausible(metric, value, (end_ns - series_start) / _NS_PER_S):
+        if not 0.0 <= value <= max_rate * max(end_ns - series_start, 0) / _NS_PER_S:
             return R.IMPLAUSIBLE
         if previous is not None:
             previous_start, previous_end, previous_value = previous
@@ -743,7 +774,7 @@ class Aggregator:
                 return 0.0, end_ns, (0, -1, 0.0)
             if previous_start == series_start:
                 delta = value - previous_value
-                if not bounds.rate_plausible(metric, delta, (end_ns - previous_end) / _NS_PER_S):
+                if not 0.0 <= delta <= max_rate * (end_ns - previous_end) / _NS_PER_S:
                     return R.IMPLAUSIBLE  # running backwards, or faster than a GPU can
                 return delta, previous_end, keep
         if not 0 < series_start < end_ns or end_ns - series_start > self._window_ns:

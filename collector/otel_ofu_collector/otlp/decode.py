@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -35,7 +35,7 @@ from otel_ofu_collector.otlp.resources import (
     resource_views,
     stream_key,
 )
-from otel_ofu_collector.otlp.shapes import Shape, read_through, shape_of
+from otel_ofu_collector.otlp.shapes import Shape, read_through, shape_of, take_inputs
 from otel_ofu_collector.results import PartialWindow
 
 R = names.RejectReason
@@ -87,7 +87,20 @@ class PointSink(Protocol):
         identity: Mapping[str, str],
         values: Mapping[str, float],
         throttle: Mapping[str, float],
-    ) -> str | None: ...
+    ) -> str | None:
+        """A GPU's gauges over one interval, and its throttle shares by reason."""
+        ...
+
+    def add_gpu_counters(
+        self,
+        stream_key: str,
+        series_start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        counters: Mapping[str, float],
+    ) -> str | None:
+        """A GPU's cumulative counters (energy, link bytes by direction) read at ``end_ns``."""
+        ...
 
     def live_entries(self) -> int:
         """The GPU streams and jobs the sink keeps now: what the resource cache's bound follows."""
@@ -124,9 +137,9 @@ class DecoderStats:
     shaped_resources: int = 0  # ResourceMetrics read through their layout's template (``otlp.shapes``)
 
 
-# A Resource's loss inputs, grouped by (stream key, start, end): (identity, values by metric, throttle by reason)
-# per group; a metric sent twice for one interval opens another group, so each point counts as sent.
-_Group = tuple[Mapping[str, str], dict[str, float], dict[str, float]]
+# A Resource's loss inputs, grouped by (stream key, start, end): (identity, gauges by metric, throttle shares by reason,
+# counters by field) per group; a metric sent twice for one interval opens another group, so each point counts as sent.
+_Group = tuple[Mapping[str, str], dict[str, float], dict[str, float], dict[str, float]]
 
 
 @attrs.define
@@ -220,8 +233,7 @@ class Decoder:
             latest = self.clock() + self.max_future_ns
         reading = _Reading(self, sink, request, raw, rejections, latest)
         try:
-            for index, rm in enumerate(request.resource_metrics):
-                reading.resource(index, rm)
+            reading.run()
         finally:
             reading.release()
         return reading.accepted, reading.any_ours, reading.any_foreign
@@ -275,9 +287,6 @@ class Decoder:
         # Resource keeps the shape it had, for the next report in its usual layout.
         entry.shape = shape or entry.shape
         entry.builds += 1
-
-    def shapes_of_length(self, length: int) -> list[Shape]:
-        return self._layouts.get(length, [])
 
     def _ingest_partials(self, request: ExportMetricsServiceRequest, rejections: Rejections) -> tuple[int, bool, bool]:
         any_ours = False
@@ -375,48 +384,54 @@ class _Reading:
             self.decoder.lock.release()
             self.locked = False
 
-    def resource(self, index: int, rm: Any) -> None:
-        """One ResourceMetrics: through its layout's template when one fits, else point by point."""
+    def run(self) -> None:
+        """Every ResourceMetrics of the request: through its layout's template when one fits, else point by point.
+
+        Known layouts exist: a Resource is looked up before its metrics are walked, to read them through a template
+        when its bytes fit its shape, or another Resource's (a fleet's GPUs send one layout, so a GPU seen the first
+        time is read through it too). The loop is the decoder's hottest: what it needs is in locals.
+        """
         decoder = self.decoder
-        entry: ResourceEntry | None = None
-        key: bytes | None = None
-        shape_missed = False  # a shape was tried and the bytes were not its layout
-        if decoder.read_through_shapes and decoder._layouts:
-            # Known layouts exist: look the Resource up before walking its metrics, to read them through a template
-            # when the bytes fit its shape, or another Resource's (a fleet's GPUs send one layout, so a GPU seen the
-            # first time is read through it too).
-            view = self.view(index)
-            key = cache_key(view.resource)
-            entry = decoder.entry(rm, key)
-            scopes = view.scope_metrics
-            if len(scopes) == 1 and entry.stream_key is not None and not entry.overlong:
-                data = scopes[0]
-                shape = entry.shape
-                numbers = None if shape is None else shape.template.read(data)
-                if numbers is None:
-                    shape_missed = shape is not None
-                    for shape in decoder.shapes_of_length(len(data)):
-                        numbers = shape.template.read(data)
-                        if numbers is not None:
-                            break
-                if numbers is not None:
-                    assert shape is not None
-                    self.accepted += read_through(entry, shape.plan, numbers, self.latest, self.sink, self.rejections)
-                    self.any_ours = True
-                    decoder.stats.shaped_resources += 1  # under the lock, taken with the views
-                    entry.shape = shape  # the Resource's layout from now, with a fresh build budget
-                    entry.builds = 0
-                    return
-        entry = self.points(index, rm, entry)
-        if (
-            decoder.read_through_shapes
-            and entry is not None
-            and entry.builds < _MAX_SHAPE_BUILDS
-            and (entry.shape is None or shape_missed)
-            and not entry.overlong
-            and entry.stream_key is not None
-        ):
-            decoder.learn_shape(rm, self.view(index), entry)
+        cache = decoder._resource_cache
+        layouts = decoder._layouts
+        use_shapes = decoder.read_through_shapes
+        stats = decoder.stats
+        for index, rm in enumerate(self.request.resource_metrics):
+            entry: ResourceEntry | None = None
+            shape_missed = False  # a shape was tried and the bytes were not its layout
+            if use_shapes and layouts:
+                view = self.view(index) if self.views is None else self.views[index]
+                key = cache_key(view.resource)
+                entry = cache.get(key) or decoder.entry(rm, key)
+                scopes = view.scope_metrics
+                if len(scopes) == 1 and entry.stream_key is not None and not entry.overlong:
+                    data = scopes[0]
+                    shape = entry.shape
+                    numbers = None if shape is None else shape.template.read(data)
+                    if numbers is None:
+                        shape_missed = shape is not None
+                        for shape in layouts.get(len(data), ()):
+                            numbers = shape.template.read(data)
+                            if numbers is not None:
+                                break
+                    if numbers is not None:
+                        assert shape is not None
+                        self.accepted += read_through(entry, shape, numbers, self.latest, self.sink, self.rejections)
+                        self.any_ours = True
+                        stats.shaped_resources += 1  # under the lock, taken with the views
+                        entry.shape = shape  # the Resource's layout from now, with a fresh build budget
+                        entry.builds = 0
+                        continue
+            entry = self.points(index, rm, entry)
+            if (
+                use_shapes
+                and entry is not None
+                and entry.builds < _MAX_SHAPE_BUILDS
+                and (entry.shape is None or shape_missed)
+                and not entry.overlong
+                and entry.stream_key is not None
+            ):
+                decoder.learn_shape(rm, self.view(index), entry)
 
     def points(self, index: int, rm: Any, entry: ResourceEntry | None) -> ResourceEntry | None:
         """A Resource's points one by one, by role; its entry (None: no point of ours needed its identity)."""
@@ -452,12 +467,12 @@ class _Reading:
                 else:
                     self.mfu(points, entry)
         for (key, start_ns, end_ns), groups in batch.items():
-            for identity, values, shares in groups:
-                refused = self.sink.add_gpu_inputs(key, start_ns, end_ns, identity, values, shares)
-                if refused is not None:
-                    count = len(values) + len(shares)
-                    self.accepted -= count
-                    self.rejections.refuse(_INPUTS, refused, count)
+            for identity, gauges, shares, counters in groups:
+                count = len(gauges) + len(shares) + len(counters)
+                self.accepted += (
+                    take_inputs(self.sink, key, start_ns, end_ns, identity, gauges, shares, counters, self.rejections)
+                    - count
+                )  # counted as taken point by point: less what the sink refused
         return entry
 
     def _own_identity(self, name: str, attributes: Any, entry: ResourceEntry) -> tuple[Mapping[str, str], str | None]:
@@ -508,6 +523,7 @@ class _Reading:
         latest = self.latest
         max_length = self.decoder.max_attribute_length
         throttle = name == _THROTTLE
+        cumulative = name in roles.COUNTERS
         keyed = roles.KEYED.get(name)
         low, high = bounds.range_of(name)
         group: _Group | None = None
@@ -542,24 +558,18 @@ class _Reading:
                 rejections.refuse(name, R.BAD_TIME)
                 continue
             self.accepted += 1
-            if throttle and value == 0.0:
-                # The windows average throttle shares over the GPU's OFU time, so a reason absent from an interval
-                # reads as 0 for it: taken, nothing to add.
-                continue
             start_ns = point.start_time_unix_nano or end_ns
             at = (key, start_ns, end_ns)
             # A metric sent twice for one interval (or another identity) opens a new group: each point counts as sent.
-            if group is None or group_at != at or group[0] is not identity or field in group[2 if throttle else 1]:
+            slot = 3 if cumulative else 2 if throttle else 1
+            if group is None or group_at != at or group[0] is not identity or field in group[slot]:
                 groups = batch.setdefault(at, [])
                 group = groups[-1] if groups else None
-                if group is None or group[0] is not identity or field in group[2 if throttle else 1]:
-                    group = (identity, {}, {})
+                if group is None or group[0] is not identity or field in group[slot]:
+                    group = (identity, {}, {}, {})
                     groups.append(group)
                 group_at = at
-            if throttle:
-                group[2][field] = value
-            else:
-                group[1][field] = value
+            cast(dict[str, float], group[slot])[field] = value
 
     def mfu(self, points: Any, entry: ResourceEntry) -> None:
         rejections = self.rejections

@@ -34,6 +34,8 @@ KEYED: Final[dict[str, tuple[str, frozenset[str]]]] = {
     names.GPU_PCIE_IO.name: (names.NETWORK_IO_DIRECTION, frozenset(names.IoDirection.ALL)),
 }
 THROTTLE: Final = names.GPU_THROTTLE.name
+# The loss inputs that are cumulative counters (start = their series start), taken apart from the interval's gauges.
+COUNTERS: Final = frozenset({names.GPU_ENERGY.name, names.GPU_NVLINK_IO.name, names.GPU_PCIE_IO.name})
 
 
 def keyed_field(metric: str, value: str) -> str:

@@ -15,7 +15,9 @@ point by point.
 
 from __future__ import annotations
 
+import operator
 import struct
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import attrs
@@ -47,14 +49,88 @@ class Planned(NamedTuple):
     low: float
     high: float
     metric: str
+    cumulative: bool  # a sum (its start is its series'), not a gauge (its start is its interval's)
+
+
+@attrs.frozen
+class _Part:
+    """The points of a layout that shared one (start, time) when the layout was learnt (the gauges of an interval,
+    the counters of a series): where their starts and times are, and their fields and values, the OFU, gauge and
+    throttle-share points apart, each read with one C-level getter."""
+
+    cumulative: bool  # counters (their values go to the sink as such), not gauges
+    start: int | None  # where its first point's start is (None: a point sent none)
+    time: int  # where its first point's time is
+    # The other points' starts and times, which must equal the first's (None: the part has one point).
+    other_starts: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
+    other_times: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
+    size: int  # its points
+    ofu: tuple[int, ...]  # where its OFU points' values are
+    gauge_fields: tuple[str, ...]
+    gauges: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
+    share_fields: tuple[str, ...]
+    shares: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
+
+
+def _parts(plan: tuple[Planned, ...], learnt: tuple[Any, ...]) -> tuple[_Part, ...]:
+    """The plan's points by kind (gauges over an interval, sums since their series began) and by the (start, time)
+    they had in the report the layout was learnt from (a producer's first interval can start when its counters'
+    series do: the kind keeps the two apart)."""
+    by_part: dict[tuple[bool, Any, Any], list[Planned]] = {}
+    for planned in plan:
+        start = learnt[planned.start_index] if planned.start_index is not None else None
+        by_part.setdefault((planned.cumulative, start, learnt[planned.time_index]), []).append(planned)
+    parts = []
+    for (cumulative, _start, _time), points in by_part.items():
+        starts = [p.start_index for p in points if p.start_index is not None]
+        gauges = [p for p in points if p.role != roles.OFU and not p.throttle]
+        shares = [p for p in points if p.throttle]
+        ofu = [p.value_index for p in points if p.role == roles.OFU]
+        parts.append(
+            _Part(
+                cumulative,
+                starts[0] if len(starts) == len(points) else None,
+                points[0].time_index,
+                _getter(starts[1:]) if len(starts) == len(points) and len(points) > 1 else None,
+                _getter([p.time_index for p in points[1:]]) if len(points) > 1 else None,
+                len(points),
+                tuple(ofu),
+                tuple(p.field for p in gauges),
+                _getter([p.value_index for p in gauges]) if gauges else None,
+                tuple(p.field for p in shares),
+                _getter([p.value_index for p in shares]) if shares else None,
+            )
+        )
+    return tuple(parts)
 
 
 @attrs.frozen
 class Shape:
-    """A producer layout of ScopeMetrics, shared by every Resource that sends it: its template and its points."""
+    """A producer layout of ScopeMetrics, shared by every Resource that sends it: its template and its points; and
+    for the C-level read of a report whose every value is in bounds and every part's points share their times
+    (nearly all of them), the values' bounds in columns and the points by part (``_parts``)."""
 
     template: templates.Template
     plan: tuple[Planned, ...]
+    parts: tuple[_Part, ...]
+    values: Callable[[tuple[Any, ...]], tuple[Any, ...]] = attrs.field(init=False)
+    lows: tuple[float, ...] = attrs.field(init=False)
+    highs: tuple[float, ...] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        set_ = object.__setattr__  # a frozen class's derived fields, set once here
+        plan = self.plan if len(self.plan) > 1 else self.plan * 2  # itemgetter of two positions gives a tuple
+        set_(self, "values", operator.itemgetter(*(p.value_index for p in plan)))
+        set_(self, "lows", tuple(p.low for p in plan))
+        set_(self, "highs", tuple(p.high for p in plan))
+
+
+def _getter(indices: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """A C-level getter of these positions as a tuple (itemgetter of one position gives the value alone)."""
+    if len(indices) == 1:
+        index = indices[0]
+        return lambda numbers: (numbers[index],)
+    return operator.itemgetter(*indices)
 
 
 def shape_of(rm: Any, scope_bytes: bytes) -> Shape | None:
@@ -99,16 +175,11 @@ def shape_of(rm: Any, scope_bytes: bytes) -> Shape | None:
                 return None
             throttle = name == _THROTTLE
             field = name
-            keyed = roles.KEYED.get(name)
-            if keyed is not None:  # one attribute, its key's known value: the field it feeds
-                attribute, known = keyed
-                attributes = point.attributes
-                if len(attributes) != 1 or attributes[0].key != attribute:
+            if name in roles.KEYED:
+                found = _keyed_field(name, point.attributes)
+                if found is None:
                     return None
-                text = attributes[0].value.string_value
-                if text not in known or attributes[0].value.WhichOneof("value") != "string_value":
-                    return None
-                field = roles.keyed_field(name, text)
+                field = found
             elif slot.has_attributes or point.attributes:
                 return None
             if role == roles.INPUT:
@@ -122,23 +193,61 @@ def shape_of(rm: Any, scope_bytes: bytes) -> Shape | None:
             read.append((slot.time, "Q"))
             read.append((slot.value, "d"))
             low, high = bounds.range_of(name)
-            plan.append(Planned(role, field, throttle, start_index, len(read) - 2, len(read) - 1, low, high, name))
+            plan.append(
+                Planned(
+                    role,
+                    field,
+                    throttle,
+                    start_index,
+                    len(read) - 2,
+                    len(read) - 1,
+                    low,
+                    high,
+                    name,
+                    name in roles.COUNTERS,
+                )
+            )
     if not plan:
         return None
-    return Shape(templates.Template.of(scope_bytes, read, skip), tuple(plan))
+    template = templates.Template.of(scope_bytes, read, skip)
+    learnt = template.read(scope_bytes)
+    if learnt is None:
+        return None
+    return Shape(template, tuple(plan), _parts(tuple(plan), learnt))
+
+
+def _keyed_field(name: str, attributes: Any) -> str | None:
+    """The field a keyed point feeds when its one attribute is its key's, with a known value; None otherwise."""
+    attribute, known = roles.KEYED[name]
+    if len(attributes) != 1 or attributes[0].key != attribute:
+        return None
+    text: str = attributes[0].value.string_value
+    if text not in known or attributes[0].value.WhichOneof("value") != "string_value":
+        return None
+    return roles.keyed_field(name, text)
 
 
 def read_through(
-    entry: ResourceEntry, plan: tuple[Planned, ...], numbers: tuple[Any, ...], latest: int, sink: PointSink,
-    rejections: Rejections,
-) -> int:  # fmt: skip
+    entry: ResourceEntry, shape: Shape, numbers: tuple[Any, ...], latest: int, sink: PointSink, rejections: Rejections
+) -> int:
     """A Resource's points read through its shape into the sink; how many were taken (the rest refused, each
     with its reason). Loss inputs are grouped by their (start, end) as point by point (gpu.energy, a cumulative
-    counter, starts when its series did, the gauges when their interval did)."""
+    counter, starts when its series did, the gauges when their interval did).
+
+    A report whose values are all in bounds and whose parts' points share their times, all due (nearly every
+    one), goes part by part, each part's values into the sink at once; any other point by point, where each
+    refusal has its reason.
+    """
+    shape_values = shape.values(numbers)
+    if all(map(operator.le, shape.lows, shape_values)) and all(map(operator.le, shape_values, shape.highs)):
+        taken = _by_part(entry, shape, numbers, latest, sink, rejections)
+        if taken >= 0:
+            return taken
+    plan = shape.plan
     ofu: list[tuple[float, int, int]] = []
-    groups: dict[tuple[int, int], tuple[dict[str, float], dict[str, float]]] = {}
+    groups: dict[tuple[int, int], _Inputs] = {}
     accepted = 0
-    for role, field, throttle, start_index, time_index, value_index, low, high, metric in plan:
+    for role, field, throttle, start_index, time_index, value_index, low, high, metric, cumulative in plan:
         value = numbers[value_index]
         if not low <= value <= high:  # NaN fails both comparisons
             rejections.refuse(metric, bounds.refusal(metric, value) or R.OUT_OF_RANGE)
@@ -151,28 +260,114 @@ def read_through(
         if role == roles.OFU:
             ofu.append((value, start_ns, end_ns))
             continue
-        if throttle and value == 0.0:
-            # The windows average throttle shares over the GPU's OFU time, so a reason absent from an interval
-            # reads as 0 for it: taken, nothing to add.
-            accepted += 1
-            continue
         group = groups.get((start_ns, end_ns))
         if group is None:
-            group = groups[(start_ns, end_ns)] = ({}, {})
-        (group[1] if throttle else group[0])[field] = value
+            group = groups[(start_ns, end_ns)] = ({}, {}, {})
+        (group[2] if cumulative else group[1] if throttle else group[0])[field] = value
+    return accepted + _into_sink(entry, ofu, groups, sink, rejections)
+
+
+def _by_part(
+    entry: ResourceEntry, shape: Shape, numbers: tuple[Any, ...], latest: int, sink: PointSink, rejections: Rejections
+) -> int:
+    """``read_through``'s part by part read: how many points were taken; -1, with nothing taken, where a part's points
+    do not share their times or one is not due."""
+    spans: list[tuple[int, int]] = []
+    for part in shape.parts:
+        end_ns = numbers[part.time]
+        if not end_ns or end_ns > latest:
+            return -1
+        others = part.other_times
+        if others is not None and others(numbers).count(end_ns) != part.size - 1:
+            return -1
+        start_ns = end_ns
+        if part.start is not None:
+            start_ns = numbers[part.start]
+            others = part.other_starts
+            if others is not None and others(numbers).count(start_ns) != part.size - 1:
+                return -1
+            start_ns = start_ns or end_ns
+        spans.append((start_ns, end_ns))
     identity, key, profile = entry.identity, entry.stream_key, entry.profile
     assert key is not None  # a shape is built only for a Resource with a stream key
+    taken = 0
+    for part, (start_ns, end_ns) in zip(shape.parts, spans, strict=True):
+        for index in part.ofu:
+            refused = sink.add_ofu(key, numbers[index], start_ns, end_ns, identity, profile)
+            if refused is None:
+                taken += 1
+            else:
+                rejections.refuse(names.GPU_OFU.name, refused)
+        if part.gauges is not None and part.cumulative:
+            counters = dict(zip(part.gauge_fields, part.gauges(numbers), strict=True))
+            refused = sink.add_gpu_counters(key, start_ns, end_ns, identity, counters)
+            count = len(counters)
+        elif part.gauges is not None or part.shares is not None:
+            gauges = dict(zip(part.gauge_fields, part.gauges(numbers), strict=True)) if part.gauges else {}
+            shares = dict(zip(part.share_fields, part.shares(numbers), strict=True)) if part.shares else {}
+            refused = sink.add_gpu_inputs(key, start_ns, end_ns, identity, gauges, shares)
+            count = len(gauges) + len(shares)
+        else:
+            continue
+        if refused is None:
+            taken += count
+        else:
+            rejections.refuse(_INPUTS, refused, count)
+    return taken
+
+
+def _into_sink(
+    entry: ResourceEntry,
+    ofu: list[tuple[float, int, int]],
+    groups: dict[tuple[int, int], _Inputs],
+    sink: PointSink,
+    rejections: Rejections,
+) -> int:
+    """A Resource's OFU points and grouped loss inputs into the sink; how many it took."""
+    identity, key, profile = entry.identity, entry.stream_key, entry.profile
+    assert key is not None  # a shape is built only for a Resource with a stream key
+    accepted = 0
     for value, start_ns, end_ns in ofu:
         refused = sink.add_ofu(key, value, start_ns, end_ns, identity, profile)
         if refused is None:
             accepted += 1
         else:
             rejections.refuse(names.GPU_OFU.name, refused)
-    for (start_ns, end_ns), (values, shares) in groups.items():
-        count = len(values) + len(shares)
-        refused = sink.add_gpu_inputs(key, start_ns, end_ns, identity, values, shares)
+    for (start_ns, end_ns), (gauges, shares, counters) in groups.items():
+        accepted += take_inputs(sink, key, start_ns, end_ns, identity, gauges, shares, counters, rejections)
+    return accepted
+
+
+# One GPU interval's loss inputs, as the sink takes them: gauges by metric, throttle shares by reason, counters by
+# field (``roles.keyed_field``).
+_Inputs = tuple[dict[str, float], dict[str, float], dict[str, float]]
+
+
+def take_inputs(
+    sink: PointSink,
+    key: str,
+    start_ns: int,
+    end_ns: int,
+    identity: Mapping[str, str],
+    gauges: Mapping[str, float],
+    shares: Mapping[str, float],
+    counters: Mapping[str, float],
+    rejections: Rejections,
+) -> int:
+    """One GPU interval's loss inputs into the sink (the gauges and shares in one call, the counters in another);
+    how many points it took, the rest refused with its reason."""
+    taken = 0
+    if gauges or shares:
+        count = len(gauges) + len(shares)
+        refused = sink.add_gpu_inputs(key, start_ns, end_ns, identity, gauges, shares)
         if refused is None:
-            accepted += count
+            taken += count
         else:
             rejections.refuse(_INPUTS, refused, count)
-    return accepted
+    if counters:
+        refused = sink.add_gpu_counters(key, start_ns, end_ns, identity, counters)
+        if refused is None:
+            taken += len(counters)
+        else:
+            rejections.refuse(_INPUTS, refused, len(counters))
+    return taken

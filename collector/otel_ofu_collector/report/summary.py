@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -32,7 +32,7 @@ from otel_ofu_collector.detectors import (
     regression,
     straggler,
 )
-from otel_ofu_collector.results import GpuFlagReport, GroupReport, JobLoss, WindowReport, finite_or_none
+from otel_ofu_collector.results import GpuFlagReport, GroupReport, JobLoss, JobReport, WindowReport, finite_or_none
 
 MISCOUNT: Final = flops_miscount.DETECTOR.kind
 REGRESSION: Final = regression.DETECTOR.kind
@@ -438,34 +438,41 @@ class FleetSummary:
         return sorted(every, key=lambda f: (f.kind != MISCOUNT, f.first_ns, f.job.name))
 
 
+def _job_windows(report: WindowReport) -> Iterator[tuple[JobReport, JobWindow]]:
+    """Each job of one window with what the summary keeps of it (its flags up, its GPUs flagged)."""
+    gpu_flags: dict[str, list[GpuFlagReport]] = {}
+    for flag in report.gpu_flags:
+        if flag.value:
+            gpu_flags.setdefault(flag.job_id, []).append(flag)
+    for job in report.jobs:
+        job_gpu_flags = tuple(gpu_flags.get(job.job_id, ()))
+        up = {d.kind for d in DETECTORS if job.flags.get(d.metric.name)}
+        up |= {d.kind for d in GPU_DETECTORS if any(f.metric == d.metric.name for f in job_gpu_flags)}
+        yield (
+            job,
+            JobWindow(
+                report.start_ns,
+                report.end_ns,
+                finite_or_none(job.ofu),
+                finite_or_none(job.mfu),
+                finite_or_none(job.correlation),
+                frozenset(up),
+                job.gpus,
+                job.loss,
+                job_gpu_flags,
+                job.attributes.get(names.GPU_PRECISION),
+            ),
+        )
+
+
 def summarize(reports: Sequence[WindowReport]) -> FleetSummary:
     """Condense window reports (in any order) into per-job and fleet figures."""
     ordered = sorted(reports, key=lambda report: (report.end_ns, report.start_ns))
     history: dict[str, list[JobWindow]] = {}
     attributes: dict[str, Mapping[str, str]] = {}
     for report in ordered:
-        gpu_flags: dict[str, list[GpuFlagReport]] = {}
-        for flag in report.gpu_flags:
-            if flag.value:
-                gpu_flags.setdefault(flag.job_id, []).append(flag)
-        for job in report.jobs:
-            job_gpu_flags = tuple(gpu_flags.get(job.job_id, ()))
-            up = {d.kind for d in DETECTORS if job.flags.get(d.metric.name)}
-            up |= {d.kind for d in GPU_DETECTORS if any(f.metric == d.metric.name for f in job_gpu_flags)}
-            history.setdefault(job.job_id, []).append(
-                JobWindow(
-                    report.start_ns,
-                    report.end_ns,
-                    finite_or_none(job.ofu),
-                    finite_or_none(job.mfu),
-                    finite_or_none(job.correlation),
-                    frozenset(up),
-                    job.gpus,
-                    job.loss,
-                    job_gpu_flags,
-                    job.attributes.get(names.GPU_PRECISION),
-                )
-            )
+        for job, window in _job_windows(report):
+            history.setdefault(job.job_id, []).append(window)
             if job.attributes:
                 attributes[job.job_id] = job.attributes  # the latest that said anything
     jobs = tuple(JobSummary(job_id, attributes.get(job_id, {}), tuple(history[job_id])) for job_id in sorted(history))
