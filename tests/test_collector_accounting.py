@@ -242,10 +242,7 @@ def test_the_windows_state_is_bounded_in_bytes() -> None:
     # characters): 179 + 4097 + 2068 k <= 1 MiB = 1,048,576 holds k = 504 streams (505 would be 1,048,616).
     agg = Aggregator(AggregatorConfig(lateness_s=0, max_state_bytes=1024 * 1024))
     identity = {names.HW_MODEL: H100, names.GPU_PRECISION: "bf16", names.JOB_ID: "j"}
-    taken = [
-        agg.add_ofu(f"h|GPU-{n:04d}", 0.5, T0, T0 + 10 * S, identity)
-        for n in range(600)  # fmt: skip
-    ]
+    taken = [agg.add_ofu(f"h|GPU-{n:04d}", 0.5, T0, T0 + 10 * S, identity) for n in range(600)]
     assert taken[:504] == [None] * 504
     assert set(taken[504:]) == {"max_state"}
     assert agg.state_bytes == 179 + 4097 + 2068 * 504
