@@ -22,9 +22,9 @@ MAX_GPU_POWER_W: Final = 5000.0  # board power; also bounds an energy counter's 
 MIN_CLOCK_HZ: Final = 1e6  # a clock under 1 MHz is a reading in the wrong unit (MHz sent as Hz), not a clock
 MAX_CLOCK_HZ: Final = 1e10
 MAX_FLOPS: Final = 1e17  # per GPU, FLOP/s
-# A GPU's link traffic, bytes/s, bounds its NVLink and PCIe counters' rates: NVLink 5 carries 1.8 TB/s per GPU,
-# PCIe 6 x16 about 256 GB/s both ways.
-MAX_IO_BYTES_PER_S: Final = 1e13
+# One direction of one GPU's NVLink or PCIe traffic, bytes per second: NVLink 5 carries 900 GB/s each way per GPU
+# (B200), PCIe 6.0 x16 about 128 GB/s; ten times the fastest link still catches a rate in the wrong unit.
+MAX_LINK_BYTES_PER_S: Final = 1e13
 
 # Per metric: (lowest, highest) value a point may carry. Beyond the range of a fraction is out of range; beyond
 # the physics of power, clocks and FLOP/s is implausible.
@@ -69,6 +69,11 @@ def refusal(metric: str, value: float) -> str | None:
 # it over the time since the counter's previous reading, or a reading beyond it over its series' age, is refused.
 MAX_RATES: Final[Mapping[str, float]] = {
     names.GPU_ENERGY.name: MAX_GPU_POWER_W,
-    names.GPU_NVLINK_IO.name: MAX_IO_BYTES_PER_S,
-    names.GPU_PCIE_IO.name: MAX_IO_BYTES_PER_S,
+    names.GPU_NVLINK_IO.name: MAX_LINK_BYTES_PER_S,
+    names.GPU_PCIE_IO.name: MAX_LINK_BYTES_PER_S,
 }
+
+
+def link_rate_plausible(bytes_per_s: float) -> bool:
+    """Whether one direction of a GPU's NVLink or PCIe traffic can run at ``bytes_per_s`` (NaN cannot)."""
+    return 0.0 <= bytes_per_s <= MAX_LINK_BYTES_PER_S

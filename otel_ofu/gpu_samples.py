@@ -91,6 +91,8 @@ def known_values(reading: GpuReading) -> dict[str, float]:
         (names.GPU_CLOCK_SM_MAX.name, reading.max_sm_clock_hz, ofu_math.check_clock),
         (names.GPU_SM_ACTIVE.name, reading.sm_active, ofu_math.check_fraction),
         (names.GPU_DRAM_ACTIVE.name, reading.dram_active, ofu_math.check_fraction),
+        (names.GPU_ENGINE_ACTIVE.name, reading.engine_active, ofu_math.check_fraction),
+        (names.GPU_SM_OCCUPANCY.name, reading.sm_occupancy, ofu_math.check_fraction),
     )
     known: dict[str, float] = {}
     for name, value, check in checks:

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from otel_ofu import catalog, gpu_share, names, ofu_math
-from otel_ofu.model import EnergyCounter, GpuReading
+from otel_ofu.model import EnergyCounter, GpuReading, IoCounter
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,19 @@ class GpuValues:
     power_w: float | None = None
     energy: EnergyCounter | None = None  # exported as the cumulative sum gpu.energy
     throttle: Mapping[str, float] = attrs.field(factory=dict)  # gpu.throttle by gpu.throttle.reason
+    engine_active: float | None = None
+    sm_occupancy: float | None = None
+    # The cumulative sums gpu.nvlink.io and gpu.pcie.io, by network.io.direction.
+    nvlink_io: Mapping[str, IoCounter] = attrs.field(factory=dict)
+    pcie_io: Mapping[str, IoCounter] = attrs.field(factory=dict)
+
+    def link_counters(self) -> tuple[tuple[names.MetricSpec, Mapping[str, IoCounter]], ...]:
+        """(metric, counters by direction) of the links this GPU has counters of, NVLink first."""
+        links = ((names.GPU_NVLINK_IO, self.nvlink_io), (names.GPU_PCIE_IO, self.pcie_io))
+        return tuple((spec, counters) for spec, counters in links if counters)
 
     def as_metrics(self) -> dict[str, float]:
-        """Metric name -> value for every known gauge without attributes (not gpu.energy, gpu.throttle)."""
+        """Metric name -> value for every known gauge without attributes (not the sums, not gpu.throttle)."""
         values: dict[str, float | None] = {
             names.GPU_OFU.name: self.ofu,
             names.GPU_OFU_RAW.name: self.ofu_raw,
@@ -82,17 +92,22 @@ class GpuValues:
             names.GPU_FLOPS_ACHIEVED.name: self.flops_achieved,
             names.GPU_SM_ACTIVE.name: self.sm_active,
             names.GPU_DRAM_ACTIVE.name: self.dram_active,
+            names.GPU_ENGINE_ACTIVE.name: self.engine_active,
+            names.GPU_SM_OCCUPANCY.name: self.sm_occupancy,
             names.GPU_POWER.name: self.power_w,
         }
         return {name: value for name, value in values.items() if value is not None}
 
     def as_json(self) -> dict[str, Any]:
-        """Every known value keyed by metric name; gpu.throttle as ``{reason: share}``."""
+        """Every known value keyed by metric name; gpu.throttle as ``{reason: share}``, the link counters as
+        ``{direction: bytes}``."""
         values: dict[str, Any] = dict(self.as_metrics())
         if self.energy is not None:
             values[names.GPU_ENERGY.name] = self.energy.joules
         if self.throttle:
             values[names.GPU_THROTTLE.name] = dict(self.throttle)
+        for spec, counters in self.link_counters():
+            values[spec.name] = {direction: counter.total_bytes for direction, counter in counters.items()}
         return values
 
 
@@ -201,6 +216,8 @@ def compute(
         flops_achieved=ofu_math.achieved_flops(value, peak),
         sm_active=_optional_fraction("SM active", reading.sm_active),
         dram_active=_optional_fraction("DRAM active", reading.dram_active),
+        engine_active=_optional_fraction("engine active", reading.engine_active),
+        sm_occupancy=_optional_fraction("SM occupancy", reading.sm_occupancy),
         **loss_inputs(reading),
     )
 
@@ -209,7 +226,7 @@ _THROTTLE_REASONS = frozenset(names.ThrottleReason.ALL)
 
 
 def loss_inputs(reading: GpuReading) -> dict[str, Any]:
-    """Power, energy and throttle shares of a reading that are valid; the others are left out."""
+    """Power, energy, throttle shares and link counters of a reading that are valid; the others are left out."""
     power = reading.power_w
     energy = reading.energy
     # A share outside [0, 1] (NaN and infinities compare false) is left out, as check_fraction would.
@@ -222,4 +239,18 @@ def loss_inputs(reading: GpuReading) -> dict[str, Any]:
         "power_w": power if power is not None and math.isfinite(power) and power >= 0 else None,
         "energy": energy if energy is not None and math.isfinite(energy.joules) and energy.joules >= 0 else None,
         "throttle": throttle,
+        "nvlink_io": valid_counters(reading.nvlink_io),
+        "pcie_io": valid_counters(reading.pcie_io),
+    }
+
+
+_DIRECTIONS = frozenset(names.IoDirection.ALL)
+
+
+def valid_counters(counters: Mapping[str, IoCounter]) -> dict[str, IoCounter]:
+    """The link counters of known directions that can be byte counts (finite, >= 0); the others are left out."""
+    return {
+        direction: counter
+        for direction, counter in counters.items()
+        if direction in _DIRECTIONS and math.isfinite(counter.total_bytes) and counter.total_bytes >= 0
     }

@@ -79,6 +79,15 @@ class EnergyCounter:
 
 
 @attrs.frozen
+class IoCounter:
+    """One direction of a link's traffic as a cumulative sum: bytes since ``start_ns`` (when the producer started
+    counting them; ``otel_ofu.io_counters`` integrates the rates sources report into it)."""
+
+    total_bytes: float
+    start_ns: int
+
+
+@attrs.frozen
 class GpuReading:
     """What one GPU reported for one interval ``[start_ns, end_ns]``. ``None`` means not read."""
 
@@ -94,6 +103,13 @@ class GpuReading:
     power_w: float | None = None  # over the interval where an energy counter gives it, else instantaneous
     energy: EnergyCounter | None = None
     throttle: Mapping[str, float] = attrs.field(factory=dict)  # gpu.throttle.reason -> share; absent: unknown
+    # What the engine and SMs did beside the tensor pipes (interval averages in [0, 1]): the share of the interval a
+    # kernel was running (gpu.engine.active) and the resident warps as a share of the maximum (gpu.sm.occupancy).
+    engine_active: float | None = None
+    sm_occupancy: float | None = None
+    # Link traffic by network.io.direction (transmit, receive); a direction the source did not give is absent.
+    nvlink_io: Mapping[str, IoCounter] = attrs.field(factory=dict)
+    pcie_io: Mapping[str, IoCounter] = attrs.field(factory=dict)
     # Training-side truth a simulated source knows (ground-truth OFU, the framework's MFU);
     # real sources leave these None. Never exported as GPU metrics.
     truth_ofu: float | None = None

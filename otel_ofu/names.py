@@ -519,6 +519,17 @@ DCGM_EXPORTER_SM_ACTIVE_46: Final = "DCGM_FI_PROF_SM_UTIL_RATIO"
 DCGM_EXPORTER_DRAM_ACTIVE_46: Final = "DCGM_FI_PROF_DRAM_UTIL_RATIO"
 DCGM_EXPORTER_SM_CYCLES_ELAPSED_TOTAL: Final = "DCGM_FI_PROF_SM_CYCLES_ELAPSED_TOTAL"
 DCGM_EXPORTER_MMA_CYCLES_ACTIVE_TOTAL: Final = "DCGM_FI_PROF_MMA_CYCLES_ACTIVE_TOTAL"
+# Engine and SM activity and link traffic. GR_ENGINE_ACTIVE and the PCIe rates are in dcgm-exporter's default counters
+# file; SM_ACTIVE, SM_OCCUPANCY and the NVLink rates only when the counters file enables them. The four link fields are
+# bytes per second (DCGM's average over its sampling period) whatever TYPE the counters file gives them.
+DCGM_EXPORTER_ENGINE_ACTIVE: Final = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+DCGM_EXPORTER_ENGINE_ACTIVE_46: Final = "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO"
+DCGM_EXPORTER_SM_OCCUPANCY: Final = "DCGM_FI_PROF_SM_OCCUPANCY"
+DCGM_EXPORTER_SM_OCCUPANCY_46: Final = "DCGM_FI_PROF_SM_OCCUPANCY_RATIO"
+DCGM_EXPORTER_PCIE_TX_BYTES: Final = "DCGM_FI_PROF_PCIE_TX_BYTES"  # not renamed in DCGM 4.6, like 1010-1012
+DCGM_EXPORTER_PCIE_RX_BYTES: Final = "DCGM_FI_PROF_PCIE_RX_BYTES"
+DCGM_EXPORTER_NVLINK_TX_BYTES: Final = "DCGM_FI_PROF_NVLINK_TX_BYTES"
+DCGM_EXPORTER_NVLINK_RX_BYTES: Final = "DCGM_FI_PROF_NVLINK_RX_BYTES"
 # `dcgmi dmon` column headers (the fields' short names in DCGM's dcgm_fields.cpp) -> field id.
 DCGMI_DMON_COLUMNS: Final = {
     "SMCLK": DCGM_FI_DEV_SM_CLOCK,
@@ -530,6 +541,10 @@ DCGMI_DMON_COLUMNS: Final = {
     "DRAMA": DCGM_FI_PROF_DRAM_ACTIVE,
     "SMCELAP": DCGM_FI_PROF_SM_CYCLES_ELAPSED,
     "MMACACT": DCGM_FI_PROF_MMA_CYCLES_ACTIVE,
+    "PCITX": DCGM_FI_PROF_PCIE_TX_BYTES,
+    "PCIRX": DCGM_FI_PROF_PCIE_RX_BYTES,
+    "NVLTX": DCGM_FI_PROF_NVLINK_TX_BYTES,
+    "NVLRX": DCGM_FI_PROF_NVLINK_RX_BYTES,
 }
 
 # Blank sentinels DCGM uses for "no value"; they leak into dcgm-exporter output as numbers.
@@ -548,6 +563,12 @@ NVML_GPM_METRIC_DRAM_BW_UTIL: Final = 10
 NVML_GPM_METRIC_SM_CYCLES_ELAPSED: Final = 248
 NVML_GPM_METRIC_SM_CYCLES_ACTIVE: Final = 249
 NVML_GPM_METRIC_MMA_CYCLES_ACTIVE: Final = 250
+# Link throughput between the two GPM samples, in MiB per second (nvml.h): totals over all NVLinks of the GPU.
+NVML_GPM_METRIC_PCIE_TX_PER_SEC: Final = 20
+NVML_GPM_METRIC_PCIE_RX_PER_SEC: Final = 21
+NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: Final = 60
+NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: Final = 61
+NVML_GPM_BYTES_PER_UNIT: Final = 1 << 20  # bytes in one MiB, the unit of the per-second link metrics
 
 
 class NvmlReturn:
@@ -715,7 +736,7 @@ DCGM_EXPORTER_VIOLATIONS: Final = {
 # derived counters the exporter samples when its ProfilerMetrics are on; both below are in its default field list.
 
 AMD_EXPORTER_MFMA_ACTIVE: Final = "gpu_prof_tensor_active_percent"  # MfmaUtil, %: MFMA busy per GPU-active cycle
-AMD_EXPORTER_GPU_ACTIVE: Final = "gpu_prof_gui_util_percent"  # GPU_UTIL, %: GRBM_GUI_ACTIVE / GRBM_COUNT
+AMD_EXPORTER_GPU_ACTIVE: Final = "gpu_prof_gui_util_percent"  # GPU_UTIL, %: GRBM_GUI_ACTIVE / GRBM_COUNT; engine active
 AMD_EXPORTER_CLOCK: Final = "gpu_clock"  # MHz, one series per clock_type (and clock_index)
 AMD_EXPORTER_MAX_CLOCK: Final = "gpu_max_clock"  # MHz, the top of the clock's DPM range, per clock_type
 AMD_EXPORTER_ENGINE_CLOCK_TYPE: Final = "system"  # clock_type of the engine (GFX, SCLK) clock OFU is measured in

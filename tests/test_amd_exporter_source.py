@@ -322,3 +322,22 @@ def test_a_recorded_capture_keeps_the_vendor_and_the_partition(exporter: Exporte
     # A capture recorded before vendors were written down is NVIDIA's, as every GPU was then.
     old = {"uuid": "GPU-1", "model": "NVIDIA H100 80GB HBM3", "index": 0, "host": "n"}
     assert identity_from_json(old).vendor == names.HW_VENDOR_NVIDIA
+
+
+def test_engine_activity_is_the_gpu_activity_and_gfx_activity_is_not_read(
+    exporter: ExporterServer, shared_fixtures: Path
+) -> None:
+    # GPU_UTIL (gpu_prof_gui_util_percent), the share of cycles the engine was busy over the profiler's window, is
+    # AMD's engine activity: 90 % on the busy GPU, 100 % on CPX partition 0, 50 % on the others.
+    readings = by_uuid(AmdExporterSource(exporter.serve(mi300x_page(shared_fixtures)), clock=Ticks()).read())
+    assert readings[BUSY_UUID].engine_active == pytest.approx(0.9)
+    assert readings[IDLE_UUID].engine_active == 0.0
+    assert readings[CPX_UUID].engine_active == 1.0
+    assert readings[CPX_UUID[:-1] + "3"].engine_active == pytest.approx(0.5)  # partition 3 (cpx_partition)
+    # The real sample's gpu_gfx_activity alone (the firmware's busy figure, 100 on GPU 0) gives no engine activity.
+    only_gfx = (shared_fixtures / "amd_metrics_exporter_mi300x_kaiwo.prom").read_text()
+    snapshot = AmdExporterSource(exporter.serve(only_gfx, "/gfx-only"), clock=Ticks()).read()
+    assert all(reading.engine_active is None for reading in snapshot.readings)
+    assert all(
+        not reading.nvlink_io and not reading.pcie_io and reading.sm_active is None for reading in snapshot.readings
+    )

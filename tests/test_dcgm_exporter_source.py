@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from otel_ofu import gpu_values, names
-from otel_ofu.model import GpuError, GpuReading, Snapshot, SourceUnavailable
+from otel_ofu.model import GpuError, GpuReading, IoCounter, Snapshot, SourceUnavailable
 from otel_ofu.sources.dcgm_exporter import DcgmExporterSource, normalize_url
 from otel_ofu.testing.otlp_sink import unused_port
 from tests.exporter_server import ExporterServer, Route, Ticks, serving
@@ -548,3 +548,98 @@ def test_a_mig_instance_whose_profile_cannot_be_read_leaves_the_board_power_out(
     lines += [f'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{parent},GPU_I_ID="{gi}"}} 0.5' for gi in (1, 2)]
     snapshot = read_once(exporter.serve("\n".join(lines) + "\n"), clock=Ticks())
     assert [reading.power_w for reading in snapshot.readings] == [None, None]
+
+
+# --- engine activity, occupancy and link traffic -------------------------------------------------------------
+
+TX, RX = names.IoDirection.TRANSMIT, names.IoDirection.RECEIVE
+
+
+def readings_by_key(snapshot: Snapshot) -> dict[str, GpuReading]:
+    return {reading.gpu.key: reading for reading in snapshot.readings}
+
+
+def test_the_fixtures_engine_activity_is_read_per_mig_instance(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    a30 = (shared_fixtures / "dcgm_exporter_a30_mig_issue68.prom").read_text()
+    (reading,) = read_once(exporter.serve(a30, "/a30")).readings  # kept beside its error (no SM clock)
+    assert (reading.gpu.mig_instance_id, reading.engine_active, reading.tensor_active) == (1, 0.381124, 0.022137)
+
+    h100 = (shared_fixtures / "dcgm_exporter_h100_mig_k8s_issue512.prom").read_text()
+    readings = readings_by_key(read_once(exporter.serve(h100, "/h100")))
+    uuid = "GPU-58e8f5ea-13cc-013a-d88f-2bcf5ae8bc77"
+    # Three idle 1g instances: GR_ENGINE_ACTIVE 0.000000 is a measured 0, kept as one, not a missing value.
+    assert {key: r.engine_active for key, r in readings.items()} == {f"{uuid}/{gi}": 0.0 for gi in (7, 8, 9)}
+    assert all(r.sm_occupancy is None and not r.pcie_io for r in readings.values())  # not on the page: absent
+
+
+def activity_page(pcie_tx: float, nvlink_rx: str, *, new_tags: bool = False) -> str:
+    """One H100 with dcgm-exporter's default counters (engine activity, PCIe rates) and the SM and NVLink fields a
+    counters file can add, in the label set of the real pages in tests/data; written for this test."""
+    labels = (
+        'gpu="0",UUID="GPU-9a1b0000-0000-4000-8000-000000000000",pci_bus_id="00000000:1A:00.0",device="nvidia0",'
+        'modelName="NVIDIA H100 80GB HBM3",Hostname="node-5",DCGM_FI_DRIVER_VERSION="570.124.06"'
+    )
+    engine, occupancy = (
+        ("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO")
+        if new_tags
+        else ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY")
+    )
+    lines = [
+        f"DCGM_FI_DEV_SM_CLOCK{{{labels}}} 1755",
+        f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels}}} 0.450000",
+        f"{engine}{{{labels}}} 0.930000",
+        f"DCGM_FI_PROF_SM_ACTIVE{{{labels}}} 0.810000",
+        f"{occupancy}{{{labels}}} 0.310000",
+        f"DCGM_FI_PROF_PCIE_TX_BYTES{{{labels}}} {pcie_tx:.0f}",
+        f"DCGM_FI_PROF_PCIE_RX_BYTES{{{labels}}} 2000000000",
+        f"DCGM_FI_PROF_NVLINK_TX_BYTES{{{labels}}} 300000000000",
+        f"DCGM_FI_PROF_NVLINK_RX_BYTES{{{labels}}} {nvlink_rx}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("new_tags", [False, True])
+def test_engine_occupancy_and_link_rates_integrated_over_the_scrape_interval(
+    exporter: ExporterServer, new_tags: bool
+) -> None:
+    url = exporter.serve(activity_page(1e9, "290000000000", new_tags=new_tags))
+    clock = Ticks()  # 10 s per call: the source opens at the first tick
+    source = DcgmExporterSource(url, clock=clock)
+    start = clock.now
+    (first,) = source.read().readings
+    exporter.serve(activity_page(3e9, "9223372036854775794"))  # NVLink receive blank (INT64 not supported)
+    (second,) = source.read().readings
+    source.close()
+
+    assert (first.engine_active, first.sm_active, first.sm_occupancy) == (0.93, 0.81, 0.31)
+    # Rate x the 10 s between scrapes: PCIe 1 GB/s -> 10 GB, 2 GB/s -> 20 GB; NVLink 300 GB/s -> 3 TB, 290 -> 2.9 TB.
+    assert first.pcie_io == {TX: IoCounter(1e10, start), RX: IoCounter(2e10, start)}
+    assert first.nvlink_io == {TX: IoCounter(3e12, start), RX: IoCounter(2.9e12, start)}
+    # Then PCIe + 3 GB/s x 10 s = 40 GB; the blank receive rate gives no point and its counter waits at 2.9 TB.
+    assert second.pcie_io[TX] == IoCounter(4e10, start)
+    assert second.nvlink_io == {TX: IoCounter(6e12, start)}
+
+
+def test_mig_instances_take_their_share_of_the_boards_pcie_traffic(exporter: ExporterServer) -> None:
+    parent = (
+        'gpu="0",UUID="GPU-3c1d0000-0000-4000-8000-000000000000",device="nvidia0",'
+        'modelName="NVIDIA H100 80GB HBM3",Hostname="node-8"'
+    )
+    lines = [f"DCGM_FI_DEV_SM_CLOCK{{{parent}}} 1830", f"DCGM_FI_PROF_PCIE_RX_BYTES{{{parent}}} 7000000000"]
+    for gi, profile in ((7, "1g.10gb"), (8, "1g.10gb"), (1, "3g.40gb")):
+        instance = parent + f',GPU_I_PROFILE="{profile}",GPU_I_ID="{gi}"'
+        lines.append(f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{instance}}} 0.5")
+        lines.append(f"DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{instance}}} 0.{gi}")
+    clock = Ticks()
+    source = DcgmExporterSource(exporter.serve("\n".join(lines) + "\n"), clock=clock)
+    start = clock.now
+    readings = readings_by_key(source.read())
+    source.close()
+
+    uuid = "GPU-3c1d0000-0000-4000-8000-000000000000"
+    assert set(readings) == {f"{uuid}/7", f"{uuid}/8", f"{uuid}/1"}  # the parent has no TPA: not a reading
+    assert readings[f"{uuid}/7"].engine_active == 0.7  # each instance its own engine activity
+    assert readings[f"{uuid}/1"].engine_active == 0.1
+    # The board receives 7 GB/s: over 10 s a 1g slice (1/7) carries 10 GB, a 3g slice (3/7) 30 GB.
+    assert readings[f"{uuid}/7"].pcie_io == {RX: IoCounter(pytest.approx(1e10), start)}  # type: ignore[arg-type]
+    assert readings[f"{uuid}/1"].pcie_io == {RX: IoCounter(pytest.approx(3e10), start)}  # type: ignore[arg-type]

@@ -14,8 +14,11 @@ from typing import Any
 import pytest
 
 from otel_ofu import names
-from otel_ofu.model import CycleCounters, SourceUnavailable
+from otel_ofu.model import CycleCounters, IoCounter, SourceUnavailable
 from otel_ofu.sources.dcgm import CycleTracker, DcgmSource, dcgm_number, import_bindings, missing_core
+
+SECOND_NS = 1_000_000_000
+TX, RX = names.IoDirection.TRANSMIT, names.IoDirection.RECEIVE
 
 # --- value conventions -----------------------------------------------------------------------------------
 
@@ -125,7 +128,7 @@ AGENT = """
 import dcgm_structs as s
 
 STATE = {"known": set(), "profiling": True, "gpus": [], "values": {}, "watched": None, "calls": []}
-PROFILING = {1001, 1002, 1003, 1004, 1005, 1084, 1085, 1086}
+PROFILING = {1001, 1002, 1003, 1004, 1005, 1009, 1010, 1011, 1012, 1084, 1085, 1086}
 
 
 class _Attributes:
@@ -259,7 +262,8 @@ def test_reads_fields_blank_sentinels_and_missing_values(bindings: tuple[Path, d
     }
     clock = Ticks()
     source = DcgmSource.open(host="node-3", clock=clock, paths=[path])
-    assert state["watched"] == (100, 113, 1004, 1002, 1005)  # no 1084/1086 before DCGM 4.6
+    # No 1084/1086 before DCGM 4.6, and this DCGM knows no link fields (1009-1012): watched without them.
+    assert state["watched"] == (100, 113, 1004, 1002, 1005, 1001, 1003)
     assert state["update_us"] == 1_000_000
     snapshot = source.read()
     reading, blank = snapshot.readings
@@ -398,3 +402,54 @@ def test_blank_power_fields_are_absent_not_zero(bindings: tuple[Path, dict[str, 
     (reading,) = source.read().readings
     assert (reading.power_w, reading.energy, dict(reading.throttle)) == (None, None, {})
     source.close()
+
+
+# --- engine activity, occupancy and link traffic ------------------------------------------------------------
+
+
+def test_engine_activity_occupancy_and_link_rates_integrated_over_the_read_interval(
+    bindings: tuple[Path, dict[str, Any]],
+) -> None:
+    path, state = bindings
+    state["known"] |= {1009, 1010, 1011, 1012}
+    state["gpus"] = state["gpus"][:1]
+    blank = 9223372036854775792  # DCGM_INT64_BLANK: the link fields are int64
+    state["values"] = {
+        (0, 100): (1755, 1),
+        (0, 1004): (0.45, 1),
+        (0, 1001): (0.93, 1),
+        (0, 1002): (0.81, 1),
+        (0, 1003): (0.31, 1),
+        (0, 1009): (1_000_000_000, 1),  # bytes per second
+        (0, 1010): (4_000_000_000, 1),
+        (0, 1011): (250_000_000_000, 1),
+        (0, 1012): (blank, 1),
+    }
+    source = DcgmSource.open(clock=Ticks(), paths=[path])  # opened at 11 s: the reads come every second
+    assert {1001, 1003, 1009, 1010, 1011, 1012} <= set(state["watched"])
+    (first,) = source.read().readings
+    state["values"][(0, 1011)] = (50_000_000_000, 2)
+    (second,) = source.read().readings
+    source.close()
+
+    assert (first.engine_active, first.sm_active, first.sm_occupancy) == (0.93, 0.81, 0.31)
+    start = 11 * SECOND_NS
+    # Rate x the 1 s read interval: PCIe 1 GB and 4 GB; NVLink 250 GB sent; the receive side is blank: no point.
+    assert first.pcie_io == {TX: IoCounter(1e9, start), RX: IoCounter(4e9, start)}
+    assert first.nvlink_io == {TX: IoCounter(2.5e11, start)}
+    # Then + 50 GB/s x 1 s: 300 GB since the counter started; PCIe doubles.
+    assert second.nvlink_io == {TX: IoCounter(3e11, start)}
+    assert second.pcie_io == {TX: IoCounter(2e9, start), RX: IoCounter(8e9, start)}
+
+
+def test_a_gpu_that_refuses_the_nvlink_fields_still_gets_pcie(bindings: tuple[Path, dict[str, Any]]) -> None:
+    path, state = bindings
+    state["known"] |= {1009, 1010}  # a PCIe card: no NVLink fields
+    state["gpus"] = state["gpus"][:1]
+    state["values"] = {(0, 100): (1755, 1), (0, 1004): (0.5, 1), (0, 1009): (2_000_000_000, 1)}
+    source = DcgmSource.open(clock=Ticks(), paths=[path])
+    assert state["watched"] == (100, 113, 1004, 1002, 1005, 1001, 1003, 1009, 1010)
+    (reading,) = source.read().readings
+    source.close()
+    assert reading.pcie_io == {TX: IoCounter(2e9, 11 * SECOND_NS)}  # 2 GB/s x 1 s
+    assert (dict(reading.nvlink_io), reading.engine_active) == ({}, None)  # DCGM had no 1001 value: absent

@@ -149,3 +149,56 @@ def test_bad_rows_are_counted_errors(tmp_path: Path) -> None:
 def test_missing_file_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(SourceUnavailable, match="cannot open dcgmi dmon capture"):
         DcgmiDmonSource(tmp_path / "absent.txt")
+
+
+# --- engine activity, occupancy and link traffic -------------------------------------------------------------
+
+
+def test_the_mig_captures_engine_sm_and_occupancy_per_instance(shared_fixtures: Path) -> None:
+    (snapshot,) = replay(shared_fixtures / "dcgmi_dmon_issue151_mig.txt")
+    by_instance = {r.gpu.mig_instance_id: r for r in snapshot.readings}
+    busy = by_instance[28]  # GPU-I 28  0.993  0.987  0.123  0.940
+    assert (busy.engine_active, busy.sm_active, busy.sm_occupancy, busy.tensor_active) == (0.993, 0.987, 0.123, 0.94)
+    half = by_instance[29]  # GPU-I 29  0.495  0.490  0.061  0.468
+    assert (half.engine_active, half.sm_active, half.sm_occupancy) == (0.495, 0.49, 0.061)
+    assert by_instance[21].engine_active == 0.0  # idle, measured
+    assert all(not r.nvlink_io and not r.pcie_io for r in snapshot.readings)  # -e had no link fields
+
+
+def test_the_multiplexed_captures_na_engine_activity_is_absent_and_its_sample_kept(shared_fixtures: Path) -> None:
+    first, second = replay(shared_fixtures / "dcgmi_dmon_issue244_multiplex.txt")
+    assert all(r.engine_active is None for r in first.readings)  # every column N/A
+    gpu0, gpu1 = second.readings
+    assert (gpu0.engine_active, gpu0.sm_active, gpu0.sm_occupancy) == (0.888, None, None)
+    assert (gpu1.engine_active, gpu1.sm_active) == (None, 0.777)
+
+
+LINKS_CAPTURE = """\
+$ dcgmi dmon -e 1001,1002,1004,1009,1010,1011,1012 -d 2000
+#Entity   GRACT    SMACT    TENSO    PCITX        PCIRX        NVLTX        NVLRX
+ID
+GPU 0     0.950    0.850    0.480    1000000000   4000000000   300000000000 290000000000
+GPU-I 3   0.500    0.450    0.200    1000000000   4000000000   N/A          N/A
+GPU 0     0.940    0.840    0.470    1500000000   N/A          100000000000 290000000000
+GPU-I 3   0.500    0.450    0.200    1000000000   4000000000   N/A          N/A
+"""
+
+
+def test_link_rates_are_integrated_over_the_delay_for_gpus_and_left_out_for_instances(tmp_path: Path) -> None:
+    path = tmp_path / "links.txt"  # written for this test in the shape of the real captures above
+    path.write_text(LINKS_CAPTURE)
+    first, second = replay(path)
+    gpu, instance = first.readings
+    assert (gpu.engine_active, gpu.sm_active) == (0.95, 0.85)
+    tx, rx = names.IoDirection.TRANSMIT, names.IoDirection.RECEIVE
+    # -d 2000: each block spans 2 s from the replay's start. PCIe 1 GB/s -> 2 GB, 4 GB/s -> 8 GB; NVLink 300 GB/s ->
+    # 600 GB, 290 GB/s -> 580 GB.
+    assert {d: c.total_bytes for d, c in gpu.pcie_io.items()} == {tx: 2e9, rx: 8e9}
+    assert {d: c.total_bytes for d, c in gpu.nvlink_io.items()} == {tx: 6e11, rx: 5.8e11}
+    assert {c.start_ns for c in (*gpu.pcie_io.values(), *gpu.nvlink_io.values())} == {T0}
+    # An instance row's links are the board's, and dmon does not say its share of them: left out.
+    assert (dict(instance.pcie_io), instance.engine_active) == ({}, 0.5)
+    gpu, _ = second.readings
+    # + 1.5 GB/s x 2 s = 5 GB sent; the N/A receive rate adds nothing and has no point; NVLink + 200 GB, + 580 GB.
+    assert {d: c.total_bytes for d, c in gpu.pcie_io.items()} == {tx: 5e9}
+    assert {d: c.total_bytes for d, c in gpu.nvlink_io.items()} == {tx: 8e11, rx: 1.16e12}

@@ -1,7 +1,7 @@
 """The tour of examples/README.md end to end: run as written, top to bottom (the last tests here), and its
 first stop in detail: the simulated fleet and the example training loop meet in the collector.
 
-    otel-ofu run --source sim ----------- gpu.* (24 GPUs, jobs job-1001..1006) --+
+    otel-ofu run --source sim ----------- gpu.* (32 GPUs, jobs job-1001..1009) --+
                                                                                  +--OTLP gRPC--> CollectorService
     python examples/train_with_mfu.py --job-id job-1001 ---------- job.mfu ------+
 
@@ -43,7 +43,7 @@ from otel_ofu_collector.service import CollectorOptions, CollectorService
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_with_mfu.py"
-SIM_JOBS = ("job-1001", "job-1002", "job-1003", "job-1004", "job-1005", "job-1006")
+SIM_JOBS = tuple(f"job-{number}" for number in range(1001, 1010))
 TRAINED_JOB = "job-1001"
 # Bounded by --duration in case the test dies before it can stop the producer.
 PRODUCER_ARGS = ("run", "--source", "sim", "--interval", "0.5", "--duration", "60")
@@ -192,7 +192,7 @@ def test_training_mfu_joins_the_simulated_fleet_ofu_in_the_collector(
         assert jobs[job_id].status == STATUS_NO_MFU, job_id
     assert jobs["job-1006"].ofu == 0.0  # the allocated but idle GPU: a measured zero, not a missing value
     # Every simulated GPU, less the flaky one when an outage of it happens to cover the window.
-    assert sum(group.gpus for group in window.groups) in (23, 24)
+    assert sum(group.gpus for group in window.groups) in (31, 32)
 
 
 def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path, require: Callable[[bool, str], None]) -> None:

@@ -30,8 +30,17 @@ def make(require: Callable[[bool, str], None]) -> str:
 def dry_run(make: str, tmp_path: Path) -> list[str]:
     """What a cold ``make demo`` would run, in order, for a virtual environment that does not exist yet."""
     venv = tmp_path / "venv"
+    # Run as a top-level make even under ``make test``: an inherited MAKELEVEL or MAKEFLAGS would have it
+    # print "Entering/Leaving directory" lines among the commands.
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     result = subprocess.run(
-        [make, "-n", f"VENV={venv}", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+        [make, "-n", "--no-print-directory", f"VENV={venv}", "demo"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return result.stdout.splitlines()
 

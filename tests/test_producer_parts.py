@@ -161,7 +161,7 @@ def test_prometheus_names_follow_the_conventions() -> None:
         "gpu.dram.active": "gpu_dram_active",
         "gpu.engine.active": "gpu_engine_active",
         "gpu.sm.occupancy": "gpu_sm_occupancy",
-        "gpu.nvlink.io": "gpu_nvlink_io_bytes",  # exposed with _total, as gpu_energy_joules
+        "gpu.nvlink.io": "gpu_nvlink_io_bytes",  # a counter: exposed with _total
         "gpu.pcie.io": "gpu_pcie_io_bytes",
         "gpu.power": "gpu_power_watts",
         "gpu.energy": "gpu_energy_joules",

@@ -7,6 +7,7 @@ import re
 import statistics
 from collections import Counter
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +15,15 @@ from hypothesis import strategies as st
 from otel_ofu import gpu_values, names
 from otel_ofu.clock import DEFAULT_START_NS, ManualClock, wall_clock
 from otel_ofu.model import GpuError, GpuReading, Snapshot, Source
-from otel_ofu.sources.simulated import JobSpec, ProfileKind, SimGpu, SimulatedFleet, run_for
+from otel_ofu.sources.simulated import (
+    ActivityProfile,
+    Bottleneck,
+    JobSpec,
+    ProfileKind,
+    SimGpu,
+    SimulatedFleet,
+    run_for,
+)
 
 DURATION_S = 1800.0
 INTERVAL_S = 10.0
@@ -155,13 +164,14 @@ def test_read_after_close_is_an_error() -> None:
 
 def test_demo_fleet_layout(demo: tuple[SimulatedFleet, list[Snapshot]]) -> None:
     fleet, _ = demo
-    assert len(fleet.gpus) == 24
-    assert Counter(gpu.host for gpu in fleet.gpus) == {"dgx-h100-01": 8, "dgx-h100-02": 8, "dgx-h100-03": 8}
+    assert len(fleet.gpus) == 32
+    hosts = ("dgx-h100-01", "dgx-h100-02", "dgx-h100-03", "dgx-h100-04")
+    assert Counter(gpu.host for gpu in fleet.gpus) == dict.fromkeys(hosts, 8)
     assert all(gpu.model == "NVIDIA H100 80GB HBM3" and gpu.max_clock_mhz == 1980 for gpu in fleet.gpus)
     assert all(UUID.match(gpu.uuid) for gpu in fleet.gpus)
     assert sorted(key for job in fleet.jobs for key in job.gpu_keys) == sorted(gpu.key for gpu in fleet.gpus)
     assert Counter(job.kind for job in fleet.jobs) == {
-        ProfileKind.DENSE: 2,
+        ProfileKind.DENSE: 5,  # two healthy, three with a bottleneck
         ProfileKind.MOE: 1,
         ProfileKind.REGRESSING: 1,
         ProfileKind.MIXED: 1,
@@ -173,6 +183,12 @@ def test_demo_fleet_layout(demo: tuple[SimulatedFleet, list[Snapshot]]) -> None:
     assert regressing.regression_at_s == pytest.approx(0.4 * DURATION_S)
     assert regressing.regression_factor == 2.5
     assert job_of_kind(fleet, ProfileKind.MOE).miscount_factor == 2.0
+    bottlenecks = {job.job_id: job.bottleneck for job in fleet.jobs if job.bottleneck is not None}
+    assert bottlenecks == {
+        "job-1007": Bottleneck.INPUT,
+        "job-1008": Bottleneck.COMMUNICATION,
+        "job-1009": Bottleneck.MEMORY,
+    }
 
 
 def test_readings_carry_the_attribution_the_simulation_knows(demo: tuple[SimulatedFleet, list[Snapshot]]) -> None:
@@ -197,7 +213,7 @@ def test_every_reading_passes_the_ofu_math(demo: tuple[SimulatedFleet, list[Snap
             assert r.truth_ofu is not None
             assert 0.0 <= r.truth_ofu <= 1.0
             count += 1
-    assert count > 0.97 * 24 * DURATION_S / INTERVAL_S
+    assert count > 0.97 * 32 * DURATION_S / INTERVAL_S
 
 
 @pytest.mark.parametrize("options", [{"cycle_counters": True}, {"average_clock": True}, {"report_max_clock": False}])
@@ -474,3 +490,155 @@ def test_any_seed_gives_valid_readings(seed: int, interval_s: float) -> None:
             assert 0.0 <= values.ofu <= 1.0
             assert r.truth_ofu is not None
             assert abs(values.ofu - r.truth_ofu) < 0.1
+
+
+# --- engine, SM and DRAM activity and link traffic ------------------------------------------------------------
+
+TX, RX = names.IoDirection.TRANSMIT, names.IoDirection.RECEIVE
+
+
+def test_activity_profiles_by_kind_and_bottleneck() -> None:
+    eight = tuple(f"g{i}" for i in range(8))
+    healthy = ActivityProfile.of(JobSpec("a", "a", ProfileKind.DENSE, "bf16", eight, tensor_active=0.48))
+    # The healthy mix: E 0.97; S = min(0.9, 0.48 + 0.37) = 0.85; DRAM 0.35; NVLink 60 GB/s each way.
+    assert healthy == ActivityProfile(0.97, 0.85, 0.30, 0.35, 60e9, 0.5e9, 0.1e9)
+    single = ActivityProfile.of(JobSpec("b", "b", ProfileKind.DENSE, "bf16", ("g",), tensor_active=0.48))
+    assert single.nvlink_bytes_per_s == 0.0  # one GPU has no NVLink peer
+    moe = ActivityProfile.of(JobSpec("c", "c", ProfileKind.MOE, "bf16", eight, tensor_active=0.26))
+    assert moe.sm_active == pytest.approx(0.63)  # 0.26 + 0.37
+    assert moe.nvlink_bytes_per_s == 120e9  # all-to-all between the experts
+    # Input-bound: the engine runs 60% of the step at the healthy mix: E = 0.97 x 0.6 = 0.582; at TPA 0.288 the
+    # running SMs are min(0.9, 0.288 / 0.6 + 0.37) = 0.85 busy, so S = 0.51; DRAM 0.35 x 0.6 = 0.21; PCIe 6 GB/s in.
+    job = JobSpec("d", "d", ProfileKind.DENSE, "bf16", eight, tensor_active=0.288, bottleneck=Bottleneck.INPUT)
+    assert attrs.astuple(ActivityProfile.of(job)) == pytest.approx((0.582, 0.51, 0.18, 0.21, 36e9, 6e9, 0.2e9))
+    # Communication-bound: NVLink at 0.73 x 450 GB/s = 328.5 GB/s each way; DRAM streams both directions of it:
+    # 2 x 328.5 / 3350 + 0.02 = 0.21612.
+    job = JobSpec(
+        "e", "e", ProfileKind.DENSE, "bf16", eight[:4], tensor_active=0.2, bottleneck=Bottleneck.COMMUNICATION
+    )
+    profile = attrs.astuple(ActivityProfile.of(job))
+    assert profile == pytest.approx((0.96, 0.80, 0.12, 0.21612, 328.5e9, 0.5e9, 0.1e9), abs=1e-5)
+    job = JobSpec("f", "f", ProfileKind.DENSE, "bf16", eight[:2], tensor_active=0.16, bottleneck=Bottleneck.MEMORY)
+    assert ActivityProfile.of(job) == ActivityProfile(0.96, 0.88, 0.45, 0.70, 40e9, 0.5e9, 0.1e9)
+    idle = ActivityProfile.of(JobSpec("g", "g", ProfileKind.IDLE, "bf16", ("g",), tensor_active=0.0))
+    assert idle == ActivityProfile(0.0, 0.0, 0.0, 0.0)
+
+
+def test_every_reading_nests_tensor_within_sm_within_engine_and_counts_links_from_the_start(
+    demo: tuple[SimulatedFleet, list[Snapshot]],
+) -> None:
+    fleet, snapshots = demo
+    previous: dict[str, float] = {}
+    for snapshot in snapshots:
+        for r in snapshot.readings:
+            t, sm, engine = r.tensor_active or 0.0, r.sm_active or 0.0, r.engine_active
+            assert engine is not None
+            assert t <= sm <= engine <= 1.0
+            assert 0.0 <= (r.sm_occupancy or 0.0) <= 1.0
+            assert 0.0 <= (r.dram_active or 0.0) <= 1.0
+            assert None not in (r.tensor_active, r.sm_active, r.sm_occupancy, r.dram_active)
+            for counter in (*r.nvlink_io.values(), *r.pcie_io.values()):
+                assert counter.start_ns == fleet.start_ns
+            if TX in r.pcie_io:
+                total = r.pcie_io[TX].total_bytes
+                assert total >= previous.get(r.gpu.key, 0.0)  # monotonic, outages included
+                previous[r.gpu.key] = total
+    idle = [r for snapshot in snapshots for r in snapshot.readings if r.gpu.hints[names.JOB_ID] == "job-1006"]
+    assert all(not r.nvlink_io and not r.pcie_io and r.dram_active == 0.0 for r in idle)
+
+
+def test_a_readings_activity_follows_its_profile_at_the_pace_the_interval_ran(
+    demo: tuple[SimulatedFleet, list[Snapshot]],
+) -> None:
+    _, snapshots = demo
+    readings = readings_of(snapshots, "job-1009")  # memory-bound: E 0.96, S 0.88, occupancy 0.45, DRAM 0.70
+    for r in readings:
+        assert r.dram_active is not None
+        assert r.tensor_active is not None
+        assert r.sm_active is not None
+        pace = r.dram_active / 0.70  # the share of the nominal pace the interval ran
+        assert 0.0 < pace <= 1.0
+        assert r.sm_active == pytest.approx(max(r.tensor_active, 0.88 * pace), abs=1e-12)
+        assert r.engine_active == pytest.approx(max(r.sm_active, 0.96 * pace), abs=1e-12)
+        assert r.sm_occupancy == pytest.approx(0.45 * pace, abs=1e-12)
+    # Both links scale with the same paced time: NVLink 40 GB/s against PCIe 0.5 GB/s in is 80 to 1, exactly.
+    first, last = readings[0], readings[-1]
+    nvlink = last.nvlink_io[TX].total_bytes - first.nvlink_io[TX].total_bytes
+    pcie = last.pcie_io[RX].total_bytes - first.pcie_io[RX].total_bytes
+    assert nvlink / pcie == pytest.approx(80.0, rel=1e-12)
+
+
+def _means(snapshots: list[Snapshot], job_id: str) -> dict[str, float]:
+    readings = readings_of(snapshots, job_id)
+
+    def mean(values: list[float | None]) -> float:
+        known = [value for value in values if value is not None]
+        return sum(known) / len(known)
+
+    engine = mean([r.engine_active for r in readings])
+    sm = mean([r.sm_active for r in readings])
+    tensor = mean([r.tensor_active for r in readings])
+    last = readings[-1]
+    seconds = (last.end_ns - last.nvlink_io[TX].start_ns) / S if last.nvlink_io else 1.0
+    return {
+        "no_kernel": 1 - engine,
+        "sm_idle": engine - sm,
+        "non_tensor": sm - tensor,
+        "dram": mean([r.dram_active for r in readings]),
+        "nvlink_bytes_per_s": last.nvlink_io[TX].total_bytes / seconds if last.nvlink_io else 0.0,
+    }
+
+
+def test_the_demos_three_bottlenecked_jobs_show_three_different_causes(
+    demo: tuple[SimulatedFleet, list[Snapshot]],
+) -> None:
+    _, snapshots = demo
+    # Over the run a job runs at ~0.97 of its nominal pace: TPA noise above the nominal is capped at the pace
+    # (E[min(1, 1 + 0.06 g)] = 1 - 0.06 x 0.399 = 0.976) and a 1% share of steps stalls to 0.3 (-0.007).
+    pace = (0.95, 0.99)
+    input_bound = _means(snapshots, "job-1007")
+    # No kernel 40% of the step, and the healthy 3% of the rest: 1 - 0.582 x 0.97 = 0.44.
+    assert 1 - 0.582 * pace[1] <= input_bound["no_kernel"] <= 1 - 0.582 * pace[0]
+    assert input_bound["no_kernel"] > max(input_bound["sm_idle"], input_bound["non_tensor"])
+    communication = _means(snapshots, "job-1008")
+    assert communication["non_tensor"] > max(communication["no_kernel"], communication["sm_idle"])
+    assert 328.5e9 * pace[0] <= communication["nvlink_bytes_per_s"] <= 328.5e9 * pace[1]
+    assert communication["dram"] < 0.25
+    memory = _means(snapshots, "job-1009")
+    assert memory["non_tensor"] > max(memory["no_kernel"], memory["sm_idle"])
+    assert 0.70 * pace[0] <= memory["dram"] <= 0.70 * pace[1]
+    assert memory["nvlink_bytes_per_s"] < 50e9
+    healthy = _means(snapshots, "job-1001")
+    assert healthy["no_kernel"] < 0.1  # 1 - 0.97 x 0.97
+    assert healthy["dram"] < 0.4
+    assert healthy["nvlink_bytes_per_s"] < 100e9
+
+
+def test_a_regression_takes_the_engine_with_it(demo: tuple[SimulatedFleet, list[Snapshot]]) -> None:
+    fleet, snapshots = demo
+    regressing = job_of_kind(fleet, ProfileKind.REGRESSING)
+    assert regressing.regression_at_s is not None
+    at_ns = fleet.start_ns + round(regressing.regression_at_s * S)
+    before = [r.engine_active or 0.0 for r in readings_of(snapshots, regressing.job_id) if r.end_ns <= at_ns]
+    after = [r.engine_active or 0.0 for r in readings_of(snapshots, regressing.job_id) if r.start_ns >= at_ns]
+    # 2.5x slower with the same kernels: the engine runs 1 / 2.5 of the time, E = 0.97 x 0.4 x ~0.97 = 0.38.
+    assert statistics.mean(before) == pytest.approx(0.97 * 0.97, abs=0.03)  # E 0.97 at ~0.97 of the pace
+    assert statistics.mean(after) == pytest.approx(0.97 * 0.4 * 0.97, abs=0.03)
+
+
+def test_a_random_fleet_injects_bottlenecks_and_leaves_the_other_jobs_as_they_were() -> None:
+    plain = SimulatedFleet.random_fleet(40, seed=5, gpus_per_job=(1, 2, 4))
+    injected = SimulatedFleet.random_fleet(40, seed=5, gpus_per_job=(1, 2, 4), bottleneck_share=0.3)
+    changed = [job for job in injected.jobs if job.bottleneck is not None]
+    assert len(changed) == 12  # round(40 x 0.3), enough dense jobs of two GPUs or more in this fleet
+    assert Counter(job.bottleneck for job in changed) == dict.fromkeys(Bottleneck.ALL, 4)
+    before = {job.job_id: job for job in plain.jobs}
+    for job in injected.jobs:
+        if job.bottleneck is None:
+            assert job == before[job.job_id]
+        else:
+            assert job.kind == ProfileKind.DENSE
+            assert len(job.gpu_keys) > 1
+            if job.bottleneck == Bottleneck.INPUT:
+                assert job.tensor_active == pytest.approx(0.6 * before[job.job_id].tensor_active)
+    assert injected.gpus == plain.gpus

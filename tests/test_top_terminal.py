@@ -36,7 +36,7 @@ JOB_ROW = re.compile(r"^ (job-\d+)\s")
 _SGR = re.compile(r"\x1b\[([0-9;]*)m")
 WINDOW_S = 60
 # The demo fleet's jobs (otel_ofu.sources.simulated: SimulatedFleet.demo)
-DEMO_JOBS = {"job-1001", "job-1002", "job-1003", "job-1004", "job-1005", "job-1006"}
+DEMO_JOBS = {f"job-{1001 + i}" for i in range(9)}
 
 
 @attrs.define
@@ -165,7 +165,7 @@ def test_the_demo_in_a_terminal_sorts_filters_opens_a_job_pauses_and_quits(termi
     fleet_time, window_end = status_times(screen)
     assert 0 <= (seconds(fleet_time) - seconds(window_end)) % 86400 < WINDOW_S, screen
     lines = screen.splitlines()
-    assert lines[0].startswith("24 GPUs  OFU p50 ")
+    assert lines[0].startswith("32 GPUs  OFU p50 ")
     assert " GPU-h " in lines[0]
     assert "USD" in lines[0]  # the demo prices its GPUs
     assert all(len(line) <= 80 for line in lines)
@@ -289,7 +289,7 @@ def test_a_collectors_feed_in_a_terminal_and_the_feed_going_away(
     port = collector.feed.bound_port
     term = terminal(["--feed", f"http://127.0.0.1:{port}", "--refresh", "0.5"])
     screen = term.wait_for("job table", lambda text: set(ids(text)) == DEMO_JOBS)
-    assert screen.splitlines()[0].startswith("24 GPUs  OFU p50 ")
+    assert screen.splitlines()[0].startswith("32 GPUs  OFU p50 ")
     assert f"feed http://127.0.0.1:{port}/reports.jsonl · read " in screen
     lost = percent_column(screen, "lost")
     assert lost == sorted(lost, key=lambda value: value or 0.0, reverse=True)

@@ -167,7 +167,8 @@ def run(ctx: RunContext) -> BenchResult:
         )
     tables.append(
         Table(
-            f"Project simulator (SimulatedFleet.demo, 24 GPUs x {sim_seconds:.0f} s, 1 s grid): "
+            f"Project simulator (SimulatedFleet.demo, {len(SimulatedFleet.demo().gpus)} GPUs x {sim_seconds:.0f} s, "
+            "1 s grid): "
             "gpu.ofu MAE vs truth in pp",
             ("interval", "point sample", "cycle counters"),
             sim_rows,

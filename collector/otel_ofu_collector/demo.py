@@ -1,8 +1,9 @@
 """``otel-ofu demo``: the embedded default, end to end on loopback.
 
-A simulated fleet (3 hosts x 8 H100s, six jobs: two healthy dense trainings, an MoE job whose framework
+A simulated fleet (4 hosts x 8 H100s, nine jobs: two healthy dense trainings, an MoE job whose framework
 over-counts FLOPs ~2x, a job that regresses 2.5x mid-run, a mixed-precision job, an allocated but idle
-GPU, plus a GPU that fails now and then and a power-capped straggler GPU inside a healthy job) runs through
+GPU, an input-bound, a communication-bound and a memory-bound training, plus a GPU that fails now and then
+and a power-capped straggler GPU inside a healthy job) runs through
 the real producer, the real OTLP/gRPC transport and the real collector; each job's framework reports its
 MFU over OTLP too. Simulated time runs as fast as the machine allows, so half an hour of fleet time takes
 seconds. It ends with the fleet report: percentiles, each job's OFU against its reported MFU,
@@ -45,9 +46,10 @@ from otel_ofu_collector.results import WindowReport
 DESCRIPTION = """\
 The embedded default, end to end on loopback.
 
-A simulated fleet (3 hosts x 8 H100s, six jobs: two healthy dense trainings, an MoE job whose framework
+A simulated fleet (4 hosts x 8 H100s, nine jobs: two healthy dense trainings, an MoE job whose framework
 over-counts FLOPs ~2x, a job that regresses 2.5x mid-run, a mixed-precision job, an allocated but idle
-GPU, plus a GPU that fails now and then and a power-capped straggler GPU inside a healthy job) runs through
+GPU, an input-bound, a communication-bound and a memory-bound training, plus a GPU that fails now and then
+and a power-capped straggler GPU inside a healthy job) runs through
 the real producer, the real OTLP/gRPC transport and the real collector; each job's framework reports its
 MFU over OTLP too. Simulated time runs as fast as the machine allows, so half an hour of fleet time takes
 seconds. It ends with the fleet report: percentiles, each job's OFU against its reported MFU,

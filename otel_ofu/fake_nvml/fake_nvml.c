@@ -163,6 +163,12 @@ static long live_samples;
 static char driver_version[TEXT] = "999.99-fake";
 static char metric_short[] = "fake";
 static char metric_unit[] = "%";
+static char metric_rate_unit[] = "MiB/s";
+
+/* The unit nvml.h gives a GPM metric: MiB/s for the PCIe (20, 21) and NVLink (60..247) throughput, % else. */
+static char *metric_unit_of(unsigned int id) {
+    return id == 20 || id == 21 || (id >= 60 && id <= 247) ? metric_rate_unit : metric_unit;
+}
 
 /* The code an entry point returns for a device now, consuming one of a counted failure. Locked. */
 static int failure_for(const char *entry, int dev) {
@@ -576,7 +582,7 @@ nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *request) {
         m->value = 0.0;
         m->metricInfo.shortName = metric_short;
         m->metricInfo.longName = metric_short;
-        m->metricInfo.unit = metric_unit;
+        m->metricInfo.unit = metric_unit_of(id);
         if (id >= MAX_METRIC || unit->kind[id] == METRIC_NONE) {
             m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         } else if (unit->ret[id] != NVML_SUCCESS) {

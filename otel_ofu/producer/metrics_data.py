@@ -105,7 +105,7 @@ _NO_EXEMPLARS: tuple[()] = ()
 
 def _metric(name: str, points: list[NumberDataPoint]) -> Metric:
     description, unit, is_sum = _METRIC_HEADERS[name]
-    if is_sum:  # gpu.energy: the board's counter since its start time
+    if is_sum:  # gpu.energy, gpu.nvlink.io, gpu.pcie.io: counters since their start time
         data: Gauge | Sum = Sum(points, AggregationTemporality.CUMULATIVE, True)
     else:
         data = Gauge(points)
@@ -113,7 +113,8 @@ def _metric(name: str, points: list[NumberDataPoint]) -> Metric:
 
 
 def _sample_metrics(sample: GpuSample, point_attributes: Mapping[str, AttributeValue]) -> list[Metric]:
-    """One metric per known value of the sample: the gauges, gpu.energy, gpu.throttle with a point per reason.
+    """One metric per known value of the sample: the gauges, gpu.energy, gpu.throttle with a point per reason, the
+    link counters with a point per network.io.direction (each its own series, from its own start time).
 
     Built positionally and without intermediate grouping: this runs for every GPU on every export."""
     start, end, values = sample.start_ns, sample.end_ns, sample.values
@@ -137,6 +138,18 @@ def _sample_metrics(sample: GpuSample, point_attributes: Mapping[str, AttributeV
             for reason, share in values.throttle.items()
         ]
         metrics.append(_metric(names.GPU_THROTTLE.name, points))
+    for spec, counters in values.link_counters():
+        points = [
+            NumberDataPoint(
+                {**point_attributes, names.NETWORK_IO_DIRECTION: direction},
+                counter.start_ns,
+                end,
+                counter.total_bytes,
+                _NO_EXEMPLARS,
+            )
+            for direction, counter in counters.items()
+        ]
+        metrics.append(_metric(spec.name, points))
     return metrics
 
 

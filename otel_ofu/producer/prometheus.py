@@ -2,7 +2,8 @@
 
 Prometheus has no resources, so each GPU's identity and job attribution become labels. Names follow
 ``otel_ofu.prometheus_names`` with the unit as a suffix: ``gpu.clock.sm`` (``Hz``) -> ``gpu_clock_sm_hertz``,
-``gpu.flops.achieved`` -> ``gpu_flops_achieved_per_second``, counters end in ``_total``; ``hw.id`` -> ``hw_id``.
+``gpu.flops.achieved`` -> ``gpu_flops_achieved_per_second``, counters end in ``_total`` (``gpu.nvlink.io`` ->
+``gpu_nvlink_io_bytes_total``); ``hw.id`` -> ``hw_id``.
 The producer's own counters (``otel_ofu.source.errors``, ``otel_ofu.export.failures``) show every reason from the
 first scrape, at 0 until it counts.
 """
@@ -65,13 +66,19 @@ class LatestSnapshotCollector(Collector):
 
 
 def _loss_families(latest: ComputedSnapshot, labels: list[str]) -> Iterator[Metric]:
-    """gpu.energy as a counter (``_total``, ``_created`` at its start) and gpu.throttle with a reason label."""
+    """gpu.energy and the link counters as counters (``_total``, ``_created`` at their start; the links with a
+    ``network_io_direction`` label), gpu.throttle with a reason label."""
     energy_spec, throttle_spec = names.GPU_ENERGY, names.GPU_THROTTLE
     energy = CounterMetricFamily(PROMETHEUS_NAMES[energy_spec.name], energy_spec.description, labels=labels)
     reason = label_name(names.GPU_THROTTLE_REASON)
     shares = GaugeMetricFamily(
         PROMETHEUS_NAMES[throttle_spec.name], throttle_spec.description, labels=[*labels, reason]
     )
+    direction = label_name(names.NETWORK_IO_DIRECTION)
+    links = {
+        spec.name: CounterMetricFamily(PROMETHEUS_NAMES[spec.name], spec.description, labels=[*labels, direction])
+        for spec in (names.GPU_NVLINK_IO, names.GPU_PCIE_IO)
+    }
     for sample in latest.samples:
         values = _label_values(sample.attributes, labels)
         counter = sample.values.energy
@@ -79,7 +86,10 @@ def _loss_families(latest: ComputedSnapshot, labels: list[str]) -> Iterator[Metr
             energy.add_metric(values, counter.joules, created=counter.start_ns / 1e9)
         for cause, share in sample.values.throttle.items():
             shares.add_metric([*values, cause], share)
-    for family in (energy, shares):
+        for spec, counters in sample.values.link_counters():
+            for way, link in counters.items():
+                links[spec.name].add_metric([*values, way], link.total_bytes, created=link.start_ns / 1e9)
+    for family in (energy, shares, *links.values()):
         if family.samples:
             yield family
 

@@ -11,7 +11,13 @@ OFU's inputs, from its documented fields (its metrics list and the rocprofiler d
   GPU gets no OFU, and the error names the field to turn on (both are in the exporter's default field list);
 - the engine clock: ``gpu_clock{clock_type="system"}`` in MHz (one series per clock domain on a multi-XCD GPU:
   their mean); its max, ``gpu_max_clock{clock_type="system"}``, else the catalog's peak engine clock;
-- power ``gpu_power_usage`` (W; ``gpu_package_power`` where it is absent) and energy ``gpu_energy_consumed`` (uJ).
+- power ``gpu_power_usage`` (W; ``gpu_package_power`` where it is absent) and energy ``gpu_energy_consumed`` (uJ);
+- engine activity (``gpu.engine.active``): ``GPU_UTIL`` itself, the share of cycles the graphics engine was busy,
+  counted over the same profiler window as the MFMA activity, as DCGM's field 1001 is. The exporter's
+  ``gpu_gfx_activity`` is not used: it is the power-management firmware's own GFX busy figure (the SMU metrics
+  table's ``average_gfx_activity``, SocketGfxBusy on MI300), averaged on the firmware's time base and read as a
+  point at the scrape, so it does not describe the interval the MFMA activity does. There is no SM activity or
+  occupancy in NVIDIA's sense (``gpu_prof_sm_active`` is VALU busy time), and no link traffic is read.
 
 Labels to identity: ``gpu_uuid`` -> hw.id, ``card_series`` -> hw.model, ``hostname`` -> host.name, ``gpu_id`` ->
 gpu.index, ``gpu_compute_partition_type`` -> gpu.compute_partition, hw.vendor ``amd``; ``pod``, ``namespace``,
@@ -221,6 +227,7 @@ class AmdExporterSource:
             tensor_active=tensor_active,
             sm_clock_hz=sum(clocks) / len(clocks) * 1e6 if clocks else None,
             max_sm_clock_hz=max(max_clocks) * 1e6 if max_clocks else None,
+            engine_active=active,
             **self._power_and_energy(identity, board, now),
         )
         problems = [problem for problem in (mfma_problem, active_problem) if problem is not None]

@@ -21,11 +21,31 @@ from typing import Any, TextIO
 import attrs
 
 from otel_ofu import names
-from otel_ofu.model import CycleCounters, EnergyCounter, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
+from otel_ofu.model import (
+    CycleCounters,
+    EnergyCounter,
+    GpuError,
+    GpuIdentity,
+    GpuReading,
+    IoCounter,
+    Snapshot,
+    SourceUnavailable,
+)
 
 FORMAT_KEY = "otel_ofu_capture"
 FORMAT_VERSION = 1
-FLOAT_VALUES = ("tensor_active", "sm_clock_hz", "max_sm_clock_hz", "sm_active", "dram_active", "truth_ofu", "power_w")
+FLOAT_VALUES = (
+    "tensor_active",
+    "sm_clock_hz",
+    "max_sm_clock_hz",
+    "sm_active",
+    "dram_active",
+    "engine_active",
+    "sm_occupancy",
+    "truth_ofu",
+    "power_w",
+)
+LINK_VALUES = ("nvlink_io", "pcie_io")  # {direction: {"bytes": ..., "start_ns": ...}}
 
 
 def identity_to_json(gpu: GpuIdentity) -> dict[str, Any]:
@@ -80,18 +100,28 @@ class CaptureFormatError(ValueError):
 
 
 def loss_inputs_to_json(reading: GpuReading) -> dict[str, Any]:
-    """``energy`` as ``{"joules", "start_ns"}`` and ``throttle`` as ``{reason: share}``, where known."""
+    """``energy`` as ``{"joules", "start_ns"}``, ``throttle`` as ``{reason: share}`` and the link counters as
+    ``{direction: {"bytes", "start_ns"}}``, where known."""
     values: dict[str, Any] = {}
     if reading.energy is not None and math.isfinite(reading.energy.joules):
         values["energy"] = {"joules": reading.energy.joules, "start_ns": reading.energy.start_ns}
     throttle = {reason: share for reason, share in reading.throttle.items() if math.isfinite(share)}
     if throttle:
         values["throttle"] = throttle
+    for key in LINK_VALUES:
+        counters: Mapping[str, IoCounter] = getattr(reading, key)
+        links = {
+            direction: {"bytes": counter.total_bytes, "start_ns": counter.start_ns}
+            for direction, counter in counters.items()
+            if math.isfinite(counter.total_bytes)
+        }
+        if links:
+            values[key] = links
     return values
 
 
 def loss_inputs_from_json(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``energy`` and ``throttle`` of a reading's values (CaptureFormatError when malformed)."""
+    """The ``energy``, ``throttle`` and link counters of a reading's values (CaptureFormatError when malformed)."""
     fields: dict[str, Any] = {}
     if "energy" in values:
         raw = _expect(values["energy"], dict, "values.energy")
@@ -108,6 +138,19 @@ def loss_inputs_from_json(values: Mapping[str, Any]) -> dict[str, Any]:
                 raise CaptureFormatError(f"throttle.{reason} is not finite")
             throttle[str(reason)] = number
         fields["throttle"] = throttle
+    for key in LINK_VALUES:
+        if key not in values:
+            continue
+        links: dict[str, IoCounter] = {}
+        for direction, raw in _expect(values[key], dict, f"values.{key}").items():
+            counter = _expect(raw, dict, f"{key}.{direction}")
+            total = float(_expect(counter.get("bytes"), (int, float), f"{key}.{direction}.bytes"))
+            if not math.isfinite(total):
+                raise CaptureFormatError(f"{key}.{direction}.bytes is not finite")
+            links[str(direction)] = IoCounter(
+                total, _expect(counter.get("start_ns"), int, f"{key}.{direction}.start_ns")
+            )
+        fields[key] = links
     return fields
 
 

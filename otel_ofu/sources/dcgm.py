@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from otel_ofu import names, throttle
+from otel_ofu import io_counters, names, throttle
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
 from otel_ofu.sources import keep_values
 
@@ -113,15 +113,27 @@ class CycleTracker:
 
 # --- The bindings ------------------------------------------------------------------------------------
 
-# Field ids read from DCGM; the cycle counters only exist from DCGM 4.6 on.
+# Field ids read from DCGM; the cycle counters only exist from DCGM 4.6 on. 1001-1005 are the profiling fields every
+# GPU DCGM profiles has (`dcgmi dmon -e 1001,1002,1003,1004,1005`); where one pass cannot collect them all (before
+# Hopper), DCGM multiplexes them and a field reads N/A in some samples: absent then, never 0.
 CORE_FIELDS: tuple[int, ...] = (
     names.DCGM_FI_DEV_SM_CLOCK,
     names.DCGM_FI_DEV_MAX_SM_CLOCK,
     names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
     names.DCGM_FI_PROF_SM_ACTIVE,
     names.DCGM_FI_PROF_DRAM_ACTIVE,
+    names.DCGM_FI_PROF_GR_ENGINE_ACTIVE,
+    names.DCGM_FI_PROF_SM_OCCUPANCY,
 )
 CYCLE_FIELDS: tuple[int, ...] = (names.DCGM_FI_PROF_SM_CYCLES_ELAPSED, names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE)
+# Link traffic in bytes per second, never needed for OFU: a GPU without NVLink (a PCIe card) may refuse the NVLink
+# fields, so PCIe alone is tried before neither.
+PCIE_FIELDS: tuple[int, ...] = (names.DCGM_FI_PROF_PCIE_TX_BYTES, names.DCGM_FI_PROF_PCIE_RX_BYTES)
+LINK_FIELDS: tuple[int, ...] = (
+    *PCIE_FIELDS,
+    names.DCGM_FI_PROF_NVLINK_TX_BYTES,
+    names.DCGM_FI_PROF_NVLINK_RX_BYTES,
+)
 # Power, energy and throttling: watched where the host engine knows them, never needed for OFU.
 LOSS_FIELDS: tuple[int, ...] = (
     names.DCGM_FI_DEV_POWER_USAGE,
@@ -134,9 +146,30 @@ PROFILING_FIELDS = frozenset(
         names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
         names.DCGM_FI_PROF_SM_ACTIVE,
         names.DCGM_FI_PROF_DRAM_ACTIVE,
+        names.DCGM_FI_PROF_GR_ENGINE_ACTIVE,
+        names.DCGM_FI_PROF_SM_OCCUPANCY,
         *CYCLE_FIELDS,
+        *LINK_FIELDS,
     }
 )
+
+
+def watch_attempts() -> tuple[tuple[tuple[int, ...], bool], ...]:
+    """The field lists to watch, best first, each with whether it is a base (no optional fields): with the cycle
+    counters (DCGM 4.6+), without them, and without profiling at all (a GPU or host engine that refuses profiling
+    still gives clocks, and says why TPA is missing); each first with the optional fields, NVLink and PCIe traffic
+    and the power and throttle fields, which a host engine or a GPU may not have."""
+    bases = (CORE_FIELDS + CYCLE_FIELDS, CORE_FIELDS, tuple(f for f in CORE_FIELDS if f not in PROFILING_FIELDS))
+    attempts: list[tuple[tuple[int, ...], bool]] = []
+    for base in bases:
+        profiling = bool(PROFILING_FIELDS & set(base))
+        links = (LINK_FIELDS, PCIE_FIELDS, ()) if profiling else ((),)
+        for loss in (LOSS_FIELDS, ()):
+            for link in links:
+                fields = base + link + loss
+                if fields not in [seen for seen, _ in attempts]:
+                    attempts.append((fields, fields == base))
+    return tuple(attempts)
 
 
 @attrs.frozen
@@ -225,18 +258,13 @@ class DcgmBindings:
             raise SourceUnavailable(f"DCGM at {address or 'embedded'} sees no supported GPUs")
         update_us = max(int(update_interval_s * 1e6), 100_000)  # DCGM's profiling minimum is 100 ms
         self._field_group: Any = None
-        # Newest first: with the cycle counters (DCGM 4.6+), without them, and without profiling at all
-        # (a GPU or host engine that refuses profiling still gives clocks, and says why TPA is missing);
-        # each first with the power and throttle fields, which a host engine may not know.
-        bases = (CORE_FIELDS + CYCLE_FIELDS, CORE_FIELDS, tuple(f for f in CORE_FIELDS if f not in PROFILING_FIELDS))
-        attempts = tuple(fields for base in bases for fields in (base + LOSS_FIELDS, base))
         last_error: Exception | None = None
-        for fields in attempts:
+        for fields, is_base in watch_attempts():
             try:
                 self._field_group = agent.dcgmFieldGroupCreate(handle, list(fields), tag)
                 agent.dcgmWatchFields(handle, self._group, self._field_group, update_us, 3600.0, 0)
             except structs.DCGMError as error:
-                if fields in bases:  # a host engine that lacks a loss field is not why profiling failed
+                if is_base:  # a host engine that lacks an optional field is not why profiling failed
                     last_error = error
                 self._destroy_field_group()
                 continue
@@ -337,6 +365,7 @@ class DcgmSource:
     _cycles: CycleTracker = attrs.field(factory=CycleTracker, init=False)
     _energy: throttle.EnergyTracker = attrs.field(factory=throttle.EnergyTracker, init=False)
     _violations: throttle.ViolationTracker = attrs.field(factory=throttle.ViolationTracker, init=False)
+    _links: io_counters.IoIntegrator = attrs.field(factory=io_counters.IoIntegrator, init=False)
 
     @classmethod
     def open(
@@ -368,7 +397,7 @@ class DcgmSource:
             by_gpu.setdefault(value.gpu_id, {})[value.field_id] = value
         gpus = self._backend.gpus()
         results = [item for gpu in gpus for item in self._one(gpu, by_gpu.get(gpu.gpu_id, {}), start, now)]
-        for tracker in (self._cycles, self._energy, self._violations):
+        for tracker in (self._cycles, self._energy, self._violations, self._links):
             tracker.forget(gpu.uuid for gpu in gpus)
         return split(results)
 
@@ -383,6 +412,15 @@ class DcgmSource:
 
         sm_clock = number(names.DCGM_FI_DEV_SM_CLOCK)
         max_clock = number(names.DCGM_FI_DEV_MAX_SM_CLOCK)
+        # 1009-1012 are DCGM's bytes per second over its sampling period, taken for the whole read interval (the
+        # read-to-read spans tile time, so nothing is counted twice or left out between reads).
+        rates = io_counters.link_rates(
+            pcie_tx=number(names.DCGM_FI_PROF_PCIE_TX_BYTES),
+            pcie_rx=number(names.DCGM_FI_PROF_PCIE_RX_BYTES),
+            nvlink_tx=number(names.DCGM_FI_PROF_NVLINK_TX_BYTES),
+            nvlink_rx=number(names.DCGM_FI_PROF_NVLINK_RX_BYTES),
+        )
+        links = self._links.add(gpu.uuid, rates, start, now)
         cycles: CycleCounters | None = None
         elapsed = number(names.DCGM_FI_PROF_SM_CYCLES_ELAPSED, counter=True)
         mma = number(names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE, counter=True)
@@ -401,8 +439,11 @@ class DcgmSource:
             max_sm_clock_hz=None if max_clock is None else max_clock * 1e6,
             sm_active=number(names.DCGM_FI_PROF_SM_ACTIVE),
             dram_active=number(names.DCGM_FI_PROF_DRAM_ACTIVE),
+            engine_active=number(names.DCGM_FI_PROF_GR_ENGINE_ACTIVE),
+            sm_occupancy=number(names.DCGM_FI_PROF_SM_OCCUPANCY),
             cycles=cycles,
             **self._loss_inputs(gpu.uuid, fields, now),
+            **links,
         )
         result = reading_or_error(reading)
         if isinstance(result, GpuError):

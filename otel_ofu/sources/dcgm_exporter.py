@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from otel_ofu import gpu_share, names, throttle
+from otel_ofu import gpu_share, io_counters, names, throttle
 from otel_ofu.gpu_values import say_once
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot
 from otel_ofu.sources import keep_values, prometheus_text
@@ -52,6 +52,15 @@ METRICS: Mapping[str, str] = {
     names.DCGM_EXPORTER_SM_CYCLES_ELAPSED_TOTAL: "sm_cycles_elapsed",
     names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE: "mma_cycles_active",
     names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE_TOTAL: "mma_cycles_active",
+    names.DCGM_EXPORTER_ENGINE_ACTIVE: "engine_active",
+    names.DCGM_EXPORTER_ENGINE_ACTIVE_46: "engine_active",
+    names.DCGM_EXPORTER_SM_OCCUPANCY: "sm_occupancy",
+    names.DCGM_EXPORTER_SM_OCCUPANCY_46: "sm_occupancy",
+    # Bytes per second (DCGM's average over its sampling period), integrated into the byte counters.
+    names.DCGM_EXPORTER_PCIE_TX_BYTES: "pcie_tx",
+    names.DCGM_EXPORTER_PCIE_RX_BYTES: "pcie_rx",
+    names.DCGM_EXPORTER_NVLINK_TX_BYTES: "nvlink_tx",
+    names.DCGM_EXPORTER_NVLINK_RX_BYTES: "nvlink_rx",
 }
 # Power, energy and throttling; each violation counter is its own value (two of them feed "other").
 LOSS_METRICS: Mapping[str, str] = {
@@ -65,10 +74,12 @@ LOSS_METRICS: Mapping[str, str] = {
 METRICS = {**METRICS, **LOSS_METRICS}
 COUNTERS = frozenset({"sm_cycles_elapsed", "mma_cycles_active", "energy_mj", *names.DCGM_EXPORTER_VIOLATIONS})
 # The SM clock and its throttling belong to the physical GPU: a MIG instance without its own takes its
-# parent's. So do power and energy, but as the board's: a MIG instance carries its share of them
-# (otel_ofu.gpu_share), never the board's whole, which would be counted once per instance.
+# parent's. So do power, energy and the PCIe and NVLink traffic, but as the board's: a MIG instance carries its share
+# of them (otel_ofu.gpu_share), never the board's whole, which would be counted once per instance. A link rate printed
+# on the instance's own series is taken as the board's too (PCIe and NVLink belong to the GPU), and shared the same way.
 GPU_WIDE = ("sm_clock_mhz", "max_sm_clock_mhz", "clocks_event_reasons", *names.DCGM_EXPORTER_VIOLATIONS)
-BOARD = ("power_w", "energy_mj")
+LINKS = ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
+BOARD = ("power_w", "energy_mj", *LINKS)
 
 
 def normalize_url(url: str) -> str:
@@ -126,6 +137,7 @@ class DcgmExporterSource:
     _cycles: CycleTracker = attrs.field(init=False, factory=CycleTracker)
     _energy: throttle.EnergyTracker = attrs.field(init=False, factory=throttle.EnergyTracker)
     _violations: throttle.ViolationTracker = attrs.field(init=False, factory=throttle.ViolationTracker)
+    _links: io_counters.IoIntegrator = attrs.field(init=False, factory=io_counters.IoIntegrator)
 
     def __attrs_post_init__(self) -> None:
         self._previous_ns = self.clock()
@@ -156,7 +168,7 @@ class DcgmExporterSource:
             # A MIG parent that reports a TPA of its own beside its instances leaves the board to them.
             board_share = None if mig_id is None and uuid in has_instances else self._share(entry)
             results.extend(self._reading(uuid, entry, start, now, board_share))
-        for tracker in (self._cycles, self._energy, self._violations):
+        for tracker in (self._cycles, self._energy, self._violations, self._links):
             tracker.forget(item.gpu.key for item in results if item.gpu is not None)
         return split(results)
 
@@ -204,6 +216,14 @@ class DcgmExporterSource:
         """The GPU's reading, and beside it the error when it gives no OFU (what it did give is kept)."""
         identity = self._identity(uuid, entry.labels)
         values = entry.values
+        # The board's link rates times the device's share, over the scrape interval (before the cycle counters may
+        # move the reading's start to their own span): scrape-to-scrape spans tile time.
+        links = io_counters.LinkFields()
+        if board_share is not None:
+            rates = io_counters.link_rates(
+                **{link: values[link] * board_share for link in LINKS if link in values},
+            )
+            links = self._links.add(identity.key, rates, start, now)
         cycles: CycleCounters | None = None
         if "sm_cycles_elapsed" in values and "mma_cycles_active" in values:
             # The exporter refreshes counters on its own period: the delta spans from when the previous
@@ -224,8 +244,11 @@ class DcgmExporterSource:
             max_sm_clock_hz=None if max_clock is None else max_clock * 1e6,
             sm_active=values.get("sm_active"),
             dram_active=values.get("dram_active"),
+            engine_active=values.get("engine_active"),
+            sm_occupancy=values.get("sm_occupancy"),
             cycles=cycles,
             **self._loss_inputs(identity.key, values, now, board_share=board_share),
+            **links,
         )
         blank = " (blank sentinel or NaN)" if {"tensor_active", "sm_clock_mhz"} & entry.blank else ""
         result = reading_or_error(reading)

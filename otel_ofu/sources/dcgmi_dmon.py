@@ -20,7 +20,7 @@ from typing import TextIO
 
 import attrs
 
-from otel_ofu import names
+from otel_ofu import io_counters, names
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
 from otel_ofu.sources import keep_values
 from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
@@ -161,6 +161,7 @@ class DcgmiDmonSource:
     _start_ns: int = attrs.field(init=False, default=0)
     _index: int = attrs.field(init=False, default=0)
     _cycles: CycleTracker = attrs.field(init=False, factory=CycleTracker)
+    _links: io_counters.IoIntegrator = attrs.field(init=False, factory=io_counters.IoIntegrator)
 
     def __attrs_post_init__(self) -> None:
         try:
@@ -196,6 +197,17 @@ class DcgmiDmonSource:
             mig_instance_id=row.entity_id if instance else None,
         )
         values = row.values
+        # PCITX/PCIRX/NVLTX/NVLRX are bytes per second over the block's delay. They are the board's: a GPU row
+        # counts them, an instance row cannot (dmon prints no profile, so its share of the board is unknown).
+        links = io_counters.LinkFields()
+        if not instance:
+            rates = io_counters.link_rates(
+                pcie_tx=values.get(names.DCGM_FI_PROF_PCIE_TX_BYTES),
+                pcie_rx=values.get(names.DCGM_FI_PROF_PCIE_RX_BYTES),
+                nvlink_tx=values.get(names.DCGM_FI_PROF_NVLINK_TX_BYTES),
+                nvlink_rx=values.get(names.DCGM_FI_PROF_NVLINK_RX_BYTES),
+            )
+            links = self._links.add(identity.key, rates, start, end)
         cycles: CycleCounters | None = None
         elapsed = values.get(names.DCGM_FI_PROF_SM_CYCLES_ELAPSED)
         mma = values.get(names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE)
@@ -214,7 +226,10 @@ class DcgmiDmonSource:
             max_sm_clock_hz=None if max_clock is None else max_clock * 1e6,
             sm_active=values.get(names.DCGM_FI_PROF_SM_ACTIVE),
             dram_active=values.get(names.DCGM_FI_PROF_DRAM_ACTIVE),
+            engine_active=values.get(names.DCGM_FI_PROF_GR_ENGINE_ACTIVE),
+            sm_occupancy=values.get(names.DCGM_FI_PROF_SM_OCCUPANCY),
             cycles=cycles,
+            **links,
         )
         return keep_values(reading, reading_or_error(reading, what=f"{row.kind} {row.entity_id}: "))
 

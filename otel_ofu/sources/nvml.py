@@ -2,8 +2,12 @@
 
 The only module that imports pynvml. Each read covers the interval since the previous one: a GPM sample
 is taken at open and at every read, and ``nvmlGpmMetricsGet`` over the last two gives the interval's
-tensor pipe activity (``NVML_GPM_METRIC_ANY_TENSOR_UTIL``), SM and DRAM activity, and, where the driver
-has them, the SM-cycles-elapsed and MMA-cycles-active counter deltas that give the interval OFU exactly.
+tensor pipe activity (``NVML_GPM_METRIC_ANY_TENSOR_UTIL``), engine (``GRAPHICS_UTIL``), SM and DRAM activity, SM
+occupancy, PCIe and NVLink throughput, and, where the driver has them, the SM-cycles-elapsed and MMA-cycles-active
+counter deltas that give the interval OFU exactly. The throughput (MiB/s between the two samples) times the
+interval becomes the cumulative byte counters ``gpu.pcie.io`` and ``gpu.nvlink.io`` (``otel_ofu.io_counters``).
+With MIG on, each instance's activity comes from its own GPM samples (``nvmlGpmMigSampleGet``), and the links,
+which are the board's, from a sample of the whole GPU: each instance carries its share of them, as of the power.
 The SM clock is an instantaneous reading, so a background thread samples it at ``clock_sample_hz``
 and the read reports the mean of the samples taken within the interval: TPA and clock then describe
 the same interval. Tests drive ``sample_clocks()`` themselves with the thread off.
@@ -20,6 +24,7 @@ import logging
 import math
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Mapping
@@ -28,7 +33,7 @@ from typing import Any
 import attrs
 import pynvml
 
-from otel_ofu import gpu_share, names, throttle
+from otel_ofu import gpu_share, io_counters, names, throttle
 from otel_ofu.gpu_values import say_once
 from otel_ofu.model import (
     Clock,
@@ -71,7 +76,18 @@ _RATE_METRICS = (
     names.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     names.NVML_GPM_METRIC_SM_UTIL,
     names.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    names.NVML_GPM_METRIC_GRAPHICS_UTIL,
+    names.NVML_GPM_METRIC_SM_OCCUPANCY,
 )
+# The board's links: (transmit, receive) metric ids per link, MiB/s between the two samples.
+_LINK_METRICS = {
+    names.GPU_PCIE_IO.name: (names.NVML_GPM_METRIC_PCIE_TX_PER_SEC, names.NVML_GPM_METRIC_PCIE_RX_PER_SEC),
+    names.GPU_NVLINK_IO.name: (
+        names.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+        names.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+    ),
+}
+_IO_METRICS = tuple(metric for pair in _LINK_METRICS.values() for metric in pair)
 _CYCLE_METRICS = (names.NVML_GPM_METRIC_SM_CYCLES_ELAPSED, names.NVML_GPM_METRIC_MMA_CYCLES_ACTIVE)
 
 
@@ -130,7 +146,8 @@ def _mig_profile(mig_name: str) -> str | None:
 
 @attrs.define
 class _Unit:
-    """What GPM samples: a whole GPU, or one MIG GPU instance of it."""
+    """What GPM samples: a whole GPU, or one MIG GPU instance of it (with MIG on, ``_Gpu.board`` is the whole GPU
+    again, sampled for its links only)."""
 
     identity: GpuIdentity
     gpu_instance_id: int | None = None
@@ -152,6 +169,7 @@ class _Gpu:
     handle: Any = None
     max_clock_hz: float | None = None
     units: list[_Unit] = attrs.Factory(list)
+    board: _Unit | None = None  # with MIG on: the whole GPU, sampled for its links (the instances' share of them)
     clock_sum_mhz: float = 0.0
     clock_count: int = 0
     clock_failure: _Failure | None = None
@@ -167,6 +185,11 @@ class _Gpu:
         self.clock_sum_mhz, self.clock_count, self.clock_failure = 0.0, 0, None
         self.reasons_samples = []
 
+    def release(self) -> None:
+        """Frees every GPM sample of the GPU and drops its handle (until it is acquired again)."""
+        _free([*self.units, *([self.board] if self.board is not None else [])])
+        self.handle, self.units, self.board = None, [], None
+
 
 @attrs.frozen
 class _Gpm:
@@ -175,8 +198,11 @@ class _Gpm:
     tensor_active: float | None
     sm_active: float | None
     dram_active: float | None
+    engine_active: float | None
+    sm_occupancy: float | None
     cycles: CycleCounters | None
     tensor_problem: _Failure | None
+    link_rates: io_counters.Rates  # bytes per second by link metric and direction; empty for a MIG instance
 
 
 class NvmlSource:
@@ -211,6 +237,7 @@ class NvmlSource:
         self._gpus: list[_Gpu] = []
         self._energy = throttle.EnergyTracker()
         self._violations = throttle.ViolationTracker()
+        self._links = io_counters.IoIntegrator()
         self._open(library)
         if background and clock_sample_hz > 0:
             self._thread = threading.Thread(
@@ -263,15 +290,20 @@ class NvmlSource:
         identity = GpuIdentity(uuid=uuid, model=model, index=index, host=self.host)
         max_clock_hz = self._max_clock(handle)
         units = self._units(handle, identity) if self._gpm_supported(handle) else [_Unit(identity)]
+        board: _Unit | None = None
         try:
+            board = self._board(handle, identity) if units[0].gpu_instance_id is not None else None
             for unit in units:
                 if unit.samples:
                     self._sample(handle, unit, unit.samples[0])
                 unit.baseline_ns = now
         except _Failure:
-            _free(units)
+            _free([*units, *([board] if board is not None else [])])
             raise
         gpu.uuid, gpu.identity, gpu.handle, gpu.max_clock_hz, gpu.units = uuid, identity, handle, max_clock_hz, units
+        gpu.board = board
+        if board is not None:
+            board.baseline_ns = now
         gpu.index = index
         gpu.unsupported = set()
         gpu.reset_clocks()
@@ -311,6 +343,24 @@ class NvmlSource:
             _free(units)
             raise
         return units
+
+    def _board(self, handle: Any, identity: GpuIdentity) -> _Unit | None:
+        """With MIG on, the whole GPU as a GPM unit for its links (its first sample taken); None where the driver
+        gives no whole-GPU sample then: the instances' link counters are left out, said once."""
+        board = _Unit(identity)
+        try:
+            board.samples = [_nvml("nvmlGpmSampleAlloc", pynvml.nvmlGpmSampleAlloc) for _ in range(2)]
+            self._sample(handle, board, board.samples[0])
+        except _Failure as failure:
+            _free([board])
+            if failure.reason in _REACQUIRE:
+                raise
+            say_once(
+                f"NVML on {identity.uuid}: no GPM sample of the whole GPU with MIG on ({failure}): its instances "
+                "carry no NVLink or PCIe traffic"
+            )
+            return None
+        return board
 
     def _mig_units(self, handle: Any, identity: GpuIdentity) -> list[_Unit]:
         try:
@@ -375,8 +425,7 @@ class NvmlSource:
                 try:
                     gpu_readings, gpu_errors = self._read_gpu(gpu, now)
                 except _Failure as failure:
-                    _free(gpu.units)
-                    gpu.handle, gpu.units = None, []
+                    gpu.release()
                     gpu.reset_clocks()
                     errors.append(GpuError(failure.reason, failure.message, gpu=gpu.identity, gpu_key=gpu.key))
                     continue
@@ -429,6 +478,8 @@ class NvmlSource:
     def _read_gpu(self, gpu: _Gpu, now: int) -> tuple[list[GpuReading], list[GpuError]]:
         """The GPU's readings and per-unit errors; raises ``_Failure`` when the GPU itself is gone."""
         loss_inputs = self._loss_inputs(gpu, now)
+        if gpu.board is not None:
+            loss_inputs.update(self._board_links(gpu, gpu.board, now))  # shared out below, as the power is
         clock_hz, clock_problem = self._interval_clock(gpu)
         readings: list[GpuReading] = []
         errors: list[GpuError] = []
@@ -446,6 +497,11 @@ class NvmlSource:
                     if failure.reason in _REACQUIRE:
                         raise
                     problem = (failure.reason, f"tensor activity unavailable: {failure}")
+            links = (
+                self._links.add(unit.identity.key, gpm.link_rates, start_ns, now)
+                if gpm is not None
+                else io_counters.LinkFields()
+            )
             cycles = gpm.cycles if gpm is not None else None
             if cycles is not None:
                 cycles = _plausible_cycles(cycles, (now - start_ns) / 1e9, gpu.max_clock_hz, unit.identity)
@@ -465,10 +521,13 @@ class NvmlSource:
                     max_sm_clock_hz=gpu.max_clock_hz,
                     sm_active=gpm.sm_active if gpm is not None else None,
                     dram_active=gpm.dram_active if gpm is not None else None,
+                    engine_active=gpm.engine_active if gpm is not None else None,
+                    sm_occupancy=gpm.sm_occupancy if gpm is not None else None,
                     cycles=cycles,
-                    # The clock and its throttling are GPU-wide, like the SM clock; power and energy are the
-                    # board's, and a MIG instance carries its share of them (the instances add up to the board).
+                    # The clock and its throttling are GPU-wide, like the SM clock; power, energy and the links are
+                    # the board's, and a MIG instance carries its share of them (the instances add up to the board).
                     **(loss_inputs if unit.gpu_instance_id is None else _instance_share(loss_inputs, unit.identity)),
+                    **links,
                 )
             )
             if problem is not None:
@@ -497,6 +556,28 @@ class NvmlSource:
         else:
             _nvml("nvmlGpmMigSampleGet", pynvml.nvmlGpmMigSampleGet, handle, unit.gpu_instance_id, sample)
 
+    def _board_links(self, gpu: _Gpu, board: _Unit, now: int) -> io_counters.LinkFields:
+        """The board's link counters over the interval (GpuReading fields), from a sample of the whole GPU; none
+        when the sample or the metrics cannot be had this interval (the counters keep their value)."""
+        baseline, spare = board.samples
+        start_ns = board.baseline_ns if board.baseline_ns is not None else now
+        try:
+            self._sample(gpu.handle, board, spare)
+        except _Failure as failure:
+            if failure.reason in _REACQUIRE:
+                raise
+            log.debug("NVML GPU %s: no whole-GPU GPM sample for the links: %s", gpu.key, failure)
+            return io_counters.LinkFields()
+        board.samples, board.baseline_ns = [spare, baseline], now
+        try:
+            results = _metrics_get(board, baseline, spare, _IO_METRICS)
+        except _Failure as failure:
+            if failure.reason in _REACQUIRE:
+                raise
+            log.debug("NVML GPU %s: no link metrics: %s", gpu.key, failure)
+            return io_counters.LinkFields()
+        return self._links.add(gpu.key, _link_rates(results), start_ns, now)
+
     def _gpm_interval(self, gpu: _Gpu, unit: _Unit, now: int) -> _Gpm:
         """Samples into the spare buffer and gets the metrics between it and the baseline, which it replaces."""
         baseline, spare = unit.samples
@@ -504,7 +585,9 @@ class NvmlSource:
         # The new sample is the next baseline whatever the metrics call says: the interval has ended.
         unit.samples = [spare, baseline]
         unit.baseline_ns = now
-        metrics = _RATE_METRICS + (_CYCLE_METRICS if unit.ask_cycles else ())
+        # A MIG instance's own sample has no links of its own: they are the board's (see _board_links).
+        rates = _RATE_METRICS + (_IO_METRICS if unit.gpu_instance_id is None else ())
+        metrics = rates + (_CYCLE_METRICS if unit.ask_cycles else ())
         try:
             results = _metrics_get(unit, baseline, spare, metrics)
         except _Failure as failure:
@@ -513,7 +596,7 @@ class NvmlSource:
             # Drivers that predate the cycle-counter metric ids may reject the whole request.
             unit.ask_cycles = False
             say_once(f"NVML on {gpu.key} rejects the GPM cycle-counter metrics ({failure}); using tensor utilisation")
-            results = _metrics_get(unit, baseline, spare, _RATE_METRICS)
+            results = _metrics_get(unit, baseline, spare, rates)
 
         def ratio(metric: int) -> float | None:
             code, value = results[metric]
@@ -532,8 +615,11 @@ class NvmlSource:
             tensor_active=ratio(names.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
             sm_active=ratio(names.NVML_GPM_METRIC_SM_UTIL),
             dram_active=ratio(names.NVML_GPM_METRIC_DRAM_BW_UTIL),
+            engine_active=ratio(names.NVML_GPM_METRIC_GRAPHICS_UTIL),
+            sm_occupancy=ratio(names.NVML_GPM_METRIC_SM_OCCUPANCY),
             cycles=cycles,
             tensor_problem=tensor_problem,
+            link_rates=_link_rates(results) if unit.gpu_instance_id is None else {},
         )
 
     # --- attribution and identity ----------------------------------------------------------------
@@ -587,8 +673,7 @@ class NvmlSource:
 
     def _shutdown(self) -> None:
         for gpu in self._gpus:
-            _free(gpu.units)
-            gpu.handle, gpu.units = None, []
+            gpu.release()
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:
@@ -644,34 +729,52 @@ def _error_text(code: int) -> str:
     return str(pynvml.NVMLError(code))
 
 
+# Where NVML writes each metric's return code and value in the request, from pynvml's own declaration of
+# nvmlGpmMetric_t: the results are read from the request's memory in one unpack per metric, not field by field.
+_METRIC_SIZE = ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
+_METRIC_RESULT = struct.Struct("=Id")  # nvmlReturn (unsigned int), value (double), adjacent in nvml.h
+_METRIC_RESULT_AT = pynvml.c_nvmlGpmMetric_t.nvmlReturn.offset
+if pynvml.c_nvmlGpmMetric_t.value.offset != _METRIC_RESULT_AT + 4:  # a pynvml whose nvml.h differs from ours
+    raise ImportError("pynvml's nvmlGpmMetric_t has no value right after nvmlReturn: this NVML source cannot read it")
+
+
 def _metrics_get(unit: _Unit, baseline: Any, current: Any, metrics: tuple[int, ...]) -> dict[int, tuple[int, float]]:
     """metric id -> (its own nvmlReturn, value) over the two samples.
 
     The request (version, metric ids) is built once per unit and metric list and reused: every field
     of a pynvml structure is set and read through Python code, and NVML writes each requested metric's
-    return code and value on every call."""
-    request = unit.requests.get(metrics)
-    if request is None:
+    return code and value on every call, which are read back from the request's memory."""
+    cached = unit.requests.get(metrics)
+    if cached is None:
         request = pynvml.c_nvmlGpmMetricsGet_t()
         request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         request.numMetrics = len(metrics)
         entries = request.metrics  # a view of the request's own memory
         for slot, metric in enumerate(metrics):
             entries[slot].metricId = metric
-        unit.requests[metrics] = request
+        cached = unit.requests[metrics] = (request, memoryview(entries).cast("B"))
+    request, memory = cached
     request.sample1 = baseline
     request.sample2 = current
     _nvml("nvmlGpmMetricsGet", pynvml.nvmlGpmMetricsGet, request)
-    entries = request.metrics
     results: dict[int, tuple[int, float]] = {}
     for slot, metric in enumerate(metrics):
-        entry = entries[slot]
-        value = float(entry.value)
-        code = int(entry.nvmlReturn)
+        code, value = _METRIC_RESULT.unpack_from(memory, slot * _METRIC_SIZE + _METRIC_RESULT_AT)
         if code == Code.SUCCESS and not math.isfinite(value):
             code = Code.ERROR_NO_DATA
         results[metric] = (code, value)
     return results
+
+
+def _link_rates(results: Mapping[int, tuple[int, float]]) -> dict[str, dict[str, float | None]]:
+    """Bytes per second by link and direction from the GPM results (MiB/s); a metric that failed is None."""
+
+    def rate(metric: int) -> float | None:
+        code, value = results.get(metric, (Code.ERROR_NOT_SUPPORTED, 0.0))
+        return value * names.NVML_GPM_BYTES_PER_UNIT if code == Code.SUCCESS else None
+
+    transmit, receive = names.IoDirection.TRANSMIT, names.IoDirection.RECEIVE
+    return {link: {transmit: rate(tx), receive: rate(rx)} for link, (tx, rx) in _LINK_METRICS.items()}
 
 
 def _plausible_cycles(
@@ -707,9 +810,9 @@ def _free(units: list[_Unit]) -> None:
 
 
 def _instance_share(board: Mapping[str, Any], instance: GpuIdentity) -> dict[str, Any]:
-    """A MIG instance's loss inputs: the GPU's throttling as is, the board's power and energy times the instance's
-    share of the GPU (``otel_ofu.gpu_share``: its profile's compute slices of the model's). A cumulative counter
-    times a constant share is the share's counter, with the board counter's start."""
+    """A MIG instance's loss inputs: the GPU's throttling as is, the board's power, energy and link counters times
+    the instance's share of the GPU (``otel_ofu.gpu_share``: its profile's compute slices of the model's). A
+    cumulative counter times a constant share is the share's counter, with the board counter's start."""
     if instance.mig_profile is None or gpu_share.mig_slices(instance.mig_profile) is None:
         # An instance that cannot be sized leaves the board out rather than count it whole once per instance.
         return {"throttle": board["throttle"]}
@@ -724,4 +827,9 @@ def _instance_share(board: Mapping[str, Any], instance: GpuIdentity) -> dict[str
         "throttle": board["throttle"],
         "power_w": None if power is None else power * share,
         "energy": None if energy is None else EnergyCounter(energy.joules * share, energy.start_ns),
+        **{
+            field: io_counters.scaled(board[field], share)
+            for field in io_counters.READING_FIELDS.values()
+            if field in board
+        },
     }

@@ -21,6 +21,11 @@ How it behaves like hardware:
   counter and the share of each interval power or temperature held the clock down, as a board with
   violation counters reports them. ``SimGpu.fault`` adds a ``power_cap`` GPU (a 420 W limit: clocks held
   to stay under it) or a ``thermal`` one (thermal slowdown to 0.7 x max for half of every two minutes).
+* Beside the tensor pipes, each job's ``ActivityProfile`` (from its kind and ``JobSpec.bottleneck``) says how
+  busy the engine (E: a kernel running), the SMs (S) and DRAM are and how much NVLink and PCIe traffic it moves
+  while it runs at its nominal pace; each step scales them by how much of that pace the step ran (its TPA over
+  the nominal TPA: a stall or a regression takes the engine with it), and clamps them so that T <= S <= E, as
+  the counters nest on hardware. The link traffic is reported as byte counters since the fleet started.
 
 Values a real GPU would never give you are named ``truth_*`` (``GpuReading.truth_ofu``,
 ``truth_precision``) or come from ``interval_truth``, ``truth_ofu`` and ``reported_mfu``; real sources
@@ -36,13 +41,22 @@ import random
 import uuid
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
 from otel_ofu import catalog, names
 from otel_ofu.clock import ManualClock, wall_clock
-from otel_ofu.model import Clock, CycleCounters, EnergyCounter, GpuError, GpuIdentity, GpuReading, Snapshot
+from otel_ofu.model import (
+    Clock,
+    CycleCounters,
+    EnergyCounter,
+    GpuError,
+    GpuIdentity,
+    GpuReading,
+    IoCounter,
+    Snapshot,
+)
 
 H100_SXM_NAME = "NVIDIA H100 80GB HBM3"
 SCHEDULER = "static"
@@ -80,6 +94,62 @@ class GpuFault:
     THERMAL = "thermal"  # it overheats in cycles: software thermal slowdown for half of every cycle
 
     ALL = (POWER_CAP, THERMAL)
+
+
+class Bottleneck:
+    """What a simulated job's tensor pipes wait on, beyond the healthy mix (``JobSpec.bottleneck``)."""
+
+    INPUT = "input"  # the input pipeline stalls 40% of every step: no kernel runs then (low E)
+    COMMUNICATION = "communication"  # exposed collectives: SMs busy in communication kernels, NVLink near peak
+    MEMORY = "memory"  # memory-bound kernels: SMs busy off the tensor pipes, DRAM ~70% busy
+
+    ALL = (INPUT, COMMUNICATION, MEMORY)
+
+
+# H100 SXM (NVIDIA's datasheet): 900 GB/s of NVLink 4 per GPU, i.e. 450 GB/s each way; HBM3 at 3.35 TB/s.
+_NVLINK_PEAK_BYTES_PER_S = 450e9
+_HBM_BYTES_PER_S = 3.35e12
+_INPUT_RUN_SHARE = 0.6  # an input-bound job's engine runs 60% of the step: a 40% input pipeline stall
+
+
+@attrs.frozen
+class ActivityProfile:
+    """What a job's GPUs do beside the tensor pipes while the job runs at its nominal pace: interval averages of
+    engine activity (E: a kernel running), SM activity (S), SM occupancy and DRAM activity, and link traffic in bytes
+    per second (NVLink each way; PCIe from the host, ``pcie_rx``, and to it, ``pcie_tx``). Illustrative H100 figures:
+    the healthy mix is a dense training step whose SMs are ~85% busy at a TPA of 0.48 (DCGM's guidance: SM activity
+    of 0.8 or more is needed for effective use) and whose DRAM is about a third busy."""
+
+    engine_active: float
+    sm_active: float
+    sm_occupancy: float
+    dram_active: float
+    nvlink_bytes_per_s: float = 0.0
+    pcie_rx_bytes_per_s: float = 0.0
+    pcie_tx_bytes_per_s: float = 0.0
+
+    @classmethod
+    def of(cls, job: JobSpec) -> ActivityProfile:
+        """The profile of a job's kind and bottleneck; NVLink traffic only for a job of two GPUs or more."""
+        tpa = job.tensor_active
+        peers = 1.0 if len(job.gpu_keys) > 1 else 0.0
+        if job.kind == ProfileKind.IDLE:
+            return cls(0.0, 0.0, 0.0, 0.0)
+        if job.bottleneck == Bottleneck.INPUT:
+            # The healthy mix for the 60% of the step the engine runs; the host feeds decoded samples over PCIe.
+            run = _INPUT_RUN_SHARE
+            busy_sm = min(0.9, tpa / run + 0.37) * run
+            return cls(0.97 * run, max(tpa, busy_sm), 0.30 * run, 0.35 * run, 60e9 * run * peers, 6e9, 0.2e9)
+        if job.bottleneck == Bottleneck.COMMUNICATION:
+            # Collectives at ~73% of the links' 450 GB/s each way; HBM only streams what crosses them (2 x 330 GB/s
+            # of 3.35 TB/s: ~0.2) and communication kernels keep SMs resident with few warps.
+            nvlink = 0.73 * _NVLINK_PEAK_BYTES_PER_S * peers
+            dram = min(1.0, 2 * nvlink / _HBM_BYTES_PER_S + 0.02)
+            return cls(0.96, max(tpa, 0.80), 0.12, dram, nvlink, 0.5e9, 0.1e9)
+        if job.bottleneck == Bottleneck.MEMORY:
+            return cls(0.96, max(tpa, 0.88), 0.45, 0.70, 40e9 * peers, 0.5e9, 0.1e9)
+        nvlink = (120e9 if job.kind == ProfileKind.MOE else 60e9) * peers  # MoE: all-to-all between experts
+        return cls(0.97, max(tpa, min(0.9, tpa + 0.37)), 0.30, 0.35, nvlink, 0.5e9, 0.1e9)
 
 
 class ProfileKind:
@@ -136,6 +206,10 @@ class JobSpec:
     switch_every_s: float | None = None  # mixed: precision alternates with ``alternate_precision``
     alternate_precision: str | None = None
     alternate_tensor_scale: float = 0.72  # TPA in the alternate precision relative to ``tensor_active``
+    # What else holds the tensor pipes back (a ``Bottleneck``); None: the healthy mix of its kind.
+    bottleneck: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(Bottleneck.ALL))
+    )
 
     @property
     def reports_mfu(self) -> bool:
@@ -178,12 +252,13 @@ class JobSpec:
             segment += 1
         return self.alternate_precision if alternate > (end_s - start_s) / 2 else self.precision
 
-    def nominal_tensor_active(self, t_s: float) -> float:
-        """TPA the job would show at ``t_s`` before noise, throttling and stalls."""
+    def nominal_tensor_active(self, t_s: float, *, regressed: bool = True) -> float:
+        """TPA the job would show at ``t_s`` before noise, throttling and stalls (``regressed=False``: as if it had
+        not regressed, the pace its engine and links are sized for)."""
         if self.kind == ProfileKind.IDLE:
             return 0.0
         tpa = self.tensor_active * (self.alternate_tensor_scale if self._in_alternate(t_s) else 1.0)
-        if self.regressed_at(t_s):
+        if regressed and self.regressed_at(t_s):
             tpa /= self.regression_factor
         return tpa
 
@@ -230,6 +305,7 @@ class _Track:
     rng: random.Random
     tensor_clock_mhz: float
     straggle: float  # per-GPU scale of the job's TPA: GPUs of one job are alike, not identical
+    activity: ActivityProfile
     cum_tpa: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
     cum_mhz: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
     cum_tpa_mhz: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
@@ -237,6 +313,9 @@ class _Track:
     cum_joules: array[float] = attrs.field(factory=lambda: array("d", [0.0]))  # board energy per step (J/s)
     cum_power_held: array[float] = attrs.field(factory=lambda: array("d", [0.0]))  # 1 per step held by power
     cum_thermal_held: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
+    # How much of the job's nominal pace each step ran (its TPA / the unregressed nominal TPA, at most 1): what
+    # scales the engine, SM and DRAM activity and the link traffic of the job's profile.
+    cum_pace: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
     outage: bytearray | None = None  # per step: 0 readable, else 1 + index into _OUTAGE_REASONS
     throttle_left: int = 0
     throttle_mhz: float = 0.0
@@ -311,6 +390,7 @@ class SimulatedFleet:
                 rng=rng,
                 tensor_clock_mhz=min(tensor_mhz, gpu.max_clock_mhz),
                 straggle=rng.uniform(0.97, 1.03),
+                activity=ActivityProfile.of(owner),
                 outage=bytearray() if gpu.flaky else None,
             )
         self._start_ns = self.clock()
@@ -433,6 +513,7 @@ class SimulatedFleet:
         for k in range(track.steps, upto):
             mid = (k + 0.5) * step
             nominal = job.nominal_tensor_active(mid) * track.straggle
+            pace_of = job.nominal_tensor_active(mid, regressed=False) * track.straggle
             boost_held = track.throttle_left > 0 and not idle  # a throttle stretch sets this step's clock
             if idle:
                 tpa = 0.002 if rng.random() < 0.02 else 0.0  # a stray kernel now and then
@@ -449,6 +530,7 @@ class SimulatedFleet:
             track.cum_power_held.append(track.cum_power_held[-1] + power_held)
             track.cum_thermal_held.append(track.cum_thermal_held[-1] + thermal_held)
             track.cum_tpa.append(track.cum_tpa[-1] + tpa)
+            track.cum_pace.append(track.cum_pace[-1] + (min(1.0, tpa / pace_of) if pace_of > 0 else 0.0))
             track.cum_mhz.append(track.cum_mhz[-1] + mhz)
             track.cum_tpa_mhz.append(track.cum_tpa_mhz[-1] + tpa * mhz)
             track.cum_ofu.append(track.cum_ofu[-1] + ofu)
@@ -543,7 +625,6 @@ class SimulatedFleet:
             elapsed = round(mhz_seconds * 1e6)
             active = min(elapsed, round(self._integral(track.cum_tpa_mhz, ta, tb) * 1e6))
             cycles = CycleCounters(sm_cycles_elapsed=elapsed, mma_cycles_active=active) if elapsed > 0 else None
-        busy = tpa > 0.01
         # As a board with an energy counter and violation counters: power over the interval, energy
         # since the fleet started, and the share of the interval each limit held the clock down.
         held = dict.fromkeys(names.ThrottleReason.ALL, 0.0)
@@ -556,15 +637,44 @@ class SimulatedFleet:
             tensor_active=tpa,
             sm_clock_hz=clock_mhz * 1e6,
             max_sm_clock_hz=track.gpu.max_clock_mhz * 1e6 if self.report_max_clock else None,
-            sm_active=min(1.0, 1.6 * tpa + (0.08 if busy else 0.0)),
-            dram_active=min(1.0, 0.6 * tpa + (0.05 if busy else 0.0)),
             cycles=cycles,
             power_w=self._integral(track.cum_joules, ta, tb) / span,
             energy=EnergyCounter(self._cumulative(track.cum_joules, tb), self._start_ns),
             throttle=held,
+            **self._activity(track, tpa, ta, tb),
             truth_ofu=min(1.0, max(0.0, self._integral(track.cum_ofu, ta, tb) / span)),
             truth_precision=precision,
         )
+
+    def _activity(self, track: _Track, tpa: float, ta: float, tb: float) -> dict[str, Any]:
+        """The interval's engine, SM and DRAM activity and occupancy, ordered T <= S <= E, and the link counters
+        since the fleet started (GpuReading fields)."""
+        profile = track.activity
+        pace = min(1.0, self._integral(track.cum_pace, ta, tb) / (tb - ta))
+        sm = min(1.0, max(tpa, profile.sm_active * pace))
+        engine = min(1.0, max(sm, profile.engine_active * pace))
+        paced_s = self._cumulative(track.cum_pace, tb)  # seconds at the nominal pace since the fleet started
+        transmit, receive = names.IoDirection.TRANSMIT, names.IoDirection.RECEIVE
+
+        def counter(bytes_per_s: float) -> IoCounter:
+            return IoCounter(bytes_per_s * paced_s, self._start_ns)
+
+        links: dict[str, Any] = {}
+        if profile.nvlink_bytes_per_s > 0:
+            nvlink = counter(profile.nvlink_bytes_per_s)
+            links["nvlink_io"] = {transmit: nvlink, receive: nvlink}  # collectives send what they receive
+        if profile.pcie_rx_bytes_per_s > 0 or profile.pcie_tx_bytes_per_s > 0:
+            links["pcie_io"] = {
+                transmit: counter(profile.pcie_tx_bytes_per_s),
+                receive: counter(profile.pcie_rx_bytes_per_s),
+            }
+        return {
+            "sm_active": sm,
+            "engine_active": engine,
+            "sm_occupancy": min(1.0, profile.sm_occupancy * pace),
+            "dram_active": min(1.0, profile.dram_active * pace),
+            **links,
+        }
 
     # --- ready-made fleets ------------------------------------------------------------------------
 
@@ -579,14 +689,19 @@ class SimulatedFleet:
         average_clock: bool = False,
         report_max_clock: bool = True,
     ) -> SimulatedFleet:
-        """The demo fleet: 3 hosts x 8 H100 SXM, six jobs, one flaky GPU.
+        """The demo fleet: 4 hosts x 8 H100 SXM, nine jobs, one flaky GPU.
 
         ``job-1001``/``job-1002`` healthy dense, ``job-1003`` MoE over-counting ~2x, ``job-1004`` regresses
         2.5x at 40% of ``duration_s``, ``job-1005`` switches bf16 <-> fp8 every 3 minutes, ``job-1006`` an
         allocated GPU that sits idle; GPU 6 of the third host (in ``job-1002``) is flaky, and GPU 3 of the
         first host (in the healthy ``job-1001``) is power-capped to ``DEMO_STRAGGLER_CAP_W``: a straggler.
+        The fourth host runs three jobs that lose their OFU to three different causes (``Bottleneck``):
+        ``job-1007`` is input-bound (its data loader stalls 40% of every step: the engine idles, TPA 0.29 where
+        it would be 0.48), ``job-1008`` communication-bound (exposed tensor-parallel collectives: SMs 80% busy
+        at TPA 0.20, NVLink at 330 GB/s each way, DRAM ~0.2), ``job-1009`` memory-bound (embedding lookups: SMs
+        88% busy at TPA 0.16, DRAM 70% busy).
         """
-        hosts = ("dgx-h100-01", "dgx-h100-02", "dgx-h100-03")
+        hosts = ("dgx-h100-01", "dgx-h100-02", "dgx-h100-03", "dgx-h100-04")
         max_mhz = _max_clock_mhz(H100_SXM_NAME, None)
         gpus: list[SimGpu] = []
 
@@ -663,6 +778,36 @@ class SimulatedFleet:
             JobSpec(
                 "job-1006", "notebook-idle", ProfileKind.IDLE, "bf16", place("job-1006", 2, 7, 1), tensor_active=0.0
             ),
+            JobSpec(
+                "job-1007",
+                "vit-h-video-pretrain",
+                dense,
+                "bf16",
+                place("job-1007", 3, 0, 2),
+                tensor_active=0.48 * _INPUT_RUN_SHARE,  # a healthy step's 0.48 for the 60% the engine runs
+                mfu_efficiency=0.96,
+                bottleneck=Bottleneck.INPUT,
+            ),
+            JobSpec(
+                "job-1008",
+                "gpt-30b-tp4-exposed-allreduce",
+                dense,
+                "bf16",
+                place("job-1008", 3, 2, 4),
+                tensor_active=0.20,
+                mfu_efficiency=0.95,
+                bottleneck=Bottleneck.COMMUNICATION,
+            ),
+            JobSpec(
+                "job-1009",
+                "dlrm-embedding-train",
+                dense,
+                "bf16",
+                place("job-1009", 3, 6, 2),
+                tensor_active=0.16,
+                mfu_efficiency=0.95,
+                bottleneck=Bottleneck.MEMORY,
+            ),
         ]
         gpus.sort(key=lambda gpu: (gpu.host, gpu.index))
         return cls(
@@ -693,6 +838,7 @@ class SimulatedFleet:
         mixed_share: float = 0.1,
         idle_share: float = 0.0,
         flaky_share: float = 0.0,
+        bottleneck_share: float = 0.0,
         gpus_per_job: Sequence[int] = (1, 2, 4),
         gpus_per_host: int = 8,
         model: str = H100_SXM_NAME,
@@ -708,6 +854,8 @@ class SimulatedFleet:
         ``regression_range`` and regress at a time in ``regression_window`` x ``duration_s`` (a
         ``recovery_share`` of them recover halfway to the end). The rest are dense, mixed or idle.
         GPUs per job are drawn from ``gpus_per_job``; jobs are packed onto hosts of ``gpus_per_host``.
+        ``round(n_jobs x bottleneck_share)`` of the dense jobs of two GPUs or more (as many as there are) get a
+        ``Bottleneck``, the three in turn, drawn apart so that the other jobs are the same with or without them.
         """
         if n_jobs < 1:
             raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
@@ -758,6 +906,8 @@ class SimulatedFleet:
                     regression_range,
                 )
             )
+        if bottleneck_share > 0:
+            jobs = _with_bottlenecks(jobs, round(n_jobs * bottleneck_share), random.Random(f"{seed}/bottlenecks"))
         return cls(
             gpus=tuple(gpus),
             jobs=tuple(jobs),
@@ -862,6 +1012,24 @@ def _random_job(
         tensor_active=rng.uniform(0.20, 0.60),
         mfu_efficiency=efficiency,
     )
+
+
+def _with_bottlenecks(jobs: list[JobSpec], count: int, rng: random.Random) -> list[JobSpec]:
+    """``count`` dense jobs of two GPUs or more given a bottleneck each (input, communication, memory in turn), their
+    TPA set to what that bottleneck leaves of it."""
+    candidates = [job for job in jobs if job.kind == ProfileKind.DENSE and len(job.gpu_keys) > 1]
+    chosen = rng.sample(candidates, min(count, len(candidates)))
+    changed: dict[str, JobSpec] = {}
+    for number, job in enumerate(chosen):
+        bottleneck = Bottleneck.ALL[number % len(Bottleneck.ALL)]
+        if bottleneck == Bottleneck.INPUT:
+            tpa = job.tensor_active * _INPUT_RUN_SHARE
+        elif bottleneck == Bottleneck.COMMUNICATION:
+            tpa = rng.uniform(0.12, 0.25)
+        else:
+            tpa = rng.uniform(0.10, 0.22)
+        changed[job.job_id] = attrs.evolve(job, bottleneck=bottleneck, tensor_active=tpa)
+    return [changed.get(job.job_id, job) for job in jobs]
 
 
 def run_for(fleet: SimulatedFleet, clock: ManualClock, seconds: float, interval_s: float) -> list[Snapshot]:

@@ -257,6 +257,52 @@ class FakeNvml:
         """NVML_GPM_METRIC_ANY_TENSOR_UTIL, in percent."""
         self.set_metric(gpu, names.NVML_GPM_METRIC_ANY_TENSOR_UTIL, percent, gpu_instance_id=gpu_instance_id)
 
+    def set_activity(
+        self,
+        gpu: int,
+        *,
+        engine: float | None = None,
+        sm: float | None = None,
+        occupancy: float | None = None,
+        dram: float | None = None,
+        tensor: float | None = None,
+        gpu_instance_id: int | None = None,
+    ) -> None:
+        """The GPM utilisation metrics given, in percent: GRAPHICS_UTIL (engine), SM_UTIL, SM_OCCUPANCY,
+        DRAM_BW_UTIL and ANY_TENSOR_UTIL; the others stay as they were."""
+        percents = {
+            names.NVML_GPM_METRIC_GRAPHICS_UTIL: engine,
+            names.NVML_GPM_METRIC_SM_UTIL: sm,
+            names.NVML_GPM_METRIC_SM_OCCUPANCY: occupancy,
+            names.NVML_GPM_METRIC_DRAM_BW_UTIL: dram,
+            names.NVML_GPM_METRIC_ANY_TENSOR_UTIL: tensor,
+        }
+        for metric, percent in percents.items():
+            if percent is not None:
+                self.set_metric(gpu, metric, percent, gpu_instance_id=gpu_instance_id)
+
+    def set_link_rates(
+        self,
+        gpu: int,
+        *,
+        pcie_tx: float | None = None,
+        pcie_rx: float | None = None,
+        nvlink_tx: float | None = None,
+        nvlink_rx: float | None = None,
+        gpu_instance_id: int | None = None,
+    ) -> None:
+        """The GPM link throughput given, in MiB/s as NVML reports it: PCIE_TX/RX_PER_SEC and
+        NVLINK_TOTAL_TX/RX_PER_SEC (all links of the GPU); the others stay as they were."""
+        rates = {
+            names.NVML_GPM_METRIC_PCIE_TX_PER_SEC: pcie_tx,
+            names.NVML_GPM_METRIC_PCIE_RX_PER_SEC: pcie_rx,
+            names.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: nvlink_tx,
+            names.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: nvlink_rx,
+        }
+        for metric, rate in rates.items():
+            if rate is not None:
+                self.set_metric(gpu, metric, rate, gpu_instance_id=gpu_instance_id)
+
     def advance_counter(self, gpu: int, metric: int, delta: float, *, gpu_instance_id: int | None = None) -> None:
         """Advances a cumulative counter metric; nvmlGpmMetricsGet reports its increase between two samples."""
         self._check(self._lib.fake_advance_counter(gpu, _gi(gpu_instance_id), metric, delta))
