@@ -5,6 +5,8 @@ windows of the simulated fleet through the real producer, OTLP encoding and deco
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Mapping
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
@@ -369,9 +371,9 @@ def test_ofu_and_the_three_causes_add_up_to_one_on_real_windows(calibration: str
     for job in jobs:
         assert job.loss is not None
         assert job.ofu is not None
-        assert job.ofu + job.loss.shares[IDLE] + job.loss.shares[CLOCK] + job.loss.shares[TENSOR] == pytest.approx(
-            1.0, abs=1e-12
-        )
+        # The demo fleet's GPUs carry engine and SM activity, so 'tensor' comes split into its finer causes.
+        assert TENSOR not in job.loss.shares
+        assert job.ofu + math.fsum(job.loss.shares.values()) == pytest.approx(1.0, abs=1e-12)
         assert all(share >= -1e-12 for share in job.loss.shares.values())
         assert job.loss.energy_j is not None
         assert job.loss.energy_j > 0
@@ -383,6 +385,11 @@ def test_ofu_and_the_three_causes_add_up_to_one_on_real_windows(calibration: str
     clock_1001 = [j.loss.shares[CLOCK] for j in jobs if j.job_id == "job-1001" and j.loss]
     clock_1002 = [j.loss.shares[CLOCK] for j in jobs if j.job_id == "job-1002" and j.loss]
     assert sum(clock_1001) / len(clock_1001) > 1.5 * sum(clock_1002) / len(clock_1002)
+
+
+def tensor_side(shares: Mapping[str, float]) -> float:
+    """The tensor cause, whole or split (no_kernel, sm_idle, non_tensor): all but idle and clock."""
+    return math.fsum(share for cause, share in shares.items() if cause not in (IDLE, CLOCK))
 
 
 def test_calibrations_share_goes_to_tensor_not_clock() -> None:
@@ -397,7 +404,9 @@ def test_calibrations_share_goes_to_tensor_not_clock() -> None:
             if a.loss.shares[IDLE] == 0:
                 # ... and on working GPUs what calibration takes from OFU, tensor gains
                 assert b.loss.shares[IDLE] == 0
-                assert b.loss.shares[TENSOR] - a.loss.shares[TENSOR] == pytest.approx(a.ofu - b.ofu, abs=1e-4)
+                assert tensor_side(b.loss.shares) - tensor_side(a.loss.shares) == pytest.approx(
+                    a.ofu - b.ofu, abs=1e-4
+                )
 
 
 def test_the_decoder_takes_the_loss_inputs_and_refuses_bad_ones_by_name() -> None:

@@ -169,15 +169,16 @@ class JobsScreen(Screen[None]):
         if len(rows) > MAX_ROWS:
             legend.append(f"the first {MAX_ROWS} of {len(rows)} jobs · ", style="bold")
         legend.append(f"sort: {app.sort} · ")
+        currency = next((row.currency for row in rows if row.cost_lost is not None and row.currency), None)
+        legend.append(f"lost: {currency or 'GPU-h'}/1h")
+        # The glyphs last: with the finer causes (five or six of them) they are what the width may cut.
         if causes:
-            legend.append("loss ")
+            legend.append(" ·")
             for cause in causes:
                 glyph, colour = cells.cause_style(cause, causes)
+                legend.append(" ")
                 legend.append(glyph, style=colour)
-                legend.append(f"{cause} ")
-            legend.append("· ")
-        currency = next((row.currency for row in rows if row.cost_lost is not None and row.currency), None)
-        legend.append(f"lost: {currency or 'GPU-h'}, last hour")
+                legend.append(cause)
         legend.truncate(max(1, self.size.width), overflow="ellipsis")
         self.query_one("#legend", Static).update(legend)
 
