@@ -74,6 +74,42 @@ def test_an_h100_in_seven_1g_slices_in_one_job_is_one_gpu_one_gpu_minute_and_its
     assert job.ofu == pytest.approx(0.5)
 
 
+def test_an_mi300x_in_cpx_mode_is_one_gpu_and_a_dpx_half_is_half_of_one() -> None:
+    agg = Aggregator(AggregatorConfig(lateness_s=0, price_per_gpu_hour={"default": 3.6}))
+    mi300x = "AMD Instinct MI300X OAM"
+
+    def partition(gpu: str, job: str, mode: str) -> dict[str, str]:
+        return {
+            names.HOST_NAME: "node-1",
+            names.HW_ID: gpu,
+            names.HW_MODEL: mi300x,
+            names.HW_VENDOR: names.HW_VENDOR_AMD,
+            names.GPU_PRECISION: "bf16",
+            names.JOB_ID: job,
+            names.GPU_COMPUTE_PARTITION: mode,
+        }
+
+    # Each AMD partition reports under its own UUID: eight CPX partitions of one GPU (one per XCD) in job "cpx",
+    # and one DPX half of another GPU in job "dpx".
+    for index in range(8):
+        _window_of(agg, partition(f"GPU-cpx-{index}", "cpx", "cpx"), 0.4)
+    _window_of(agg, partition("GPU-dpx-0", "dpx", "dpx"), 0.2)
+    (report,) = agg.flush(T0 + W)
+    cpx, dpx = _job(report, "cpx"), _job(report, "dpx")
+    assert cpx.loss is not None
+    assert dpx.loss is not None
+    # CPX: 8 partitions x 1/8 of an MI300X (8 XCDs) = 1 GPU; 60 GPU-s; 3.6 USD/GPU-h = 0.001 USD/GPU-s: 0.06 USD.
+    assert cpx.gpus == pytest.approx(1.0)
+    assert cpx.loss.gpu_time_s == pytest.approx(60.0)
+    assert cpx.loss.cost == pytest.approx(0.06)
+    # DPX: one half of a GPU: 0.5 GPU, 30 GPU-s, 0.03 USD.
+    assert dpx.gpus == pytest.approx(0.5)
+    assert dpx.loss.gpu_time_s == pytest.approx(30.0)
+    assert dpx.loss.cost == pytest.approx(0.03)
+    (group,) = report.groups
+    assert group.gpus == pytest.approx(1.5)
+
+
 def test_a_job_on_a_whole_gpu_and_a_slice_weighs_each_by_its_share() -> None:
     agg = Aggregator(AggregatorConfig(lateness_s=0, price_per_gpu_hour={"default": 3.6}))
     _window_of(agg, _gpu("GPU-a", "j"), 0.6)
