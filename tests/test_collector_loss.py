@@ -404,9 +404,7 @@ def test_calibrations_share_goes_to_tensor_not_clock() -> None:
             if a.loss.shares[IDLE] == 0:
                 # ... and on working GPUs what calibration takes from OFU, tensor gains
                 assert b.loss.shares[IDLE] == 0
-                assert tensor_side(b.loss.shares) - tensor_side(a.loss.shares) == pytest.approx(
-                    a.ofu - b.ofu, abs=1e-4
-                )
+                assert tensor_side(b.loss.shares) - tensor_side(a.loss.shares) == pytest.approx(a.ofu - b.ofu, abs=1e-4)
 
 
 def test_the_decoder_takes_the_loss_inputs_and_refuses_bad_ones_by_name() -> None:
