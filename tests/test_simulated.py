@@ -544,7 +544,12 @@ def test_every_reading_nests_tensor_within_sm_within_engine_and_counts_links_fro
                 assert total >= previous.get(r.gpu.key, 0.0)  # monotonic, outages included
                 previous[r.gpu.key] = total
     idle = [r for snapshot in snapshots for r in snapshot.readings if r.gpu.hints[names.JOB_ID] == "job-1006"]
-    assert all(not r.nvlink_io and not r.pcie_io and r.dram_active == 0.0 for r in idle)
+    # The idle GPU's counters are there and flat: a measured 0 bytes/s, as NVML and DCGM read one, not absent.
+    assert idle
+    for r in idle:
+        assert r.dram_active == 0.0
+        assert set(r.nvlink_io) == set(r.pcie_io) == {TX, RX}
+        assert all(counter.total_bytes == 0.0 for counter in (*r.nvlink_io.values(), *r.pcie_io.values()))
 
 
 def test_a_readings_activity_follows_its_profile_at_the_pace_the_interval_ran(

@@ -659,15 +659,16 @@ class SimulatedFleet:
         def counter(bytes_per_s: float) -> IoCounter:
             return IoCounter(bytes_per_s * paced_s, self._start_ns)
 
-        links: dict[str, Any] = {}
-        if profile.nvlink_bytes_per_s > 0:
-            nvlink = counter(profile.nvlink_bytes_per_s)
-            links["nvlink_io"] = {transmit: nvlink, receive: nvlink}  # collectives send what they receive
-        if profile.pcie_rx_bytes_per_s > 0 or profile.pcie_tx_bytes_per_s > 0:
-            links["pcie_io"] = {
+        # A GPU without traffic (an idle one, a job on one GPU) reads flat counters, as NVML and DCGM report a
+        # measured 0 bytes/s: the counters are there, they just do not climb.
+        nvlink = counter(profile.nvlink_bytes_per_s)
+        links: dict[str, Any] = {
+            "nvlink_io": {transmit: nvlink, receive: nvlink},  # collectives send what they receive
+            "pcie_io": {
                 transmit: counter(profile.pcie_tx_bytes_per_s),
                 receive: counter(profile.pcie_rx_bytes_per_s),
-            }
+            },
+        }
         return {
             "sm_active": sm,
             "engine_active": engine,
