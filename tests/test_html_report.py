@@ -333,7 +333,7 @@ def test_report_command_from_a_live_feed(tmp_path: Path) -> None:
         out = tmp_path / "live.html"
         assert cli.main(["report", "--live", f"http://127.0.0.1:{feed.bound_port}", "--out", str(out)]) == 0
     finally:
-        feed.stop()
+        feed.shutdown()
     assert "Plotly.newPlot(" in out.read_text(encoding="utf-8")
 
 

@@ -176,7 +176,7 @@ def test_feed_serves_the_last_windows_over_http() -> None:
             assert caught.value.code == status
             caught.value.close()
     finally:
-        feed.stop()
+        feed.shutdown()
 
 
 def test_fetching_a_feed_that_is_not_there_says_why() -> None:
@@ -201,7 +201,7 @@ def test_a_busy_feed_port_is_one_line_naming_the_address() -> None:
             ReportFeed(port=feed.bound_port).start()
         assert "\n" not in str(caught.value)
     finally:
-        feed.stop()
+        feed.shutdown()
 
 
 def test_a_record_without_a_flag_reads_as_that_flag_absent() -> None:
