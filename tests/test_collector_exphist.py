@@ -13,14 +13,14 @@ from opentelemetry.sdk.metrics._internal.exponential_histogram.mapping.exponent_
 from opentelemetry.sdk.metrics._internal.exponential_histogram.mapping.logarithm_mapping import LogarithmMapping
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.exphist import (
+from otel_ofu_collector.stats.exphist import (
     MAX_SCALE,
     ExpHistogram,
     ExpHistogramBuilder,
     relative_error_bound,
     top_index,
 )
-from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted, percentiles
+from otel_ofu_collector.stats.quantiles import percentile_of_sorted, percentiles
 
 ofu_values = st.floats(min_value=0.0, max_value=1.0, allow_nan=False, allow_subnormal=False)
 positive = st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False)

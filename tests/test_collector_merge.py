@@ -13,13 +13,13 @@ from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import e
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.exphist import relative_error_bound
 from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
 from otel_ofu_collector.otlp.partials import partials_from_request
 from otel_ofu_collector.results import PartialWindow, WindowReport, partial_of
+from otel_ofu_collector.stats.exphist import relative_error_bound
 from tests.collector_helpers import add_gpu_input
 
 S = 1_000_000_000

@@ -15,13 +15,13 @@ from otel_ofu import cli, names
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu_collector import command
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.prometheus import OutputsCollector, PrometheusEndpoint
 from otel_ofu_collector.results import FleetReport, GpuFlagReport, GroupReport, JobReport, WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 SECOND = 1_000_000_000
 WINDOW = 60 * SECOND

@@ -57,9 +57,6 @@ import attrs
 
 from otel_ofu import bounds, catalog, gpu_share, names
 from otel_ofu_collector.aggregation import loss
-from otel_ofu_collector.aggregation.comoments import AbsDiff, CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
-from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted, weighted_percentile_of_sorted
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.detectors import (
     DETECTORS,
@@ -80,6 +77,9 @@ from otel_ofu_collector.results import (
     JobReport,
     WindowReport,
 )
+from otel_ofu_collector.stats.comoments import AbsDiff, CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
+from otel_ofu_collector.stats.quantiles import percentile_of_sorted, weighted_percentile_of_sorted
 
 logger = logging.getLogger(__name__)
 

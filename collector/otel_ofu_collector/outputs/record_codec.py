@@ -41,8 +41,6 @@ from typing import Any, Final
 
 import attrs
 
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.detectors import DETECTORS
 from otel_ofu_collector.results import (
     FleetLoss,
@@ -54,6 +52,8 @@ from otel_ofu_collector.results import (
     JobReport,
     WindowReport,
 )
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from otel_ofu_collector.aggregation.quantiles import check_quantile
+from otel_ofu_collector.stats.quantiles import check_quantile
 
 MAX_SCALE = 20
 MIN_SCALE = -10
