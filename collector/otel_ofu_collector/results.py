@@ -199,20 +199,6 @@ class PartialWindow:
     fleet_loss: FleetLoss | None = None  # None: this part carries no fleet loss totals
 
 
-def partial_of(report: WindowReport, shard_id: str) -> PartialWindow:
-    """The mergeable part of a shard's window report (what ``otlp.partials`` carries over OTLP)."""
-    return PartialWindow(
-        start_ns=report.start_ns,
-        end_ns=report.end_ns,
-        groups=tuple(PartialGroup(g.attributes, g.histogram, g.gpus) for g in report.groups),
-        fleet_comoments=report.fleet.comoments,
-        abs_diff_sum=report.fleet.abs_diff_sum,
-        jobs_count=report.fleet.jobs,
-        shard_id=shard_id,
-        fleet_loss=report.fleet.loss,
-    )
-
-
 # Every window output in the contract's order: the OFU outputs, then where OFU is lost.
 OUTPUT_METRICS: Final = (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS)
 _COLLECTOR_METRICS: Final = {spec.name: spec for spec in OUTPUT_METRICS}

@@ -96,8 +96,6 @@ STREAM_STATE_BYTES = 2048
 JOB_STATE_BYTES = 4096
 R = names.RejectReason
 _HORIZON_BLOCKS = 48
-# The per-GPU inputs of the loss split the windows average (gpu.throttle by reason, gpu.energy summed apart).
-GPU_INPUT_METRICS: frozenset[str] = frozenset(spec.name for spec in names.LOSS_SPLIT_INPUTS)
 _TENSOR = names.GPU_TENSOR_ACTIVE.name
 _CLOCK = names.GPU_CLOCK_SM.name
 _CLOCK_MAX = names.GPU_CLOCK_SM_MAX.name
@@ -801,9 +799,6 @@ class Aggregator:
         if self._flushed_ns is None or closed_at > self._flushed_ns:
             self._flushed_ns = closed_at
         return reports
-
-    def _horizon_has_pairs(self, window_end: int) -> bool:
-        return self._last_pair_start is not None and self._last_pair_start >= window_end - self.config.horizon_ns
 
     def _close_through(self, limit_ns: int) -> list[WindowReport]:
         """Close, in time order, the windows ending at or before limit_ns: every one from the first data on, empty
