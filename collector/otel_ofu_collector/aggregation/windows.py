@@ -17,11 +17,13 @@ Per job (``job.id`` of the OFU points, ``job.mfu`` by job id). Window OFU = mean
 its ``job.mfu`` points; gap = MFU - OFU. Correlation: Pearson r of the job's (OFU, MFU) window pairs over
 the horizon, kept as co-moments in blocks of whole windows (the window itself up to 1/48 of the horizon,
 so the state stays small: the horizon is then honoured to within one block). Flags: every detector of
-``detectors.DETECTORS`` (``flops_miscount``, ``regression``: each module says when its flag rises) judges
-each of the job's windows, with state of its own per job.
+``detectors.DETECTORS`` (the job flags ``flops_miscount``, ``regression`` and ``idle_gpus``: each module says
+when its flag rises) judges each of the job's windows, with state of its own per job; every one of
+``detectors.GPU_DETECTORS`` (``straggler``) each of its GPUs.
 
 Where OFU is lost (``aggregation.loss``). Beside ``gpu.ofu`` each GPU stream sends its tensor activity,
-clocks, achieved FLOP/s, power, energy counter and throttle shares (``add_gpu_input``); per window they are
+clocks, achieved FLOP/s, power and throttle shares (``add_gpu_inputs``) and its energy counter
+(``add_gpu_counters``); per window they are
 time-weighted means like OFU's, energy a sum of the counter's deltas. Closing a window splits each job's
 1 - OFU by cause, sums its GPU-seconds, energy and cost, and runs the GPU-level flags (``gpu.straggler``)
 on each of its GPUs against the job's median OFU; the fleet totals add its jobs' lost time and cost and
