@@ -31,7 +31,7 @@ from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode
 from otel_ofu_collector import command
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import CallbackConsumer
-from otel_ofu_collector.outputs.record_codec import read_records
+from otel_ofu_collector.outputs.record_codec import load_records
 from otel_ofu_collector.outputs.transports import SendOutcome
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, GrpcReceiver
 from otel_ofu_collector.results import WindowReport
@@ -314,7 +314,7 @@ def test_the_command_runs_until_sigterm_and_flushes(tmp_path: Path) -> None:
         _, rest = process.communicate(timeout=20)
         assert process.returncode == 0
         assert "1 window(s) flushed" in rest
-        (recorded,) = read_records(records)
+        (recorded,) = load_records(records).reports
         assert [job.job_id for job in recorded.jobs] == ["j"]
     finally:
         if process.poll() is None:

@@ -448,13 +448,6 @@ def warn_bad_lines(records: Records) -> None:
         logger.warning("skipped %d unusable line(s), the first: %s", records.bad_lines, records.first_error)
 
 
-def read_records(path: str | Path) -> list[WindowReport]:
-    """The windows of a recorded-outputs file in time order; unusable lines are skipped and logged."""
-    records = load_records(path)
-    warn_bad_lines(records)
-    return list(records.reports)
-
-
 def encode_lines(reports: Sequence[WindowReport]) -> list[tuple[WindowReport, str]]:
     """Each window with its line; a window that cannot be encoded is logged and left out, not the batch."""
     encoded = []
