@@ -13,7 +13,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from otel_ofu import names
+from otel_ofu import cli, names
 from otel_ofu.testing.otlp_sink import unused_port
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
@@ -25,7 +25,6 @@ from otel_ofu_collector.outputs.record_codec import (
     parse_lines,
     report_from_line,
     report_to_line,
-    warn_bad_lines,
 )
 from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.results import WindowReport
@@ -139,9 +138,10 @@ def test_garbage_lines_are_counted_and_skipped(tmp_path: Path, caplog: pytest.Lo
     assert records.bad_lines == 7
     assert records.first_error is not None
     assert records.first_error.startswith(f"{path}:2: not JSON")
-    with caplog.at_level(logging.WARNING):
-        warn_bad_lines(records)
-    assert "skipped 7 unusable line(s)" in caplog.text
+    # The report says so in one line and reports on the two windows left.
+    with caplog.at_level(logging.WARNING, logger="otel_ofu_collector.report.command"):
+        assert cli.main(["report", "--records", str(path), "--out", str(tmp_path / "report.html")]) == 0
+    assert f"{path}: skipped 7 unusable line(s), the first: {path}:2: not JSON" in caplog.text
 
 
 def test_a_window_that_cannot_be_written_costs_only_itself(tmp_path: Path) -> None:

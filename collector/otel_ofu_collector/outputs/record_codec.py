@@ -442,12 +442,6 @@ def load_records(path: str | Path) -> Records:
         return parse_lines(file, str(path))
 
 
-def warn_bad_lines(records: Records) -> None:
-    """Log how many lines were skipped and the first reason, if any were."""
-    if records.bad_lines:
-        logger.warning("skipped %d unusable line(s), the first: %s", records.bad_lines, records.first_error)
-
-
 def encode_lines(reports: Sequence[WindowReport]) -> list[tuple[WindowReport, str]]:
     """Each window with its line; a window that cannot be encoded is logged and left out, not the batch."""
     encoded = []
