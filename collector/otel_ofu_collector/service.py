@@ -2,7 +2,7 @@
 
 ``CollectorService(options).start()`` starts every window consumer (``consumer.WindowConsumer``), in order: the
 given ``consumers``, then the Prometheus endpoint and the OTLP export to the downstream receiver, whichever are
-on; then the senders, then the receivers, which listen. A timer closes due windows every ``flush_interval_s``
+on; then the receivers, which listen, then the senders downstream. A timer closes due windows every ``flush_interval_s``
 (tests set it to 0 and call ``flush(now_ns)``); each batch of closed windows goes to every consumer in that
 order. ``stop`` refuses new requests (UNAVAILABLE with RetryInfo), closes every open window, exports it, shuts
 the consumers down in the reverse order (one failing costs none of the others), then the senders and the
@@ -378,7 +378,7 @@ class CollectorService:
     def ports(self) -> dict[str, int]:
         """Bound ports by name (``grpc``, ``http``, ``prometheus``), for whichever are on."""
         found = {receiver.kind: receiver.port for receiver in self._receivers}
-        if self._prometheus is not None and self._prometheus in self._started_outputs:
+        if self._prometheus is not None and any(output is self._prometheus for output in self._started_outputs):
             found["prometheus"] = self._prometheus.port
         return found
 
