@@ -57,11 +57,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink
-from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.decode import Decoder, resource_views
 from otel_ofu_collector.service import CollectorOptions, CollectorService
+from otel_ofu_collector.stats.quantiles import percentile_of_sorted
 
 S = 1_000_000_000
 W0 = 1_700_000_040 * S

@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 
 from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, fmt, new_figure, pct, save_figure
 from otel_ofu import names
-from otel_ofu_collector.aggregation.exphist import ExpHistogram, relative_error_bound
-from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
+from otel_ofu_collector.stats.exphist import ExpHistogram, relative_error_bound
+from otel_ofu_collector.stats.quantiles import percentile_of_sorted
 
 SHARDS = (1, 2, 8, 32)
 OTEL_SDK_DEFAULT_BUCKETS = 160

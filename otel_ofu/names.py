@@ -205,18 +205,21 @@ OFU_LOSS_CAUSE: Final = "ofu.loss.cause"
 class OfuLossCause:
     """Values of ``ofu.loss.cause``: where a job's 1 - OFU went.
 
-    What kept the tensor pipes from being busy is split by what the engine and SMs were doing, on GPUs whose source
-    reports engine and SM activity (E, S, with tensor activity T, clamped so that T <= S <= E): ``no_kernel``
-    1 - E, ``sm_idle`` E - S, ``non_tensor`` S - T. A GPU without them keeps the coarse ``tensor`` (1 - T), so a
-    job's causes always sum to 1 with its OFU.
+    Per GPU, with OFU O, tensor pipe activity T and SM clock f: ``clock`` is T x (1 - r), r = min(1, f / f_ref)
+    (f_ref the model's tensor clock where the catalog knows it, else the board's maximum SM clock), clamped to
+    [0, T - O]. What is left of 1 - O is split by what the engine and SMs were doing, on GPUs whose source reports
+    engine and SM activity (E, S, clamped so that T <= S <= E): ``no_kernel`` 1 - E, ``sm_idle`` E - S,
+    ``non_tensor`` S - O - clock (the SMs' time off useful tensor work, tile padding included). A GPU without them
+    keeps the coarse ``tensor``, 1 - O - clock; an idle GPU's whole 1 - O is ``idle``. So a job's causes always
+    sum to 1 with its OFU (``otel_ofu_collector.aggregation.loss`` computes them).
     """
 
-    IDLE = "idle"  # attributed GPUs with no tensor activity all window
-    CLOCK = "clock"  # TPA x (1 - f/f_tensor): the SM clock held below the tensor clock
+    IDLE = "idle"  # attributed GPUs with no tensor activity all window: 1 - O
+    CLOCK = "clock"  # T x (1 - min(1, f / f_ref)), at most T - O: the SM clock held below the tensor clock
     NO_KERNEL = "no_kernel"  # 1 - E: no kernel running (input pipeline, host, synchronisation, checkpoints)
     SM_IDLE = "sm_idle"  # E - S: kernels running, SMs left empty (small grids, launch gaps, tails)
-    NON_TENSOR = "non_tensor"  # S - T: SMs busy off the tensor pipes (memory-bound, element-wise, communication)
-    TENSOR = "tensor"  # 1 - TPA on working GPUs whose source lacks engine and SM activity
+    NON_TENSOR = "non_tensor"  # S - O - clock: SMs busy off useful tensor work (memory-bound, element-wise, padding)
+    TENSOR = "tensor"  # 1 - O - clock on working GPUs whose source lacks engine and SM activity
 
     ALL = (IDLE, CLOCK, NO_KERNEL, SM_IDLE, NON_TENSOR, TENSOR)
     # The finer split of TENSOR, in the order the engine, SM and tensor activities nest.

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink
+from otel_ofu_collector.aggregation import loss
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.service import CollectorOptions
@@ -45,3 +48,54 @@ def add_gpu_input(
     if metric == names.GPU_ENERGY.name:  # a cumulative counter: start_ns is its series start
         return aggregator.add_gpu_counters(stream_key, start_ns, end_ns, identity, {metric: value})
     return aggregator.add_gpu_inputs(stream_key, start_ns, end_ns, identity, {metric: value}, {})
+
+
+@attrs.frozen
+class GpuLoss:
+    """One GPU's split of 1 - OFU in one window, and its inputs to the job's sums."""
+
+    ofu: float
+    tensor_active: float  # T as used (O where T was not reported)
+    idle: float
+    clock: float
+    tensor: float  # the coarse cause: 0 where the finer split applies
+    seconds: float  # GPU-seconds in the window
+    energy_j: float | None  # None: no energy counter nor power reading
+    flops: float | None  # achieved FLOPs in the window (None where the dense peak is not known)
+    price: float | None  # per GPU-hour, None: not priced
+    no_kernel: float | None = None  # the finer split (None: no engine and SM activity)
+    sm_idle: float | None = None
+    non_tensor: float | None = None
+
+
+def split_gpu(
+    ofu: float,
+    tensor_active: float | None,
+    clock_ratio: float | None,
+    *,
+    seconds: float,
+    engine_active: float | None = None,
+    sm_active: float | None = None,
+    energy_j: float | None = None,
+    flops_per_s: float | None = None,
+    price: float | None = None,
+) -> GpuLoss:
+    """One GPU's split, as the windows split each of a job's GPUs (``loss.split_columns`` of one GPU);
+    ``clock_ratio`` is ``min(1, f / f_ref)`` or None."""
+    split = loss.split_columns([ofu], [tensor_active], [clock_ratio], [engine_active], [sm_active])
+    flops = None if flops_per_s is None else flops_per_s * seconds
+    finer = split.finer is not None
+    return GpuLoss(
+        ofu,
+        split.tensor_active[0],
+        split.idle[0],
+        split.clock[0],
+        split.tensor[0],
+        seconds,
+        energy_j,
+        flops,
+        price,
+        split.column(loss.NO_KERNEL)[0] if finer else None,
+        split.column(loss.SM_IDLE)[0] if finer else None,
+        split.column(loss.NON_TENSOR)[0] if finer else None,
+    )

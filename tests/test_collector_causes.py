@@ -14,11 +14,11 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import set_attribute
-from otel_ofu_collector.aggregation import loss
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.decode import Decoder
 from otel_ofu_collector.results import FleetLoss, JobReport, WindowReport, gauge_points
+from tests.collector_helpers import split_gpu
 
 S_NS = 1_000_000_000
 W = 60 * S_NS
@@ -62,7 +62,7 @@ FINER = {  # T 0.4 at r 0.9, E 0.8, S 0.6, with OFU 0.3
 def test_one_gpu_split_by_hand() -> None:
     # clock = T x (1 - r) = 0.4 x 0.1 = 0.04 (within T - O = 0.1); no_kernel = 1 - E = 0.2; sm_idle = E - S = 0.2;
     # non_tensor = S - O - clock = 0.6 - 0.3 - 0.04 = 0.26; and 0.3 + 0.04 + 0.2 + 0.2 + 0.26 = 1.
-    split = loss.split_gpu(0.3, 0.4, 0.9, seconds=60.0, engine_active=0.8, sm_active=0.6)
+    split = split_gpu(0.3, 0.4, 0.9, seconds=60.0, engine_active=0.8, sm_active=0.6)
     assert (split.idle, split.tensor) == (0.0, 0.0)
     assert split.clock == pytest.approx(0.04)
     assert split.no_kernel == pytest.approx(0.2)
@@ -71,7 +71,7 @@ def test_one_gpu_split_by_hand() -> None:
     total = split.ofu + split.clock + split.no_kernel + split.sm_idle + split.non_tensor  # type: ignore[operator]
     assert total == pytest.approx(1.0, abs=1e-12)
     # Without E and S the same GPU keeps the coarse cause: 1 - 0.3 - 0.04 = 0.66.
-    coarse = loss.split_gpu(0.3, 0.4, 0.9, seconds=60.0)
+    coarse = split_gpu(0.3, 0.4, 0.9, seconds=60.0)
     assert coarse.tensor == pytest.approx(0.66)
     assert coarse.no_kernel is None
 
@@ -79,13 +79,13 @@ def test_one_gpu_split_by_hand() -> None:
 def test_disordered_samples_are_clamped_into_order() -> None:
     # Sampling noise put S (0.45) below T (0.5) and E (0.4) below S: S and E are taken as 0.5. With O = 0.45 at full
     # clock: no_kernel 0.5, sm_idle 0, non_tensor = 0.5 - 0.45 - 0 = 0.05; nothing negative, the sum 1.
-    split = loss.split_gpu(0.45, 0.5, 1.0, seconds=1.0, engine_active=0.4, sm_active=0.45)
+    split = split_gpu(0.45, 0.5, 1.0, seconds=1.0, engine_active=0.4, sm_active=0.45)
     assert split.no_kernel == pytest.approx(0.5)
     assert split.sm_idle == 0.0
     assert split.non_tensor == pytest.approx(0.05)
     assert split.ofu + split.no_kernel + split.sm_idle + split.non_tensor == pytest.approx(1.0, abs=1e-12)  # type: ignore[operator]
     # An idle GPU's whole loss is idle, whatever its engine did (a stray kernel).
-    idle = loss.split_gpu(0.002, 0.004, 0.5, seconds=1.0, engine_active=0.9, sm_active=0.1)
+    idle = split_gpu(0.002, 0.004, 0.5, seconds=1.0, engine_active=0.9, sm_active=0.1)
     assert (idle.idle, idle.no_kernel, idle.sm_idle, idle.non_tensor) == (0.998, 0.0, 0.0, 0.0)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.detectors import (
@@ -22,6 +21,7 @@ from otel_ofu_collector.outputs.prometheus import OutputsCollector
 from otel_ofu_collector.outputs.record_codec import report_from_line, report_to_line
 from otel_ofu_collector.report.summary import summarize
 from otel_ofu_collector.results import FleetReport, JobReport, WindowReport, gauge_points
+from otel_ofu_collector.stats.comoments import CoMoments
 
 S = 1_000_000_000
 

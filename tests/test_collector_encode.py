@@ -9,12 +9,12 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from opentelemetry.sdk.metrics.export import AggregationTemporality, ExponentialHistogram, Gauge, MetricsData
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
 from otel_ofu_collector.otlp.partials import is_merge_recomputed_metric, is_partial_metric, partials_from_request
 from otel_ofu_collector.results import WindowReport
+from otel_ofu_collector.stats.comoments import CoMoments
 
 S = 1_000_000_000
 W = 60 * S

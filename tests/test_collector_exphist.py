@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,18 +14,70 @@ from opentelemetry.sdk.metrics._internal.exponential_histogram.mapping.exponent_
 from opentelemetry.sdk.metrics._internal.exponential_histogram.mapping.logarithm_mapping import LogarithmMapping
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.exphist import (
+from otel_ofu_collector.stats.exphist import (
     MAX_SCALE,
     ExpHistogram,
-    ExpHistogramBuilder,
     relative_error_bound,
+    shift_to_fit,
     top_index,
 )
-from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted, percentiles
+from otel_ofu_collector.stats.quantiles import percentile_of_sorted, percentiles
 
 ofu_values = st.floats(min_value=0.0, max_value=1.0, allow_nan=False, allow_subnormal=False)
 positive = st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False)
 buckets = st.sampled_from([4, 20, 160, 640])
+
+
+@attrs.define
+class ExpHistogramBuilder:
+    """A histogram filled one value at a time, downscaling only as far as the values seen so far require: a second
+    way to the same buckets, which the module's batch construction must agree with."""
+
+    max_buckets: int
+    scale: int = MAX_SCALE
+    zero_count: int = 0
+    _buckets: dict[int, int] = attrs.field(factory=dict)
+    _low: int = 0
+    _high: int = 0
+    _sum: float = 0.0
+    _min: float | None = None
+    _max: float | None = None
+
+    def insert(self, raw: float) -> None:
+        value = float(raw)  # the values of these tests are all finite and >= 0
+        self._sum += value
+        self._min = value if self._min is None else min(self._min, value)
+        self._max = value if self._max is None else max(self._max, value)
+        if value == 0.0:
+            self.zero_count += 1
+            return
+        index = top_index(value) >> (MAX_SCALE - self.scale)
+        if not self._buckets:
+            self._low = self._high = index
+        else:
+            low, high = min(self._low, index), max(self._high, index)
+            shift = shift_to_fit(low, high, self.max_buckets)
+            if shift:
+                self._rescale(shift)
+                index >>= shift
+                low, high = low >> shift, high >> shift
+            self._low, self._high = low, high
+        self._buckets[index] = self._buckets.get(index, 0) + 1
+
+    def _rescale(self, shift: int) -> None:
+        rescaled: dict[int, int] = {}
+        for index, count in self._buckets.items():
+            rescaled[index >> shift] = rescaled.get(index >> shift, 0) + count
+        self._buckets = rescaled
+        self.scale -= shift
+
+    def snapshot(self) -> ExpHistogram:
+        if not self._buckets:
+            return ExpHistogram(zero_count=self.zero_count, sum=self._sum, min=self._min, max=self._max)
+        counts = [0] * (self._high - self._low + 1)
+        for index, count in self._buckets.items():
+            counts[index - self._low] = count
+        return ExpHistogram(self.scale, self.zero_count, self._low, tuple(counts), self._sum, self._min, self._max)
 
 
 def _bucket_index(value: float, scale: int) -> int:

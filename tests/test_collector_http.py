@@ -781,7 +781,7 @@ def test_the_http_listeners_have_the_receivers_listen_backlog(
         assert _listen_backlog(feed.bound_port) == expected  # before: 5, socketserver's default
         assert _listen_backlog(running.receiver.port) == expected
     finally:
-        feed.stop()
+        feed.shutdown()
 
 
 def test_the_minimum_rate_is_an_option_with_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,6 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import RecordingSink, gpu_request, mfu_request, set_attribute
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.decode import Decoder
@@ -29,6 +28,7 @@ from otel_ofu_collector.outputs.transports import DownstreamConfig, GrpcTranspor
 from otel_ofu_collector.receivers.otlp_grpc import SERVICE_NAME as OTLP_SERVICE
 from otel_ofu_collector.receivers.otlp_grpc import retry_trailers
 from otel_ofu_collector.service import CollectorService
+from otel_ofu_collector.stats.exphist import ExpHistogram
 from tests.collector_helpers import collector_options as options
 
 S = 1_000_000_000

@@ -24,7 +24,7 @@ from otel_ofu_collector.config import AggregatorConfig, parse_prices
 from otel_ofu_collector.otlp.decode import Decoder
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
 from otel_ofu_collector.results import WindowReport, gauge_points
-from tests.collector_helpers import add_gpu_input
+from tests.collector_helpers import add_gpu_input, split_gpu
 
 S = 1_000_000_000
 W = 60 * S
@@ -39,7 +39,7 @@ def test_one_gpu_split_by_hand() -> None:
     # 0.5 x 0.9 x (1/3) = 0.15: 0.65 = 1 - 0.3 - 0.05.
     ratio = loss.clock_ratio(1.647e9, 1.98e9, 1.83e9)
     assert ratio == pytest.approx(0.9)
-    split = loss.split_gpu(0.3, 0.5, ratio, seconds=60.0)
+    split = split_gpu(0.3, 0.5, ratio, seconds=60.0)
     assert split.idle == 0.0
     assert split.clock == pytest.approx(0.05)
     assert split.tensor == pytest.approx(0.65)
@@ -48,13 +48,13 @@ def test_one_gpu_split_by_hand() -> None:
     # Without a tensor clock the board max is the reference.
     assert loss.clock_ratio(1.485e9, 1.98e9, None) == pytest.approx(0.75)
     # No clock reading: the whole TPA - OFU reads as tensor loss; no TPA: TPA taken as OFU.
-    assert loss.split_gpu(0.3, 0.5, None, seconds=1.0).tensor == pytest.approx(0.7)
-    assert loss.split_gpu(0.3, None, 0.5, seconds=1.0).clock == 0.0
+    assert split_gpu(0.3, 0.5, None, seconds=1.0).tensor == pytest.approx(0.7)
+    assert split_gpu(0.3, None, 0.5, seconds=1.0).clock == 0.0
     # A stray kernel (TPA 0.004) is no work: idle, all of 1 - OFU.
-    stray = loss.split_gpu(0.002, 0.004, 0.2, seconds=1.0)
+    stray = split_gpu(0.002, 0.004, 0.2, seconds=1.0)
     assert (stray.idle, stray.clock, stray.tensor) == (0.998, 0.0, 0.0)
     # Window means that do not multiply exactly (TPA x (1 - r) > TPA - OFU) are clamped: nothing negative.
-    clamped = loss.split_gpu(0.45, 0.5, 0.8, seconds=1.0)
+    clamped = split_gpu(0.45, 0.5, 0.8, seconds=1.0)
     assert clamped.clock == pytest.approx(0.05)
     assert clamped.tensor == pytest.approx(0.5)
 

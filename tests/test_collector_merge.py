@@ -13,13 +13,13 @@ from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import e
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.exphist import relative_error_bound
 from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
 from otel_ofu_collector.otlp.partials import partials_from_request
-from otel_ofu_collector.results import PartialWindow, WindowReport, partial_of
+from otel_ofu_collector.results import PartialGroup, PartialWindow, WindowReport
+from otel_ofu_collector.stats.exphist import relative_error_bound
 from tests.collector_helpers import add_gpu_input
 
 S = 1_000_000_000
@@ -29,6 +29,21 @@ MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
 PRECISIONS = ("bf16", "fp8", "mixed")
 
 Point = tuple[str, str, float, int, int, dict[str, str]]  # kind, key, value, start, end, identity
+
+
+def partial_of(report: WindowReport, shard_id: str) -> PartialWindow:
+    """The mergeable part of a shard's window report, as ``otlp.partials`` carries it over OTLP (for the tests that
+    merge reports without going through OTLP)."""
+    return PartialWindow(
+        start_ns=report.start_ns,
+        end_ns=report.end_ns,
+        groups=tuple(PartialGroup(g.attributes, g.histogram, g.gpus) for g in report.groups),
+        fleet_comoments=report.fleet.comoments,
+        abs_diff_sum=report.fleet.abs_diff_sum,
+        jobs_count=report.fleet.jobs,
+        shard_id=shard_id,
+        fleet_loss=report.fleet.loss,
+    )
 
 
 def fleet_points(seed: int, windows: int = 8, jobs: int = 14) -> list[Point]:

@@ -15,13 +15,13 @@ from otel_ofu import cli, names
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu_collector import command
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.prometheus import OutputsCollector, PrometheusEndpoint
 from otel_ofu_collector.results import FleetReport, GpuFlagReport, GroupReport, JobReport, WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 SECOND = 1_000_000_000
 WINDOW = 60 * SECOND
@@ -50,14 +50,15 @@ def test_the_newest_window_wins_when_one_flush_closes_two() -> None:
 
 
 def test_a_busy_port_is_one_line_naming_the_address() -> None:
-    first = PrometheusEndpoint()
-    port = first.start("127.0.0.1", 0)
+    first = PrometheusEndpoint(host="127.0.0.1")
+    first.start()
+    port = first.port
     try:
         with pytest.raises(OSError, match=f"cannot serve Prometheus metrics on 127.0.0.1:{port} ") as caught:
-            PrometheusEndpoint().start("127.0.0.1", port)
+            PrometheusEndpoint(host="127.0.0.1", port=port).start()
         assert "\n" not in str(caught.value)
     finally:
-        first.stop()
+        first.shutdown()
 
 
 # --- series expire after --prometheus-expiration-windows windows without them -------------------------------
@@ -116,10 +117,10 @@ def _outputs(series: Series) -> Series:
 
 @pytest.fixture
 def endpoint() -> Iterator[PrometheusEndpoint]:
-    served = PrometheusEndpoint(expiration_windows=2)
-    served.start("127.0.0.1", 0)
+    served = PrometheusEndpoint(host="127.0.0.1", expiration_windows=2)
+    served.start()
     yield served
-    served.stop()
+    served.shutdown()
 
 
 JOB_LABELS = (("gpu_precision", "bf16"), ("hw_model", H100), ("job_id", "train-1"), ("job_name", "pretrain"))
@@ -188,15 +189,15 @@ def test_a_straggler_whose_reason_changes_shows_the_old_reason_one_window_more(e
 
 
 def test_one_expiration_window_shows_the_latest_window_only() -> None:
-    served = PrometheusEndpoint(expiration_windows=1)
-    served.start("127.0.0.1", 0)
+    served = PrometheusEndpoint(host="127.0.0.1", expiration_windows=1)
+    served.start()
     try:
         served.consume_windows([_window(0, ofu=0.4)])
         assert _outputs(_scrape(served)) == _expected(0.4, None)
         served.consume_windows([_window(1)])
         assert _outputs(_scrape(served)) == {}
     finally:
-        served.stop()
+        served.shutdown()
 
 
 def test_an_older_window_arriving_late_does_not_replace_newer_values(endpoint: PrometheusEndpoint) -> None:
@@ -270,8 +271,8 @@ def test_every_reason_counter_starts_at_zero_and_counts_from_there() -> None:
 
 def test_a_burst_of_simultaneous_scrapes_all_succeed() -> None:
     # As the receivers: socketserver's listen backlog of 5 reset the connections of a burst beyond it.
-    served = PrometheusEndpoint()
-    served.start("127.0.0.1", 0)
+    served = PrometheusEndpoint(host="127.0.0.1")
+    served.start()
     clients = 128
     barrier = threading.Barrier(clients)
     statuses: list[int | str] = []
@@ -295,4 +296,4 @@ def test_a_burst_of_simultaneous_scrapes_all_succeed() -> None:
             thread.join(60)
         assert statuses == [200] * clients
     finally:
-        served.stop()
+        served.shutdown()

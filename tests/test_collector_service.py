@@ -31,7 +31,7 @@ from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode
 from otel_ofu_collector import command
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import CallbackConsumer
-from otel_ofu_collector.outputs.record_codec import read_records
+from otel_ofu_collector.outputs.record_codec import load_records
 from otel_ofu_collector.outputs.transports import SendOutcome
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, GrpcReceiver
 from otel_ofu_collector.results import WindowReport
@@ -98,33 +98,37 @@ def service(sink: OtlpSink) -> Iterator[CollectorService]:
     started.stop(grace=2)
 
 
-def test_windows_go_downstream_with_job_correlation_and_flags(service: CollectorService, sink: OtlpSink) -> None:
+def test_windows_go_downstream_with_job_correlation_and_flags(sink: OtlpSink) -> None:
     seen: list[Sequence[WindowReport]] = []
-    service.consumers.append(CallbackConsumer(seen.append))
-    port = service.ports["grpc"]
-    for window in range(3):
-        t = W0 + window * WINDOW + 30 * S
-        send(port, producer_request({"GPU-1": ("dense", 0.5), "GPU-2": ("dense", 0.4), "GPU-3": ("moe", 0.2)}, t))
-        # moe's framework claims 2x its real FLOPs: flagged after miscount_windows (2) windows
-        send(port, mfu_request({"dense": 0.43 + 0.01 * window, "moe": 0.4 + 0.01 * window}, t))
-        reports = service.flush(W0 + (window + 1) * WINDOW + 10 * S)
-        assert [(r.start_ns, r.end_ns) for r in reports] == [(W0 + window * WINDOW, W0 + (window + 1) * WINDOW)]
-    assert len(seen) == 3
-    assert sink.wait_for(lambda s: len(outputs(s, names.JOB_FLOPS_MISCOUNT.name)) == 6)
-    [gpus] = [value for attrs, value, end in outputs(sink, names.FLEET_GPUS.name) if end == W0 + WINDOW]
-    assert gpus == 3.0
-    quantiles = {a[names.QUANTILE] for a, _, _ in outputs(sink, names.FLEET_OFU_QUANTILE.name)}
-    assert len(quantiles) == len(names.QUANTILES)
-    job_ofu = {(a[names.JOB_ID], end): v for a, v, end in outputs(sink, names.JOB_OFU.name)}
-    assert job_ofu[("dense", W0 + WINDOW)] == pytest.approx(0.45)
-    flags = {(a[names.JOB_ID], end): v for a, v, end in outputs(sink, names.JOB_FLOPS_MISCOUNT.name)}
-    assert flags[("moe", W0 + 3 * WINDOW)] == 1.0
-    assert flags[("dense", W0 + 3 * WINDOW)] == 0.0
-    assert {names.FLEET_OFU.name, names.JOB_OFU_MFU_GAP.name} <= metric_names(sink)
-    # our inputs were consumed, not forwarded
-    assert not metric_names(sink) & {names.GPU_OFU.name, names.GPU_CLOCK_SM.name, names.JOB_MFU.name}
-    resource = {kv.key: kv.value.string_value for kv in sink.requests()[0].resource_metrics[0].resource.attributes}
-    assert resource[names.SERVICE_NAME] == names.COLLECTOR_SERVICE_NAME
+    service = CollectorService(options(sink), consumers=[CallbackConsumer(seen.append)], environ={})
+    service.start()
+    try:
+        port = service.ports["grpc"]
+        for window in range(3):
+            t = W0 + window * WINDOW + 30 * S
+            send(port, producer_request({"GPU-1": ("dense", 0.5), "GPU-2": ("dense", 0.4), "GPU-3": ("moe", 0.2)}, t))
+            # moe's framework claims 2x its real FLOPs: flagged after miscount_windows (2) windows
+            send(port, mfu_request({"dense": 0.43 + 0.01 * window, "moe": 0.4 + 0.01 * window}, t))
+            reports = service.flush(W0 + (window + 1) * WINDOW + 10 * S)
+            assert [(r.start_ns, r.end_ns) for r in reports] == [(W0 + window * WINDOW, W0 + (window + 1) * WINDOW)]
+        assert len(seen) == 3
+        assert sink.wait_for(lambda s: len(outputs(s, names.JOB_FLOPS_MISCOUNT.name)) == 6)
+        [gpus] = [value for attrs, value, end in outputs(sink, names.FLEET_GPUS.name) if end == W0 + WINDOW]
+        assert gpus == 3.0
+        quantiles = {a[names.QUANTILE] for a, _, _ in outputs(sink, names.FLEET_OFU_QUANTILE.name)}
+        assert len(quantiles) == len(names.QUANTILES)
+        job_ofu = {(a[names.JOB_ID], end): v for a, v, end in outputs(sink, names.JOB_OFU.name)}
+        assert job_ofu[("dense", W0 + WINDOW)] == pytest.approx(0.45)
+        flags = {(a[names.JOB_ID], end): v for a, v, end in outputs(sink, names.JOB_FLOPS_MISCOUNT.name)}
+        assert flags[("moe", W0 + 3 * WINDOW)] == 1.0
+        assert flags[("dense", W0 + 3 * WINDOW)] == 0.0
+        assert {names.FLEET_OFU.name, names.JOB_OFU_MFU_GAP.name} <= metric_names(sink)
+        # our inputs were consumed, not forwarded
+        assert not metric_names(sink) & {names.GPU_OFU.name, names.GPU_CLOCK_SM.name, names.JOB_MFU.name}
+        resource = {kv.key: kv.value.string_value for kv in sink.requests()[0].resource_metrics[0].resource.attributes}
+        assert resource[names.SERVICE_NAME] == names.COLLECTOR_SERVICE_NAME
+    finally:
+        service.stop(grace=2)
 
 
 def test_foreign_metrics_pass_through_and_rejections_are_reported(service: CollectorService, sink: OtlpSink) -> None:
@@ -310,7 +314,7 @@ def test_the_command_runs_until_sigterm_and_flushes(tmp_path: Path) -> None:
         _, rest = process.communicate(timeout=20)
         assert process.returncode == 0
         assert "1 window(s) flushed" in rest
-        (recorded,) = read_records(records)
+        (recorded,) = load_records(records).reports
         assert [job.job_id for job in recorded.jobs] == ["j"]
     finally:
         if process.poll() is None:
@@ -370,9 +374,10 @@ class _GapProbe:
 
 
 def test_concurrent_flushes_publish_windows_in_order() -> None:
-    service = CollectorService(options(None), environ={})
+    service = CollectorService(options(None, grpc_listen=None), environ={})
     published: list[int] = []
     service.consumers.append(CallbackConsumer(lambda reports: published.extend(r.end_ns for r in reports)))
+    service.start()  # the consumers take windows once started
     service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 30 * S))
     service.ingest(producer_request({"GPU-1": ("j", 0.5)}, W0 + 90 * S))
     probe = _GapProbe(service.aggregator.lock, service, W0 + 2 * WINDOW + 10 * S)
@@ -381,6 +386,7 @@ def test_concurrent_flushes_publish_windows_in_order() -> None:
     for rival in probe.rivals:
         rival.join(10)
     assert published == [W0 + WINDOW, W0 + 2 * WINDOW]
+    service.stop(grace=0)
 
 
 @attrs.define
@@ -403,14 +409,19 @@ def test_outputs_carry_the_users_resource_under_our_service_name_and_instance_id
         names.SERVICE_NAME: "user-says",
         names.SERVICE_INSTANCE_ID: "user-id",
     }
-    service = CollectorService(options(None, resource_attributes=user), transport=transport, environ={})
+    service = CollectorService(
+        options(None, resource_attributes=user, grpc_listen=None), transport=transport, environ={}
+    )
+    service.start()  # the window export takes windows once started
     service.ingest(producer_request({"GPU-1": ("j", 0.5)}, T1))
     service.flush(W0 + 2 * WINDOW)
     assert service.exports is not None
     assert service.exports.pump()
     assert service.telemetry is not None
     assert service.telemetry.pump()
-    [windows, self_metrics] = transport.sent  # the window outputs, then the self-metrics of that flush
+    # The window outputs and the self-metrics of that flush (their senders are two threads: either may be first).
+    [windows, self_metrics] = transport.sent
+    service.stop(grace=0)
     for payload in (windows, self_metrics):
         resource = ExportMetricsServiceRequest.FromString(payload).resource_metrics[0].resource
         assert {kv.key: kv.value.string_value for kv in resource.attributes} == {

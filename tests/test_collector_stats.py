@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from otel_ofu_collector.aggregation.comoments import AbsDiff, CoMoments
+from otel_ofu_collector.stats.comoments import AbsDiff, CoMoments
 
 unit = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 pairs = st.lists(st.tuples(unit, unit), max_size=50)

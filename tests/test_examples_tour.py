@@ -64,6 +64,12 @@ class WindowLog:
         self._windows: list[WindowReport] = []
         self._changed = threading.Condition()
 
+    def start(self) -> None:
+        return None  # a list in memory: nothing to take or let go
+
+    def shutdown(self) -> None:
+        return None
+
     def consume_windows(self, reports: Sequence[WindowReport]) -> None:
         with self._changed:
             self._windows.extend(reports)

@@ -16,14 +16,14 @@ import pytest
 from otel_ofu import cli, names
 from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
 from otel_ofu.sources.capture import CaptureWriter
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
-from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.report.html_page import build_report, write_report
 from otel_ofu_collector.report.summary import format_time, summarize
 from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
+from otel_ofu_collector.stats.quantiles import percentile_of_sorted
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S
@@ -333,7 +333,7 @@ def test_report_command_from_a_live_feed(tmp_path: Path) -> None:
         out = tmp_path / "live.html"
         assert cli.main(["report", "--live", f"http://127.0.0.1:{feed.bound_port}", "--out", str(out)]) == 0
     finally:
-        feed.stop()
+        feed.shutdown()
     assert "Plotly.newPlot(" in out.read_text(encoding="utf-8")
 
 

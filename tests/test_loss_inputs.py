@@ -18,7 +18,8 @@ from otel_ofu.producer.metrics_data import MetricsDataBuilder, compute_snapshot,
 from otel_ofu.producer.prometheus import LatestSnapshotCollector
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.sources.capture import CaptureWriter, ReplaySource
-from otel_ofu.sources.simulated import GpuFault, JobSpec, ProfileKind, SimGpu, SimulatedFleet, run_for
+from otel_ofu.sources.simulated import GpuFault, JobSpec, ProfileKind, SimGpu, SimulatedFleet
+from otel_ofu.testing.simulated_runs import run_for
 
 R = names.ThrottleReason
 H100 = "NVIDIA H100 80GB HBM3"

@@ -45,13 +45,14 @@ def test_both_endpoints_use_the_rule() -> None:
         assert collector_prometheus.prometheus_name(spec.name) == spec.name.replace(".", "_")
 
 
-def test_collector_endpoint_stop_joins_its_server_thread() -> None:
+def test_collector_endpoint_shutdown_joins_its_server_thread() -> None:
     before = set(threading.enumerate())
-    endpoint = PrometheusEndpoint()
-    port = endpoint.start("127.0.0.1", 0)
+    endpoint = PrometheusEndpoint(host="127.0.0.1")
+    endpoint.start()
+    port = endpoint.port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         assert response.status == 200
     (server_thread,) = (t for t in set(threading.enumerate()) - before if t.name == "otel-ofu-prometheus")
-    endpoint.stop()
-    assert not server_thread.is_alive()  # stop returns only once the server thread has ended
-    endpoint.stop()  # a second stop is harmless
+    endpoint.shutdown()
+    assert not server_thread.is_alive()  # shutdown returns only once the server thread has ended
+    endpoint.shutdown()  # a second shutdown is harmless

@@ -13,17 +13,16 @@ from pathlib import Path
 import attrs
 import pytest
 
-from otel_ofu import names
+from otel_ofu import cli, names
 from otel_ofu.testing.otlp_sink import unused_port
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.outputs.feed_client import FeedError, feed_url, fetch_feed
+from otel_ofu_collector.outputs.feed_client import FeedError, feed_url, fetch_records
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.record_codec import (
     FORMAT_KEY,
     load_records,
     parse_lines,
-    read_records,
     report_from_line,
     report_to_line,
 )
@@ -78,7 +77,7 @@ def test_round_trip_through_a_file_is_exact(tmp_path: Path) -> None:
         recorder.consume_windows([])
         recorder.consume_windows(reports[3:])
         assert recorder.written == len(reports)
-    assert read_records(path) == reports
+    assert list(load_records(path).reports) == reports
     lines = path.read_text(encoding="utf-8").splitlines()
     assert len(lines) == len(reports)
     first = json.loads(lines[0])
@@ -105,7 +104,7 @@ def test_appending_after_a_restart_keeps_every_window_in_time_order(tmp_path: Pa
         first.consume_windows(reports[4:])
     with ReportRecorder(path) as second:  # a shard's or a restarted collector's older windows
         second.consume_windows(reports[:4])
-    assert read_records(path) == reports
+    assert list(load_records(path).reports) == reports
 
 
 def test_garbage_lines_are_counted_and_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -139,9 +138,10 @@ def test_garbage_lines_are_counted_and_skipped(tmp_path: Path, caplog: pytest.Lo
     assert records.bad_lines == 7
     assert records.first_error is not None
     assert records.first_error.startswith(f"{path}:2: not JSON")
-    with caplog.at_level(logging.WARNING):
-        assert read_records(path) == [reports[0], reports[2]]
-    assert "skipped 7 unusable line(s)" in caplog.text
+    # The report says so in one line and reports on the two windows left.
+    with caplog.at_level(logging.WARNING, logger="otel_ofu_collector.report.command"):
+        assert cli.main(["report", "--records", str(path), "--out", str(tmp_path / "report.html")]) == 0
+    assert f"{path}: skipped 7 unusable line(s), the first: {path}:2: not JSON" in caplog.text
 
 
 def test_a_window_that_cannot_be_written_costs_only_itself(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_a_window_that_cannot_be_written_costs_only_itself(tmp_path: Path) -> No
     with ReportRecorder(path) as recorder:
         recorder.consume_windows([reports[0], broken, reports[2]])
         assert recorder.written == 2
-    assert read_records(path) == [reports[0], reports[2]]
+    assert list(load_records(path).reports) == [reports[0], reports[2]]
 
 
 def test_feed_serves_the_last_windows_over_http() -> None:
@@ -160,14 +160,14 @@ def test_feed_serves_the_last_windows_over_http() -> None:
     feed = ReportFeed(port=0, keep=5)
     feed.start()
     try:
-        assert fetch_feed(feed.url, timeout=5) == []
+        assert list(fetch_records(feed.url, timeout=5).reports) == []
         feed.consume_windows(reports[:6])
         feed.consume_windows(reports[6:])
-        assert fetch_feed(feed.url, timeout=5) == reports[-5:]
+        assert list(fetch_records(feed.url, timeout=5).reports) == reports[-5:]
         base = f"http://127.0.0.1:{feed.bound_port}"
-        assert fetch_feed(base, timeout=5) == reports[-5:]  # the path is implied
+        assert list(fetch_records(base, timeout=5).reports) == reports[-5:]  # the path is implied
         since = reports[5].end_ns
-        assert fetch_feed(f"{feed.url}?since={since}", timeout=5) == reports[6:]
+        assert list(fetch_records(f"{feed.url}?since={since}", timeout=5).reports) == reports[6:]
         with urllib.request.urlopen(feed.url, timeout=5) as response:
             assert response.headers["Content-Type"].startswith("application/jsonl")
         for path, status in (("/metrics", 404), ("/reports.jsonl?since=yesterday", 400)):
@@ -176,14 +176,14 @@ def test_feed_serves_the_last_windows_over_http() -> None:
             assert caught.value.code == status
             caught.value.close()
     finally:
-        feed.stop()
+        feed.shutdown()
 
 
 def test_fetching_a_feed_that_is_not_there_says_why() -> None:
     with pytest.raises(FeedError, match=re.escape("cannot read report feed http://127.0.0.1:")):
-        fetch_feed(f"http://127.0.0.1:{unused_port()}", timeout=5)
+        fetch_records(f"http://127.0.0.1:{unused_port()}", timeout=5)
     with pytest.raises(FeedError, match="not an http"):
-        fetch_feed("ftp://example.invalid/x", timeout=5)
+        fetch_records("ftp://example.invalid/x", timeout=5)
 
 
 def test_feed_url_forms() -> None:
@@ -201,7 +201,7 @@ def test_a_busy_feed_port_is_one_line_naming_the_address() -> None:
             ReportFeed(port=feed.bound_port).start()
         assert "\n" not in str(caught.value)
     finally:
-        feed.stop()
+        feed.shutdown()
 
 
 def test_a_record_without_a_flag_reads_as_that_flag_absent() -> None:

@@ -22,8 +22,8 @@ from otel_ofu.sources.simulated import (
     ProfileKind,
     SimGpu,
     SimulatedFleet,
-    run_for,
 )
+from otel_ofu.testing.simulated_runs import run_for
 
 DURATION_S = 1800.0
 INTERVAL_S = 10.0

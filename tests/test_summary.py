@@ -8,8 +8,6 @@ import attrs
 import pytest
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.report.summary import (
     MIN_FLEET_R_JOBS,
     MISCOUNT,
@@ -20,6 +18,8 @@ from otel_ofu_collector.report.summary import (
     summarize,
 )
 from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 S = 1_000_000_000
 T0 = 1_800_000_000 * S

@@ -95,7 +95,7 @@ def feed() -> Iterator[ReportFeed]:
     served = ReportFeed(port=0)
     served.start()
     yield served
-    served.stop()
+    served.shutdown()
 
 
 def minute(k: int) -> WindowReport:
@@ -117,7 +117,7 @@ def test_the_poller_reads_each_window_once_and_says_when_the_feed_is_gone(feed: 
 
     model = FleetModel()
     model.add_windows(first.windows)
-    feed.stop()
+    feed.shutdown()
     gone = poller.poll()
     assert gone.problem
     assert gone.windows == ()

@@ -10,8 +10,6 @@ from otel_ofu import names
 from otel_ofu.gpu_samples import ComputedSnapshot, GpuSample, PartialSample
 from otel_ofu.gpu_values import GpuValues
 from otel_ofu.model import GpuIdentity
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.results import (
     FleetLoss,
     FleetReport,
@@ -22,6 +20,8 @@ from otel_ofu_collector.results import (
     JobReport,
     WindowReport,
 )
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
 from otel_ofu_collector.top import cells
 from otel_ofu_collector.top.model import (
     HISTORY,

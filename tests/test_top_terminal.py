@@ -274,15 +274,13 @@ class Collector:
 
 @pytest.fixture
 def collector() -> Iterator[Collector]:
-    feed = ReportFeed(port=0)
-    feed.start()
+    feed = ReportFeed(port=0)  # a consumer of the collector: its start starts the feed, its stop stops it
     clock = ManualClock(start_ns=time.time_ns() // (WINDOW_S * 10**9) * WINDOW_S * 10**9)
     fleet = SimulatedFleet.demo(seed=7, clock=clock)
     pipeline = attrs.evolve(demo_pipeline(fleet, clock, interval_s=10, window_s=WINDOW_S), consumers=[feed])
     pipeline.start()
     yield Collector(feed, pipeline, clock)
     pipeline.stop()
-    feed.stop()
 
 
 def test_a_collectors_feed_in_a_terminal_and_the_feed_going_away(
@@ -317,7 +315,7 @@ def test_a_collectors_feed_in_a_terminal_and_the_feed_going_away(
     term.keys("Escape")
     term.wait_for("job-1001 alone", lambda text: ids(text) == ["job-1001"])
 
-    collector.feed.stop()  # the feed goes away: the screen says so and keeps what it had
+    collector.feed.shutdown()  # the feed goes away: the screen says so and keeps what it had
     # (a read in flight as it stops may first see the connection dropped; then every read is refused)
     screen = term.wait_for("the feed gone", lambda text: "Connection refused" in " ".join(text.split()))
     assert ids(screen) == ["job-1001"]

@@ -45,10 +45,10 @@ from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summa
 from otel_ofu import gpu_values, names, ofu_math
 from otel_ofu.clock import ManualClock
 from otel_ofu.sources.simulated import GpuFault, JobSpec, ProfileKind, SimulatedFleet
-from otel_ofu_collector.aggregation.comoments import CoMoments
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.results import WindowReport
+from otel_ofu_collector.stats.comoments import CoMoments
 
 INTERVAL_S = 10.0
 MISCOUNT_RATIOS = (1.2, 1.3, 1.4, 1.5, 1.75, 2.0)

@@ -1,7 +1,7 @@
 """The otel-ofu collector: OTLP in, fleet OFU per window, OFU-vs-MFU per job, flags, outputs.
 
 The folders follow the data, one stage each (receivers import the decoder, outputs the encoder; all rest
-on ``results.py`` and the statistics in ``aggregation/``)::
+on ``results.py`` and the statistics in ``stats/``)::
 
     receivers/      OTLP in: otlp_grpc.py, otlp_http.py (on http_framing.py: HTTP/1.1), base.py (Ingest,
         |           the Receiver lifecycle), admission.py (in-flight gate, body budget, shutdown), auth.py
@@ -9,16 +9,18 @@ on ``results.py`` and the statistics in ``aggregation/``)::
     otlp/           the codec: decode.py (requests -> points), encode.py (windows -> OTLP),
         |           partials.py (a shard's partial window state, both ways)
     aggregation/    windows.py (tumbling windows per process or shard), merge.py (the merge tier),
-        |           exphist.py, quantiles.py, comoments.py (the mergeable statistics)
-    detectors/      one module per job flag behind base.Detector: flops_miscount.py, regression.py
-        |
+        |           loss.py (where OFU is lost, by cause)
+    detectors/      one module per flag behind base.Detector: flops_miscount.py, regression.py,
+        |           idle_gpus.py (job flags), straggler.py (a GPU flag)
     outputs/        window consumers: otlp_export.py (+ delivery.py, transports.py, queues.py),
         |           prometheus.py, recorder.py (records file), feed_server.py (live feed);
         |           record_codec.py and feed_client.py read them back
     report/         summary.py (windows condensed, flags in words), html_page.py, command.py (``report``)
 
+    stats/          exphist.py, quantiles.py, comoments.py: the mergeable statistics (pure, below all else)
     results.py      what a closed window holds (WindowReport, JobReport, ...): every stage passes these
-    consumer.py     WindowConsumer, the one interface of every output
+    consumer.py     WindowConsumer, the one interface of every output (start, consume_windows, shutdown)
+    lifecycle.py    parts started in order and shut down in reverse, one failure costing no other
     config.py       AggregatorConfig;  prefixes.py  the commands' environment-variable prefixes
     service.py      CollectorService: receivers -> decoder -> windows -> consumers, and its lifecycle
     command.py      ``otel-ofu collector``;  demo.py  ``otel-ofu demo``

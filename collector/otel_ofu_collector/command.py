@@ -364,7 +364,6 @@ def check_grpc_address(address: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.listen is None and args.http_listen is None:
         args.usage_error("--listen and --http-listen are both off: the collector would receive nothing")
-    recorder: ReportRecorder | None = None
     feed: ReportFeed | None = None
     try:
         if args.listen is not None:
@@ -378,14 +377,13 @@ def run(args: argparse.Namespace) -> int:
             )
         service = CollectorService(options)
         if args.record_outputs:
-            recorder = ReportRecorder(args.record_outputs)
-            service.consumers.append(recorder)
+            service.consumers.append(ReportRecorder(args.record_outputs))
         if args.report_feed_port is not None:
             feed = ReportFeed(host=args.report_feed_host, port=int(args.report_feed_port))
-            feed.start()
-            logger.info("otel-ofu collector: report feed on %s", feed.url)
             service.consumers.append(feed)
-        service.start()
+        service.start()  # starts the consumers too, and shuts them down in stop
+        if feed is not None:
+            logger.info("otel-ofu collector: report feed on %s", feed.url)
     except (ValueError, OSError) as error:
         logger.error("otel-ofu collector cannot start: %s", error)
         return 2
@@ -400,9 +398,5 @@ def run(args: argparse.Namespace) -> int:
     while not stop.wait(0.5):
         pass
     reports = service.stop(grace=float(args.shutdown_grace))
-    if recorder is not None:
-        recorder.close()
-    if feed is not None:
-        feed.stop()
     logger.info("otel-ofu collector stopped (%d window(s) flushed on the way out)", len(reports))
     return 0

@@ -3,7 +3,7 @@
 The windows (``aggregation``) and the merge tier make them; the outputs (OTLP, Prometheus, records, the
 live feed) and the report read them. Plain frozen values with no behaviour beyond what they derive, so
 this module sits below everything else in the collector and imports nothing of it but the mergeable
-statistics the values are made of.
+statistics the values are made of (``stats``, which the windows import too: no cycle).
 
 Also here: a shard's mergeable part of a window (``PartialWindow``), what the merge tier takes in.
 """
@@ -17,8 +17,8 @@ from typing import Final
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 STATUS_OK: Final = "ok"
 STATUS_NO_MFU: Final = "no_mfu"
@@ -197,20 +197,6 @@ class PartialWindow:
     jobs_count: int
     shard_id: str
     fleet_loss: FleetLoss | None = None  # None: this part carries no fleet loss totals
-
-
-def partial_of(report: WindowReport, shard_id: str) -> PartialWindow:
-    """The mergeable part of a shard's window report (what ``otlp.partials`` carries over OTLP)."""
-    return PartialWindow(
-        start_ns=report.start_ns,
-        end_ns=report.end_ns,
-        groups=tuple(PartialGroup(g.attributes, g.histogram, g.gpus) for g in report.groups),
-        fleet_comoments=report.fleet.comoments,
-        abs_diff_sum=report.fleet.abs_diff_sum,
-        jobs_count=report.fleet.jobs,
-        shard_id=shard_id,
-        fleet_loss=report.fleet.loss,
-    )
 
 
 # Every window output in the contract's order: the OFU outputs, then where OFU is lost.

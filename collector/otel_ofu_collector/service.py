@@ -1,10 +1,12 @@
 """The collector processor as one service: receivers -> decoder -> windows -> exporters.
 
-``CollectorService(options).start()`` listens; a timer closes due windows every ``flush_interval_s``
-(tests set it to 0 and call ``flush(now_ns)``); each batch of closed windows goes to every window consumer
-(``consumer.WindowConsumer``): the given ``consumers``, then the Prometheus endpoint and the OTLP export to
-the downstream receiver, whichever are on. ``stop`` refuses new
-requests (UNAVAILABLE with RetryInfo), closes every open window, exports it, then shuts down.
+``CollectorService(options).start()`` starts every window consumer (``consumer.WindowConsumer``), in order: the
+given ``consumers``, then the Prometheus endpoint and the OTLP export to the downstream receiver, whichever are
+on; then the receivers, which listen, then the senders downstream. A timer closes due windows every ``flush_interval_s``
+(tests set it to 0 and call ``flush(now_ns)``); each batch of closed windows goes to every consumer in that
+order. ``stop`` refuses new requests (UNAVAILABLE with RetryInfo), closes every open window, exports it, shuts
+the consumers down in the reverse order (one failing costs none of the others), then the senders and the
+receivers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import WindowConsumer
+from otel_ofu_collector.lifecycle import shutdown_in_reverse, start_in_order
 from otel_ofu_collector.otlp.decode import (
     DEFAULT_MAX_ATTRIBUTE_LENGTH,
     DEFAULT_MAX_MFU,
@@ -138,7 +141,8 @@ class CollectorService:
 
     options: CollectorOptions = attrs.field(factory=CollectorOptions)
     clock: Callable[[], int] = time.time_ns
-    consumers: list[WindowConsumer] = attrs.field(factory=list)  # the records file, the live feed, a test's list
+    # The records file, the live feed, a test's list: given before start, which starts them.
+    consumers: list[WindowConsumer] = attrs.field(factory=list)
     transport: Transport | None = None
     environ: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
     gate: Gate = attrs.field(init=False)
@@ -149,6 +153,7 @@ class CollectorService:
     _window_export: OtlpWindowExport | None = attrs.field(init=False, default=None)
     _receivers: list[Receiver] = attrs.field(init=False, factory=list)
     _prometheus: PrometheusEndpoint | None = attrs.field(init=False, default=None)
+    _started_outputs: list[WindowConsumer] = attrs.field(init=False, factory=list)  # to shut down, in reverse
     _timer: threading.Thread | None = attrs.field(init=False, default=None)
     _stop_timer: threading.Event = attrs.field(init=False, factory=threading.Event)
     _publish_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
@@ -239,6 +244,15 @@ class CollectorService:
             if options.spool_path and options.mode != "merge":
                 self._write_ahead = WriteAhead(f"{options.spool_path}.accepted", batch_s=options.write_ahead_batch_s)
                 self._replay()
+        if options.prometheus_port is not None:
+            from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
+
+            self._prometheus = PrometheusEndpoint(
+                self.self_metrics,
+                host=options.prometheus_host,
+                port=options.prometheus_port,
+                expiration_windows=options.prometheus_expiration_windows,
+            )
 
     # --- receiving ----------------------------------------------------------------------------------
 
@@ -295,18 +309,24 @@ class CollectorService:
     # --- lifecycle ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Listen and start the sender threads and the flush timer; OSError when a port cannot be had
-        (then nothing is left listening)."""
+        """Start the window consumers, listen, start the sender threads and the flush timer; OSError (or a
+        consumer's ValueError) when a port or a file cannot be had: then nothing is left started."""
+        outputs = self._outputs()
         try:
-            parts = self._listen()
+            start_in_order(outputs, _start_consumer, _shutdown_consumer)  # ready before the first point comes
+            try:
+                parts = self._listen()
+            except BaseException:
+                shutdown_in_reverse(outputs, _shutdown_consumer)
+                raise
         except BaseException:
-            self._stop_listening()
             for delivery in self._deliveries():
                 delivery.stop(0)  # closes the spool file; nothing was sent yet
             if self._write_ahead is not None:
                 self._write_ahead.close()  # kept: what it holds is replayed by the next start
             self._close_transport()
             raise
+        self._started_outputs = outputs
         options = self.options
         for delivery in self._deliveries():
             delivery.start()
@@ -345,31 +365,20 @@ class CollectorService:
                     body_min_rate=options.http_body_min_rate,
                 )
             )
-        parts = []
-        for receiver in self._receivers:  # a failure stops the rest from starting; start() stops the started
-            port = receiver.start()
-            parts.append(f"{receiver.kind} {receiver.listen.rpartition(':')[0]}:{port}")
-        if options.prometheus_port is not None:
-            from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
-
-            self._prometheus = PrometheusEndpoint(
-                self.self_metrics, expiration_windows=options.prometheus_expiration_windows
-            )
-            port = self._prometheus.start(options.prometheus_host, options.prometheus_port)
-            parts.append(f"prometheus {options.prometheus_host}:{port}")
-        return parts
-
-    def _stop_listening(self) -> None:
-        for receiver in self._receivers:
-            receiver.stop()
+        # A failure stops the rest from starting and stops the started again.
+        start_in_order(self._receivers, _start_receiver, _stop_receiver)
+        parts = [
+            f"{receiver.kind} {receiver.listen.rpartition(':')[0]}:{receiver.port}" for receiver in self._receivers
+        ]
         if self._prometheus is not None:
-            self._prometheus.stop()
+            parts.append(f"prometheus {self._prometheus.host}:{self._prometheus.port}")
+        return parts
 
     @property
     def ports(self) -> dict[str, int]:
         """Bound ports by name (``grpc``, ``http``, ``prometheus``), for whichever are on."""
         found = {receiver.kind: receiver.port for receiver in self._receivers}
-        if self._prometheus is not None:
+        if self._prometheus is not None and any(output is self._prometheus for output in self._started_outputs):
             found["prometheus"] = self._prometheus.port
         return found
 
@@ -444,6 +453,8 @@ class CollectorService:
                 self._write_ahead.clear()
                 self._write_ahead.close()
         self._log_rejections(force=True)
+        shutdown_in_reverse(self._started_outputs, _shutdown_consumer)  # after their last windows
+        self._started_outputs = []
         for delivery in self._deliveries():
             # One deadline for all: each gets what the others left of the grace, not a grace of its own.
             left = delivery.stop(max(0.0, deadline - time.monotonic()))
@@ -455,7 +466,8 @@ class CollectorService:
                     " (kept in the spool)" if isinstance(delivery.queue, SqliteSpool) else "",
                 )
         self._close_transport()  # only now: until both deliveries stopped, either may be mid-send
-        self._stop_listening()
+        # Last: until now they answered UNAVAILABLE (the gate is closed), which tells a client to retry elsewhere.
+        shutdown_in_reverse(self._receivers, _stop_receiver)
         return reports
 
     @property
@@ -488,17 +500,21 @@ class CollectorService:
             if final or last is None or time.monotonic() - last >= self.options.aggregator.window_s:
                 self._send_self_metrics()
             return
-        outputs: list[WindowConsumer] = list(self.consumers)
-        if self._prometheus is not None:
-            outputs.append(self._prometheus)
-        if self._window_export is not None:
-            outputs.append(self._window_export)
-        for consumer in outputs:
+        for consumer in self._outputs():  # as started (a service driven by flush alone starts none)
             try:
                 consumer.consume_windows(reports)
             except Exception:  # one broken output must not cost the others
                 logger.exception("window consumer %s failed", type(consumer).__name__)
         self._send_self_metrics()
+
+    def _outputs(self) -> list[WindowConsumer]:
+        """Every window consumer, in the order they start and take windows (and shut down in reverse)."""
+        outputs: list[WindowConsumer] = list(self.consumers)
+        if self._prometheus is not None:
+            outputs.append(self._prometheus)
+        if self._window_export is not None:
+            outputs.append(self._window_export)
+        return outputs
 
     def _send_self_metrics(self) -> None:
         if self._self_telemetry is None:
@@ -579,3 +595,19 @@ class CollectorService:
         if damaged:
             found[names.COLLECTOR_FILES_DAMAGED.name] = damaged
         return found
+
+
+def _start_consumer(consumer: WindowConsumer) -> None:
+    consumer.start()
+
+
+def _shutdown_consumer(consumer: WindowConsumer) -> None:
+    consumer.shutdown()
+
+
+def _start_receiver(receiver: Receiver) -> None:
+    receiver.start()
+
+
+def _stop_receiver(receiver: Receiver) -> None:
+    receiver.stop()

@@ -104,10 +104,6 @@ class DeviceOwners:
             return owners
         return self.by_index.get(gpu.index, ())
 
-    def owner_of(self, gpu: GpuIdentity) -> PodContainer | None:
-        owners = self.owners_of(gpu)
-        return owners[0] if owners else None
-
 
 def _add(index: dict[Any, list[PodContainer]], key: object, owner: PodContainer) -> None:
     owners = index.setdefault(key, [])

@@ -198,7 +198,7 @@ def _install_stop_handlers(stop: threading.Event) -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}  # signal handlers can only be set from the main thread; the caller stops us otherwise
 
-    def handle(signum: int, frame: FrameType | None) -> None:
+    def handle(signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
     previous: dict[int, Any] = {}

@@ -199,7 +199,7 @@ class Producer:
         if threading.current_thread() is not threading.main_thread():
             return {}
 
-        def on_signal(signum: int, frame: FrameType | None) -> None:
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
             log.info("received %s: exporting the last interval and shutting down", signal.Signals(signum).name)
             self.request_stop()
 

@@ -1031,12 +1031,3 @@ def _with_bottlenecks(jobs: list[JobSpec], count: int, rng: random.Random) -> li
             tpa = rng.uniform(0.10, 0.22)
         changed[job.job_id] = attrs.evolve(job, bottleneck=bottleneck, tensor_active=tpa)
     return [changed.get(job.job_id, job) for job in jobs]
-
-
-def run_for(fleet: SimulatedFleet, clock: ManualClock, seconds: float, interval_s: float) -> list[Snapshot]:
-    """Advance ``clock`` in ``interval_s`` steps for ``seconds`` and read the fleet after each step."""
-    snapshots: list[Snapshot] = []
-    for _ in range(round(seconds / interval_s)):
-        clock.advance(interval_s)
-        snapshots.append(fleet.read())
-    return snapshots

@@ -45,7 +45,7 @@ from otel_ofu import names
 from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
 from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
-from otel_ofu_collector.aggregation.exphist import relative_error_bound
+from otel_ofu_collector.stats.exphist import relative_error_bound
 from tests.e2e.helpers import StartProcess, app_requests, attributes, port_open, prometheus_config, start_prometheus
 
 OTELCOL_DIR = Path(__file__).resolve().parents[2] / "collector" / "otelcol"

@@ -1,1 +1,1 @@
-"""Aggregation: tumbling windows, the merge tier, and the mergeable statistics they rest on."""
+"""Aggregation: tumbling windows, the merge tier, and the loss split (on the statistics in ``stats``)."""

@@ -62,24 +62,6 @@ _ONE = 1.0
 
 
 @attrs.frozen
-class GpuLoss:
-    """One GPU's split of 1 - OFU in one window, and its inputs to the job's sums."""
-
-    ofu: float
-    tensor_active: float  # T as used (O where T was not reported)
-    idle: float
-    clock: float
-    tensor: float  # the coarse cause: 0 where the finer split applies
-    seconds: float  # GPU-seconds in the window
-    energy_j: float | None  # None: no energy counter nor power reading
-    flops: float | None  # achieved FLOPs in the window (None where the dense peak is not known)
-    price: float | None  # per GPU-hour, None: not priced
-    no_kernel: float | None = None  # the finer split (None: no engine and SM activity)
-    sm_idle: float | None = None
-    non_tensor: float | None = None
-
-
-@attrs.frozen
 class Split:
     """The split of a job's GPUs in columns, one entry per GPU in one order: T as used, and the causes. ``finer``:
     the GPUs with engine and SM activity (None: none had them); ``no_kernel``, ``sm_idle``, ``non_tensor`` are
@@ -162,38 +144,6 @@ def _finer(engine_active: list[float | None] | None, sm_active: list[float | Non
         return None
     finer = [e is not None and s is not None for e, s in zip(engine_active, sm_active, strict=True)]
     return finer if any(finer) else None
-
-
-def split_gpu(
-    ofu: float,
-    tensor_active: float | None,
-    clock_ratio: float | None,
-    *,
-    seconds: float,
-    engine_active: float | None = None,
-    sm_active: float | None = None,
-    energy_j: float | None = None,
-    flops_per_s: float | None = None,
-    price: float | None = None,
-) -> GpuLoss:
-    """One GPU's split (``split_columns`` of one GPU); ``clock_ratio`` is ``min(1, f / f_ref)`` or None."""
-    split = split_columns([ofu], [tensor_active], [clock_ratio], [engine_active], [sm_active])
-    flops = None if flops_per_s is None else flops_per_s * seconds
-    finer = split.finer is not None
-    return GpuLoss(
-        ofu,
-        split.tensor_active[0],
-        split.idle[0],
-        split.clock[0],
-        split.tensor[0],
-        seconds,
-        energy_j,
-        flops,
-        price,
-        split.column(NO_KERNEL)[0] if finer else None,
-        split.column(SM_IDLE)[0] if finer else None,
-        split.column(NON_TENSOR)[0] if finer else None,
-    )
 
 
 def clock_ratios(sm_clock_hz: list[float], reference_hz: list[float]) -> list[float]:

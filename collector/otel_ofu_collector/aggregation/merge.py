@@ -21,10 +21,10 @@ from collections.abc import Mapping
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.results import FleetLoss, FleetReport, GroupReport, PartialGroup, PartialWindow, WindowReport
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 # Windows the merge tier keeps open at once; a live deployment has one or two, so this only stops a
 # flood of made-up timestamps from growing the state.

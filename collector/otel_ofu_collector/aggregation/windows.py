@@ -17,11 +17,13 @@ Per job (``job.id`` of the OFU points, ``job.mfu`` by job id). Window OFU = mean
 its ``job.mfu`` points; gap = MFU - OFU. Correlation: Pearson r of the job's (OFU, MFU) window pairs over
 the horizon, kept as co-moments in blocks of whole windows (the window itself up to 1/48 of the horizon,
 so the state stays small: the horizon is then honoured to within one block). Flags: every detector of
-``detectors.DETECTORS`` (``flops_miscount``, ``regression``: each module says when its flag rises) judges
-each of the job's windows, with state of its own per job.
+``detectors.DETECTORS`` (the job flags ``flops_miscount``, ``regression`` and ``idle_gpus``: each module says
+when its flag rises) judges each of the job's windows, with state of its own per job; every one of
+``detectors.GPU_DETECTORS`` (``straggler``) each of its GPUs.
 
 Where OFU is lost (``aggregation.loss``). Beside ``gpu.ofu`` each GPU stream sends its tensor activity,
-clocks, achieved FLOP/s, power, energy counter and throttle shares (``add_gpu_input``); per window they are
+clocks, achieved FLOP/s, power and throttle shares (``add_gpu_inputs``) and its energy counter
+(``add_gpu_counters``); per window they are
 time-weighted means like OFU's, energy a sum of the counter's deltas. Closing a window splits each job's
 1 - OFU by cause, sums its GPU-seconds, energy and cost, and runs the GPU-level flags (``gpu.straggler``)
 on each of its GPUs against the job's median OFU; the fleet totals add its jobs' lost time and cost and
@@ -57,9 +59,6 @@ import attrs
 
 from otel_ofu import bounds, catalog, gpu_share, names
 from otel_ofu_collector.aggregation import loss
-from otel_ofu_collector.aggregation.comoments import AbsDiff, CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
-from otel_ofu_collector.aggregation.quantiles import percentile_of_sorted, weighted_percentile_of_sorted
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.detectors import (
     DETECTORS,
@@ -80,6 +79,9 @@ from otel_ofu_collector.results import (
     JobReport,
     WindowReport,
 )
+from otel_ofu_collector.stats.comoments import AbsDiff, CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
+from otel_ofu_collector.stats.quantiles import percentile_of_sorted, weighted_percentile_of_sorted
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +98,6 @@ STREAM_STATE_BYTES = 2048
 JOB_STATE_BYTES = 4096
 R = names.RejectReason
 _HORIZON_BLOCKS = 48
-# The per-GPU inputs of the loss split the windows average (gpu.throttle by reason, gpu.energy summed apart).
-GPU_INPUT_METRICS: frozenset[str] = frozenset(spec.name for spec in names.LOSS_SPLIT_INPUTS)
 _TENSOR = names.GPU_TENSOR_ACTIVE.name
 _CLOCK = names.GPU_CLOCK_SM.name
 _CLOCK_MAX = names.GPU_CLOCK_SM_MAX.name
@@ -801,9 +801,6 @@ class Aggregator:
         if self._flushed_ns is None or closed_at > self._flushed_ns:
             self._flushed_ns = closed_at
         return reports
-
-    def _horizon_has_pairs(self, window_end: int) -> bool:
-        return self._last_pair_start is not None and self._last_pair_start >= window_end - self.config.horizon_ns
 
     def _close_through(self, limit_ns: int) -> list[WindowReport]:
         """Close, in time order, the windows ending at or before limit_ns: every one from the first data on, empty

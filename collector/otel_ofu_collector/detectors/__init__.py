@@ -1,11 +1,11 @@
-"""Flags: one module per flag, each defining ``DETECTOR`` (a job flag, ``base.Detector``) or ``GPU_DETECTOR``
-(a GPU-level flag, ``base.GpuDetector``).
+"""Flags: one module per flag, each defining ``DETECTOR`` (a job flag, ``base.Detector``: ``flops_miscount``,
+``regression``, ``idle_gpus``) or ``GPU_DETECTOR`` (a GPU-level flag, ``base.GpuDetector``: ``straggler``).
 
 ``DETECTORS`` and ``GPU_DETECTORS`` hold every module's detector, found here at import, in the order of their
 metrics in the collector's outputs (``names.COLLECTOR_METRICS``, then ``names.COLLECTOR_LOSS_METRICS``): a new
 flag is a module in this folder plus its metric in ``otel_ofu.names``.
-The windows run every detector for every job; the outputs, the records and the report take the flags
-from ``JobReport.flags`` without naming any.
+The windows run every job detector for every job and every GPU detector for each of its GPUs; the outputs, the
+records and the report take the flags from ``JobReport.flags`` without naming any.
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.otlp import partials
 from otel_ofu_collector.results import OUTPUT_METRICS, WindowReport, gauge_points
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 Attributes = dict[str, str | float | int]
 

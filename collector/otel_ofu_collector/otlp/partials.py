@@ -18,9 +18,9 @@ import attrs
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.results import FleetLoss, FleetReport, PartialGroup, PartialWindow
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 _FLEET_LOSS_NAMES = frozenset(
     spec.name for spec in (names.FLEET_GPU_TIME_LOST, names.FLEET_ENERGY, names.FLEET_COST_LOST)

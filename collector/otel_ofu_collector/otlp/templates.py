@@ -9,10 +9,10 @@ other numbers in the slots (a tag, a length or a field of another kind would dif
 ``struct`` call reads all its numbers: the per-point walk through protobuf objects, most of the decoder's
 time, is skipped.
 
-``scan`` finds the slots with a small wire-format reader; the decoder builds a template only after checking
-what the scan found against the real parse of the same request (``matches``), and falls back to that parse
-whenever bytes differ or a value would be refused, so the template never decides anything the parse would
-decide differently.
+``scan`` finds the slots with a small wire-format reader; ``otlp.shapes.shape_of`` builds a template only
+after checking what the scan found against the real parse of the same request (``same_number`` for each
+value), and the decoder falls back to that parse whenever bytes differ or a value would be refused, so the
+template never decides anything the parse would decide differently.
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ from typing import Final
 import attrs
 
 from otel_ofu_collector.outputs.feed_server import FEED_PATH
-from otel_ofu_collector.outputs.record_codec import Records, parse_lines, warn_bad_lines
-from otel_ofu_collector.results import WindowReport
+from otel_ofu_collector.outputs.record_codec import Records, parse_lines
 
 _WHY: Final = {401: " (the bearer token is missing or wrong)", 403: " (the bearer token is not allowed)"}
 
@@ -86,10 +85,3 @@ def fetch_records(
     except http.client.HTTPException as error:  # a connection dropped mid-answer, or no HTTP server there
         raise FeedError(f"cannot read report feed {where}: {type(error).__name__} {error}".rstrip()) from None
     return parse_lines(text.splitlines(), where)
-
-
-def fetch_feed(url: str, timeout: float = 10.0) -> list[WindowReport]:
-    """The windows of a running collector's report feed in time order (unusable lines skipped, logged)."""
-    records = fetch_records(url, timeout)
-    warn_bad_lines(records)
-    return list(records.reports)

@@ -73,8 +73,8 @@ class ReportFeed:
             ]
         return "".join(line + "\n" for line in lines).encode("utf-8")
 
-    def start(self) -> int:
-        """Listen; returns the bound port."""
+    def start(self) -> None:
+        """Listen (``bound_port`` is the port); OSError, one line naming the address, when it cannot be had."""
         feed = self
 
         class Handler(_FeedHandler):
@@ -91,7 +91,6 @@ class ReportFeed:
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="otel-ofu-report-feed", daemon=True)
         self._thread.start()
-        return self.bound_port
 
     @property
     def bound_port(self) -> int:
@@ -106,7 +105,7 @@ class ReportFeed:
             host = f"[{host}]"
         return f"http://{host}:{self.bound_port}{FEED_PATH}"
 
-    def stop(self) -> None:
+    def shutdown(self) -> None:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -19,8 +19,17 @@ class OtlpWindowExport:
     resource_attributes: Mapping[str, str | int]
     include_partials: bool = False
 
+    def start(self) -> None:
+        # The delivery is the service's, not this output's: the window export, the pass-through and the
+        # self-metrics share one transport and one shutdown deadline, so the service starts and stops them
+        # together (``CollectorService._deliveries``).
+        return None
+
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
         metrics_data = reports_to_metrics_data(
             windows, resource_attributes=self.resource_attributes, include_partials=self.include_partials
         )
         self.delivery.submit(encode_request(metrics_data))
+
+    def shutdown(self) -> None:
+        return None  # the service stops the delivery (see ``start``), after the last windows are queued

@@ -167,11 +167,15 @@ class _Server(ThreadingHTTPServer):
 
 @attrs.define
 class PrometheusEndpoint:
-    """Serves ``/metrics`` from a private registry on ``host:port`` (0 picks a free port)."""
+    """Serves ``/metrics`` from a private registry on ``host:port`` (port 0: a free one, ``port`` once started).
+
+    A window consumer: the endpoint shows the series of the last ``expiration_windows`` windows.
+    """
 
     self_metrics: Callable[[], Mapping[str, Any]] | None = None
     collector: OutputsCollector = attrs.field(init=False)
     registry: CollectorRegistry = attrs.field(init=False, factory=lambda: CollectorRegistry(auto_describe=False))
+    host: str = "0.0.0.0"
     port: int = 0
     expiration_windows: int = attrs.field(default=DEFAULT_EXPIRATION_WINDOWS, validator=_positive)
     _server: ThreadingHTTPServer | None = attrs.field(default=None, init=False)
@@ -181,12 +185,9 @@ class PrometheusEndpoint:
         self.collector = OutputsCollector(self.self_metrics, self.expiration_windows)
         self.registry.register(self.collector)
 
-    def consume_windows(self, windows: Sequence[WindowReport]) -> None:
-        """A window consumer: the endpoint shows the series of the last ``expiration_windows`` windows."""
-        self.collector.consume_windows(windows)
-
-    def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
+    def start(self) -> None:
         """Bind and serve; OSError (one line, naming the address) when the port cannot be had."""
+        host, port = self.host, self.port
         try:
             server = _Server((host, port), MetricsHandler.factory(self.registry))
         except OSError as error:
@@ -198,9 +199,11 @@ class PrometheusEndpoint:
         thread.start()
         self._server, self._thread = server, thread
         self.port = int(server.server_address[1])
-        return self.port
 
-    def stop(self) -> None:
+    def consume_windows(self, windows: Sequence[WindowReport]) -> None:
+        self.collector.consume_windows(windows)
+
+    def shutdown(self) -> None:
         server, thread = self._server, self._thread
         self._server = self._thread = None
         if server is not None:

@@ -41,8 +41,6 @@ from typing import Any, Final
 
 import attrs
 
-from otel_ofu_collector.aggregation.comoments import CoMoments
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.detectors import DETECTORS
 from otel_ofu_collector.results import (
     FleetLoss,
@@ -54,6 +52,8 @@ from otel_ofu_collector.results import (
     JobReport,
     WindowReport,
 )
+from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 logger = logging.getLogger(__name__)
 
@@ -440,19 +440,6 @@ def load_records(path: str | Path) -> Records:
     """Read a recorded-outputs file; OSError when it cannot be opened."""
     with Path(path).open(encoding="utf-8", errors="replace") as file:
         return parse_lines(file, str(path))
-
-
-def warn_bad_lines(records: Records) -> None:
-    """Log how many lines were skipped and the first reason, if any were."""
-    if records.bad_lines:
-        logger.warning("skipped %d unusable line(s), the first: %s", records.bad_lines, records.first_error)
-
-
-def read_records(path: str | Path) -> list[WindowReport]:
-    """The windows of a recorded-outputs file in time order; unusable lines are skipped and logged."""
-    records = load_records(path)
-    warn_bad_lines(records)
-    return list(records.reports)
 
 
 def encode_lines(reports: Sequence[WindowReport]) -> list[tuple[WindowReport, str]]:

@@ -32,7 +32,6 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from otel_ofu import names
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.detectors import detector_for
 from otel_ofu_collector.report.summary import (
@@ -56,6 +55,7 @@ from otel_ofu_collector.report.summary import (
     summarize,
 )
 from otel_ofu_collector.results import GroupReport, WindowReport
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 DEFAULT_TITLE: Final = "otel-ofu fleet report"
 # Beyond these the page grows without telling a person more; what is left out is said on the page.

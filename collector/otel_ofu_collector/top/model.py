@@ -20,11 +20,11 @@ import attrs
 
 from otel_ofu import catalog, names
 from otel_ofu.gpu_samples import ComputedSnapshot
-from otel_ofu_collector.aggregation.exphist import ExpHistogram
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.detectors import DETECTORS, GPU_DETECTORS
 from otel_ofu_collector.detectors.straggler import throttle_reason
 from otel_ofu_collector.results import GpuFlagReport, GpuReport, GroupReport, JobReport, WindowReport
+from otel_ofu_collector.stats.exphist import ExpHistogram
 
 HOUR_NS: Final = 3600 * 1_000_000_000
 HISTORY: Final = 8  # windows in a job's sparkline

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from otel_ofu_collector.aggregation.quantiles import check_quantile
+from otel_ofu_collector.stats.quantiles import check_quantile
 
 MAX_SCALE = 20
 MIN_SCALE = -10
@@ -281,54 +281,3 @@ def _pick(lower: bool, a: float | None, b: float | None, a_count: int, b_count: 
     if b is None:
         return a if b_count == 0 else None
     return min(a, b) if lower else max(a, b)
-
-
-@attrs.define
-class ExpHistogramBuilder:
-    """A histogram filled one value at a time, downscaling only as far as the values seen so far require."""
-
-    max_buckets: int
-    scale: int = MAX_SCALE
-    zero_count: int = 0
-    _buckets: dict[int, int] = attrs.field(factory=dict)
-    _low: int = 0
-    _high: int = 0
-    _sum: float = 0.0
-    _min: float | None = None
-    _max: float | None = None
-
-    def insert(self, raw: float) -> None:
-        value = _check_value(raw)
-        self._sum += value
-        self._min = value if self._min is None else min(self._min, value)
-        self._max = value if self._max is None else max(self._max, value)
-        if value == 0.0:
-            self.zero_count += 1
-            return
-        index = top_index(value) >> (MAX_SCALE - self.scale)
-        if not self._buckets:
-            self._low = self._high = index
-        else:
-            low, high = min(self._low, index), max(self._high, index)
-            shift = shift_to_fit(low, high, self.max_buckets)
-            if shift:
-                self._rescale(shift)
-                index >>= shift
-                low, high = low >> shift, high >> shift
-            self._low, self._high = low, high
-        self._buckets[index] = self._buckets.get(index, 0) + 1
-
-    def _rescale(self, shift: int) -> None:
-        rescaled: dict[int, int] = {}
-        for index, count in self._buckets.items():
-            rescaled[index >> shift] = rescaled.get(index >> shift, 0) + count
-        self._buckets = rescaled
-        self.scale -= shift
-
-    def snapshot(self) -> ExpHistogram:
-        if not self._buckets:
-            return ExpHistogram(zero_count=self.zero_count, sum=self._sum, min=self._min, max=self._max)
-        counts = [0] * (self._high - self._low + 1)
-        for index, count in self._buckets.items():
-            counts[index - self._low] = count
-        return ExpHistogram(self.scale, self.zero_count, self._low, tuple(counts), self._sum, self._min, self._max)
