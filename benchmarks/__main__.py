@@ -258,6 +258,7 @@ BENCHMARKS: dict[str, Callable[[], Runner]] = {
     "tile_quantization": _module_runner("benchmarks.studies.tile_quantization"),
     "clock_domains": _module_runner("benchmarks.studies.clock_domains"),
     "detection": _module_runner("benchmarks.studies.detection"),
+    "bottlenecks": _module_runner("benchmarks.studies.bottlenecks"),
 }
 
 

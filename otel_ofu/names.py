@@ -130,7 +130,7 @@ PROMETHEUS_QUANTILE_LABEL: Final = "ofu_quantile"
 
 # --- Collector outputs: where OFU is lost and what it costs ---------------------------------------
 # Per job per closed window, with fleet totals per window; sums are deltas (one window's worth), so shards'
-# outputs add. A job's loss splits 1 - OFU by cause: OFU + the three causes of job.ofu.loss = 1.
+# outputs add. A job's loss splits 1 - OFU by cause: OFU + the causes of job.ofu.loss = 1.
 
 JOB_GPUS: Final = MetricSpec("job.gpus", "{gpu}", "gauge", "GPUs attributed to the job in the window")
 JOB_GPU_TIME: Final = MetricSpec("job.gpu_time", "s", "sum", "GPU-seconds attributed to the job in the window")
@@ -222,8 +222,7 @@ class OfuLossCause:
     TENSOR = "tensor"  # 1 - O - clock on working GPUs whose source lacks engine and SM activity
 
     ALL = (IDLE, CLOCK, NO_KERNEL, SM_IDLE, NON_TENSOR, TENSOR)
-    # The finer split of TENSOR, in the order the engine, SM and tensor activities nest.
-    TENSOR_PARTS = (NO_KERNEL, SM_IDLE, NON_TENSOR)
+    TENSOR_PARTS = (NO_KERNEL, SM_IDLE, NON_TENSOR)  # the finer split of TENSOR, as E, S and T nest
 
 
 # --- Collector partial state (merge mode) ------------------------------------------------------------

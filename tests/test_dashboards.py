@@ -279,3 +279,23 @@ def test_grafana_panels_filter_only_on_labels_their_series_have(demo_series: dic
                     assert filtered <= labels, (panel["title"], metric, filtered - labels)
                 checked += 1
     assert checked >= 14
+
+
+@pytest.mark.parametrize("file_name", ["datadog.json", "honeycomb-queries.json", "grafana.json"])
+def test_every_dashboard_splits_the_tensor_pipes_loss_beside_dram_and_links(file_name: str) -> None:
+    text = (DASHBOARDS / file_name).read_text()
+    metric = generate.prometheus_name if file_name == "grafana.json" else str
+    for part in names.OfuLossCause.TENSOR_PARTS:
+        assert part in text, (file_name, part)
+    for spec in (names.JOB_DRAM_ACTIVE, names.JOB_NVLINK_THROUGHPUT, names.JOB_PCIE_THROUGHPUT):
+        assert metric(spec.name) in text, (file_name, spec.name)
+
+
+def test_grafana_shows_link_throughput_in_bytes_per_second_on_its_own_axis() -> None:
+    dashboard = json.loads((DASHBOARDS / "grafana.json").read_text())
+    (panel,) = [p for p in dashboard["panels"] if any("nvlink" in t["expr"] for t in p["targets"])]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "percentunit"  # DRAM: a fraction of cycles
+    overrides = {o["matcher"]["options"]: o["properties"] for o in panel["fieldConfig"]["overrides"]}
+    for ref in ("B", "C"):
+        assert {"id": "unit", "value": "Bps"} in overrides[ref]
+        assert {"id": "custom.axisPlacement", "value": "right"} in overrides[ref]

@@ -106,7 +106,7 @@ def _dd_loss_widgets() -> list[JSON]:
     per_gpu = f"{{{names.HOST_NAME},{names.HW_ID},{job},{names.GPU_THROTTLE_REASON}}}"
     return [
         _dd_timeseries(
-            "Per job: OFU lost by cause (idle, clock, tensor)",
+            "Per job: OFU lost by cause (idle, clock, and tensor or its parts no_kernel, sm_idle, non_tensor)",
             [_dd_query("q", f"avg:{names.JOB_OFU_LOSS.name}{_dd_scope()} by {{{job},{cause}}}")],
             [{"formula": "q"}],
             display_type="bars",
@@ -122,6 +122,28 @@ def _dd_loss_widgets() -> list[JSON]:
             [_dd_query("q", f"sum:{names.FLEET_COST_LOST.name}{{*}} by {{{cause}}}.as_count()")],
             [{"formula": "q", "alias": "cost lost"}],
             display_type="bars",
+        ),
+        _dd_timeseries(
+            "Per job: where the tensor pipes' time went (no kernel, SMs empty, SMs off the tensor pipes)",
+            [
+                _dd_query(f"q{index}", f"avg:{names.JOB_OFU_LOSS.name}{_dd_scope(f'{cause}:{part}')} by {{{job}}}")
+                for index, part in enumerate(names.OfuLossCause.TENSOR_PARTS)
+            ],
+            [{"formula": f"q{index}", "alias": part} for index, part in enumerate(names.OfuLossCause.TENSOR_PARTS)],
+            display_type="bars",
+        ),
+        _dd_timeseries(
+            "Per job: DRAM activity (what makes SMs off the tensor pipes memory-bound)",
+            [_dd_query("q", f"avg:{names.JOB_DRAM_ACTIVE.name}{_dd_scope()} by {{{job}}}")],
+            [{"formula": "q", "alias": "DRAM active"}],
+        ),
+        _dd_timeseries(
+            "Per job: NVLink and PCIe bytes per second per GPU (what makes them communication-bound)",
+            [
+                _dd_query("nvlink", f"avg:{names.JOB_NVLINK_THROUGHPUT.name}{_dd_scope()} by {{{job}}}"),
+                _dd_query("pcie", f"avg:{names.JOB_PCIE_THROUGHPUT.name}{_dd_scope()} by {{{job}}}"),
+            ],
+            [{"formula": "nvlink", "alias": "NVLink"}, {"formula": "pcie", "alias": "PCIe"}],
         ),
         _dd_toplist(
             "Jobs by cost of lost GPU-time",
@@ -333,6 +355,29 @@ def _honeycomb_loss_queries() -> dict[str, JSON]:
             "time_range": HONEYCOMB_TIME_RANGE_S,
             "granularity": 300,
         },
+        "job-tensor-pipe-causes": {
+            "calculations": [{"op": "AVG", "column": names.JOB_OFU_LOSS.name}],
+            "filters": [{"column": cause, "op": "in", "value": list(names.OfuLossCause.TENSOR_PARTS)}],
+            "breakdowns": [job, cause],
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+            "granularity": 300,
+        },
+        "job-dram-and-links": {
+            "calculations": [
+                {"op": "AVG", "column": names.JOB_DRAM_ACTIVE.name},
+                {"op": "AVG", "column": names.JOB_NVLINK_THROUGHPUT.name},
+                {"op": "AVG", "column": names.JOB_PCIE_THROUGHPUT.name},
+            ],
+            "filters": [
+                {"column": names.JOB_DRAM_ACTIVE.name, "op": "exists"},
+                {"column": names.JOB_NVLINK_THROUGHPUT.name, "op": "exists"},
+                {"column": names.JOB_PCIE_THROUGHPUT.name, "op": "exists"},
+            ],
+            "filter_combination": "OR",
+            "breakdowns": [job],
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+            "granularity": 300,
+        },
         "fleet-gpu-hours-lost-by-cause": {
             "calculated_fields": [
                 {"name": "gpu_hours_lost", "expression": f"DIV(${names.FLEET_GPU_TIME_LOST.name}, {SECONDS_PER_HOUR})"}
@@ -464,6 +509,7 @@ COST_UNIT = "currencyUSD"
 COST_PER_HOUR_UNIT = "suffix: USD/h"
 ENERGY_UNIT = "kwatth"
 FLOPS_PER_JOULE_UNIT = "suffix: GFLOP/J"
+BYTES_PER_S_UNIT = "Bps"  # bytes per second
 # Tables show each series' latest value once (an instant query), not a range of samples per series.
 TABLE_KINDS = frozenset({"table"})
 REFRESH = "1m"  # the collector's default window
@@ -525,6 +571,7 @@ def grafana_dashboard() -> JSON:
     # A GPU flag's series carry the GPU's identity (host, GPU id) and its job, not the model or precision:
     # filtering on those would empty the panel whenever a model is chosen.
     per_gpu = _grafana_selector(names.JOB_ID, names.HOST_NAME)
+    tensor_parts = f'{cause}=~"{"|".join(names.OfuLossCause.TENSOR_PARTS)}"'
 
     def series(spec: names.MetricSpec, selector: str = per_job) -> str:
         return f"{prometheus_name(spec.name)}{selector}"
@@ -653,6 +700,33 @@ def grafana_dashboard() -> JSON:
             [(f"{series(names.JOB_GPUS_IDLE)} > 0", f"{{{{{job}}}}}")],
             kind="table",
             unit=GPUS_UNIT,
+        ),
+        # The tensor pipes' loss split by what the engine and SMs did, beside what tells its causes apart.
+        _grafana_panel(
+            15,
+            "Per job: where the tensor pipes' time went (no kernel, SMs empty, SMs off the tensor pipes)",
+            [
+                (
+                    prometheus_name(names.JOB_OFU_LOSS.name)
+                    + _grafana_selector(names.JOB_ID, names.HW_MODEL, names.GPU_PRECISION, extra=tensor_parts),
+                    f"{{{{{job}}}}} {{{{{cause}}}}}",
+                )
+            ],
+            unit=OFU_UNIT,
+        ),
+        _grafana_panel(
+            16,
+            "Per job: DRAM activity, NVLink and PCIe bytes/s per GPU",
+            [
+                (series(names.JOB_DRAM_ACTIVE), f"DRAM {{{{{job}}}}}"),
+                (series(names.JOB_NVLINK_THROUGHPUT), f"NVLink {{{{{job}}}}}"),
+                (series(names.JOB_PCIE_THROUGHPUT), f"PCIe {{{{{job}}}}}"),
+            ],
+            unit=OFU_UNIT,  # DRAM activity is a fraction of cycles; the links' bytes/s on the right axis
+            overrides=[
+                _override("B", BYTES_PER_S_UNIT, right_axis=True),
+                _override("C", BYTES_PER_S_UNIT, right_axis=True),
+            ],
         ),
     ]
     return {

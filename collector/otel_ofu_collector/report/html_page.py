@@ -34,6 +34,7 @@ from plotly.subplots import make_subplots
 from otel_ofu import names
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.detectors import detector_for
+from otel_ofu_collector.report.causes import bottleneck_of
 from otel_ofu_collector.report.summary import (
     CAUSE_WORDS,
     CAUSES,
@@ -43,6 +44,7 @@ from otel_ofu_collector.report.summary import (
     MISCOUNT,
     REGRESSION,
     STRAGGLER,
+    TENSOR_PARTS,
     Flag,
     FleetSummary,
     JobSummary,
@@ -86,6 +88,11 @@ LOSS_COLOURS: Final = {
     "ofu": COLOUR_HEALTHY,
     names.OfuLossCause.IDLE: "#7f7f7f",
     names.OfuLossCause.CLOCK: "#ff7f0e",
+    # The tensor pipes' loss split by what the engine and SMs did, from the host's side inwards: the lighter the
+    # segment, the closer the time came to useful tensor work.
+    names.OfuLossCause.NO_KERNEL: "#8c564b",
+    names.OfuLossCause.SM_IDLE: "#e377c2",
+    names.OfuLossCause.NON_TENSOR: "#bcbd22",
     names.OfuLossCause.TENSOR: "#c7c7c7",
 }
 _SHADE_TITLE: Final = {
@@ -670,9 +677,10 @@ def _summary(summary: FleetSummary, flags: Sequence[Flag]) -> str:
 def loss_figure(summary: FleetSummary) -> go.Figure | None:
     """Each job's GPU time split into OFU and the causes of loss (GPU-time weighted), the fleet on top."""
     rows: list[tuple[str, dict[str, float]]] = []
+    causes = summary.causes or CAUSES
     fleet_time = sum(job.gpu_time_s for job in summary.jobs)
     if fleet_time > 0 and summary.lost_s:
-        lost = {cause: summary.lost_s.get(cause, 0.0) / fleet_time for cause in CAUSES}
+        lost = {cause: summary.lost_s.get(cause, 0.0) / fleet_time for cause in causes}
         rows.append(("the fleet", {"ofu": 1.0 - sum(lost.values()), **lost}))
     for job in summary.jobs[:MAX_TIMELINE_JOBS]:
         shares = job.loss_shares()
@@ -682,7 +690,7 @@ def loss_figure(summary: FleetSummary) -> go.Figure | None:
         return None
     figure = go.Figure()
     labels = [_label(label) for label, _ in reversed(rows)]
-    for part in ("ofu", *CAUSES):
+    for part in ("ofu", *causes):
         name = "OFU (useful tensor work)" if part == "ofu" else f"{part}: {CAUSE_WORDS[part]}"
         figure.add_trace(
             go.Bar(
@@ -705,38 +713,75 @@ def loss_figure(summary: FleetSummary) -> go.Figure | None:
     return figure
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e9:.1f} GB/s"
+
+
 def _loss_table(summary: FleetSummary) -> str:
-    """The lost GPU-hours and their cost by cause, per job and for the fleet."""
-    header = "".join(f'<th class="num">{_e(cause)}</th>' for cause in CAUSES)
+    """The lost GPU-hours and their cost by cause, per job and for the fleet; beside them each job's DRAM activity
+    and link traffic (what tells the causes of non_tensor apart) where its GPUs reported them."""
+    causes = summary.causes or CAUSES
+    context = any(
+        value is not None
+        for job in summary.jobs
+        for value in (job.dram_active, job.nvlink_bytes_per_s, job.pcie_bytes_per_s)
+    )
+    header = "".join(f'<th class="num">{_e(cause)}</th>' for cause in causes)
+    context_header = '<th class="num">DRAM</th><th class="num">NVLink</th><th class="num">PCIe</th>' if context else ""
     rows = []
     for job in summary.jobs[:MAX_TABLE_JOBS]:
         if job.gpu_time_s <= 0:
             continue
         lost, cost_lost = job.lost_s, job.cost_lost
-        cells = "".join(f'<td class="num">{_e(hours(lost[cause]))}</td>' for cause in CAUSES)
+        cells = "".join(f'<td class="num">{_e(hours(lost[cause]))}</td>' for cause in causes)
         cost = "-" if cost_lost is None else money(sum(cost_lost.values()), job.currency)
+        beside = (
+            f'<td class="num">{_e(_percent(job.dram_active))}</td><td class="num">{_e(_rate(job.nvlink_bytes_per_s))}'
+            f'</td><td class="num">{_e(_rate(job.pcie_bytes_per_s))}</td>'
+            if context
+            else ""
+        )
         rows.append(
             f"<tr><td>{_e(job.name)}</td><td>{_e(job.job_id)}</td>"
             f'<td class="num">{_e(hours(job.gpu_time_s))}</td>{cells}'
-            f'<td class="num">{_e(hours(sum(lost.values())))}</td><td class="num">{_e(cost)}</td></tr>'
+            f'<td class="num">{_e(hours(sum(lost.values())))}</td><td class="num">{_e(cost)}</td>{beside}</tr>'
         )
     if summary.lost_s:
-        cells = "".join(f'<td class="num">{_e(hours(summary.lost_s.get(cause, 0.0)))}</td>' for cause in CAUSES)
+        cells = "".join(f'<td class="num">{_e(hours(summary.lost_s.get(cause, 0.0)))}</td>' for cause in causes)
         total = summary.cost_lost_total
         cost = "-" if total is None else money(total, summary.currency)
         gpu_time = sum(job.gpu_time_s for job in summary.jobs)
         rows.append(
             f'<tr class="fleet"><td><b>the fleet</b></td><td></td><td class="num">{_e(hours(gpu_time))}</td>'
             f'{cells}<td class="num"><b>{_e(hours(summary.lost_total_s))}</b></td>'
-            f'<td class="num"><b>{_e(cost)}</b></td></tr>'
+            f'<td class="num"><b>{_e(cost)}</b></td>{"<td></td>" * 3 if context else ""}</tr>'
         )
     if not rows:
         return '<p class="note">No GPU time in this record.</p>'
     return _scrolling(
         '<table id="loss-by-cause"><thead><tr><th>job</th><th>id</th><th class="num">GPU time</th>'
-        f'{header}<th class="num">lost</th><th class="num">lost cost</th></tr></thead>'
+        f'{header}<th class="num">lost</th><th class="num">lost cost</th>{context_header}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
+
+
+def _bottlenecks(summary: FleetSummary) -> str:
+    """Each job's bottleneck in one sentence where one stands out (``report.causes``); nothing where no job's GPUs
+    split the tensor pipes' loss."""
+    split = [job for job in summary.jobs[:MAX_TABLE_JOBS] if any(part in job.causes for part in TENSOR_PARTS)]
+    if not split:
+        return ""
+    items = []
+    for job in split:
+        found = bottleneck_of(job)
+        if found is not None:
+            items.append(
+                f'<li data-kind="{_e(found.kind)}"><b>{_e(job.name)}</b> <small>{_e(job.job_id)}</small>: '
+                f"{_e(found.sentence)}.</li>"
+            )
+    if not items:
+        return '<p class="note" id="no-bottleneck">No job\'s loss points to a single bottleneck.</p>'
+    return f'<h3>Bottlenecks</h3><ul id="bottlenecks">{"".join(items)}</ul>'
 
 
 def _flag_badge(kind: str) -> str:
@@ -859,12 +904,17 @@ def build_report(
             note = (
                 "Each bar is a job's GPU time: the share that did useful tensor work (OFU) and the share lost to "
                 "idle GPUs (no tensor activity), to a clock held below its max (power cap, heat, other limits) "
-                "and to tensor pipes not kept busy (including tile padding). Lost GPU-hours and their cost below; "
-                "the cost is GPU time x the configured price per GPU-hour."
+                "and to tensor pipes not kept busy (including tile padding). Where the GPUs report engine and SM "
+                "activity, that last share is split: no kernel running (the host side: input pipeline, "
+                "synchronisation, checkpoints), kernels running with SMs left empty, and SMs busy off the tensor "
+                "pipes (memory-bound kernels, exposed communication, element-wise work); the job's DRAM activity "
+                "and link traffic beside it tell those apart. Lost GPU-hours and their cost below; the cost is "
+                "GPU time x the configured price per GPU-hour."
             )
             parts.append(
                 f'<h2>Where OFU is lost</h2><p class="note">{_e(note)}</p>'
-                f'<section class="card">{_figure_html(loss, "ofu-loss")}{_loss_table(summary)}</section>'
+                f'<section class="card">{_figure_html(loss, "ofu-loss")}{_bottlenecks(summary)}'
+                f"{_loss_table(summary)}</section>"
             )
         shown = _timeline_jobs(jobs)
         timelines = timelines_figure(shown)

@@ -10,14 +10,16 @@ report and the HTML report both read it, so they say the same thing.
   job's GPU time while it was up; a regression the GPU time its OFU fell short of its baseline
   ((baseline - OFU) x GPU-hours); idle GPUs their idle GPU-time; a straggler its shortfall against its job's
   median ((median - OFU) x its hours), priced at the job's mean price per GPU-hour.
-- Where OFU is lost: GPU-hours lost by cause (idle, clock, tensor) and their cost, per job and for the fleet.
+- Where OFU is lost: GPU-hours lost by cause (idle, clock, tensor; tensor split into no_kernel, sm_idle and
+  non_tensor where the GPUs report engine and SM activity) and their cost, per job and for the fleet, beside
+  the job's DRAM activity and NVLink and PCIe throughput (what tells the causes of non_tensor apart).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -40,11 +42,20 @@ IDLE: Final = idle_gpus.DETECTOR.kind
 STRAGGLER: Final = straggler.GPU_DETECTOR.kind
 # Every flag, in the vocabulary's order: the job flags, then the GPU flags (shown on their job).
 FLAG_KINDS: Final = tuple(d.kind for d in DETECTORS) + tuple(d.kind for d in GPU_DETECTORS)
-CAUSES: Final = (names.OfuLossCause.IDLE, names.OfuLossCause.CLOCK, names.OfuLossCause.TENSOR)
+C: Final = names.OfuLossCause
+# Every cause, in the vocabulary's order: idle, clock, the finer split of the tensor pipes' loss (no_kernel,
+# sm_idle, non_tensor, on GPUs that report engine and SM activity) and the coarse tensor (on those that do not).
+CAUSES: Final = C.ALL
+TENSOR_PARTS: Final = C.TENSOR_PARTS
+# The three a reader compares across every job, whatever its source: the finer parts folded back into tensor.
+COARSE_CAUSES: Final = (C.IDLE, C.CLOCK, C.TENSOR)
 CAUSE_WORDS: Final = {
-    names.OfuLossCause.IDLE: "idle GPUs",
-    names.OfuLossCause.CLOCK: "clock held below max",
-    names.OfuLossCause.TENSOR: "tensor pipes not busy",
+    C.IDLE: "idle GPUs",
+    C.CLOCK: "clock held below max",
+    C.NO_KERNEL: "no kernel running",
+    C.SM_IDLE: "kernels running, SMs left empty",
+    C.NON_TENSOR: "SMs busy off the tensor pipes",
+    C.TENSOR: "tensor pipes not busy",
 }
 _H: Final = 3600.0
 # A correlation over fewer jobs says next to nothing (three points fit almost any line): the reports show
@@ -94,6 +105,20 @@ def money(value: float, currency: str | None) -> str:
 
 def _sum_causes(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {cause: sum(part.get(cause, 0.0) for part in parts) for cause in CAUSES}
+
+
+def coarse(shares: Mapping[str, float]) -> dict[str, float]:
+    """Shares (or seconds) by the coarse three: the finer parts of the tensor pipes' loss summed into tensor."""
+    tensor = shares.get(C.TENSOR, 0.0) + sum(shares.get(part, 0.0) for part in TENSOR_PARTS)
+    return {C.IDLE: shares.get(C.IDLE, 0.0), C.CLOCK: shares.get(C.CLOCK, 0.0), C.TENSOR: tensor}
+
+
+def _present(parts: Iterator[Mapping[str, float]]) -> tuple[str, ...]:
+    """The causes some part names, in CAUSES order."""
+    seen: set[str] = set()
+    for part in parts:
+        seen.update(part)
+    return tuple(cause for cause in CAUSES if cause in seen)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -283,14 +308,49 @@ class JobSummary:
         parts = [w.loss.energy_j for w in self.history if w.loss is not None and w.loss.energy_j is not None]
         return sum(parts) if parts else None
 
+    @property
+    def causes(self) -> tuple[str, ...]:
+        """The causes the job's windows split its loss into, in CAUSES order."""
+        return _present(w.loss.lost_s for w in self.history if w.loss is not None)
+
     def loss_shares(self) -> dict[str, float] | None:
-        """OFU and each cause as shares of the run's GPU time (GPU-time weighted): they sum to 1."""
+        """OFU and each cause (every one of CAUSES, 0 where the job has none of it) as shares of the run's GPU time
+        (GPU-time weighted): they sum to 1."""
         total = self.gpu_time_s
         if total <= 0:
             return None
         lost = self.lost_s
         shares = {cause: lost[cause] / total for cause in CAUSES}
         return {"ofu": 1.0 - sum(shares.values()), **shares}
+
+    def _context(self, field: Callable[[JobLoss], float | None]) -> float | None:
+        """A context value's mean over the run, weighted by each window's GPU time, over the windows that have it."""
+        pairs = [
+            (value, w.loss.gpu_time_s)
+            for w in self.history
+            if w.loss is not None and (value := field(w.loss)) is not None
+        ]
+        if not pairs:
+            return None
+        weight = sum(seconds for _, seconds in pairs)
+        if weight <= 0:
+            return statistics.fmean(value for value, _ in pairs)
+        return sum(value * seconds for value, seconds in pairs) / weight
+
+    @property
+    def dram_active(self) -> float | None:
+        """Mean DRAM activity of the job's GPUs over the run; None: none reported it."""
+        return self._context(lambda loss: loss.dram_active)
+
+    @property
+    def nvlink_bytes_per_s(self) -> float | None:
+        """Mean NVLink bytes per second per GPU, sent and received, over the run; None: none reported it."""
+        return self._context(lambda loss: loss.nvlink_bytes_per_s)
+
+    @property
+    def pcie_bytes_per_s(self) -> float | None:
+        """Mean PCIe bytes per second per GPU, sent and received, over the run; None: none reported it."""
+        return self._context(lambda loss: loss.pcie_bytes_per_s)
 
     def _sized(self, seconds: float, windows: Sequence[JobWindow]) -> str:
         """``X GPU-h`` and, where the windows were priced, its cost at their mean price per GPU-hour."""
@@ -419,6 +479,12 @@ class FleetSummary:
     cost_lost: Mapping[str, float] | None = None
     energy_j: float | None = None
     currency: str | None = None
+
+    @property
+    def causes(self) -> tuple[str, ...]:
+        """The causes any job's loss was split into over the run, in CAUSES order."""
+        present = {cause for job in self.jobs for cause in job.causes}
+        return tuple(cause for cause in CAUSES if cause in present)
 
     @property
     def lost_total_s(self) -> float:

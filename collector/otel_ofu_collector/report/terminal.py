@@ -19,11 +19,14 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_ofu import catalog, names
+from otel_ofu_collector.report.causes import bottleneck_of
 from otel_ofu_collector.report.summary import (
-    CAUSES,
+    COARSE_CAUSES,
     MIN_FLEET_R_JOBS,
+    TENSOR_PARTS,
     FleetSummary,
     JobSummary,
+    coarse,
     format_time,
     hours,
     hours_number,
@@ -35,6 +38,7 @@ from otel_ofu_collector.report.summary import (
 INDENT: Final = 2
 _NAME_WIDTH: Final = 24  # an id or name longer than this is cut even when there is room
 _MIN_NAME_WIDTH: Final = 6
+_NO_SHARE: Final = 1e-9  # a share this small is rounding, not time
 _GAP: Final = 2  # between columns: the box's separator and the cell's left padding
 
 
@@ -204,7 +208,7 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
         ("job", "name"),
         ("GPU-h", "right"),
         ("OFU", "right"),
-        *((cause, "right") for cause in CAUSES),
+        *((cause, "right") for cause in COARSE_CAUSES),
         ("lost GPU-h", "right"),
         *(((f"lost {currency or 'cost'}", "right"),) if priced else ()),
     )
@@ -218,14 +222,15 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
             job.job_id,
             hours_number(job.gpu_time_s),
             percent(shares["ofu"]),
-            *(percent(shares[cause]) for cause in CAUSES),
+            *(percent(value) for value in coarse(shares).values()),
             hours_number(sum(job.lost_s.values())),
             *cost_cell,
         )
     console.print(_fit(table, console.width))
     if not summary.lost_s:
         return
-    by_cause = ", ".join(f"{cause} {hours(summary.lost_s.get(cause, 0.0))}" for cause in CAUSES)
+    fleet_lost = coarse(summary.lost_s)
+    by_cause = ", ".join(f"{cause} {hours(fleet_lost[cause])}" for cause in COARSE_CAUSES)
     line = f"Fleet lost {hours(summary.lost_total_s)} of GPU time ({by_cause})"
     cost = summary.cost_lost_total
     if cost is not None:
@@ -233,6 +238,56 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
     if summary.energy_j is not None:
         line += f"; the fleet's GPUs used {summary.energy_j / 3.6e6:.1f} kWh"
     _paragraph(console, line + ".")
+    print_causes(summary, console)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1e9:.1f}"
+
+
+def _has_parts(job: JobSummary) -> bool:
+    """Whether the job's GPUs split the tensor pipes' loss and had any of it: an idle job has none, its last cause
+    being the residual 1 - OFU - idle, a rounding's +-1e-16 from 0."""
+    shares = job.loss_shares()
+    if shares is None or not any(part in job.causes for part in TENSOR_PARTS):
+        return False
+    return sum(shares[part] for part in TENSOR_PARTS) > _NO_SHARE
+
+
+def print_causes(summary: FleetSummary, console: Console) -> None:
+    """The tensor column split by what the engine and SMs did, beside DRAM and link traffic, for the jobs whose
+    GPUs report engine and SM activity; then each job's bottleneck where one stands out."""
+    jobs = [job for job in summary.jobs if _has_parts(job)]
+    if not jobs:
+        return
+    _heading(console, "Where the tensor pipes' time went: shares of GPU time, and what else was busy")
+    table = _table(
+        ("job", "name"),
+        *((cause, "right") for cause in TENSOR_PARTS),
+        ("DRAM", "right"),
+        ("NVLink GB/s", "right"),
+        ("PCIe GB/s", "right"),
+    )
+    for job in jobs:
+        shares = job.loss_shares()
+        if shares is None:
+            continue
+        table.add_row(
+            job.job_id,
+            *(percent(shares[cause]) for cause in TENSOR_PARTS),
+            percent(job.dram_active),
+            _rate(job.nvlink_bytes_per_s),
+            _rate(job.pcie_bytes_per_s),
+        )
+    console.print(_fit(table, console.width))
+    found = [(job, bottleneck_of(job)) for job in jobs]
+    named = [(job, bottleneck) for job, bottleneck in found if bottleneck is not None]
+    if not named:
+        _paragraph(console, "No job's loss points to a single bottleneck.", INDENT)
+        return
+    for job, bottleneck in named:
+        name = job.attributes.get(names.JOB_NAME) or "unnamed"
+        _paragraph(console, f"{job.job_id} ({name}): {bottleneck.sentence}.", INDENT)
 
 
 def print_flags(summary: FleetSummary, console: Console) -> None:
