@@ -247,3 +247,13 @@ def test_a_price_table_with_a_duplicate_or_an_empty_entry_is_refused(
 def test_a_good_price_table_is_taken_as_given() -> None:
     assert parse_prices("NVIDIA H100 80GB HBM3=2.5, default=2") == {"NVIDIA H100 80GB HBM3": 2.5, "default": 2.0}
     assert built("--price-per-gpu-hour", "A=1,B=0").aggregator.price_per_gpu_hour == {"A": 1.0, "B": 0.0}
+
+
+def test_the_reference_lists_every_option_with_its_range() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference.md").read_text()
+    table = text[text.index("## Collector options") :]
+    assert "| `--window SECONDS` | 1 to 86,400 s | `60.0` | `OTEL_OFU_COLLECTOR_WINDOW` | window length |" in table
+    for option, _, _ in BOUNDS:
+        assert f"| `{option} " in table, option
