@@ -48,11 +48,6 @@ def _positive(_instance: object, attribute: attrs.Attribute[float], value: float
         raise ValueError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
-def _non_negative(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
-
-
 def _at_most(maximum: float) -> Callable[[object, attrs.Attribute[float], float], None]:
     def check(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
         if value > maximum:
