@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Generic, Protocol
+from typing import Any, Final, Generic, Protocol
 
 import attrs
 
 from otel_ofu import names
 from otel_ofu_collector.option_bounds import Bound, N
-
-if TYPE_CHECKING:  # the config validates its flag settings against the detectors' options: it imports them
-    from otel_ofu_collector.config import AggregatorConfig
 
 NOT_ASSESSABLE: Final = None
 
@@ -52,6 +49,15 @@ class FlagOption(Generic[N]):
     @property
     def flag(self) -> str:
         return "--" + self.key.replace("_", "-")
+
+
+class FlagSettings(Protocol):
+    """What a flag reads of the collector's settings (an ``AggregatorConfig``): the value of each of its options.
+
+    A protocol, not the config itself: the config checks its settings against the detectors' options, so it
+    imports them, and the detectors must not import it back."""
+
+    def flag(self, option: FlagOption[N]) -> N: ...
 
 
 @attrs.frozen
@@ -125,7 +131,7 @@ class GpuDetector(Protocol):
     @property
     def options(self) -> Sequence[FlagOption[Any]]: ...
 
-    def start(self, config: AggregatorConfig) -> GpuFlag:
+    def start(self, config: FlagSettings) -> GpuFlag:
         """A fresh state for one job's GPUs."""
         ...
 
@@ -162,6 +168,6 @@ class Detector(Protocol):
     @property
     def options(self) -> Sequence[FlagOption[Any]]: ...
 
-    def start(self, config: AggregatorConfig) -> JobFlag:
+    def start(self, config: FlagSettings) -> JobFlag:
         """A fresh state for one job."""
         ...

@@ -9,16 +9,13 @@ MFU) the flag cannot be assessed: absent, not 0.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.detectors.base import FlagOption, JobWindowValues
+from otel_ofu_collector.detectors.base import FlagOption, FlagSettings, JobWindowValues
 from otel_ofu_collector.option_bounds import Bound
-
-if TYPE_CHECKING:
-    from otel_ofu_collector.config import AggregatorConfig
 
 # An honest FLOP count keeps MFU at or under OFU (the tensor pipes do at least the model's work), so a ratio
 # under 1 would flag honest jobs; the paper's worst miscount was ~3x, and 100x is a unit mistake.
@@ -62,7 +59,7 @@ class FlopsMiscount:
     label: str = "FLOP miscount"
     options: Sequence[FlagOption[Any]] = (RATIO, WINDOWS)
 
-    def start(self, config: AggregatorConfig) -> _Miscount:
+    def start(self, config: FlagSettings) -> _Miscount:
         return _Miscount(config.flag(RATIO), config.flag(WINDOWS))
 
 

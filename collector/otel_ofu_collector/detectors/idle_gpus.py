@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.detectors.base import FlagOption, JobWindowValues
+from otel_ofu_collector.detectors.base import FlagOption, FlagSettings, JobWindowValues
 from otel_ofu_collector.option_bounds import Bound
-
-if TYPE_CHECKING:
-    from otel_ofu_collector.config import AggregatorConfig
 
 WINDOWS = FlagOption(
     "idle_windows",
@@ -52,7 +49,7 @@ class IdleGpus:
     label: str = "idle GPUs"
     options: Sequence[FlagOption[Any]] = (WINDOWS,)
 
-    def start(self, config: AggregatorConfig) -> _IdleGpus:
+    def start(self, config: FlagSettings) -> _IdleGpus:
         return _IdleGpus(config.flag(WINDOWS))
 
 

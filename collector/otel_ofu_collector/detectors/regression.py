@@ -14,16 +14,13 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.detectors.base import FlagOption, JobWindowValues
+from otel_ofu_collector.detectors.base import FlagOption, FlagSettings, JobWindowValues
 from otel_ofu_collector.option_bounds import Bound
-
-if TYPE_CHECKING:
-    from otel_ofu_collector.config import AggregatorConfig
 
 # A factor of 1 flags any window under the median (half of a steady job's windows); 100x is a stall, not a
 # regression to compare against.
@@ -90,7 +87,7 @@ class Regression:
     label: str = "OFU regression"
     options: Sequence[FlagOption[Any]] = (FACTOR, BASELINE_WINDOWS, MIN_BASELINE)
 
-    def start(self, config: AggregatorConfig) -> _Regression:
+    def start(self, config: FlagSettings) -> _Regression:
         windows = config.flag(BASELINE_WINDOWS)
         return _Regression(config.flag(FACTOR), config.flag(MIN_BASELINE), min_windows(windows), deque(maxlen=windows))
 

@@ -15,16 +15,13 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.detectors.base import FlagOption, GpuVerdict, GpuWindowValues
+from otel_ofu_collector.detectors.base import FlagOption, FlagSettings, GpuVerdict, GpuWindowValues
 from otel_ofu_collector.option_bounds import Bound
-
-if TYPE_CHECKING:
-    from otel_ofu_collector.config import AggregatorConfig
 
 # A factor of 1 flags every GPU under its peers' median, half of any job; beyond 100x the GPU does no work
 # worth comparing (it is idle, counted by job.gpus.idle).
@@ -101,7 +98,7 @@ class Straggler:
     label: str = "straggler GPU"
     options: Sequence[FlagOption[Any]] = (FACTOR, WINDOWS)
 
-    def start(self, config: AggregatorConfig) -> _Stragglers:
+    def start(self, config: FlagSettings) -> _Stragglers:
         return _Stragglers(config.flag(FACTOR), config.flag(WINDOWS))
 
 
