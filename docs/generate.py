@@ -1,4 +1,5 @@
-"""The metric and attribute reference, docs/reference.md, generated from the vocabulary ``otel_ofu.names``.
+"""The metric and attribute reference, docs/reference.md, generated from the vocabulary ``otel_ofu.names``
+(and its table of ``otel-ofu collector`` options, from that command's own parser).
 
 The generator reads the vocabulary module itself, in the order it is written: every ``MetricSpec``, every
 attribute key, every value set and every hardware id declared there lands in the reference under the
@@ -12,6 +13,7 @@ the output with the committed copy fails until it is regenerated:
 
 from __future__ import annotations
 
+import argparse
 import ast
 import inspect
 import io
@@ -25,7 +27,7 @@ from types import ModuleType
 
 import attrs
 
-from otel_ofu import names
+from otel_ofu import cli, names
 from otel_ofu.generated_files import write_or_check
 
 HERE = Path(__file__).resolve().parent
@@ -35,6 +37,11 @@ _SECTION = re.compile(r"^# -{3,}\s*(?P<title>.*?)\s*-*$")
 # An attribute key: a dotted lower-case name (``hw.id``), or one of the vocabulary's bare keys.
 _ATTRIBUTE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)+")
 _BARE_ATTRIBUTES = {names.QUANTILE, names.ERROR_REASON}
+# An option's help as cli_support writes it: the meaning, its [range] if bounded, then (env VAR; default D).
+_OPTION_HELP = re.compile(
+    r"^(?P<meaning>.*?)(?: \[(?P<range>[^\]]+)\])? \(env (?P<env>[A-Z0-9_]+)(?:; default (?P<default>.*))?\)$",
+    re.DOTALL,
+)
 
 
 @attrs.frozen
@@ -277,6 +284,51 @@ def render(module: ModuleType = names) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+def _command_parser(name: str) -> argparse.ArgumentParser:
+    parser = cli.build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = action.choices[name]
+    return found
+
+
+def collector_options() -> list[str]:
+    """The ``otel-ofu collector`` options, one table per help group: range, default, variable, meaning."""
+    out = [
+        "## Collector options",
+        "",
+        "`otel-ofu collector`'s options as its `--help` groups them, read from the command's parser. A value"
+        " outside an option's range (both ends included; never infinite or NaN) is a one-line usage error"
+        " naming the option, exit 2, before anything starts, whether it came from the command line or from"
+        " the option's variable.",
+        "",
+    ]
+    for group in _command_parser("collector")._action_groups:
+        rows = []
+        for action in group._group_actions:
+            if not action.option_strings or action.help in (None, argparse.SUPPRESS) or action.dest == "help":
+                continue
+            match = _OPTION_HELP.match(" ".join(str(action.help).split()))
+            assert match is not None, action.option_strings
+            flag = " / ".join(_code(f) for f in action.option_strings if f.startswith("--"))
+            if action.metavar:
+                flag = _code(f"{action.option_strings[0]} {action.metavar}")
+            elif action.choices and action.nargs != 0:
+                flag = _code(f"{action.option_strings[0]} {{{','.join(map(str, action.choices))}}}")
+            rows.append(
+                (
+                    flag,
+                    match["range"] or "",
+                    _code(match["default"]) if match["default"] else "",
+                    _code(match["env"]),
+                    match["meaning"],
+                )
+            )
+        if rows and group.title != "options":
+            out += [f"### {group.title}", ""]
+            out += _table(("option", "range", "default", "variable", "meaning"), rows)
+    return out
+
+
 def _constant(value: object) -> str:
     if isinstance(value, dict):
         return ", ".join(f"`{key}` -> `{item}`" for key, item in value.items())
@@ -285,8 +337,13 @@ def _constant(value: object) -> str:
     return _code(value)
 
 
+def reference() -> str:
+    """docs/reference.md: the vocabulary, then the collector's options."""
+    return render() + "\n" + "\n".join(collector_options()).rstrip("\n") + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    return write_or_check(REFERENCE.parent, {REFERENCE.name: render()}, argv, __doc__ or "")
+    return write_or_check(REFERENCE.parent, {REFERENCE.name: reference()}, argv, __doc__ or "")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def test_the_windows_run_every_detector_for_every_job() -> None:
 
 
 def test_a_job_that_never_reported_mfu_has_no_miscount_value_and_one_without_a_baseline_no_regression() -> None:
-    aggregator = Aggregator(AggregatorConfig(window_s=60, lateness_s=0, baseline_windows=4))
+    aggregator = Aggregator(AggregatorConfig(window_s=60, lateness_s=0, flag_settings={"baseline_windows": 4}))
     reports = []
     for window in range(4):
         start = window * 60 * S
@@ -63,7 +63,7 @@ def test_a_job_that_never_reported_mfu_has_no_miscount_value_and_one_without_a_b
 
 def test_a_fresh_flag_state_per_job_judges_only_what_it_is_given() -> None:
     miscount = next(d for d in DETECTORS if d.metric == names.JOB_FLOPS_MISCOUNT)
-    flag = miscount.start(AggregatorConfig(miscount_ratio=1.5, miscount_windows=2))
+    flag = miscount.start(AggregatorConfig(flag_settings={"miscount_ratio": 1.5, "miscount_windows": 2}))
     over = JobWindowValues(0, 60 * S, ofu=0.2, mfu=0.5, gpus=1)
     assert [flag.assess(over), flag.assess(over)] == [0, 1]
     # A window without MFU neither extends nor breaks the run: the flag keeps its value.

@@ -270,7 +270,7 @@ def test_an_older_interval_arriving_late_keeps_its_inputs() -> None:
 
 
 def test_idle_gpus_counted_after_the_idle_windows() -> None:
-    agg = Aggregator(_config(idle_windows=3))
+    agg = Aggregator(_config(flag_settings={"idle_windows": 3}))
     counts = []
     for window in range(5):
         _gpu(agg, "a", _identity("GPU-a", "j"), window, {"ofu": 0.4, names.GPU_TENSOR_ACTIVE.name: 0.5})
@@ -313,7 +313,7 @@ def test_a_straggler_is_flagged_on_its_identity_and_cleared_once() -> None:
 
 
 def test_a_straggler_needs_peers_and_a_working_job() -> None:
-    agg = Aggregator(_config(straggler_windows=1))
+    agg = Aggregator(_config(flag_settings={"straggler_windows": 1}))
     for window in range(3):
         _gpu(agg, "solo", _identity("GPU-s", "solo"), window, {"ofu": 0.1, names.GPU_TENSOR_ACTIVE.name: 0.2})
         for gpu in range(3):  # an idle GPU among working ones is idle, not a straggler

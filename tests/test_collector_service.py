@@ -80,7 +80,7 @@ def metric_names(sink: OtlpSink) -> set[str]:
 
 def options(sink: OtlpSink | None, **overrides: Any) -> CollectorOptions:
     """With a gRPC receiver on a free port and the miscount flag after two windows."""
-    aggregator = AggregatorConfig(window_s=60.0, lateness_s=10.0, miscount_windows=2)
+    aggregator = AggregatorConfig(window_s=60.0, lateness_s=10.0, flag_settings={"miscount_windows": 2})
     return collector_options(sink, **{"aggregator": aggregator, "grpc_listen": "127.0.0.1:0", **overrides})
 
 
@@ -275,8 +275,8 @@ def test_command_line_builds_the_options(monkeypatch: pytest.MonkeyPatch) -> Non
     )  # fmt: skip
     built = command.options_from_args(args)
     assert built.aggregator.window_s == 30.0
-    assert built.aggregator.miscount_ratio == 1.8
-    assert built.aggregator.regression_min_baseline == 0.05
+    assert built.aggregator.flag_settings["miscount_ratio"] == 1.8
+    assert built.aggregator.flag_settings["regression_min_baseline"] == 0.05
     assert built.http_body_deadline_s == 12.5
     assert built.aggregator.group_keys == ("hw.model",)
     assert (built.pass_through, built.mode, built.include_partials) == (False, "shard", True)

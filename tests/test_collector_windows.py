@@ -182,7 +182,7 @@ def test_evicted_job_still_counts_for_the_fleet_within_the_horizon() -> None:
 
 
 def test_miscount_flag_after_exactly_n_consecutive_windows() -> None:
-    agg = Aggregator(AggregatorConfig(miscount_ratio=1.5, miscount_windows=3))
+    agg = Aggregator(AggregatorConfig(flag_settings={"miscount_ratio": 1.5, "miscount_windows": 3}))
     moe, healthy = [], []
     for window in range(8):
         over_counting = window < 6
@@ -198,7 +198,7 @@ def test_miscount_flag_after_exactly_n_consecutive_windows() -> None:
 
 
 def test_windows_without_mfu_neither_extend_nor_break_the_run() -> None:
-    agg = Aggregator(AggregatorConfig(miscount_windows=3))
+    agg = Aggregator(AggregatorConfig(flag_settings={"miscount_windows": 3}))
     flags = []
     for window, mfu in enumerate([0.6, 0.6, None, 0.6]):
         agg.add_ofu("m", 0.3, at(window, 0), at(window, 30), ident("moe"))
@@ -211,7 +211,7 @@ def test_windows_without_mfu_neither_extend_nor_break_the_run() -> None:
 
 def test_regression_flagged_for_a_2_5x_drop_and_never_for_a_healthy_job() -> None:
     rng = random.Random(11)
-    agg = Aggregator(AggregatorConfig(regression_factor=2.0, baseline_windows=10))
+    agg = Aggregator(AggregatorConfig(flag_settings={"regression_factor": 2.0, "baseline_windows": 10}))
     regressing, healthy = [], []
     for window in range(30):
         ofu = 0.5 if window < 15 else 0.2
@@ -226,7 +226,7 @@ def test_regression_flagged_for_a_2_5x_drop_and_never_for_a_healthy_job() -> Non
 
 
 def test_regression_needs_a_baseline_first() -> None:
-    agg = Aggregator(AggregatorConfig(baseline_windows=10))  # at least 5 windows of baseline
+    agg = Aggregator(AggregatorConfig(flag_settings={"baseline_windows": 10}))  # at least 5 windows of baseline
     flags = []
     for window, ofu in enumerate([0.5, 0.5, 0.5, 0.5, 0.1, 0.5, 0.1]):
         agg.add_ofu("r", ofu, at(window, 0), at(window, 30), ident("reg"))
@@ -238,7 +238,7 @@ def test_regression_needs_a_baseline_first() -> None:
 
 def test_an_idle_job_near_zero_is_never_a_regression() -> None:
     rng = random.Random(3)
-    agg = Aggregator(AggregatorConfig(regression_min_baseline=0.05))
+    agg = Aggregator(AggregatorConfig(flag_settings={"regression_min_baseline": 0.05}))
     flags = []
     for window in range(30):
         # An allocated GPU with nothing running: OFU is noise around 0.2%, often halving. All its GPUs idle every
@@ -253,7 +253,7 @@ def test_a_job_whose_gpus_all_go_idle_is_an_idle_allocation_not_a_regression() -
     # Ten windows at OFU 0.4 (the baseline), then the job finishes but keeps its GPUs: OFU 0.001, tensor pipes
     # idle. Before, the regression flag rose at the first idle window (0.001 < 0.4 / 2); the idle count rises
     # after --idle-windows (3).
-    agg = Aggregator(AggregatorConfig(idle_windows=3))
+    agg = Aggregator(AggregatorConfig(flag_settings={"idle_windows": 3}))
     regression, idle = [], []
     for window in range(14):
         ofu = 0.4 if window < 10 else 0.001
@@ -398,7 +398,7 @@ def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="stale_after_s"):
         AggregatorConfig(window_s=60, lateness_s=15, stale_after_s=70)
     with pytest.raises(ValueError, match="miscount_windows"):
-        AggregatorConfig(miscount_windows=0)
+        AggregatorConfig(flag_settings={"miscount_windows": 0})
     with pytest.raises(ValueError, match="group_keys"):
         AggregatorConfig(group_keys=(names.QUANTILE,))
     with pytest.raises(ValueError, match="horizon_s"):

@@ -46,7 +46,7 @@ CHROMIUM_FLAGS = (
 
 def fleet_reports() -> list[WindowReport]:
     """Through the real aggregator: healthy jobs, a 2x FLOP over-count, a 2.5x regression, a hostile name."""
-    aggregator = Aggregator(AggregatorConfig(window_s=60, lateness_s=0, baseline_windows=4))
+    aggregator = Aggregator(AggregatorConfig(window_s=60, lateness_s=0, flag_settings={"baseline_windows": 4}))
     jobs = {
         "job-1": ("llama3-70b", "NVIDIA H100 80GB HBM3", 0.46, 0.96),
         "job-2": ("moe-16b", "NVIDIA H100 80GB HBM3", 0.26, 1.95),

@@ -36,7 +36,7 @@ WINDOW_S = 60
 
 def fleet_reports(windows: int = 8) -> list[WindowReport]:
     """A small fleet through the real aggregator: a healthy job, a 2x over-counting one, an idle GPU."""
-    aggregator = Aggregator(AggregatorConfig(window_s=WINDOW_S, lateness_s=0, miscount_windows=2))
+    aggregator = Aggregator(AggregatorConfig(window_s=WINDOW_S, lateness_s=0, flag_settings={"miscount_windows": 2}))
     reports: list[WindowReport] = []
     for w in range(windows):
         end = T0 + (w + 1) * WINDOW_S * S

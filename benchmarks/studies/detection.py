@@ -47,6 +47,8 @@ from otel_ofu.clock import ManualClock
 from otel_ofu.sources.simulated import GpuFault, JobSpec, ProfileKind, SimulatedFleet
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.detectors.flops_miscount import RATIO as MISCOUNT_RATIO
+from otel_ofu_collector.detectors.regression import FACTOR as REGRESSION_FACTOR
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.stats.comoments import CoMoments
 
@@ -166,7 +168,7 @@ class MiscountGroups:
     below: list[JobSpec]  # over-counted by less than ``ratio``
 
 
-def miscount_groups(jobs: Sequence[JobSpec], ratio: float = DEFAULT.miscount_ratio) -> MiscountGroups:
+def miscount_groups(jobs: Sequence[JobSpec], ratio: float = DEFAULT.flag(MISCOUNT_RATIO)) -> MiscountGroups:
     miscounted = [j for j in jobs if j.has_miscount]
     return MiscountGroups(
         target=[j for j in miscounted if j.mfu_ratio >= ratio],
@@ -205,9 +207,9 @@ def run(ctx: RunContext) -> BenchResult:
     sweep: list[dict[str, float | None]] = []
     default_outcome: Outcome | None = None
     for ratio, factor in zip(MISCOUNT_RATIOS, REGRESSION_FACTORS, strict=True):
-        config = AggregatorConfig(miscount_ratio=ratio, regression_factor=factor)
+        config = AggregatorConfig(flag_settings={"miscount_ratio": ratio, "regression_factor": factor})
         outcome = evaluate(steps, config, fleet)
-        if ratio == DEFAULT.miscount_ratio and factor == DEFAULT.regression_factor:
+        if ratio == DEFAULT.flag(MISCOUNT_RATIO) and factor == DEFAULT.flag(REGRESSION_FACTOR):
             default_outcome = outcome
         entry: dict[str, float | None] = {
             "miscount_ratio": ratio,

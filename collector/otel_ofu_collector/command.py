@@ -14,23 +14,29 @@ from typing import Any
 from opentelemetry.sdk.resources import OTELResourceDetector
 
 from otel_ofu import names
-from otel_ofu.cli_support import (
-    CommandOptions,
-    address_or_off,
-    non_negative_float,
-    port_number,
-    positive_float,
-    positive_int,
-    url_or_host_port,
+from otel_ofu.cli_support import CommandOptions, address_or_off, port_number, url_or_host_port
+from otel_ofu_collector.config import (
+    DAY_S,
+    GRID_INTENSITY,
+    HORIZON,
+    LATENESS,
+    PRICE,
+    PUE,
+    STALE_AFTER,
+    WINDOW,
+    AggregatorConfig,
+    parse_prices,
 )
-from otel_ofu_collector.config import AggregatorConfig, parse_prices
+from otel_ofu_collector.detectors import FLAG_OPTIONS
+from otel_ofu_collector.option_bounds import Bound
 from otel_ofu_collector.otlp.decode import DEFAULT_MAX_ATTRIBUTE_LENGTH
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.prefixes import COLLECTOR_PREFIX
 from otel_ofu_collector.receivers.auth import TlsFiles, bearer_auth
-from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, BODY_GRACE_S, BODY_MIN_RATE
+from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, BODY_GRACE_S
+from otel_ofu_collector.receivers.otlp_http import BODY_MIN_RATE as BODY_MIN_RATE_DEFAULT
 from otel_ofu_collector.service import (
     DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS,
     DEFAULT_SHUTDOWN_GRACE_S,
@@ -42,19 +48,73 @@ from otel_ofu_collector.service import (
 logger = logging.getLogger(__name__)
 
 
+DESCRIPTION = """\
+Receive OTLP metrics from the producers (gRPC and/or HTTP), aggregate fleet OFU per window,
+correlate it with the MFU each job reports, flag suspicious jobs and GPUs, and export the results
+over OTLP and on a Prometheus endpoint.
+
+The standard OpenTelemetry variables work as usual: OTEL_EXPORTER_OTLP_ENDPOINT, _PROTOCOL,
+_HEADERS, _TIMEOUT, _COMPRESSION, _CERTIFICATE (and their _METRICS_ forms) for the downstream, and
+OTEL_RESOURCE_ATTRIBUTES for the outputs' resource. Every option below also has its own
+OTEL_OFU_COLLECTOR_* variable. A number outside its option's [range] is refused before anything
+starts."""
+
+EPILOG = """\
+examples:
+  otel-ofu collector --export-endpoint http://otelcol:4317 --prometheus-port 9464
+  otel-ofu collector --listen off --http-listen 0.0.0.0:4318 --window 30 --lateness 10
+  otel-ofu collector --price-per-gpu-hour 'NVIDIA H100 80GB HBM3=2.5,default=2.0' --pue 1.3 \\
+      --grid-intensity 0.4 --straggler-factor 1.25 --idle-windows 3
+  otel-ofu collector --spool /var/lib/otel-ofu/spool.sqlite --report-feed-port 9465
+
+SIGTERM or SIGINT closes the open windows, exports them and exits 0."""
+
+# Ranges of the options that are not a detector's own (those are declared beside their flags) nor a time the
+# settings hold (config). Each is generous: it refuses unit mistakes and values that cannot work.
+EXPIRATION_WINDOWS = Bound(int, 1, 10_000)
+MAX_STREAMS = Bound(int, 1, 10_000_000)  # --max-state-bytes bounds their bytes besides
+MAX_JOBS = Bound(int, 1, 1_000_000)
+SPOOL_BYTES = Bound(int, 1 << 20, 1 << 40, "bytes")  # 1 MiB to 1 TiB
+MAX_IN_FLIGHT = Bound(int, 1, 1024)  # one gRPC worker thread each
+# At least one large data point with its resource must fit; beyond 64 MiB no OTLP receiver takes a request.
+EXPORT_BYTES = Bound(int, 64 * 1024, 64 * 1024 * 1024, "bytes")
+ATTRIBUTE_LENGTH = Bound(int, 1, 65_536, "characters")
+BODY_DEADLINE = Bound(float, 0.1, 3600.0, "s")
+BODY_MIN_RATE = Bound(float, 0.0, 1e9, "bytes/s")
+SHUTDOWN_GRACE = Bound(float, 0.0, 3600.0, "s")
+
+
 def _group_by(text: str) -> tuple[str, ...]:
     return tuple(key.strip() for key in text.split(",") if key.strip())
+
+
+def _bounded(options: CommandOptions, flag: str, bound: Bound[Any], *, help: str, **kwargs: Any) -> None:
+    """An option whose value must lie in ``bound``: its help says the range, a value outside is a usage error."""
+    options.option(flag, type=bound.parse, help=f"{help} [{bound.describe()}]", **kwargs)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "collector",
         help="run the fleet OFU collector processor (OTLP in, fleet percentiles and OFU-vs-MFU out)",
-        description="Receives OTLP metrics, aggregates fleet OFU per window, correlates it with reported MFU "
-        "per job, flags suspicious jobs and exports the results over OTLP and Prometheus.",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # OTEL_OFU_COLLECTOR_<FLAG>: a node that runs a producer too must not have its settings read as ours.
     options = CommandOptions(parser, COLLECTOR_PREFIX)
+    _receiving_options(options.group("receiving (OTLP in)"))
+    _auth_options(options.group("TLS and auth"))
+    _window_options(options.group("windows"))
+    _flag_options(options.group("flags (each detector's own settings)"))
+    _loss_options(options.group("loss & cost"))
+    _output_options(options.group("outputs"))
+    _prometheus_options(options.group("Prometheus endpoint (the outputs and the collector's self-telemetry)"))
+    _state_options(options.group("state & durability"))
+    parser.set_defaults(handler=run, usage_error=parser.error)
+
+
+def _receiving_options(options: CommandOptions) -> None:
     options.option(
         "--listen",
         default="0.0.0.0:4317",
@@ -69,141 +129,94 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="HOST:PORT",
         help="OTLP/HTTP listen address (no HTTP receiver unless given; off or none also says so)",
     )
+    _bounded(
+        options,
+        "--max-in-flight",
+        MAX_IN_FLIGHT,
+        default=64,
+        metavar="REQUESTS",
+        help="requests processed at once before UNAVAILABLE",
+    )
+    _bounded(
+        options,
+        "--max-attribute-length",
+        ATTRIBUTE_LENGTH,
+        default=DEFAULT_MAX_ATTRIBUTE_LENGTH,
+        metavar="CHARS",
+        help="reject points whose identity attribute value (job.id, host.name, ...) is longer than this",
+    )
+    _bounded(
+        options,
+        "--http-body-deadline",
+        BODY_DEADLINE,
+        default=BODY_DEADLINE_S,
+        metavar="SECONDS",
+        help="an OTLP/HTTP body not received within this is answered 408 and its connection closed",
+    )
+    _bounded(
+        options,
+        "--http-body-min-rate",
+        BODY_MIN_RATE,
+        default=BODY_MIN_RATE_DEFAULT,
+        metavar="BYTES_PER_S",
+        help=f"an OTLP/HTTP body slower than this on average after its first {BODY_GRACE_S:g} s is answered 408 "
+        "and its connection closed (0: no minimum)",
+    )
+
+
+def _auth_options(options: CommandOptions) -> None:
+    options.option("--tls-cert", default=None, metavar="FILE", help="server certificate (PEM) for TLS")
+    options.option("--tls-key", default=None, metavar="FILE", help="server private key (PEM) for TLS")
     options.option(
-        "--export-endpoint",
+        "--tls-client-ca", default=None, metavar="FILE", help="CA (PEM) client certificates must chain to (mTLS)"
+    )
+    options.option(
+        "--bearer-token",
         default=None,
-        type=url_or_host_port,
-        help="downstream OTLP endpoint; unset: OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT, else no downstream",
+        metavar="TOKEN",
+        help="require 'authorization: Bearer <token>' (on the command line it shows in the process table: "
+        "prefer --bearer-token-file or the environment variable)",
+    )
+    options.option("--bearer-token-file", default=None, metavar="FILE", help="read the bearer token from this file")
+
+
+def _window_options(options: CommandOptions) -> None:
+    _bounded(options, "--window", WINDOW, default=60.0, metavar="SECONDS", help="window length")
+    _bounded(
+        options,
+        "--lateness",
+        LATENESS,
+        default=15.0,
+        metavar="SECONDS",
+        help="how long after its end a window waits for late points",
+    )
+    _bounded(
+        options,
+        "--horizon",
+        HORIZON,
+        default=DAY_S,
+        metavar="SECONDS",
+        help="how far back the OFU-vs-MFU correlation looks (at least one window)",
     )
     options.option(
-        "--export-protocol",
-        default=None,
-        choices=["grpc", "http/protobuf"],
-        help="downstream protocol; unset: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc",
+        "--group-by",
+        default=f"{names.HW_MODEL},{names.GPU_PRECISION}",
+        type=_group_by,
+        metavar="KEY,...",
+        help="comma-separated attribute keys that group fleet percentiles",
     )
-    options.option("--prometheus-port", default=None, type=port_number, help="serve Prometheus /metrics on this port")
-    options.option(
-        "--prometheus-host",
-        default="127.0.0.1",
-        help="address of the Prometheus endpoint (loopback by default: it has no TLS or token; 0.0.0.0 exposes it)",
-    )
-    options.option(
-        "--prometheus-expiration-windows",
-        default=DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS,
-        type=positive_int,
-        metavar="N",
-        help="windows a series stays on the Prometheus endpoint without a new value (1: the latest window only)",
-    )
-    options.option("--window", default=60.0, type=positive_float, help="window length in seconds")
-    options.option("--lateness", default=15.0, type=non_negative_float, help="allowed lateness of points in seconds")
-    options.option("--horizon", default=86400.0, type=positive_float, help="correlation horizon in seconds")
-    options.option("--miscount-ratio", default=1.5, type=positive_float, help="MFU/OFU ratio that counts as a miscount")
-    options.option(
-        "--miscount-windows",
-        default=3,
-        type=positive_int,
-        help="consecutive windows before job.flops_miscount rises",
-    )
-    options.option("--regression-factor", default=2.0, type=positive_float, help="OFU drop below baseline that flags")
-    options.option("--baseline-windows", default=10, type=positive_int, help="windows in a job's trailing OFU baseline")
-    options.option(
-        "--regression-min-baseline",
-        default=0.05,
-        type=non_negative_float,
-        help="baseline OFU under which a job is idle, not regressing",
-    )
-    _loss_options(options)
     options.option(
         "--mode",
         default="process",
         choices=list(MODES),
         help="process: one collector; shard: also export mergeable partials; merge: merge the shards' partials",
     )
-    options.option(
-        "--group-by",
-        default=f"{names.HW_MODEL},{names.GPU_PRECISION}",
-        type=_group_by,
-        help="comma-separated attribute keys that group fleet percentiles",
-    )
-    options.option("--max-streams", default=200_000, type=positive_int, help="most GPU streams held at once")
-    options.option("--max-jobs", default=50_000, type=positive_int, help="most jobs held at once")
-    options.option("--stale-after", default=600.0, type=positive_float, help="evict a GPU or job silent this long (s)")
-    options.option(
-        "--spool",
-        default=None,
-        help="SQLite file that keeps undelivered window outputs across restarts; beside it FILE.accepted writes "
-        "ahead the accepted points of the open windows, replayed after a SIGKILL or crash (without a spool "
-        "those, about one window, are lost)",
-    )
-    options.option("--spool-max-bytes", default=256 * 1024 * 1024, type=positive_int, help="bound of the spool")
-    options.flag("--pass-through", default=True, help="forward metrics that are not ours downstream untouched")
-    options.flag("--forward-inputs", help="also forward our inputs (gpu.*, job.mfu) downstream")
-    options.option("--tls-cert", default=None, help="server certificate (PEM) for TLS")
-    options.option("--tls-key", default=None, help="server private key (PEM) for TLS")
-    options.option("--tls-client-ca", default=None, help="CA (PEM) client certificates must chain to (mTLS)")
-    options.option(
-        "--bearer-token",
-        default=None,
-        help="require 'authorization: Bearer <token>' (on the command line it shows in the process table: "
-        "prefer --bearer-token-file or the environment variable)",
-    )
-    options.option("--bearer-token-file", default=None, help="read the bearer token from this file")
-    options.option(
-        "--max-in-flight", default=64, type=positive_int, help="requests processed at once before UNAVAILABLE"
-    )
-    options.option(
-        "--export-max-request-bytes",
-        default=DEFAULT_MAX_EXPORT_BYTES,
-        type=positive_int,
-        metavar="BYTES",
-        help="split requests sent downstream to at most this size (gRPC receivers refuse over 4 MiB by default)",
-    )
-    options.option(
-        "--max-attribute-length",
-        default=DEFAULT_MAX_ATTRIBUTE_LENGTH,
-        type=positive_int,
-        metavar="CHARS",
-        help="reject points whose identity attribute value (job.id, host.name, ...) is longer than this",
-    )
-    options.option(
-        "--http-body-deadline",
-        default=BODY_DEADLINE_S,
-        type=positive_float,
-        metavar="SECONDS",
-        help="an OTLP/HTTP body not received within this is answered 408 and its connection closed",
-    )
-    options.option(
-        "--http-body-min-rate",
-        default=BODY_MIN_RATE,
-        type=non_negative_float,
-        metavar="BYTES_PER_S",
-        help=f"an OTLP/HTTP body slower than this on average after its first {BODY_GRACE_S:g} s is answered 408 "
-        "and its connection closed (0: no minimum)",
-    )
-    options.option(
-        "--instance-id",
-        default=None,
-        help="service.instance.id of the outputs (unique per shard replica); default HOSTNAME-PID",
-    )
-    options.option("--record-outputs", default=None, help="append every closed window to this JSON-lines file")
-    options.option(
-        "--report-feed-port",
-        default=None,
-        type=port_number,
-        help="serve recent windows at /reports.jsonl on this port (for otel-ofu report --live)",
-    )
-    options.option(
-        "--report-feed-host",
-        default="127.0.0.1",
-        help="address of the report feed (loopback by default: it has no TLS or token; 0.0.0.0 exposes it)",
-    )
-    options.option(
-        "--shutdown-grace",
-        default=DEFAULT_SHUTDOWN_GRACE_S,
-        type=non_negative_float,
-        help="seconds to finish up on SIGTERM",
-    )
-    parser.set_defaults(handler=run, usage_error=parser.error)
+
+
+def _flag_options(options: CommandOptions) -> None:
+    """One option per detector setting, as each detector declares it (its default and range included)."""
+    for option in FLAG_OPTIONS:
+        _bounded(options, option.flag, option.bound, default=option.default, metavar=option.metavar, help=option.help)
 
 
 def _prices(text: str) -> dict[str, float]:
@@ -221,40 +234,143 @@ def _currency(text: str) -> str:
 
 
 def _loss_options(options: CommandOptions) -> None:
-    """Where OFU is lost and what it costs: the straggler and idle flags, prices, PUE and grid intensity."""
-    options.option(
-        "--straggler-factor",
-        default=1.25,
-        type=positive_float,
-        help="a GPU straggles while its OFU x this stays below its job's median OFU",
-    )
-    options.option(
-        "--straggler-windows", default=3, type=positive_int, help="consecutive windows before gpu.straggler rises"
-    )
-    options.option(
-        "--idle-windows",
-        default=3,
-        type=positive_int,
-        help="windows without tensor activity before a GPU counts in job.gpus.idle",
-    )
+    """What the lost OFU costs: prices, PUE and grid intensity."""
     options.option(
         "--price-per-gpu-hour",
         metavar="MODEL=PRICE,...",
         default=None,
         type=_prices,
-        help="price per GPU-hour by hw.model, 'default' for the others (e.g. 'NVIDIA H100 80GB HBM3=2.5,default=2.0');"
-        " job.cost and the lost cost are absent without it",
-    )
-    options.option("--currency", default="USD", type=_currency, help="currency code of the prices (the cost unit)")
-    options.option(
-        "--pue", default=1.0, type=positive_float, help="power usage effectiveness: facility energy / GPU energy"
+        help="price per GPU-hour in --currency by hw.model, 'default' for the others (e.g. 'NVIDIA H100 80GB "
+        f"HBM3=2.5,default=2.0'; each model once, each price {PRICE.describe()}); job.cost and the lost cost "
+        "are absent without it",
     )
     options.option(
+        "--currency", default="USD", type=_currency, metavar="CODE", help="currency of the prices (the cost unit)"
+    )
+    _bounded(
+        options,
+        "--pue",
+        PUE,
+        default=1.0,
+        metavar="RATIO",
+        help="power usage effectiveness: facility energy / GPU energy",
+    )
+    _bounded(
+        options,
         "--grid-intensity",
-        metavar="KG_PER_KWH",
+        GRID_INTENSITY,
         default=None,
-        type=non_negative_float,
+        metavar="KG_PER_KWH",
         help="grid carbon intensity in kg CO2e per kWh; job.emissions is absent without it",
+    )
+
+
+def _output_options(options: CommandOptions) -> None:
+    options.option(
+        "--export-endpoint",
+        default=None,
+        type=url_or_host_port,
+        metavar="URL",
+        help="downstream OTLP endpoint; unset: OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT, else no downstream",
+    )
+    options.option(
+        "--export-protocol",
+        default=None,
+        choices=["grpc", "http/protobuf"],
+        help="downstream protocol; unset: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc",
+    )
+    _bounded(
+        options,
+        "--export-max-request-bytes",
+        EXPORT_BYTES,
+        default=DEFAULT_MAX_EXPORT_BYTES,
+        metavar="BYTES",
+        help="split requests sent downstream to at most this size (gRPC receivers refuse over 4 MiB by default)",
+    )
+    options.flag("--pass-through", default=True, help="forward metrics that are not ours downstream untouched")
+    options.flag("--forward-inputs", help="also forward our inputs (gpu.*, job.mfu) downstream")
+    options.option(
+        "--instance-id",
+        default=None,
+        metavar="ID",
+        help="service.instance.id of the outputs (unique per shard replica); default HOSTNAME-PID",
+    )
+    options.option(
+        "--record-outputs", default=None, metavar="FILE", help="append every closed window to this JSON-lines file"
+    )
+    options.option(
+        "--report-feed-port",
+        default=None,
+        type=port_number,
+        metavar="PORT",
+        help="serve recent windows at /reports.jsonl on this port (for otel-ofu report --live)",
+    )
+    options.option(
+        "--report-feed-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address of the report feed (loopback by default: it has no TLS or token; 0.0.0.0 exposes it)",
+    )
+
+
+def _prometheus_options(options: CommandOptions) -> None:
+    options.option(
+        "--prometheus-port",
+        default=None,
+        type=port_number,
+        metavar="PORT",
+        help="serve Prometheus /metrics on this port",
+    )
+    options.option(
+        "--prometheus-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address of the Prometheus endpoint (loopback by default: it has no TLS or token; 0.0.0.0 exposes it)",
+    )
+    _bounded(
+        options,
+        "--prometheus-expiration-windows",
+        EXPIRATION_WINDOWS,
+        default=DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS,
+        metavar="WINDOWS",
+        help="windows a series stays on the Prometheus endpoint without a new value (1: the latest window only)",
+    )
+
+
+def _state_options(options: CommandOptions) -> None:
+    _bounded(options, "--max-streams", MAX_STREAMS, default=200_000, metavar="N", help="most GPU streams held at once")
+    _bounded(options, "--max-jobs", MAX_JOBS, default=50_000, metavar="N", help="most jobs held at once")
+    _bounded(
+        options,
+        "--stale-after",
+        STALE_AFTER,
+        default=600.0,
+        metavar="SECONDS",
+        help="evict a GPU or job silent this long (raised to cover a window and its lateness)",
+    )
+    options.option(
+        "--spool",
+        default=None,
+        metavar="FILE",
+        help="SQLite file that keeps undelivered window outputs across restarts; beside it FILE.accepted writes "
+        "ahead the accepted points of the open windows, replayed after a SIGKILL or crash (without a spool "
+        "those, about one window, are lost)",
+    )
+    _bounded(
+        options,
+        "--spool-max-bytes",
+        SPOOL_BYTES,
+        default=256 * 1024 * 1024,
+        metavar="BYTES",
+        help="bound of the spool",
+    )
+    _bounded(
+        options,
+        "--shutdown-grace",
+        SHUTDOWN_GRACE,
+        default=DEFAULT_SHUTDOWN_GRACE_S,
+        metavar="SECONDS",
+        help="time to finish up on SIGTERM",
     )
 
 
@@ -273,19 +389,12 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         window_s=window,
         lateness_s=lateness,
         horizon_s=max(float(args.horizon), window),
-        miscount_ratio=float(args.miscount_ratio),
-        miscount_windows=int(args.miscount_windows),
-        regression_factor=float(args.regression_factor),
-        baseline_windows=int(args.baseline_windows),
-        regression_min_baseline=float(args.regression_min_baseline),
+        flag_settings={option.key: getattr(args, option.key) for option in FLAG_OPTIONS},
         group_keys=tuple(args.group_by),
         max_streams=int(args.max_streams),
         max_jobs=int(args.max_jobs),
         # Never evict what an open window still holds.
         stale_after_s=max(float(args.stale_after), window + lateness),
-        straggler_factor=float(args.straggler_factor),
-        straggler_windows=int(args.straggler_windows),
-        idle_windows=int(args.idle_windows),
         price_per_gpu_hour=dict(args.price_per_gpu_hour or {}),
         currency=str(args.currency),
         pue=float(args.pue),

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
+from typing import Final
 
 import attrs
 
 from otel_ofu import names
 from otel_ofu.prometheus_names import label_name
+from otel_ofu_collector.detectors import FLAG_OPTIONS, FlagOption
+from otel_ofu_collector.option_bounds import Bound, N
 
 NS_PER_S = 1_000_000_000
 
@@ -22,15 +25,42 @@ DEFAULT_HISTOGRAM_MAX_BUCKETS = 1280
 # The price-table entry that prices every GPU model without one of its own.
 DEFAULT_PRICE_KEY = "default"
 
+DAY_S: Final = 86400.0
+# The ranges of the time settings, in seconds. A window is at least a second on the command line (producers
+# report every few seconds) and at most a day; the settings object takes shorter windows (a local screen's)
+# but holds every time to the same maxima: a window of 1e30 s parses, yet no export can carry its timestamps.
+# Lateness over a day would keep a day of windows open; the horizon's correlation keeps a fixed number of
+# blocks, so a month costs no more than a day; a stream silent for a week is gone, not late.
+WINDOW: Final = Bound(float, 1.0, DAY_S, "s")
+LATENESS: Final = Bound(float, 0.0, DAY_S, "s")
+HORIZON: Final = Bound(float, 1.0, 30 * DAY_S, "s")
+STALE_AFTER: Final = Bound(float, 1.0, 7 * DAY_S, "s")
+# Facility energy over IT energy is 1 or more by definition; the least efficient data centres report about 2.5.
+PUE: Final = Bound(float, 1.0, 3.0)
+# kg CO2e per kWh: a coal-only grid emits about 1.1; more is a unit mistake (g/kWh given as kg/kWh).
+GRID_INTENSITY: Final = Bound(float, 0.0, 2.0, "kg/kWh")
+# Per GPU-hour in the configured currency: a million leaves room for currencies with small units (VND, IDR).
+PRICE: Final = Bound(float, 0.0, 1e6)
+
 
 def _positive(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
-def _non_negative(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value!r}")
+def _at_most(maximum: float) -> Callable[[object, attrs.Attribute[float], float], None]:
+    def check(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+        if value > maximum:
+            raise ValueError(f"{attribute.name} must be at most {maximum:g}, got {value!r}")
+
+    return check
+
+
+def _within(bound: Bound[float]) -> Callable[[object, attrs.Attribute[float], float], None]:
+    def check(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+        bound.check(attribute.name, value)
+
+    return check
 
 
 def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
@@ -51,8 +81,10 @@ def _prices(value: Mapping[str, float]) -> dict[str, float]:
 
 def _price_table(_instance: object, attribute: attrs.Attribute[dict[str, float]], value: dict[str, float]) -> None:
     for model, price in value.items():
-        if not model or not isinstance(price, int | float) or not math.isfinite(price) or price < 0:
-            raise ValueError(f"{attribute.name}: {model!r}={price!r} is not a GPU model with a price >= 0")
+        if not (isinstance(model, str) and model.strip()) or PRICE.problem(price) is not None:
+            raise ValueError(
+                f"{attribute.name}: {model!r}={price!r} is not a GPU model with a price from {PRICE.describe()}"
+            )
 
 
 def _currency(_instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -60,29 +92,48 @@ def _currency(_instance: object, attribute: attrs.Attribute[str], value: str) ->
         raise ValueError(f"{attribute.name} must be a currency code such as USD or EUR, got {value!r}")
 
 
-def _optional_non_negative(_instance: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
+def _optional_grid_intensity(_instance: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
     if value is not None:
-        _non_negative(_instance, attribute, value)  # type: ignore[arg-type]
+        GRID_INTENSITY.check(attribute.name, value)
+
+
+_FLAG_OPTIONS: Final = {option.key: option for option in FLAG_OPTIONS}
+
+
+def _flag_settings(given: Mapping[str, float]) -> dict[str, float]:
+    """Every detector's setting: the given values, each checked against its option's bound, the others' defaults.
+
+    An unknown key is a ValueError: a misspelt threshold must not leave its flag at the default unnoticed."""
+    unknown = sorted(set(given) - set(_FLAG_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown flag setting(s) {', '.join(unknown)} (known: {', '.join(_FLAG_OPTIONS)})")
+    for key, value in given.items():
+        _FLAG_OPTIONS[key].bound.check(key, value)
+    return {key: given.get(key, option.default) for key, option in _FLAG_OPTIONS.items()}
 
 
 def parse_prices(text: str) -> dict[str, float]:
     """``MODEL=PRICE[,MODEL=PRICE...]`` (price per GPU-hour; ``default`` for every other model) as a table.
 
-    Models are split at the last ``=`` of each entry, so a model name may hold anything but a comma.
+    Models are split at the last ``=`` of each entry, so a model name may hold anything but a comma. An empty
+    entry (``a=1,,b=2``), an entry without a model or a price, and a model given twice are refused: each is a
+    typo that would otherwise price GPUs silently at another entry's price, or not at all.
     """
     prices: dict[str, float] = {}
     for item in text.split(","):
         item = item.strip()
         if not item:
-            continue
+            raise ValueError(f"an empty price entry in {text!r} (MODEL=PRICE,MODEL=PRICE,...)")
         model, sep, raw = item.rpartition("=")
         model = model.strip()
         try:
             price = float(raw)
         except ValueError:
             price = math.nan
-        if not sep or not model or not math.isfinite(price) or price < 0:
-            raise ValueError(f"price entry {item!r} is not MODEL=PRICE (a price per GPU-hour >= 0)")
+        if not sep or not model or PRICE.problem(price) is not None:
+            raise ValueError(f"price entry {item!r} is not MODEL=PRICE (a price per GPU-hour from {PRICE.describe()})")
+        if model in prices:
+            raise ValueError(f"the price of {model!r} is given twice in {text!r}")
         prices[model] = price
     return prices
 
@@ -104,20 +155,19 @@ def _group_keys(_instance: object, attribute: attrs.Attribute[tuple[str, ...]], 
 class AggregatorConfig:
     """Windows, correlation and flag settings; seconds as floats, counts as ints.
 
+    ``AggregatorConfig(flag_settings={"miscount_windows": 2})`` sets one detector setting, the others keep the
+    defaults their detectors declare.
+
     ``stale_after_s`` must cover a window plus its lateness, so a stream or job is never evicted while an
     open window still holds its data.
     """
 
-    window_s: float = attrs.field(default=60.0, validator=_positive)
-    lateness_s: float = attrs.field(default=15.0, validator=_non_negative)
-    horizon_s: float = attrs.field(default=86400.0, validator=_positive)
-    miscount_ratio: float = attrs.field(default=1.5, validator=_positive)
-    miscount_windows: int = attrs.field(default=3, validator=_at_least(1))
-    regression_factor: float = attrs.field(default=2.0, validator=_positive)
-    baseline_windows: int = attrs.field(default=10, validator=_at_least(1))
-    # A job whose baseline OFU is under this does no tensor work to regress from (an idle notebook,
-    # a data-loading phase): its noise around zero must not read as a 2x drop.
-    regression_min_baseline: float = attrs.field(default=0.05, validator=_non_negative)
+    window_s: float = attrs.field(default=60.0, validator=[_positive, _at_most(WINDOW.maximum)])
+    lateness_s: float = attrs.field(default=15.0, validator=_within(LATENESS))
+    horizon_s: float = attrs.field(default=DAY_S, validator=[_positive, _at_most(HORIZON.maximum)])
+    # Each detector's settings by FlagOption key (detectors/*.py declare them, their defaults and bounds);
+    # the ones not given take their defaults. Read them with flag(option).
+    flag_settings: dict[str, float] = attrs.field(factory=dict, converter=_flag_settings, hash=False)
     group_keys: tuple[str, ...] = attrs.field(
         default=(names.HW_MODEL, names.GPU_PRECISION), converter=_as_keys, validator=_group_keys
     )
@@ -126,21 +176,19 @@ class AggregatorConfig:
     # The windows' state in bytes (streams, jobs and the identity values they keep; see Aggregator.state_bytes):
     # new streams past it are refused, so identities far longer than real ones cannot grow the state unbounded.
     max_state_bytes: int = attrs.field(default=1024**3, validator=_at_least(1 << 20))
-    stale_after_s: float = attrs.field(default=600.0, validator=_positive)
+    # At most the command line's maximum plus a window and its lateness: the command raises it to cover those.
+    stale_after_s: float = attrs.field(
+        default=600.0, validator=[_positive, _at_most(STALE_AFTER.maximum + WINDOW.maximum + LATENESS.maximum)]
+    )
     histogram_max_buckets: int = attrs.field(default=DEFAULT_HISTOGRAM_MAX_BUCKETS, validator=_at_least(2))
-    # Where OFU is lost and what it costs. A GPU straggles while its OFU x straggler_factor stays below its
-    # job's median OFU for straggler_windows windows; a GPU is idle after idle_windows without tensor work.
-    straggler_factor: float = attrs.field(default=1.25, validator=_positive)
-    straggler_windows: int = attrs.field(default=3, validator=_at_least(1))
-    idle_windows: int = attrs.field(default=3, validator=_at_least(1))
     # Price per GPU-hour by hw.model ("default": every other model); empty: no cost outputs.
     price_per_gpu_hour: dict[str, float] = attrs.field(
         factory=dict, converter=_prices, validator=_price_table, hash=False
     )
     currency: str = attrs.field(default="USD", validator=_currency)
-    pue: float = attrs.field(default=1.0, validator=_positive)
+    pue: float = attrs.field(default=1.0, validator=_within(PUE))
     # kg CO2e per kWh of facility energy; None: no emissions output.
-    grid_intensity: float | None = attrs.field(default=None, validator=_optional_non_negative)
+    grid_intensity: float | None = attrs.field(default=None, validator=_optional_grid_intensity)
     # Each GPU's own window means in WindowReport.gpus, for a live screen that opens a job (the report feed's
     # `otel-ofu top`); off by default: a 100k-GPU window would carry 100k of them.
     per_gpu_reports: bool = False
@@ -172,14 +220,13 @@ class AggregatorConfig:
     def stale_after_ns(self) -> int:
         return round(self.stale_after_s * NS_PER_S)
 
+    def flag(self, option: FlagOption[N]) -> N:
+        """The value of one detector setting (its default unless ``flag_settings`` gave one)."""
+        return option.bound.kind(self.flag_settings[option.key])
+
     def price_of(self, model: str | None) -> float | None:
         """The price per GPU-hour of a GPU of ``model``: its own, else the default, else None (not priced)."""
         prices = self.price_per_gpu_hour
         if model is not None and model in prices:
             return prices[model]
         return prices.get(DEFAULT_PRICE_KEY)
-
-    @property
-    def baseline_min_windows(self) -> int:
-        """Unflagged windows a job needs before its regression flag may rise: half the baseline, at least 1."""
-        return max(1, (self.baseline_windows + 1) // 2)

@@ -49,7 +49,7 @@ def _wait_for(condition: Callable[[], Any], what: str) -> Any:
 @pytest.fixture
 def collector() -> Iterator[CollectorService]:
     options = CollectorOptions(
-        aggregator=AggregatorConfig(window_s=60.0, lateness_s=10.0, miscount_windows=2),
+        aggregator=AggregatorConfig(window_s=60.0, lateness_s=10.0, flag_settings={"miscount_windows": 2}),
         grpc_listen="127.0.0.1:0",
         prometheus_port=0,
         prometheus_host="127.0.0.1",

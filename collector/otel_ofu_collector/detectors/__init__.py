@@ -3,7 +3,9 @@
 
 ``DETECTORS`` and ``GPU_DETECTORS`` hold every module's detector, found here at import, in the order of their
 metrics in the collector's outputs (``names.COLLECTOR_METRICS``, then ``names.COLLECTOR_LOSS_METRICS``): a new
-flag is a module in this folder plus its metric in ``otel_ofu.names``.
+flag is a module in this folder plus its metric in ``otel_ofu.names``. ``FLAG_OPTIONS`` holds their settings
+(``base.FlagOption``), in the same order: ``AggregatorConfig`` checks its ``flag_settings`` against them and
+``otel-ofu collector`` offers each as an option.
 The windows run every job detector for every job and every GPU detector for each of its GPUs; the outputs, the
 records and the report take the flags from ``JobReport.flags`` without naming any.
 """
@@ -12,11 +14,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
 from otel_ofu import names
 from otel_ofu_collector.detectors.base import (
     NOT_ASSESSABLE,
     Detector,
+    FlagOption,
     GpuDetector,
     GpuFlag,
     GpuVerdict,
@@ -27,9 +31,11 @@ from otel_ofu_collector.detectors.base import (
 
 __all__ = [
     "DETECTORS",
+    "FLAG_OPTIONS",
     "GPU_DETECTORS",
     "NOT_ASSESSABLE",
     "Detector",
+    "FlagOption",
     "GpuDetector",
     "GpuFlag",
     "GpuVerdict",
@@ -70,6 +76,19 @@ def _discover() -> tuple[tuple[Detector, ...], tuple[GpuDetector, ...]]:
 DETECTORS: tuple[Detector, ...]
 GPU_DETECTORS: tuple[GpuDetector, ...]
 DETECTORS, GPU_DETECTORS = _discover()
+
+
+def _options() -> tuple[FlagOption[Any], ...]:
+    every: tuple[Detector | GpuDetector, ...] = (*DETECTORS, *GPU_DETECTORS)
+    options = tuple(option for detector in every for option in detector.options)
+    keys = [option.key for option in options]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ImportError(f"flag option(s) {', '.join(twice)} declared by more than one detector")
+    return options
+
+
+FLAG_OPTIONS: tuple[FlagOption[Any], ...] = _options()
 
 
 def detector_for(kind: str) -> Detector | GpuDetector:

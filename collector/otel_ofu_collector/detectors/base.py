@@ -12,20 +12,52 @@ and a window close must not build an object per GPU), their job's peer medians b
 keeps what it needs per GPU (a GPU gone from the job lets go of it) and shows a value only for the GPUs it
 has something to say about (flagged, or just cleared), so a healthy fleet adds no series. A module defines
 ``DETECTOR`` (a job flag) or ``GPU_DETECTOR`` (a GPU flag).
+
+Every detector declares its settings as ``FlagOption`` s (a threshold, a number of windows): their defaults and
+bounds live there and nowhere else. ``AggregatorConfig.flag_settings`` holds their values, checked against those
+bounds, and ``otel-ofu collector`` offers each as ``--key-with-dashes`` with its own variable.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final, Protocol
+from typing import Any, Final, Generic, Protocol
 
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.option_bounds import Bound, N
 
 NOT_ASSESSABLE: Final = None
+
+
+@attrs.frozen
+class FlagOption(Generic[N]):
+    """One setting of a flag: ``key`` in ``AggregatorConfig.flag_settings``, ``--key-with-dashes`` on the
+    command line; ``metavar`` says its unit in ``--help``."""
+
+    key: str
+    default: N
+    bound: Bound[N]
+    help: str
+    metavar: str
+
+    def __attrs_post_init__(self) -> None:
+        self.bound.check(self.key, self.default)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+class FlagSettings(Protocol):
+    """What a flag reads of the collector's settings (an ``AggregatorConfig``): the value of each of its options.
+
+    A protocol, not the config itself: the config checks its settings against the detectors' options, so it
+    imports them, and the detectors must not import it back."""
+
+    def flag(self, option: FlagOption[N]) -> N: ...
 
 
 @attrs.frozen
@@ -96,7 +128,10 @@ class GpuDetector(Protocol):
     @property
     def label(self) -> str: ...
 
-    def start(self, config: AggregatorConfig) -> GpuFlag:
+    @property
+    def options(self) -> Sequence[FlagOption[Any]]: ...
+
+    def start(self, config: FlagSettings) -> GpuFlag:
         """A fresh state for one job's GPUs."""
         ...
 
@@ -114,7 +149,8 @@ class Detector(Protocol):
 
     ``metric`` is the job gauge the flag is exported as (its name also keys ``JobReport.flags``; its place in
     ``names.COLLECTOR_METRICS`` orders the flags everywhere); ``record_key`` is its key in window records;
-    ``kind`` and ``label`` name it in the run report.
+    ``kind`` and ``label`` name it in the run report; ``options`` are its settings, read from the config
+    with ``config.flag(option)``.
     """
 
     @property
@@ -129,6 +165,9 @@ class Detector(Protocol):
     @property
     def label(self) -> str: ...
 
-    def start(self, config: AggregatorConfig) -> JobFlag:
+    @property
+    def options(self) -> Sequence[FlagOption[Any]]: ...
+
+    def start(self, config: FlagSettings) -> JobFlag:
         """A fresh state for one job."""
         ...

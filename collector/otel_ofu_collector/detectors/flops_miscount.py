@@ -8,11 +8,32 @@ MFU) the flag cannot be assessed: absent, not 0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.detectors.base import JobWindowValues
+from otel_ofu_collector.detectors.base import FlagOption, FlagSettings, JobWindowValues
+from otel_ofu_collector.option_bounds import Bound
+
+# An honest FLOP count keeps MFU at or under OFU (the tensor pipes do at least the model's work), so a ratio
+# under 1 would flag honest jobs; the paper's worst miscount was ~3x, and 100x is a unit mistake.
+RATIO = FlagOption(
+    "miscount_ratio",
+    1.5,
+    Bound(float, 1.0, 100.0),
+    help="reported MFU at least this many times the job's OFU counts as a FLOP miscount",
+    metavar="RATIO",
+)
+# Windows are counted, not kept: a week of minute windows is the most a run needs.
+WINDOWS = FlagOption(
+    "miscount_windows",
+    3,
+    Bound(int, 1, 10_000),
+    help="consecutive miscounted windows before job.flops_miscount rises",
+    metavar="WINDOWS",
+)
 
 
 @attrs.define
@@ -36,9 +57,10 @@ class FlopsMiscount:
     record_key: str = "flops_miscount"
     kind: str = "miscount"
     label: str = "FLOP miscount"
+    options: Sequence[FlagOption[Any]] = (RATIO, WINDOWS)
 
-    def start(self, config: AggregatorConfig) -> _Miscount:
-        return _Miscount(config.miscount_ratio, config.miscount_windows)
+    def start(self, config: FlagSettings) -> _Miscount:
+        return _Miscount(config.flag(RATIO), config.flag(WINDOWS))
 
 
 DETECTOR = FlopsMiscount()

@@ -8,12 +8,22 @@ the job has no GPU says nothing (not assessable); a GPU missing from a window st
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.detectors.base import JobWindowValues
+from otel_ofu_collector.detectors.base import FlagOption, FlagSettings, JobWindowValues
+from otel_ofu_collector.option_bounds import Bound
+
+WINDOWS = FlagOption(
+    "idle_windows",
+    3,
+    Bound(int, 1, 10_000),
+    help="windows without tensor activity before a GPU counts in job.gpus.idle",
+    metavar="WINDOWS",
+)
 
 
 @attrs.define
@@ -37,9 +47,10 @@ class IdleGpus:
     record_key: str = "gpus_idle"
     kind: str = "idle"
     label: str = "idle GPUs"
+    options: Sequence[FlagOption[Any]] = (WINDOWS,)
 
-    def start(self, config: AggregatorConfig) -> _IdleGpus:
-        return _IdleGpus(config.idle_windows)
+    def start(self, config: FlagSettings) -> _IdleGpus:
+        return _IdleGpus(config.flag(WINDOWS))
 
 
 DETECTOR = IdleGpus()

@@ -14,14 +14,31 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.detectors.base import GpuVerdict, GpuWindowValues
+from otel_ofu_collector.detectors.base import FlagOption, FlagSettings, GpuVerdict, GpuWindowValues
+from otel_ofu_collector.option_bounds import Bound
+
+# A factor of 1 flags every GPU under its peers' median, half of any job; beyond 100x the GPU does no work
+# worth comparing (it is idle, counted by job.gpus.idle).
+FACTOR = FlagOption(
+    "straggler_factor",
+    1.25,
+    Bound(float, 1.0, 100.0),
+    help="a GPU straggles while its OFU x this stays below its job's median OFU",
+    metavar="FACTOR",
+)
+WINDOWS = FlagOption(
+    "straggler_windows",
+    3,
+    Bound(int, 1, 10_000),
+    help="consecutive windows below before gpu.straggler rises",
+    metavar="WINDOWS",
+)
 
 # A reason that held the clock down for at least this share of the window explains a slow GPU.
 EXPLAINS_SHARE: Final = 0.25
@@ -79,9 +96,10 @@ class Straggler:
     record_key: str = "straggler"
     kind: str = "straggler"
     label: str = "straggler GPU"
+    options: Sequence[FlagOption[Any]] = (FACTOR, WINDOWS)
 
-    def start(self, config: AggregatorConfig) -> _Stragglers:
-        return _Stragglers(config.straggler_factor, config.straggler_windows)
+    def start(self, config: FlagSettings) -> _Stragglers:
+        return _Stragglers(config.flag(FACTOR), config.flag(WINDOWS))
 
 
 GPU_DETECTOR = Straggler()
