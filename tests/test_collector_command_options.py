@@ -73,6 +73,11 @@ def test_the_command_line_sets_each_detector_setting(monkeypatch: pytest.MonkeyP
     assert flag.baseline.maxlen == 4
 
 
+def test_the_state_byte_bound_reaches_the_windows() -> None:
+    assert built().aggregator.max_state_bytes == 1024**3  # 1 GiB by default
+    assert built("--max-state-bytes", str(64 << 20)).aggregator.max_state_bytes == 64 * 1024 * 1024
+
+
 def test_the_settings_object_checks_flag_settings_against_their_declarations() -> None:
     with pytest.raises(ValueError, match="miscount_windows must be a whole number from 1 to 10,000, got 0"):
         AggregatorConfig(flag_settings={"miscount_windows": 0})
@@ -137,6 +142,8 @@ BOUNDS = [
     ("--stale-after", "604800", ["604801", "0", "inf"]),
     ("--max-streams", "10000000", ["10000001", "0"]),
     ("--max-jobs", "1000000", ["1000001", "0"]),
+    # The state's bytes: 1 MiB (1,048,576) to 1 TiB (1,099,511,627,776).
+    ("--max-state-bytes", "1048576", ["1048575", "1099511627777"]),
     ("--spool-max-bytes", "1048576", ["1048575"]),
     ("--max-in-flight", "1024", ["1025", "0"]),
     ("--export-max-request-bytes", "65536", ["65535", "67108865"]),
@@ -257,3 +264,16 @@ def test_the_reference_lists_every_option_with_its_range() -> None:
     assert "| `--window SECONDS` | 1 to 86,400 s | `60.0` | `OTEL_OFU_COLLECTOR_WINDOW` | window length |" in table
     for option, _, _ in BOUNDS:
         assert f"| `{option} " in table, option
+
+
+@pytest.mark.parametrize("name", ["demo", "top", "report"])
+def test_the_other_commands_windows_have_the_collectors_range(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # A window past a day used to reach the settings object and end in a traceback; now a usage error.
+    with pytest.raises(SystemExit) as exited:
+        cli.main([name, "--window", "1e30"])
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"otel-ofu {name}: error: argument --window: must be a number from 1 to 86,400 s, got '1e30' "
+        f"(see otel-ofu {name} --help)"
+    )

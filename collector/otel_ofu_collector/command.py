@@ -17,6 +17,7 @@ from otel_ofu import names
 from otel_ofu.cli_support import CommandOptions, address_or_off, port_number, url_or_host_port
 from otel_ofu_collector.config import (
     DAY_S,
+    DEFAULT_MAX_STATE_BYTES,
     GRID_INTENSITY,
     HORIZON,
     LATENESS,
@@ -74,6 +75,8 @@ SIGTERM or SIGINT closes the open windows, exports them and exits 0."""
 EXPIRATION_WINDOWS = Bound(int, 1, 10_000)
 MAX_STREAMS = Bound(int, 1, 10_000_000)  # --max-state-bytes bounds their bytes besides
 MAX_JOBS = Bound(int, 1, 1_000_000)
+# The windows' state: at least a few thousand streams' worth, at most what one host's memory could hold.
+STATE_BYTES = Bound(int, 1 << 20, 1 << 40, "bytes")  # 1 MiB to 1 TiB
 SPOOL_BYTES = Bound(int, 1 << 20, 1 << 40, "bytes")  # 1 MiB to 1 TiB
 MAX_IN_FLIGHT = Bound(int, 1, 1024)  # one gRPC worker thread each
 # At least one large data point with its resource must fit; beyond 64 MiB no OTLP receiver takes a request.
@@ -342,6 +345,14 @@ def _state_options(options: CommandOptions) -> None:
     _bounded(options, "--max-jobs", MAX_JOBS, default=50_000, metavar="N", help="most jobs held at once")
     _bounded(
         options,
+        "--max-state-bytes",
+        STATE_BYTES,
+        default=DEFAULT_MAX_STATE_BYTES,
+        metavar="BYTES",
+        help="most bytes of window state (GPU streams, jobs and their identity values); new streams beyond are refused",
+    )
+    _bounded(
+        options,
         "--stale-after",
         STALE_AFTER,
         default=600.0,
@@ -393,6 +404,7 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         group_keys=tuple(args.group_by),
         max_streams=int(args.max_streams),
         max_jobs=int(args.max_jobs),
+        max_state_bytes=int(args.max_state_bytes),
         # Never evict what an open window still holds.
         stale_after_s=max(float(args.stale_after), window + lateness),
         price_per_gpu_hour=dict(args.price_per_gpu_hour or {}),

@@ -24,6 +24,8 @@ DEFAULT_HISTOGRAM_MAX_BUCKETS = 1280
 
 # The price-table entry that prices every GPU model without one of its own.
 DEFAULT_PRICE_KEY = "default"
+# The windows' state in bytes (streams, jobs, their identity values): room for about 500k GPU streams.
+DEFAULT_MAX_STATE_BYTES = 1024**3
 
 DAY_S: Final = 86400.0
 # The ranges of the time settings, in seconds. A window is at least a second on the command line (producers
@@ -175,7 +177,7 @@ class AggregatorConfig:
     max_jobs: int = attrs.field(default=50_000, validator=_at_least(1))
     # The windows' state in bytes (streams, jobs and the identity values they keep; see Aggregator.state_bytes):
     # new streams past it are refused, so identities far longer than real ones cannot grow the state unbounded.
-    max_state_bytes: int = attrs.field(default=1024**3, validator=_at_least(1 << 20))
+    max_state_bytes: int = attrs.field(default=DEFAULT_MAX_STATE_BYTES, validator=_at_least(1 << 20))
     # At most the command line's maximum plus a window and its lateness: the command raises it to cover those.
     stale_after_s: float = attrs.field(
         default=600.0, validator=[_positive, _at_most(STALE_AFTER.maximum + WINDOW.maximum + LATENESS.maximum)]
