@@ -75,6 +75,13 @@ TARGET_RATIO_TO_ROTEL = 2.0  # our CPU per point / Rotel's
 TARGET_THROUGHPUT_TO_OTELCOL = 0.5  # our GPU reports per CPU second / the OpenTelemetry Collector's
 
 
+# Readings in their units, so that every point is accepted: a share of 1.98 GHz for the SM clock (the board's
+# maximum is sent as 1.98 GHz exactly) and of an H100's 989 TFLOP/s. Until 2026-12-02 every value was a share
+# in [0.1, 0.9], so both clocks (Hz, under 1 MHz) were refused and every request cost a partial success.
+SCALES: dict[str, float] = {names.GPU_CLOCK_SM.name: 1.98e9, names.GPU_FLOPS_ACHIEVED.name: 989e12}
+FIXED: dict[str, float] = {names.GPU_CLOCK_SM_MAX.name: 1.98e9}
+
+
 def producer_requests(gpus_per_request: int, points_per_gpu: int, requests: int, fleet: int) -> list[bytes]:
     """``requests`` serialised requests of ``gpus_per_request`` GPU reports each, in the producer's layout.
 
@@ -106,9 +113,9 @@ def producer_requests(gpus_per_request: int, points_per_gpu: int, requests: int,
             sm.scope.name = names.INSTRUMENTATION_SCOPE
             for position, spec in enumerate(metrics):
                 metric = sm.metrics.add(name=spec.name, unit=spec.unit)
-                point = metric.gauge.data_points.add(
-                    as_double=0.1 + 0.8 * ((gpu * 7 + index + position) % 10) / 10, time_unix_nano=time_ns
-                )
+                share = 0.1 + 0.8 * ((gpu * 7 + index + position) % 10) / 10
+                reading = FIXED.get(spec.name, share * SCALES.get(spec.name, 1.0))
+                point = metric.gauge.data_points.add(as_double=reading, time_unix_nano=time_ns)
                 point.start_time_unix_nano = time_ns - int(INTERVAL_S * S)
         payloads.append(request.SerializeToString())
     return payloads

@@ -269,3 +269,20 @@ def test_a_known_miss_fails_strict_only_when_it_gets_worse(tmp_path: Path) -> No
     assert main.load_known_misses(record)[("b", "t")].full_run_only  # a quick run meeting it is not told to drop it
     shipped = main.load_known_misses(main.KNOWN_MISSES)
     assert all(miss.why for miss in shipped.values())  # every miss on record says why
+
+
+def test_end_to_end_requests_are_accepted_whole() -> None:
+    # The benchmark measures a fleet of healthy producers: a request the collector answers with a partial
+    # success (and a rejection log line) costs more than a good one, so every point must be accepted.
+    # 3 requests x 8 GPUs x 8 points = 192 points, 0 rejected; 7 of each GPU's 8 are taken as inputs
+    # (gpu.ofu.raw is passed through, not an input): 3 x 8 x 7 = 168 accepted.
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otel_ofu_collector.service import CollectorOptions, CollectorService
+
+    e2e = _bench_module("benchmarks.bench_collector_e2e")
+    service = CollectorService(CollectorOptions(grpc_listen=None, flush_interval_s=0, self_telemetry=False))
+    payloads = e2e.producer_requests(8, 8, 3, 16)
+    outcomes = [service.ingest(ExportMetricsServiceRequest.FromString(p), p) for p in payloads]
+    assert [o.rejected for o in outcomes] == [0, 0, 0]
+    assert sum(o.accepted for o in outcomes) == 168
