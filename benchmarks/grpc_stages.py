@@ -82,7 +82,9 @@ def _serve_ours(auth: bool, totals: dict[str, int]) -> tuple[int, Callable[[], o
     return service.ports["grpc"], service.stop
 
 
-def _serve_noop() -> tuple[int, Callable[[], object]]:
+def _noop_server(listen: str) -> tuple[int, grpc.Server]:
+    """grpcio's synchronous server, as the collector builds it (a pool of 68 threads: 64 in flight + 4),
+    answering Export with an empty response at once."""
     from concurrent import futures
 
     def export(raw: bytes, context: grpc.ServicerContext) -> bytes:
@@ -92,8 +94,13 @@ def _serve_noop() -> tuple[int, Callable[[], object]]:
     handler = grpc.unary_unary_rpc_method_handler(export)
     name, _, method = EXPORT_METHOD.strip("/").partition("/")
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, {method: handler}),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(listen)
     server.start()
+    return port, server
+
+
+def _serve_noop() -> tuple[int, Callable[[], object]]:
+    port, server = _noop_server("127.0.0.1:0")
     return port, lambda: server.stop(None).wait()
 
 
@@ -183,6 +190,8 @@ def measure(kind: str, payloads: Sequence[bytes], warmup: int) -> dict[str, floa
         if child.poll() is None:
             child.kill()
             child.wait()
+        child.stdin.close()
+        child.stdout.close()
     reports = (len(payloads) - warmup) * NODE_GPUS
     per = {key: value / 1e3 / reports for key, value in totals.items()}
     row = {"process": per["process_ns"]}
@@ -207,9 +216,52 @@ def run_all(requests: int = 1500, repeats: int = 3, fleet: int = 1024, kinds: Se
     return {"requests": requests, "gpus_per_request": NODE_GPUS, "points_per_gpu": POINTS, "runs": runs}
 
 
+def spread(values: Sequence[float]) -> str:
+    """Median (min-max) of the repeats."""
+    ordered = sorted(values)
+    return f"{ordered[len(ordered) // 2]:.1f} ({ordered[0]:.1f}-{ordered[-1]:.1f})"
+
+
+ROW_NAMES = {
+    "process": "whole process",
+    "auth": "auth (bearer token, in the interceptor)",
+    "admission": "admission (Gate.enter + Gate.leave)",
+    "parse": "parse (ExportMetricsServiceRequest.FromString)",
+    "ingest": "ingest (decode + aggregation)",
+    "handler rest (response, own code)": "rest of the handler (its own code, the response)",
+    "flush (the timer thread: windows closed)": "flush (the timer thread closing windows)",
+    "grpcio (core + Python server)": "grpcio (C core, Python server, hand-off to the pool)",
+}
+
+
+def table_rows(data: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per stage: us of CPU per GPU report, median (min-max) of the repeats, per server."""
+    runs = data["runs"]
+    rows = []
+    for key, label in ROW_NAMES.items():
+        cells = [spread([r[key] for r in runs[kind]]) if key in runs[kind][0] else "-" for kind in KINDS]
+        rows.append((label, *cells))
+    return rows
+
+
+def floor(port: int) -> None:
+    """The no-op grpcio server on ``port`` until SIGTERM (the e2e benchmark's floor peer)."""
+    import signal
+    import threading
+
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    server = _noop_server(f"127.0.0.1:{port}")[1]
+    stopped.wait()
+    server.stop(None).wait()
+
+
 def main(argv: Sequence[str]) -> None:
     if len(argv) >= 2 and argv[0] == "serve":
         serve(argv[1])
+        return
+    if len(argv) >= 2 and argv[0] == "floor":
+        floor(int(argv[1]))
         return
     kinds = [a for a in argv if a in KINDS] or list(KINDS)
     data = run_all(kinds=kinds)

@@ -286,3 +286,30 @@ def test_end_to_end_requests_are_accepted_whole() -> None:
     outcomes = [service.ingest(ExportMetricsServiceRequest.FromString(p), p) for p in payloads]
     assert [o.rejected for o in outcomes] == [0, 0, 0]
     assert sum(o.accepted for o in outcomes) == 168
+
+
+def test_request_stages_add_up_to_no_more_than_the_process() -> None:
+    # 50 measured 8-GPU requests: every stage of ours was timed (auth only with a token), the stages'
+    # thread CPU is part of the process's CPU, and the floors have their whole-process row only.
+    stages = _bench_module("benchmarks.grpc_stages")
+    data = stages.run_all(requests=50, repeats=1, fleet=64)
+    ours, authed = data["runs"]["ours"][0], data["runs"]["ours-auth"][0]
+    assert ours["ingest"] > 0.0
+    assert ours["parse"] > 0.0
+    assert ours["auth"] == 0.0  # no token configured: the interceptor is not installed
+    assert authed["auth"] > 0.0
+    timed = sum(ours[key] for key in ("admission", "parse", "ingest", "handler rest (response, own code)"))
+    assert timed <= ours["process"]
+    assert set(data["runs"]["noop"][0]) == {"process"}
+    assert stages.table_rows(data)[0][0] == "whole process"
+
+
+def test_gateway_tier_counts_both_processes() -> None:
+    e2e = _bench_module("benchmarks.bench_collector_e2e")
+    if not e2e.OTELCOL.is_file():
+        pytest.skip("build/otelcol/otelcol-ofu is not built (make otelcol)")
+    gateway, collector, both = e2e.measure_tier(reports=800, fleet=64)
+    assert both["peer"] == e2e.TIER
+    assert gateway["us_per_report"] > 0.0  # the gateway received the producers' requests
+    assert collector["us_per_report"] > 0.0  # and sent them on to ours
+    assert both["us_per_report"] == pytest.approx(gateway["us_per_report"] + collector["us_per_report"])
