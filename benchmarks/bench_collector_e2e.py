@@ -26,6 +26,11 @@ Peers, in the same run on the same requests:
   connector computing the per-``hw.model`` exponential histogram of ``gpu.ofu`` (the same aggregate as
   ours), to a ``nop`` exporter. Run only where that binary has been built (``make otelcol``), else
   reported as not run.
+- The floor: grpcio's synchronous Python server answering every request at once (``grpc_stages.floor``),
+  built as our receiver builds it. What any receiver on grpcio's Python server costs before its handler.
+- A gateway tier: the producers' requests go to an OpenTelemetry Collector (``otlp`` receiver, ``batch``
+  processor of 512 GPU reports, ``otlp`` exporter without compression on loopback) and from it to ours; the
+  CPU of both processes, each apart and together, per GPU report sent (8 points, 8 GPUs per request).
 
 GPUs per core at a 10 s interval = 10 s / CPU per GPU report.
 """
@@ -70,9 +75,18 @@ MODELS = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB")
 TARGET_US_PER_REPORT = 20.0
 NODE_GPUS = 8  # GPUs per request of one producer: one host's GPUs, one Resource each
 OURS, ROTEL, OTELCOL_NAME = "otel-ofu collector", "rotel", "otelcol (signaltometrics)"
+FLOOR = "grpcio no-op server (floor)"
+TIER = "otelcol gateway (batch) + otel-ofu collector"
 FIRST_SIGHT = "(every Resource new)"
 TARGET_RATIO_TO_ROTEL = 2.0  # our CPU per point / Rotel's
 TARGET_THROUGHPUT_TO_OTELCOL = 0.5  # our GPU reports per CPU second / the OpenTelemetry Collector's
+
+
+# Readings in their units, so that every point is accepted: a share of 1.98 GHz for the SM clock (the board's
+# maximum is sent as 1.98 GHz exactly) and of an H100's 989 TFLOP/s. Until 2026-12-02 every value was a share
+# in [0.1, 0.9], so both clocks (Hz, under 1 MHz) were refused and every request cost a partial success.
+SCALES: dict[str, float] = {names.GPU_CLOCK_SM.name: 1.98e9, names.GPU_FLOPS_ACHIEVED.name: 989e12}
+FIXED: dict[str, float] = {names.GPU_CLOCK_SM_MAX.name: 1.98e9}
 
 
 def producer_requests(gpus_per_request: int, points_per_gpu: int, requests: int, fleet: int) -> list[bytes]:
@@ -106,9 +120,9 @@ def producer_requests(gpus_per_request: int, points_per_gpu: int, requests: int,
             sm.scope.name = names.INSTRUMENTATION_SCOPE
             for position, spec in enumerate(metrics):
                 metric = sm.metrics.add(name=spec.name, unit=spec.unit)
-                point = metric.gauge.data_points.add(
-                    as_double=0.1 + 0.8 * ((gpu * 7 + index + position) % 10) / 10, time_unix_nano=time_ns
-                )
+                share = 0.1 + 0.8 * ((gpu * 7 + index + position) % 10) / 10
+                reading = FIXED.get(spec.name, share * SCALES.get(spec.name, 1.0))
+                point = metric.gauge.data_points.add(as_double=reading, time_unix_nano=time_ns)
                 point.start_time_unix_nano = time_ns - int(INTERVAL_S * S)
         payloads.append(request.SerializeToString())
     return payloads
@@ -178,6 +192,17 @@ def rotel() -> Peer:
     return Peer("rotel", version.removeprefix("rotel ").strip() or "?", argv)
 
 
+def grpcio_floor() -> Peer:
+    """grpcio's synchronous Python server answering every Export at once, as the collector's receiver builds
+    it: what any Python gRPC receiver costs per request here before it reads a byte of the body."""
+
+    def argv(port: int, work: Path) -> list[str]:
+        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.grpc_stages import floor; floor({port})"
+        return [sys.executable, "-c", code]
+
+    return Peer(FLOOR, grpc.__version__, argv)
+
+
 OTELCOL_CONFIG = """\
 receivers:
   otlp:
@@ -212,6 +237,66 @@ service:
 """
 
 
+GATEWAY_CONFIG = """\
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:{port}
+processors:
+  batch:
+    send_batch_size: {batch_points}
+    send_batch_max_size: {batch_points}
+    timeout: 200ms
+exporters:
+  otlp_grpc:
+    endpoint: 127.0.0.1:{downstream}
+    compression: none
+    tls:
+      insecure: true
+service:
+  telemetry:
+    metrics:
+      level: none
+  pipelines:
+    metrics:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [otlp_grpc]
+"""
+GATEWAY_BATCH_GPUS = 512  # GPU reports per request the gateway sends on
+
+
+def gateway_tier(points: int, payloads: Sequence[bytes], gpus_per_request: int, warmup: int) -> dict[str, float]:
+    """CPU per GPU report of an OpenTelemetry Collector gateway (``batch`` processor, ``GATEWAY_BATCH_GPUS``
+    GPU reports per request it sends) and of our collector behind it, each process apart, over ``payloads``
+    sent to the gateway."""
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-tier-") as scratch:
+        work = Path(scratch)
+        downstream = unused_port()
+        config = GATEWAY_CONFIG.format(port="{port}", batch_points=GATEWAY_BATCH_GPUS * points, downstream=downstream)
+
+        def write_config(port: int, work: Path) -> None:
+            (work / "gateway.yaml").write_text(config.format(port=port))
+
+        def argv(port: int, work: Path) -> list[str]:
+            return [str(OTELCOL), f"--config={work / 'gateway.yaml'}"]
+
+        gateway = Peer("otelcol gateway", "-", argv, config=write_config)
+        with running(ours(), work, downstream) as (collector, _), running(gateway, work) as (agent, channel):
+            export = channel.unary_unary(EXPORT_METHOD, request_serializer=None, response_deserializer=None)
+            for payload in payloads[:warmup]:
+                export(payload, timeout=30)
+            time.sleep(SETTLE_S)
+            before = process_cpu_s(agent.pid), process_cpu_s(collector.pid)
+            for payload in payloads[warmup:]:
+                export(payload, timeout=30)
+            time.sleep(SETTLE_S)
+            after = process_cpu_s(agent.pid), process_cpu_s(collector.pid)
+    reports = (len(payloads) - warmup) * gpus_per_request
+    return {"gateway": (after[0] - before[0]) / reports, "collector": (after[1] - before[1]) / reports}
+
+
 def otelcol() -> Peer:
     def write_config(port: int, work: Path) -> None:
         (work / "otelcol.yaml").write_text(OTELCOL_CONFIG.format(port=port))
@@ -231,8 +316,8 @@ def otelcol() -> Peer:
 
 
 @contextlib.contextmanager
-def running(peer: Peer, work: Path) -> Iterator[tuple[subprocess.Popen[bytes], grpc.Channel]]:
-    port = unused_port()
+def running(peer: Peer, work: Path, port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], grpc.Channel]]:
+    port = port or unused_port()
     if peer.config is not None:
         peer.config(port, work)
     log = (work / f"{peer.name.split()[0]}.out").open("wb")
@@ -325,12 +410,40 @@ def measure(
     return rows
 
 
+def measure_tier(reports: int, fleet: int, points: int = 8, gpus_per_request: int = NODE_GPUS) -> list[dict[str, Any]]:
+    """The gateway tier's rows: the gateway, our collector behind it, and both (producers sending 8 GPUs per
+    request to the gateway)."""
+    warmup = warmup_requests(gpus_per_request, fleet)
+    measured = max(100, reports // gpus_per_request)
+    payloads = producer_requests(gpus_per_request, points, warmup + measured, fleet)
+    cost = gateway_tier(points, payloads, gpus_per_request, warmup)
+    rows = []
+    for name, per_report in (
+        (f"{TIER}: the gateway", cost["gateway"]),
+        (f"{TIER}: our collector", cost["collector"]),
+        (TIER, cost["gateway"] + cost["collector"]),
+    ):
+        rows.append(
+            {
+                "peer": name,
+                "points_per_gpu": points,
+                "gpus_per_request": gpus_per_request,
+                "reports": measured * gpus_per_request,
+                "us_per_report": per_report * 1e6,
+                "us_per_point": per_report * 1e6 / points,
+                "gpus_per_core": INTERVAL_S / per_report if per_report > 0 else None,
+            }
+        )
+    return rows
+
+
 def measure_all(quick: bool = False) -> dict[str, Any]:
-    peers = [ours(), rotel(), otelcol()]
+    peers = [ours(), rotel(), otelcol(), grpcio_floor()]
     sweep = (1, 8, 64) if quick else (1, 8, 64, 512)
-    rows = measure(
-        peers, sweep, (1, 8), reports=4_000 if quick else 8_000, fleet=1_024 if quick else 4_096, first_sight=(8, 8)
-    )
+    reports, fleet = (4_000, 1_024) if quick else (8_000, 4_096)
+    rows = measure(peers, sweep, (1, 8), reports=reports, fleet=fleet, first_sight=(8, 8))
+    if OTELCOL.is_file():
+        rows.extend(measure_tier(reports, fleet))
     return {
         "peers": [{"name": p.name, "version": p.version, "not_run": p.missing} for p in peers],
         "rows": rows,
@@ -355,7 +468,10 @@ def row(rows: Sequence[dict[str, Any]], peer: str, points: int, gpus: int) -> di
 
 
 def run(ctx: RunContext) -> BenchResult:
+    from benchmarks import grpc_stages
+
     data = measure_all(quick=ctx.quick)
+    data["stages"] = grpc_stages.run_all(requests=500 if ctx.quick else 1500, repeats=3)
     rows = data["rows"]
     targets = data["targets"]
     table_rows = [
@@ -410,6 +526,30 @@ def run(ctx: RunContext) -> BenchResult:
                     kind="ratio",
                 )
             )
+    mine, rust, grpc_floor, tier = (row(rows, name, 8, NODE_GPUS) for name in (OURS, ROTEL, FLOOR, TIER))
+    if mine is not None and grpc_floor is not None:
+        verdicts.append(
+            Verdict(
+                f"a floor is never beaten: ours / the grpcio no-op server (>= 1), 8 points per GPU, {NODE_GPUS} GPUs "
+                "per request",
+                mine["us_per_report"] / grpc_floor["us_per_report"],
+                1.0,
+                "x",
+                higher_is_better=True,
+                kind="ratio",
+            )
+        )
+    if tier is not None and rust is not None:
+        verdicts.append(
+            Verdict(
+                f"CPU per point / Rotel's through a batching gateway (gateway + ours), 8 points per GPU, {NODE_GPUS} "
+                "GPUs per request",
+                tier["us_per_point"] / rust["us_per_point"],
+                targets["ratio_to_rotel"],
+                "x",
+                kind="ratio",
+            )
+        )
     data["peer_versions"] = {p["name"]: p["version"] for p in data["peers"] if not p["not_run"] and p["name"] != OURS}
     return BenchResult(
         "collector_e2e",
@@ -431,7 +571,20 @@ def run(ctx: RunContext) -> BenchResult:
                 note="Targets (8 points per GPU, 8 GPUs per request: one producer's host): at most 20 us of CPU per "
                 "GPU report, i.e. at least 500k GPUs per core at a 10 s interval (absolute, reported); CPU per point "
                 "at most 2x Rotel's (ratio); at least 0.5x the OpenTelemetry Collector's throughput (ratio). "
+                f"The grpcio no-op server is the floor of any Python gRPC receiver (ours never below it). The gateway "
+                f"rows: producers send {NODE_GPUS} GPUs per request to an OpenTelemetry Collector (otlp receiver, "
+                f"batch processor of {GATEWAY_BATCH_GPUS} GPU reports, otlp exporter without compression) in front "
+                "of ours; the CPU of each process apart, and of both, per GPU report sent by the producers. "
                 + " ".join(not_run),
+            ),
+            Table(
+                f"Where one request's CPU goes: us of CPU per GPU report, {NODE_GPUS} GPUs x 8 points per request, "
+                "median (min-max) of 3 repeats",
+                ("stage", "ours", "ours with a bearer token", "grpcio no-op (sync)", "grpcio no-op (asyncio)"),
+                grpc_stages.table_rows(data["stages"]),
+                note=doc_summary(grpc_stages.__doc__)
+                + " Multiply by 8 for the CPU per request. The grpcio row is the process's CPU less the stages' "
+                "thread CPU: what the server costs around our handler; beside it, the no-op servers' whole process.",
             ),
         ),
         verdicts=verdicts,

@@ -269,3 +269,47 @@ def test_a_known_miss_fails_strict_only_when_it_gets_worse(tmp_path: Path) -> No
     assert main.load_known_misses(record)[("b", "t")].full_run_only  # a quick run meeting it is not told to drop it
     shipped = main.load_known_misses(main.KNOWN_MISSES)
     assert all(miss.why for miss in shipped.values())  # every miss on record says why
+
+
+def test_end_to_end_requests_are_accepted_whole() -> None:
+    # The benchmark measures a fleet of healthy producers: a request the collector answers with a partial
+    # success (and a rejection log line) costs more than a good one, so every point must be accepted.
+    # 3 requests x 8 GPUs x 8 points = 192 points, 0 rejected; 7 of each GPU's 8 are taken as inputs
+    # (gpu.ofu.raw is passed through, not an input): 3 x 8 x 7 = 168 accepted.
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from otel_ofu_collector.service import CollectorOptions, CollectorService
+
+    e2e = _bench_module("benchmarks.bench_collector_e2e")
+    service = CollectorService(CollectorOptions(grpc_listen=None, flush_interval_s=0, self_telemetry=False))
+    payloads = e2e.producer_requests(8, 8, 3, 16)
+    outcomes = [service.ingest(ExportMetricsServiceRequest.FromString(p), p) for p in payloads]
+    assert [o.rejected for o in outcomes] == [0, 0, 0]
+    assert sum(o.accepted for o in outcomes) == 168
+
+
+def test_request_stages_add_up_to_no_more_than_the_process() -> None:
+    # 50 measured 8-GPU requests: every stage of ours was timed (auth only with a token), the stages'
+    # thread CPU is part of the process's CPU, and the floors have their whole-process row only.
+    stages = _bench_module("benchmarks.grpc_stages")
+    data = stages.run_all(requests=50, repeats=1, fleet=64)
+    ours, authed = data["runs"]["ours"][0], data["runs"]["ours-auth"][0]
+    assert ours["ingest"] > 0.0
+    assert ours["parse"] > 0.0
+    assert ours["auth"] == 0.0  # no token configured: the interceptor is not installed
+    assert authed["auth"] > 0.0
+    timed = sum(ours[key] for key in ("admission", "parse", "ingest", "handler rest (response, own code)"))
+    assert timed <= ours["process"]
+    assert set(data["runs"]["noop"][0]) == {"process"}
+    assert stages.table_rows(data)[0][0] == "whole process"
+
+
+def test_gateway_tier_counts_both_processes() -> None:
+    e2e = _bench_module("benchmarks.bench_collector_e2e")
+    if not e2e.OTELCOL.is_file():
+        pytest.skip("build/otelcol/otelcol-ofu is not built (make otelcol)")
+    gateway, collector, both = e2e.measure_tier(reports=800, fleet=64)
+    assert both["peer"] == e2e.TIER
+    assert gateway["us_per_report"] > 0.0  # the gateway received the producers' requests
+    assert collector["us_per_report"] > 0.0  # and sent them on to ours
+    assert both["us_per_report"] == pytest.approx(gateway["us_per_report"] + collector["us_per_report"])

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 EXPORT_METHOD = f"/{SERVICE_NAME}/Export"
 RETRY_INFO_TRAILER = "google.rpc.retryinfo-bin"
+# The answer to a request taken whole, serialised once: most requests get it, and it is the same bytes each time.
+_ACCEPTED_WHOLE = ExportMetricsServiceResponse().SerializeToString()
 
 
 def retry_trailers(
@@ -182,8 +184,9 @@ class GrpcReceiver:
                 context.abort(grpc.StatusCode.INTERNAL, "internal error while processing the request")
         finally:
             self.gate.leave()
+        if not outcome.rejected:
+            return _ACCEPTED_WHOLE
         response = ExportMetricsServiceResponse()
-        if outcome.rejected:
-            response.partial_success.rejected_data_points = outcome.rejected
-            response.partial_success.error_message = outcome.error_message
+        response.partial_success.rejected_data_points = outcome.rejected
+        response.partial_success.error_message = outcome.error_message
         return response.SerializeToString()
