@@ -92,7 +92,9 @@ FLEET_OFU: Final = MetricSpec("fleet.ofu", "1", "exponential_histogram", "Per-GP
 FLEET_OFU_QUANTILE: Final = MetricSpec(
     "fleet.ofu.quantile", "1", "gauge", "Percentile of per-GPU OFU in the window, per group"
 )
-FLEET_GPUS: Final = MetricSpec("fleet.gpus", "{gpu}", "gauge", "GPUs that reported in the window, per group")
+FLEET_GPUS: Final = MetricSpec(
+    "fleet.gpus", "{gpu}", "gauge", "GPU equivalents that reported in the window, per group (a MIG slice its share)"
+)
 JOB_OFU: Final = MetricSpec("job.ofu", "1", "gauge", "The job's mean OFU over its GPUs in the window")
 JOB_OFU_MFU_GAP: Final = MetricSpec("job.ofu_mfu.gap", "1", "gauge", "Reported MFU minus OFU")
 JOB_OFU_MFU_CORRELATION: Final = MetricSpec(
@@ -130,10 +132,16 @@ PROMETHEUS_QUANTILE_LABEL: Final = "ofu_quantile"
 
 # --- Collector outputs: where OFU is lost and what it costs ---------------------------------------
 # Per job per closed window, with fleet totals per window; sums are deltas (one window's worth), so shards'
-# outputs add. A job's loss splits 1 - OFU by cause: OFU + the causes of job.ofu.loss = 1.
+# outputs add. A job's loss splits 1 - OFU by cause: OFU + the causes of job.ofu.loss = 1. GPUs count as GPU
+# equivalents (a whole GPU 1, a MIG slice or AMD partition its share of its GPU's compute slices); a point's interval
+# is split over every window it overlaps, so over a run a GPU's GPU time is the wall time it reported.
 
-JOB_GPUS: Final = MetricSpec("job.gpus", "{gpu}", "gauge", "GPUs attributed to the job in the window")
-JOB_GPU_TIME: Final = MetricSpec("job.gpu_time", "s", "sum", "GPU-seconds attributed to the job in the window")
+JOB_GPUS: Final = MetricSpec(
+    "job.gpus", "{gpu}", "gauge", "GPU equivalents attributed to the job in the window (a MIG slice its share)"
+)
+JOB_GPU_TIME: Final = MetricSpec(
+    "job.gpu_time", "s", "sum", "GPU-seconds of the job in the window: each GPU's reported time in it x its share"
+)
 JOB_OFU_LOSS: Final = MetricSpec(
     "job.ofu.loss",
     "1",
@@ -141,7 +149,9 @@ JOB_OFU_LOSS: Final = MetricSpec(
     "The job's 1 - OFU split by cause (idle, clock, no_kernel, sm_idle, non_tensor, tensor); OFU + the causes = 1",
 )
 JOB_GPU_TIME_LOST: Final = MetricSpec("job.gpu_time.lost", "s", "sum", "GPU-seconds lost in the window, by cause")
-JOB_ENERGY: Final = MetricSpec("job.energy", "J", "sum", "Energy of the job's GPUs in the window")
+JOB_ENERGY: Final = MetricSpec(
+    "job.energy", "J", "sum", "Energy of the job's GPUs in the window (a MIG slice: its share of the board's)"
+)
 JOB_FLOPS_PER_JOULE: Final = MetricSpec(
     "job.flops_per_joule", "{flop}/J", "gauge", "Achieved FLOPs per joule, where the dense peak is known"
 )
