@@ -288,7 +288,8 @@ COLLECTOR_DROPPED: Final = MetricSpec(
     "{request}",
     "sum",
     "Requests dropped beyond the queue or spool bound, by reason (windows_spool_failed: held in memory while the "
-    "spool's disk refused them, lost at shutdown)",
+    "spool's disk refused them, lost at shutdown; records_failed: windows, not requests, left out of the "
+    "--record-outputs file while its disk refused them)",
 )
 COLLECTOR_EVICTED: Final = MetricSpec(
     "otel_ofu_collector.evicted",

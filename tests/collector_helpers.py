@@ -1,8 +1,16 @@
-"""What the collector tests share: the options of a collector a test drives by hand; loss inputs one by one."""
+"""What the collector tests share: the options of a collector a test drives by hand; loss inputs one by one;
+``otel-ofu collector`` in its own process."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -13,6 +21,8 @@ from otel_ofu_collector.aggregation import loss
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.service import CollectorOptions
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def collector_options(sink: OtlpSink | None, **overrides: Any) -> CollectorOptions:
@@ -99,3 +109,69 @@ def split_gpu(
         split.column(loss.SM_IDLE)[0] if finer else None,
         split.column(loss.NON_TENSOR)[0] if finer else None,
     )
+
+
+@attrs.define
+class CollectorProcess:
+    """``otel-ofu collector`` in its own process, its stderr read as it comes."""
+
+    process: subprocess.Popen[str]
+    lines: list[str] = attrs.field(factory=list)
+    _reader: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, *argv: str) -> CollectorProcess:
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("OTEL_EXPORTER", "OTEL_OFU"))}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "otel_ofu.cli", "collector", *argv],
+            cwd=ROOT,
+            env=env,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        started = cls(process)
+        started._reader = threading.Thread(target=started._read, daemon=True)
+        started._reader.start()
+        return started
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, timeout_s: float = 30.0, between: Callable[[], object] | None = None) -> str:
+        """The first stderr line holding ``text``; ``between`` runs while waiting (e.g. sends a request)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [line for line in list(self.lines) if text in line]
+            if found:
+                return found[0]
+            assert self.process.poll() is None, "\n".join(self.lines)
+            if between is not None:
+                between()
+            time.sleep(0.05)
+        raise AssertionError(f"no line with {text!r} in:\n" + "\n".join(self.lines))
+
+    @property
+    def grpc_port(self) -> int:
+        ready = self.wait_for("otel-ofu collector ready")
+        return int(ready.split("grpc 127.0.0.1:")[1].split()[0])
+
+    def terminate(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=30)
+        self._close()
+        return code
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._close()
+
+    def _close(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        if self.process.stderr is not None:
+            self.process.stderr.close()

@@ -14,18 +14,15 @@ import logging
 import os
 import random
 import resource
-import signal
 import sqlite3
 import struct
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import attrs
 import grpc
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -40,7 +37,7 @@ from otel_ofu_collector.outputs.queues import SqliteSpool
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 from otel_ofu_collector.write_ahead import WriteAhead
-from tests.collector_helpers import collector_options
+from tests.collector_helpers import CollectorProcess, collector_options
 
 S = 1_000_000_000
 W0 = 1_700_000_040 * S  # a multiple of 60 s: windows are aligned to the epoch
@@ -279,72 +276,6 @@ def test_the_readable_records_of_a_write_ahead_with_a_damaged_page_are_kept(tmp_
         service.stop(0)
 
 
-@attrs.define
-class CollectorProcess:
-    """``otel-ofu collector`` in its own process, its stderr read as it comes."""
-
-    process: subprocess.Popen[str]
-    lines: list[str] = attrs.field(factory=list)
-    _reader: threading.Thread | None = None
-
-    @classmethod
-    def start(cls, *argv: str) -> CollectorProcess:
-        env = {key: value for key, value in os.environ.items() if not key.startswith(("OTEL_EXPORTER", "OTEL_OFU"))}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "otel_ofu.cli", "collector", *argv],
-            cwd=ROOT,
-            env=env,
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-        )
-        started = cls(process)
-        started._reader = threading.Thread(target=started._read, daemon=True)
-        started._reader.start()
-        return started
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, text: str, timeout_s: float = 30.0, between: Callable[[], object] | None = None) -> str:
-        """The first stderr line holding ``text``; ``between`` runs while waiting (e.g. sends a request)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = [line for line in list(self.lines) if text in line]
-            if found:
-                return found[0]
-            assert self.process.poll() is None, "\n".join(self.lines)
-            if between is not None:
-                between()
-            time.sleep(0.05)
-        raise AssertionError(f"no line with {text!r} in:\n" + "\n".join(self.lines))
-
-    @property
-    def grpc_port(self) -> int:
-        ready = self.wait_for("otel-ofu collector ready")
-        return int(ready.split("grpc 127.0.0.1:")[1].split()[0])
-
-    def terminate(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=30)
-        self._close()
-        return code
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self._close()
-
-    def _close(self) -> None:
-        if self._reader is not None:
-            self._reader.join(timeout=10)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
-
-
 @pytest.fixture
 def collector_process() -> Iterator[Callable[..., CollectorProcess]]:
     started: list[CollectorProcess] = []
@@ -417,6 +348,43 @@ def test_the_command_starts_with_a_damaged_record_and_a_random_spool_file_and_re
     assert "1 damaged record(s) skipped" in log
     assert sink.wait_for(lambda s: job_ofu_points(s, "kept") == 1)
     assert job_ofu_points(sink, "lost") == 0
+
+
+# --- found by the chaos test: a clean stop, a start, and the window the stop closed early ------------------
+
+
+def test_after_a_clean_stop_the_window_it_closed_early_is_never_exported_a_second_time(tmp_path: Path) -> None:
+    # A stop at W0 + 30 s closes the window [W0, W0 + 60 s) early with GPU-1's first interval (OFU 0.5). The
+    # producer's next interval, [W0 + 20, W0 + 30] (OFU 0.7), reaches the next start: before, the fresh
+    # collector opened that window again and exported it a second time (OFU 0.7), a duplicate downstream.
+    spool = tmp_path / "spool.sqlite"
+    first = CollectorService(spooled(spool), clock=lambda: W0 + 30 * S, environ={})
+    first.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + 20 * S))
+    [report] = first.stop(0)
+    [job] = report.jobs
+    assert (report.end_ns, job.job_id) == (W0 + WINDOW, "j")
+    assert job.ofu == pytest.approx(0.5)
+    second = CollectorService(spooled(spool), clock=lambda: W0 + 35 * S, environ={})
+    try:
+        late = second.ingest(gpu_request({"GPU-1": ("j", 0.7)}, time_ns=W0 + 30 * S))
+        assert (late.accepted, late.rejected) == (0, 1)  # late: its window was exported at the stop
+        taken = second.ingest(gpu_request({"GPU-1": ("j", 0.6)}, time_ns=W0 + 70 * S))
+        assert (taken.accepted, taken.rejected) == (1, 0)  # the next window is open as usual
+        assert jobs_of(second, W0 + 2 * WINDOW + 11 * S) == {"j": (pytest.approx(0.6), 1)}
+    finally:
+        second.stop(0)
+
+
+def test_a_clean_stop_leaves_only_its_close_time_and_one_without_windows_leaves_none(tmp_path: Path) -> None:
+    spool = tmp_path / "spool.sqlite"
+    service = CollectorService(spooled(spool), clock=lambda: W0 + 30 * S, environ={})
+    service.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + 20 * S))
+    service.stop(0)
+    # The window [W0, W0 + 60 s) closed as if its end plus the 10 s lateness had passed; no record kept.
+    assert WriteAhead(str(accepted_file(spool))).pending() == (W0 + WINDOW + 10 * S, [])
+    idle = tmp_path / "idle.sqlite"
+    CollectorService(spooled(idle), clock=lambda: W0 + 30 * S, environ={}).stop(0)
+    assert WriteAhead(str(accepted_file(idle))).pending() == (None, [])
 
 
 # --- 21.4: a full disk under the write-ahead and the spool --------------------------------------------
@@ -526,7 +494,7 @@ import json, resource, sys
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu_collector.service import CollectorService
-from tests.collector_helpers import collector_options
+from tests.collector_helpers import CollectorProcess, collector_options
 spool, downstream = sys.argv[1:]
 FULL = 4096  # every file already holds its first page: none takes a write past it
 S = 10**9

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -215,3 +218,52 @@ def test_a_record_without_a_flag_reads_as_that_flag_absent() -> None:
     assert job.flops_miscount == report.jobs[0].flops_miscount
     data["jobs"][0]["flops_miscount"] = "yes"
     assert parse_lines([json.dumps(data)]).bad_lines == 1
+
+
+# The child writes two windows, then no file may grow past 100 bytes more (RLIMIT_FSIZE, what `ulimit -f`
+# sets): the next batch of three is cut short by the disk, then the limit goes and three more are written.
+FULL_DISK_RECORDS = """
+import json, logging, os, resource, sys
+from tests.test_report_records import fleet_reports
+from otel_ofu_collector.outputs.recorder import ReportRecorder
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+reports = fleet_reports()
+with ReportRecorder(sys.argv[1]) as recorder:
+    recorder.consume_windows(reports[:2])
+    size = os.path.getsize(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 100, resource.RLIM_INFINITY))
+    recorder.consume_windows(reports[2:5])  # about 2 KB: the first 100 bytes are written, then EFBIG
+    full = {"size_while_full": os.path.getsize(sys.argv[1]), "size_before": size, "unrecorded": recorder.unrecorded}
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    recorder.consume_windows(reports[5:])
+    print(json.dumps({**full, "written": recorder.written, "unrecorded_after": recorder.unrecorded}))
+"""
+
+
+def test_a_full_disk_under_the_records_file_leaves_whole_lines_counts_the_windows_and_recovers(
+    tmp_path: Path,
+) -> None:
+    # Before: each window batch the disk refused raised a traceback in the log and left half a line in the file.
+    path = tmp_path / "outputs.jsonl"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_RECORDS, str(path)],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["size_while_full"] == result["size_before"]  # the cut-short batch taken back
+    assert (result["unrecorded"], result["written"], result["unrecorded_after"]) == (3, 5, 3)
+    reports = fleet_reports()
+    assert list(load_records(path).reports) == reports[:2] + reports[5:]  # whole lines only, in order
+    lines = done.stderr.splitlines()
+    assert "Traceback" not in done.stderr
+    assert len([line for line in lines if line.startswith("WARNING") and "cannot be written" in line]) == 1
+    assert [line for line in lines if "writing again" in line] == [
+        f"INFO window records {path}: writing again; 3 window(s) left out"
+    ]

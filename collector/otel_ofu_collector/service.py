@@ -39,6 +39,7 @@ from otel_ofu_collector.otlp.decode import (
 from otel_ofu_collector.outputs.delivery import Delivery
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
+from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.outputs.self_telemetry import SelfTelemetry
 from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
@@ -271,15 +272,17 @@ class CollectorService:
         assert self._write_ahead is not None
         flushed_ns, payloads = self._write_ahead.pending()
         damaged = self._write_ahead.damaged_records  # bytes that fail their CRC: never in ``payloads``
-        if not payloads and not damaged:
-            return
         if flushed_ns is not None and not 0 < flushed_ns <= self.clock() + _CLOCK_SLACK_NS:
             # A damaged value: closing through it could mark every window to come as closed already.
             logger.warning("write-ahead: ignored its damaged close time %d", flushed_ns)
             flushed_ns = None
         if flushed_ns is not None:
-            self.aggregator.flush(flushed_ns)  # nothing to close yet: marks what was exported as closed
+            # Nothing to close yet: marks what was exported as closed, also after a clean stop (which closed
+            # the window it stopped in early: later points for it are late, never its second export).
+            self.aggregator.flush(flushed_ns)
             self._write_ahead_flushed = flushed_ns
+        if not payloads and not damaged:
+            return
         unparsed = failed = 0
         for payload in payloads:
             try:
@@ -450,7 +453,8 @@ class CollectorService:
                 reports = self.aggregator.close_all()
             self._publish(reports, final=True)
             if self._write_ahead is not None:  # every window is closed and in the spool
-                self._write_ahead.clear()
+                aggregator = self.aggregator
+                self._write_ahead.clear(aggregator.closed_through_ns if isinstance(aggregator, Aggregator) else None)
                 self._write_ahead.close()
         self._log_rejections(force=True)
         shutdown_in_reverse(self._started_outputs, _shutdown_consumer)  # after their last windows
@@ -542,6 +546,9 @@ class CollectorService:
                 if isinstance(delivery.queue, SqliteSpool):
                     spool_bytes = delivery.queue.size_bytes
                     dropped[f"{stream}_spool_failed"] = delivery.queue.unstored_dropped
+        recorders = [consumer for consumer in self.consumers if isinstance(consumer, ReportRecorder)]
+        if recorders:
+            dropped["records_failed"] = sum(recorder.unrecorded for recorder in recorders)
         state: dict[str, Any] = {}
         if isinstance(self.aggregator, Aggregator):
             stats = self.aggregator.stats

@@ -5,7 +5,9 @@ configured the service also appends every request that had points accepted to th
 after each flush records up to when windows are closed (``flushed_ns``, the flush's time) and drops the
 requests that can hold no point of a window still open. On the next start it replays what is left into
 the fresh aggregator after closing through the recorded time, so points of windows already exported are
-late and only the open windows are rebuilt. A clean stop closes every window, so it deletes the file.
+late and only the open windows are rebuilt. A clean stop closes every window, the open one too, early:
+it deletes the file and leaves a fresh one holding only that close time, so the points a producer sends
+for that window after the restart are late rather than the window's second export.
 
 A request received at ``r`` holds points stamped at most ``r + max_future`` (the decoder's future bound);
 the window of such a point closes at most a window plus the lateness after it, so the request is needed
@@ -129,9 +131,11 @@ class WriteAhead:
             self.damaged_records += len(damaged)
         return flushed_ns, payloads
 
-    def clear(self) -> None:
+    def clear(self, closed_through_ns: int | None = None) -> None:
         """Every window is closed and handed on (a clean stop): nothing to replay. Deletes the file, which
-        needs no free space, unlike a DELETE."""
+        needs no free space, unlike a DELETE; then, given ``closed_through_ns`` (the windows' close time),
+        writes a fresh file holding only that, for the next start to close through. A disk that refuses
+        it costs only that: the next start may export the window the stop closed early a second time."""
         with self._lock:
             self._closed = True
             self._batch.clear()
@@ -145,6 +149,25 @@ class WriteAhead:
                     self.path,
                     error,
                 )
+                return
+            if closed_through_ns is None:
+                return
+            opened = sqlite_files.open_store(self.path, "write-ahead", _TABLES)
+            try:
+                if opened.db is None:
+                    raise sqlite3.OperationalError(opened.error)
+                with opened.db:
+                    opened.db.execute("INSERT INTO state (key, value) VALUES ('flushed_ns', ?)", (closed_through_ns,))
+            except sqlite3.Error as error:
+                logger.warning(
+                    "write-ahead %s: the close time of a clean stop could not be kept (%s): points sent for the "
+                    "window it closed early may make the next start export that window again",
+                    self.path,
+                    error,
+                )
+            finally:
+                if opened.db is not None:
+                    opened.db.close()
 
     def close(self) -> None:
         with self._lock:

@@ -427,6 +427,13 @@ class Aggregator:
         (``STREAM_STATE_BYTES``, ``JOB_STATE_BYTES``) and the identity values the windows keep."""
         return self._state_bytes + self._profiles_bytes
 
+    @property
+    def closed_through_ns(self) -> int | None:
+        """The close time windows were closed through (a flush's time; after ``close_all``, the last window's
+        end plus the lateness); None before any. ``flush`` of it on a fresh aggregator makes the same windows
+        closed there."""
+        return self._flushed_ns
+
     def _is_late(self, start: int) -> bool:
         return self._flushed_ns is not None and start + self._window_ns + self._lateness_ns <= self._flushed_ns
 

@@ -2,33 +2,44 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
 
 import attrs
 
 from otel_ofu_collector.outputs.record_codec import encode_lines
 from otel_ofu_collector.results import WindowReport
 
+logger = logging.getLogger(__name__)
+
 
 @attrs.define
 class ReportRecorder:
-    """A window consumer appending each closed window to a JSON-lines file, flushed per batch.
+    """A window consumer appending each closed window to a JSON-lines file, written per batch.
 
     ``start`` opens the file (appending: a restarted collector's windows follow the last run's), ``shutdown``
     closes it; ``with ReportRecorder(path) as recorder:`` does both.
+
+    A batch is written whole or not at all: a write the disk refuses (full, a file size limit) is cut back
+    to where the batch began, so a reader never meets half a line, and its windows are counted in
+    ``unrecorded``. One warning line when writes start failing and one when they work again; the next
+    batch simply tries again (the file costs nothing to try: it is the windows' copy, not their delivery).
     """
 
     path: Path = attrs.field(converter=Path)
     written: int = attrs.field(init=False, default=0)
-    _file: TextIO | None = attrs.field(init=False, default=None)
+    unrecorded: int = attrs.field(init=False, default=0)  # windows a refused write left out of the file
+    _file: io.FileIO | None = attrs.field(init=False, default=None)
+    _failing: int = attrs.field(init=False, default=0)  # windows left out since the writes began failing
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
 
     def start(self) -> None:
         try:
-            self._file = self.path.open("a", encoding="utf-8")
+            self._file = io.FileIO(self.path, "a")  # unbuffered: a failed write leaves nothing behind to retry
         except OSError as error:
             raise OSError(f"cannot append window records to {self.path} ({error.strerror or error})") from error
 
@@ -37,12 +48,42 @@ class ReportRecorder:
         encoded = encode_lines([attrs.evolve(report, gpus=()) if report.gpus else report for report in windows])
         if not encoded:
             return
+        data = "".join(line + "\n" for _, line in encoded).encode()
         with self._lock:
             if self._file is None:
                 raise RuntimeError("the window recorder is not started")
-            self._file.write("".join(line + "\n" for _, line in encoded))
-            self._file.flush()
+            try:
+                self._append(self._file, data)
+            except OSError as error:
+                self.unrecorded += len(encoded)
+                if not self._failing:
+                    logger.warning(
+                        "window records %s cannot be written (%s): windows are left out of it until it can",
+                        self.path,
+                        error.strerror or error,
+                    )
+                self._failing += len(encoded)
+                return
+            if self._failing:
+                logger.info("window records %s: writing again; %d window(s) left out", self.path, self._failing)
+                self._failing = 0
             self.written += len(encoded)
+
+    @staticmethod
+    def _append(file: io.FileIO, data: bytes) -> None:
+        """All of ``data`` at the end of the file, or (raising) the file as it was."""
+        fd = file.fileno()
+        began = os.fstat(fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                done = file.write(view)
+                if not done:  # an unbuffered write that takes nothing is a refusal too
+                    raise OSError(f"wrote nothing of {len(view)} bytes")
+                view = view[done:]
+        except OSError:
+            os.ftruncate(fd, began)  # needs no free space
+            raise
 
     def shutdown(self) -> None:
         with self._lock:
