@@ -12,7 +12,8 @@ disk fills up under it (RLIMIT_FSIZE, as ``ulimit -f``) and frees again; slow HT
 and headers. Nothing here asserts a time: only what was exported, how often, and what was counted.
 
 ``OTEL_OFU_CHAOS_SEED`` and ``OTEL_OFU_CHAOS_SECONDS`` choose another mix or a longer run; with
-``OTEL_OFU_CHAOS_REPORT`` set, the run's measurements (what each fault cost) are written there as JSON.
+``OTEL_OFU_CHAOS_REPORT`` set, the run's measurements (what each fault cost) are written there as JSON, and the collector's log
+beside it (``.log``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import signal
 import socket
@@ -55,7 +57,7 @@ from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD
 from tests.collector_helpers import ROOT, CollectorProcess
 from tests.k8s_helpers import FakeKubelet, allocation
 
-SEED = int(os.environ.get("OTEL_OFU_CHAOS_SEED", "21"))
+SEED = int(os.environ.get("OTEL_OFU_CHAOS_SEED", "5"))
 SECONDS = float(os.environ.get("OTEL_OFU_CHAOS_SECONDS", "36"))
 WINDOW_S = 2.0
 LATENESS_S = 5.0  # room for a restart (about 1-2 s here) and the resend of what queued meanwhile
@@ -114,6 +116,30 @@ def _latest_counter(sink: OtlpSink, name: str) -> dict[str, int]:
                             label = ",".join(kv.value.string_value for kv in point.attributes)
                             latest[label] = point.as_int
     return latest
+
+
+def _costs_in(log: str) -> dict[str, Any]:
+    """What the collector's own lines say the faults cost: points rejected by reason, requests replayed and
+    records skipped after kills, requests not written ahead and windows left out of the records file while
+    the disk was full, and how many lines of each level it took to say so."""
+    rejected: Counter[str] = Counter()
+    for found in re.finditer(r"rejected \d+ data point\(s\)[^:]*: (.*)", log):
+        for item in re.split(r"; (?=\d+ )", found.group(1)):  # a reason's own words may hold "; "
+            count, _, reason = item.partition(" ")
+            rejected[reason] += int(count)
+    numbers = {
+        "replayed_requests": r"replayed (\d+) request\(s\)",
+        "damaged_records_skipped": r"(\d+) damaged record\(s\) skipped",
+        "requests_not_written_ahead": r"(\d+) accepted request\(s\) were not written ahead",
+        "windows_left_out_of_records": r"writing again; (\d+) window\(s\) left out",
+        "spool_requests_held_in_memory": r"(\d+) request\(s\) held in memory meanwhile",
+    }
+    levels = Counter(m.group(1) for m in re.finditer(r"^\S+ \S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) ", log, re.M))
+    return {
+        "rejected_points": dict(rejected),
+        **{key: sum(int(m.group(1)) for m in re.finditer(pattern, log)) for key, pattern in numbers.items()},
+        "lines": dict(levels),
+    }
 
 
 # --- the senders ------------------------------------------------------------------------------------
@@ -408,6 +434,7 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
         ]
         slow = SlowClients(collector.http_port)
         restarts: list[dict[str, Any]] = []
+        stops_ns: list[int] = []  # when each clean restart's SIGTERM was sent
         disk_full: list[dict[str, Any]] = []
         try:
             deadline = time.monotonic() + 20
@@ -440,6 +467,7 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
                         collector.kill()
                         damage = _damage_write_ahead(Path(f"{collector.spool}.accepted"), rng)
                     else:
+                        stops_ns.append(time.time_ns())
                         assert collector.stop() == 0, "\n".join(collector.logs[-30:])
                     ready_s = collector.start()
                     restarts.append(
@@ -490,11 +518,13 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
         "write_ahead_skipped_last_run": skipped,
         "write_ahead_unwritten_last_run": unwritten,
         "windows_per_job": {job: len(found) for job, found in sorted(windows.items())},
-        "lines_by_level": dict(Counter(line.split(" ", 3)[2] for line in log.splitlines() if line.count(" ") >= 3)),
+        "collector_log": _costs_in(log),
     }
     print(json.dumps(measured, indent=1))
     if os.environ.get("OTEL_OFU_CHAOS_REPORT"):
-        Path(os.environ["OTEL_OFU_CHAOS_REPORT"]).write_text(json.dumps(measured, indent=1) + "\n")
+        report = Path(os.environ["OTEL_OFU_CHAOS_REPORT"])
+        report.write_text(json.dumps(measured, indent=1) + "\n")
+        report.with_name(report.name + ".log").write_text(log + "\n")
 
     assert "Traceback" not in log, log[-5000:]
     assert "Traceback" not in producer_log, producer_log[-3000:]
@@ -506,12 +536,16 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
     assert len(healthy) >= 2 + 9, sorted(windows)  # the simulated fleet's nine jobs too
     width = round(WINDOW_S * S)
     least = int(SECONDS / WINDOW_S) - 4
+    # What the docs say a clean restart costs: the window the stop falls in is exported early with what it
+    # has, and the points sent for it after the restart are late; a job with no point in it yet misses it.
+    # Nothing else may be missing, and nothing may come twice.
+    closed_early = {(stop // width + 1) * width for stop in stops_ns}
     for job, found in sorted(healthy.items()):
         twice = [window for window, count in Counter(found).items() if count > 1]
         assert not twice, f"{job}: windows exported more than once: {twice}"
         ends = sorted(end for _, end in found)
         assert all(end % width == 0 for end in ends), f"{job}: windows not on the {WINDOW_S:g} s grid"
-        missing = sorted(set(range(ends[0], ends[-1] + width, width)) - set(ends))
+        missing = sorted(set(range(ends[0], ends[-1] + width, width)) - set(ends) - closed_early)
         assert not missing, f"{job}: windows never exported: {missing} of {ends[0]}..{ends[-1]}"
         assert len(ends) >= least, f"{job}: {len(ends)} windows, expected at least {least}"
     # The poison cost only itself: no energy of a thousand GPUs, every poisoned kind refused by its reason.
