@@ -12,8 +12,8 @@ disk fills up under it (RLIMIT_FSIZE, as ``ulimit -f``) and frees again; slow HT
 and headers. Nothing here asserts a time: only what was exported, how often, and what was counted.
 
 ``OTEL_OFU_CHAOS_SEED`` and ``OTEL_OFU_CHAOS_SECONDS`` choose another mix or a longer run; with
-``OTEL_OFU_CHAOS_REPORT`` set, the run's measurements (what each fault cost) are written there as JSON, and the collector's log
-beside it (``.log``).
+``OTEL_OFU_CHAOS_REPORT`` set, the run's measurements (what each fault cost) are written there as JSON, and
+the collector's log beside it (``.log``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -51,7 +50,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_C
 from otel_ofu import names
 from otel_ofu.attribution.podresources_pb2 import ListPodResourcesResponse
 from otel_ofu.testing.fake_kubernetes import FakeApiServer, Fault, pod, serve
-from otel_ofu.testing.otlp_requests import gpu_request, set_attribute
+from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD
 from tests.collector_helpers import ROOT, CollectorProcess
@@ -177,7 +176,6 @@ def _poisoned_request(end_ns: int) -> ExportMetricsServiceRequest:
             point = metrics[0].gauge.data_points[0]
             point.time_unix_nano = end_ns + 3600 * S
             point.start_time_unix_nano = end_ns + 3600 * S - (end_ns - start_ns)
-    set_attribute(request.resource_metrics[0].resource.attributes, names.GPU_PRECISION, "bf16")
     return request
 
 
@@ -323,7 +321,6 @@ class Collector:
     http_port: int = attrs.field(factory=unused_port)
     process: CollectorProcess | None = None
     logs: list[str] = attrs.field(factory=list)
-    starts: list[float] = attrs.field(factory=list)  # seconds from the signal to ready, per restart
     exits: list[int] = attrs.field(factory=list)
 
     @property
