@@ -387,6 +387,28 @@ def test_a_clean_stop_leaves_only_its_close_time_and_one_without_windows_leaves_
     assert WriteAhead(str(accepted_file(idle))).pending() == (None, [])
 
 
+def test_a_window_a_skewed_producer_opened_ahead_of_the_clock_does_not_close_the_next_minutes_at_a_restart(
+    tmp_path: Path,
+) -> None:
+    # One producer's clock runs 220 s ahead (inside the 300 s future bound): its point opens the window
+    # [W0 + 240, W0 + 300 s). The stop at W0 + 30 s closes it with the current one; kept as the close time,
+    # W0 + 310 s would make the restarted collector refuse every producer's points as late for four minutes.
+    # What is kept is the current window's end plus the 10 s lateness: W0 + 70 s.
+    spool = tmp_path / "spool.sqlite"
+    first = CollectorService(spooled(spool), clock=lambda: W0 + 30 * S, environ={})
+    first.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + 20 * S))
+    first.ingest(gpu_request({"GPU-2": ("skewed", 0.5)}, host="node-2", time_ns=W0 + 250 * S))
+    assert [report.end_ns for report in first.stop(0)] == [W0 + WINDOW, W0 + 2 * WINDOW, W0 + 3 * WINDOW,
+                                                          W0 + 4 * WINDOW, W0 + 5 * WINDOW]  # fmt: skip
+    assert WriteAhead(str(accepted_file(spool))).pending() == (W0 + WINDOW + 10 * S, [])
+    second = CollectorService(spooled(spool), clock=lambda: W0 + 35 * S, environ={})
+    try:
+        taken = second.ingest(gpu_request({"GPU-1": ("j", 0.6)}, time_ns=W0 + 70 * S))
+        assert (taken.accepted, taken.rejected) == (1, 0)
+    finally:
+        second.stop(0)
+
+
 # --- 21.4: a full disk under the write-ahead and the spool --------------------------------------------
 
 # The child sets RLIMIT_FSIZE to the size its files have (as `ulimit -f` would): no file may grow.

@@ -454,7 +454,8 @@ class CollectorService:
             self._publish(reports, final=True)
             if self._write_ahead is not None:  # every window is closed and in the spool
                 aggregator = self.aggregator
-                self._write_ahead.clear(aggregator.closed_through_ns if isinstance(aggregator, Aggregator) else None)
+                closed = aggregator.restart_close_time(self.clock()) if isinstance(aggregator, Aggregator) else None
+                self._write_ahead.clear(closed)
                 self._write_ahead.close()
         self._log_rejections(force=True)
         shutdown_in_reverse(self._started_outputs, _shutdown_consumer)  # after their last windows

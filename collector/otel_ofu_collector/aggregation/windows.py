@@ -427,12 +427,18 @@ class Aggregator:
         (``STREAM_STATE_BYTES``, ``JOB_STATE_BYTES``) and the identity values the windows keep."""
         return self._state_bytes + self._profiles_bytes
 
-    @property
-    def closed_through_ns(self) -> int | None:
-        """The close time windows were closed through (a flush's time; after ``close_all``, the last window's
-        end plus the lateness); None before any. ``flush`` of it on a fresh aggregator makes the same windows
-        closed there."""
-        return self._flushed_ns
+    def restart_close_time(self, now_ns: int) -> int | None:
+        """After ``close_all`` at ``now_ns``, the close time a restarted collector should ``flush`` its fresh
+        aggregator to, so that the windows exported are closed there too; None when none closed.
+
+        No later than the window ``now_ns`` falls in (its end plus the lateness): windows ahead of the clock
+        exist only for a producer whose clock runs ahead (within the future bound, 5 min by default), and
+        keeping them closed would refuse every producer's points as late for that long after the restart.
+        Such a window may instead be exported again by the next run."""
+        if self._flushed_ns is None:
+            return None
+        current_end = _window_start(now_ns, self._window_ns) + self._window_ns
+        return min(self._flushed_ns, current_end + self._lateness_ns)
 
     def _is_late(self, start: int) -> bool:
         return self._flushed_ns is not None and start + self._window_ns + self._lateness_ns <= self._flushed_ns
