@@ -7,7 +7,8 @@ comes first in the chain: the pods server's faults meet the lookup thread while 
 over OTLP/HTTP for one more job; and a sender whose every request holds a healthy GPU beside poisoned ones
 (a finite 1e308 J energy, 1e9 W, NaN, points from the future).
 The faults, drawn from the seed: the pods server drips, stalls or is slow; the collector is killed (its
-write-ahead then gets a junk record and a record cut in half) or stopped cleanly, and started again; the
+write-ahead then gets a junk record and a record cut in half, and at times random bytes replace its spool
+while that holds nothing undelivered) or stopped cleanly, and started again; the
 disk fills up under it (RLIMIT_FSIZE, as ``ulimit -f``) and frees again; slow HTTP clients trickle bodies
 and headers. Nothing here asserts a time: only what was exported, how often, and what was counted.
 
@@ -311,6 +312,20 @@ def _damage_write_ahead(path: Path, rng: random.Random) -> dict[str, int]:
     return {"junk": 1, "halved": halved}
 
 
+def _replace_empty_spool(path: Path, rng: random.Random) -> int:
+    """Random bytes in place of the spool and no WAL, when it holds no undelivered output (1), else nothing
+    (0): what a damaged spool costs is its undelivered outputs, which this test could not tell from a loss."""
+    if not path.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        if db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]:
+            return 0
+    for leftover in (Path(f"{path}-wal"), Path(f"{path}-shm")):
+        leftover.unlink(missing_ok=True)
+    path.write_bytes(rng.randbytes(rng.randrange(100, 20_000)))
+    return 1
+
+
 @attrs.define
 class Collector:
     """The collector under test: one process at a time on fixed ports, restarted as the faults say."""
@@ -463,6 +478,8 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
                     if event.kind == "kill":
                         collector.kill()
                         damage = _damage_write_ahead(Path(f"{collector.spool}.accepted"), rng)
+                        if rng.random() < 0.5:
+                            damage["spool_replaced"] = _replace_empty_spool(collector.spool, rng)
                     else:
                         stops_ns.append(time.time_ns())
                         assert collector.stop() == 0, "\n".join(collector.logs[-30:])
