@@ -33,6 +33,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
+from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.queues import SqliteSpool
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD
 from otel_ofu_collector.service import CollectorOptions, CollectorService
@@ -409,6 +410,25 @@ def test_a_window_a_skewed_producer_opened_ahead_of_the_clock_does_not_close_the
         second.stop(0)
 
 
+def test_the_close_time_of_a_stop_with_day_long_windows_is_not_taken_for_a_damaged_one(tmp_path: Path) -> None:
+    # Windows of a day and a day's lateness: a stop 30 s into the day D0 keeps D0 + 2 days, more than a day
+    # past the clock, which the start once ignored as damaged: the same day was then exported twice.
+    day = 86_400 * S
+    d0 = (W0 // day + 1) * day
+    config = AggregatorConfig(window_s=86_400.0, lateness_s=86_400.0, stale_after_s=3 * 86_400.0)
+    spool = tmp_path / "spool.sqlite"
+    first = CollectorService(spooled(spool, aggregator=config), clock=lambda: d0 + 30 * S, environ={})
+    first.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=d0 + 20 * S))
+    assert [report.end_ns for report in first.stop(0)] == [d0 + day]
+    assert WriteAhead(str(accepted_file(spool))).pending() == (d0 + 2 * day, [])
+    second = CollectorService(spooled(spool, aggregator=config), clock=lambda: d0 + 35 * S, environ={})
+    try:
+        late = second.ingest(gpu_request({"GPU-1": ("j", 0.7)}, time_ns=d0 + 30 * S))
+        assert (late.accepted, late.rejected) == (0, 1)
+    finally:
+        second.stop(0)
+
+
 # --- 21.4: a full disk under the write-ahead and the spool --------------------------------------------
 
 # The child sets RLIMIT_FSIZE to the size its files have (as `ulimit -f` would): no file may grow.
@@ -458,6 +478,7 @@ def test_a_full_disk_under_the_write_ahead_costs_only_crash_safety_counted_logge
 
 DISK_FULL_SPOOL = """
 import json, logging, os, resource, sys
+from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.queues import SqliteSpool
 from otel_ofu_collector.sqlite_files import RETRY_S
 logging.basicConfig(level=logging.INFO)
@@ -668,6 +689,7 @@ def test_a_damaged_wal_header_loses_the_whole_wal_and_is_counted(tmp_path: Path)
 
 SPOOL_KILLED = """
 import os, sys
+from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.queues import SqliteSpool
 spool = SqliteSpool(sys.argv[1])
 for k in range(10):

@@ -272,7 +272,10 @@ class CollectorService:
         assert self._write_ahead is not None
         flushed_ns, payloads = self._write_ahead.pending()
         damaged = self._write_ahead.damaged_records  # bytes that fail their CRC: never in ``payloads``
-        if flushed_ns is not None and not 0 < flushed_ns <= self.clock() + _CLOCK_SLACK_NS:
+        config = self.options.aggregator
+        # A clean stop keeps up to a window and the lateness ahead of its clock (``restart_close_time``).
+        ahead_ns = _CLOCK_SLACK_NS + config.window_ns + config.lateness_ns
+        if flushed_ns is not None and not 0 < flushed_ns <= self.clock() + ahead_ns:
             # A damaged value: closing through it could mark every window to come as closed already.
             logger.warning("write-ahead: ignored its damaged close time %d", flushed_ns)
             flushed_ns = None
