@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import logging
 import math
@@ -12,6 +14,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -267,3 +270,39 @@ def test_a_full_disk_under_the_records_file_leaves_whole_lines_counts_the_window
     assert [line for line in lines if "writing again" in line] == [
         f"INFO window records {path}: writing again; 3 window(s) left out"
     ]
+
+
+def test_a_batch_whose_cut_back_failed_is_cut_before_the_next_one_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dying disk: the write stops after 10 bytes and the cut back fails too (EIO). Appending the next batch
+    # after the half line would merge the two into one unreadable line; it is cut first.
+    reports = fleet_reports(3)
+    path = tmp_path / "outputs.jsonl"
+
+    class DyingFile(io.FileIO):
+        writes = 0
+
+        def write(self, data: Any) -> int:
+            DyingFile.writes += 1
+            if DyingFile.writes == 1:
+                return super().write(bytes(data)[:10])
+            raise OSError(errno.EIO, "Input/output error")
+
+    def failing_ftruncate(fd: int, length: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    with ReportRecorder(path) as recorder:
+        recorder.consume_windows(reports[:1])
+        good = path.stat().st_size
+        recorder.shutdown()
+        recorder._file = DyingFile(path, "a")  # the same file, on a disk that is failing
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "ftruncate", failing_ftruncate)
+            recorder.consume_windows(reports[1:2])
+        assert path.stat().st_size == good + 10  # the half batch is still there
+        recorder.shutdown()
+        recorder.start()  # the disk is back
+        recorder.consume_windows(reports[2:])
+        assert (recorder.written, recorder.unrecorded) == (2, 1)
+    assert list(load_records(path).reports) == [reports[0], reports[2]]

@@ -35,6 +35,7 @@ class ReportRecorder:
     unrecorded: int = attrs.field(init=False, default=0)  # windows a refused write left out of the file
     _file: io.FileIO | None = attrs.field(init=False, default=None)
     _failing: int = attrs.field(init=False, default=0)  # windows left out since the writes began failing
+    _cut_to: int | None = attrs.field(init=False, default=None)  # a refused batch's start, when cutting it back failed
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
 
     def start(self) -> None:
@@ -69,10 +70,13 @@ class ReportRecorder:
                 self._failing = 0
             self.written += len(encoded)
 
-    @staticmethod
-    def _append(file: io.FileIO, data: bytes) -> None:
-        """All of ``data`` at the end of the file, or (raising) the file as it was."""
+    def _append(self, file: io.FileIO, data: bytes) -> None:
+        """All of ``data`` at the end of the file, or (raising) the file as it was. A refused batch whose cut
+        back failed too (an I/O error) is cut before the next one is written, never written after."""
         fd = file.fileno()
+        if self._cut_to is not None:
+            os.ftruncate(fd, self._cut_to)
+            self._cut_to = None
         began = os.fstat(fd).st_size
         view = memoryview(data)
         try:
@@ -82,7 +86,10 @@ class ReportRecorder:
                     raise OSError(f"wrote nothing of {len(view)} bytes")
                 view = view[done:]
         except OSError:
-            os.ftruncate(fd, began)  # needs no free space
+            try:
+                os.ftruncate(fd, began)  # needs no free space
+            except OSError:
+                self._cut_to = began
             raise
 
     def shutdown(self) -> None:
