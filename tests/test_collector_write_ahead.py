@@ -478,7 +478,6 @@ def test_a_full_disk_under_the_write_ahead_costs_only_crash_safety_counted_logge
 
 DISK_FULL_SPOOL = """
 import json, logging, os, resource, sys
-from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.queues import SqliteSpool
 from otel_ofu_collector.sqlite_files import RETRY_S
 logging.basicConfig(level=logging.INFO)
@@ -537,7 +536,7 @@ import json, resource, sys
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu_collector.service import CollectorService
-from tests.collector_helpers import CollectorProcess, collector_options
+from tests.collector_helpers import collector_options
 spool, downstream = sys.argv[1:]
 FULL = 4096  # every file already holds its first page: none takes a write past it
 S = 10**9
@@ -565,6 +564,46 @@ def test_on_a_full_disk_the_service_takes_points_closes_windows_and_counts_what_
     # One request accepted but not written ahead; its window's outputs (one request) held, then lost at stop
     assert found == {"accepted": 1, "windows": 1, "dropped": 1, "unwritten": 1}
     assert "Traceback" not in log
+
+
+# A clean stop while no file may be written at all (RLIMIT_FSIZE 0): the write-ahead is deleted, and the fresh
+# file with the stop's close time cannot be written. Then, with space back, a start on what was left.
+STOP_ON_A_FULL_DISK = """
+import json, logging, resource, sys
+from otel_ofu import names
+from otel_ofu.testing.otlp_requests import gpu_request
+from otel_ofu_collector.service import CollectorService
+from otel_ofu_collector.write_ahead import WriteAhead
+from tests.collector_helpers import collector_options
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+spool, downstream = sys.argv[1:]
+S = 10**9
+W0 = 1_700_000_040 * S
+options = collector_options(None, spool_path=spool, export_endpoint=downstream, self_telemetry=False)
+first = CollectorService(options, clock=lambda: W0 + 30 * S, environ={})
+first.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + 20 * S))
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+windows = len(first.stop(0))
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+second = CollectorService(options, clock=lambda: W0 + 35 * S, environ={})
+late = second.ingest(gpu_request({"GPU-1": ("j", 0.7)}, time_ns=W0 + 30 * S))
+damaged = second.self_metrics()[names.COLLECTOR_FILES_DAMAGED.name]
+second.stop(0)
+print(json.dumps({"windows": windows, "accepted_after": late.accepted, "damaged": damaged}))
+"""
+
+
+def test_a_clean_stop_on_a_full_disk_costs_only_the_kept_close_time_and_the_next_start_counts_no_damage(
+    tmp_path: Path,
+) -> None:
+    [found], log = run_python(STOP_ON_A_FULL_DISK, str(tmp_path / "spool.sqlite"), f"http://127.0.0.1:{unused_port()}")
+    assert found["windows"] == 1
+    # Without the close time the next start takes the stopped-in window's later point: the cost the warning
+    # names. Whatever the refused write left (an empty file) is no damage to count, and no start fails on it.
+    assert found["accepted_after"] == 1
+    assert set(found["damaged"].values()) == {0}, found["damaged"]
+    assert "Traceback" not in log
+    assert len([line for line in log.splitlines() if "close time of a clean stop could not be kept" in line]) == 1
 
 
 FULL = 4096  # a file size limit every file of the spool already reaches: none takes a write past it
@@ -689,7 +728,6 @@ def test_a_damaged_wal_header_loses_the_whole_wal_and_is_counted(tmp_path: Path)
 
 SPOOL_KILLED = """
 import os, sys
-from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.queues import SqliteSpool
 spool = SqliteSpool(sys.argv[1])
 for k in range(10):
