@@ -446,7 +446,7 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
         ]
         slow = SlowClients(collector.http_port)
         restarts: list[dict[str, Any]] = []
-        stops_ns: list[int] = []  # when each clean restart's SIGTERM was sent
+        stops_ns: list[tuple[int, int]] = []  # each clean restart's SIGTERM sent, and the collector gone
         disk_full: list[dict[str, Any]] = []
         try:
             deadline = time.monotonic() + 20
@@ -481,8 +481,9 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
                         if rng.random() < 0.5:
                             damage["spool_replaced"] = _replace_empty_spool(collector.spool, rng)
                     else:
-                        stops_ns.append(time.time_ns())
+                        signalled_ns = time.time_ns()
                         assert collector.stop() == 0, "\n".join(collector.logs[-30:])
+                        stops_ns.append((signalled_ns, time.time_ns()))
                     ready_s = collector.start()
                     restarts.append(
                         {"kind": event.kind, "at_s": event.at_s, "down_s": round(time.monotonic() - signalled, 2),
@@ -553,7 +554,12 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
     # What the docs say a clean restart costs: the window the stop falls in is exported early with what it
     # has, and the points sent for it after the restart are late; a job with no point in it yet misses it.
     # Nothing else may be missing, and nothing may come twice.
-    closed_early = {(stop // width + 1) * width for stop in stops_ns}
+    # The stop's clock falls somewhere between the signal and the exit: any window ending in that span.
+    closed_early = {
+        end
+        for sent, gone in stops_ns
+        for end in range((sent // width + 1) * width, (gone // width + 1) * width + 1, width)
+    }
     for job, found in sorted(healthy.items()):
         twice = [window for window, count in Counter(found).items() if count > 1]
         assert not twice, f"{job}: windows exported more than once: {twice}"
