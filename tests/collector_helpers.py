@@ -175,3 +175,13 @@ class CollectorProcess:
             self._reader.join(timeout=10)
         if self.process.stderr is not None:
             self.process.stderr.close()
+
+
+def self_metric(sink: OtlpSink, name: str) -> dict[str, int]:
+    """The latest value of a self-metric counter the downstream received, by its attribute values joined with
+    commas ('' unlabelled): the last collector run's, as each run counts from 0."""
+    latest: dict[str, int] = {}
+    for _rm, _sm, metric in sink.metrics(name):
+        for point in metric.sum.data_points:
+            latest[",".join(kv.value.string_value for kv in point.attributes)] = point.as_int
+    return latest

@@ -54,7 +54,7 @@ from otel_ofu.testing.fake_kubernetes import FakeApiServer, Fault, pod, serve
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD
-from tests.collector_helpers import ROOT, CollectorProcess
+from tests.collector_helpers import ROOT, CollectorProcess, self_metric
 from tests.k8s_helpers import FakeKubelet, allocation
 
 SEED = int(os.environ.get("OTEL_OFU_CHAOS_SEED", "5"))
@@ -67,55 +67,31 @@ HEALTHY_SENT = ("beside-poison", "http-job")  # the senders' healthy jobs
 POISONED = "poisoned"
 
 
-def _windows_of(sink: OtlpSink) -> dict[str, list[tuple[int, int]]]:
-    """Each job's exported job.ofu points, (start, end) in ns (a gauge's start is 0: the end names the
-    window), as often as they came."""
-    found: dict[str, list[tuple[int, int]]] = {}
-    for request in sink.requests():
-        for rm in request.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name != names.JOB_OFU.name:
-                        continue
-                    for point in metric.gauge.data_points:
-                        job = next((kv.value.string_value for kv in point.attributes if kv.key == names.JOB_ID), None)
-                        job = job or next(
-                            (kv.value.string_value for kv in rm.resource.attributes if kv.key == names.JOB_ID), ""
-                        )
-                        found.setdefault(job, []).append((point.start_time_unix_nano, point.time_unix_nano))
+def _job_of(rm: Any, point: Any) -> str:
+    """A point's job.id: on the point (the collector's outputs) or else on its Resource."""
+    for attributes in (point.attributes, rm.resource.attributes):
+        for kv in attributes:
+            if kv.key == names.JOB_ID:
+                return str(kv.value.string_value)
+    return ""
+
+
+def _windows_of(sink: OtlpSink) -> dict[str, list[int]]:
+    """Each job's exported job.ofu windows by their end in ns, as often as they came."""
+    found: dict[str, list[int]] = {}
+    for rm, _sm, metric in sink.metrics(names.JOB_OFU.name):
+        for point in metric.gauge.data_points:
+            found.setdefault(_job_of(rm, point), []).append(point.time_unix_nano)
     return found
 
 
 def _job_sums(sink: OtlpSink, metric_name: str, job: str) -> list[float]:
-    values: list[float] = []
-    for request in sink.requests():
-        for rm in request.resource_metrics:
-            resource_job = next((kv.value.string_value for kv in rm.resource.attributes if kv.key == names.JOB_ID), "")
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name != metric_name:
-                        continue
-                    for point in [*metric.sum.data_points, *metric.gauge.data_points]:
-                        point_job = next(
-                            (kv.value.string_value for kv in point.attributes if kv.key == names.JOB_ID), resource_job
-                        )
-                        if point_job == job:
-                            values.append(point.as_double)
-    return values
-
-
-def _latest_counter(sink: OtlpSink, name: str) -> dict[str, int]:
-    """The latest value of a self-metric counter by its attribute values ('' unlabelled), per instance run."""
-    latest: dict[str, int] = {}
-    for request in sink.requests():
-        for rm in request.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name == name:
-                        for point in metric.sum.data_points:
-                            label = ",".join(kv.value.string_value for kv in point.attributes)
-                            latest[label] = point.as_int
-    return latest
+    return [
+        point.as_double
+        for rm, _sm, metric in sink.metrics(metric_name)
+        for point in metric.sum.data_points
+        if _job_of(rm, point) == job
+    ]
 
 
 def _costs_in(log: str) -> dict[str, Any]:
@@ -337,6 +313,7 @@ class Collector:
     process: CollectorProcess | None = None
     logs: list[str] = attrs.field(factory=list)
     exits: list[int] = attrs.field(factory=list)
+    clean_stops_ns: list[tuple[int, int]] = attrs.field(factory=list)  # (SIGTERM sent, process gone) per restart
 
     @property
     def spool(self) -> Path:
@@ -365,6 +342,26 @@ class Collector:
         self.exits.append(code)
         self._keep_log()
         return code
+
+    def restart(self, kill: bool, rng: random.Random) -> dict[str, Any]:
+        """Kill it (and damage what a kill leaves) or stop it cleanly, then start it again; what it took."""
+        signalled, signalled_ns = time.monotonic(), time.time_ns()
+        damage: dict[str, int] = {}
+        if kill:
+            self.kill()
+            damage = _damage_write_ahead(Path(f"{self.spool}.accepted"), rng)
+            if rng.random() < 0.5:
+                damage["spool_replaced"] = _replace_empty_spool(self.spool, rng)
+        else:
+            assert self.stop() == 0, "\n".join(self.logs[-30:])
+            self.clean_stops_ns.append((signalled_ns, time.time_ns()))
+        ready_s = self.start()
+        return {
+            "kind": "kill" if kill else "restart",
+            "down_s": round(time.monotonic() - signalled, 2),
+            "start_s": round(ready_s, 2),
+            **damage,
+        }
 
     def disk(self, full: bool) -> None:
         """No file may grow past 4 KiB (a full disk to SQLite and to the records file), or no limit."""
@@ -446,7 +443,6 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
         ]
         slow = SlowClients(collector.http_port)
         restarts: list[dict[str, Any]] = []
-        stops_ns: list[tuple[int, int]] = []  # each clean restart's SIGTERM sent, and the collector gone
         disk_full: list[dict[str, Any]] = []
         try:
             deadline = time.monotonic() + 20
@@ -473,22 +469,7 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
                     disk_full.append({"at_s": event.at_s, "cpu_s": round(collector.cpu_s() - cpu, 3)})
                 else:
                     cpu_before += collector.cpu_s()
-                    signalled = time.monotonic()
-                    damage: dict[str, int] = {}
-                    if event.kind == "kill":
-                        collector.kill()
-                        damage = _damage_write_ahead(Path(f"{collector.spool}.accepted"), rng)
-                        if rng.random() < 0.5:
-                            damage["spool_replaced"] = _replace_empty_spool(collector.spool, rng)
-                    else:
-                        signalled_ns = time.time_ns()
-                        assert collector.stop() == 0, "\n".join(collector.logs[-30:])
-                        stops_ns.append((signalled_ns, time.time_ns()))
-                    ready_s = collector.start()
-                    restarts.append(
-                        {"kind": event.kind, "at_s": event.at_s, "down_s": round(time.monotonic() - signalled, 2),
-                         "start_s": round(ready_s, 2), **damage}
-                    )  # fmt: skip
+                    restarts.append({"at_s": event.at_s, **collector.restart(event.kind == "kill", rng)})
             time.sleep(max(0.0, began + SECONDS - time.monotonic()))
             # The end: the pods server drips, and the producer must still stop at once on SIGTERM.
             pods_server.fault = Fault.DRIP
@@ -519,9 +500,9 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
 
         log = "\n".join(collector.logs)
         windows = _windows_of(sink)
-        rejected = _latest_counter(sink, names.COLLECTOR_POINTS_REJECTED.name)
-        skipped = _latest_counter(sink, names.COLLECTOR_WRITE_AHEAD_SKIPPED.name)
-        unwritten = _latest_counter(sink, names.COLLECTOR_WRITE_AHEAD_UNWRITTEN.name)
+        rejected = self_metric(sink, names.COLLECTOR_POINTS_REJECTED.name)
+        skipped = self_metric(sink, names.COLLECTOR_WRITE_AHEAD_SKIPPED.name)
+        unwritten = self_metric(sink, names.COLLECTOR_WRITE_AHEAD_UNWRITTEN.name)
         poisoned_energy = _job_sums(sink, names.JOB_ENERGY.name, POISONED)
 
     measured |= {
@@ -557,13 +538,13 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
     # The stop's clock falls somewhere between the signal and the exit: any window ending in that span.
     closed_early = {
         end
-        for sent, gone in stops_ns
+        for sent, gone in collector.clean_stops_ns
         for end in range((sent // width + 1) * width, (gone // width + 1) * width + 1, width)
     }
     for job, found in sorted(healthy.items()):
         twice = [window for window, count in Counter(found).items() if count > 1]
         assert not twice, f"{job}: windows exported more than once: {twice}"
-        ends = sorted(end for _, end in found)
+        ends = sorted(found)
         assert all(end % width == 0 for end in ends), f"{job}: windows not on the {WINDOW_S:g} s grid"
         missing = sorted(set(range(ends[0], ends[-1] + width, width)) - set(ends) - closed_early)
         assert not missing, f"{job}: windows never exported: {missing} of {ends[0]}..{ends[-1]}"
@@ -571,3 +552,6 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
     # The poison cost only itself: no energy of a thousand GPUs, every poisoned kind refused by its reason.
     assert all(value < 4 * 5000.0 * WINDOW_S for value in poisoned_energy), poisoned_energy
     assert sum(rejected.values()) > 0, rejected
+    # ... each by its reason (the last run's counts: it runs at least the schedule's last 6 s).
+    refused = {reason for reason, count in rejected.items() if count}
+    assert {names.RejectReason.OUT_OF_RANGE, names.RejectReason.IMPLAUSIBLE, names.RejectReason.BAD_TIME} <= refused

@@ -38,7 +38,7 @@ from otel_ofu_collector.outputs.queues import SqliteSpool
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 from otel_ofu_collector.write_ahead import WriteAhead
-from tests.collector_helpers import CollectorProcess, collector_options
+from tests.collector_helpers import CollectorProcess, collector_options, self_metric
 
 S = 1_000_000_000
 W0 = 1_700_000_040 * S  # a multiple of 60 s: windows are aligned to the epoch
@@ -299,30 +299,11 @@ def send(port: int, request: ExportMetricsServiceRequest) -> ExportMetricsServic
 
 def job_ofu_points(sink: OtlpSink, job: str) -> int:
     """How many job.ofu points of ``job`` the downstream received: once per window, never twice."""
-    found = 0
-    for request in sink.requests():
-        for rm in request.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name == names.JOB_OFU.name:
-                        for point in metric.gauge.data_points:
-                            ids = [kv.value.string_value for kv in point.attributes if kv.key == names.JOB_ID]
-                            found += ids == [job]
-    return found
-
-
-def self_metric(sink: OtlpSink, name: str) -> dict[str, int]:
-    """The latest value of a self-metric the downstream received, by its attribute (or '' unlabelled)."""
-    latest: dict[str, int] = {}
-    for request in sink.requests():
-        for rm in request.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    if metric.name == name:
-                        for point in metric.sum.data_points:
-                            label = ",".join(kv.value.string_value for kv in point.attributes)
-                            latest[label] = point.as_int
-    return latest
+    return sum(
+        [kv.value.string_value for kv in point.attributes if kv.key == names.JOB_ID] == [job]
+        for _rm, _sm, metric in sink.metrics(names.JOB_OFU.name)
+        for point in metric.gauge.data_points
+    )
 
 
 def test_the_command_starts_with_a_damaged_record_and_a_random_spool_file_and_replays_the_rest(

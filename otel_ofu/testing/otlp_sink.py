@@ -20,7 +20,7 @@ import ssl
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -121,6 +121,20 @@ class OtlpSink:
     def requests(self) -> list[Any]:
         with self._cond:
             return [item.request for item in self.received]
+
+    def metrics(self, name: str | None = None, transport: str | None = None) -> Iterator[tuple[Any, Any, Any]]:
+        """(resource_metrics, scope_metrics, metric) of every request received so far, in arrival order; only
+        the metrics called ``name`` and the requests over ``transport`` ("grpc" or "http") when given."""
+        with self._cond:
+            received = list(self.received)
+        for item in received:
+            if transport is not None and item.transport != transport:
+                continue
+            for rm in item.request.resource_metrics:
+                for sm in rm.scope_metrics:
+                    for metric in sm.metrics:
+                        if name is None or metric.name == name:
+                            yield rm, sm, metric
 
     def wait_for(self, predicate: Callable[[OtlpSink], bool], timeout: float = 10.0) -> bool:
         """Wait until ``predicate(sink)`` holds (re-checked on every request); False on timeout."""

@@ -141,15 +141,7 @@ def backends_to_sink(config: dict[str, Any], sink: OtlpSink, built: set[str]) ->
 
 def sink_metrics(sink: OtlpSink, transport: str = "grpc") -> Iterator[tuple[Any, Any, Any]]:
     """(resource_metrics, scope_metrics, metric) the sink got over one transport (one backend path)."""
-    with sink._cond:
-        received = list(sink.received)
-    for item in received:
-        if item.transport != transport:
-            continue
-        for rm in item.request.resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    yield rm, sm, metric
+    return sink.metrics(transport=transport)
 
 
 def gauges(sink: OtlpSink, name: str) -> list[tuple[int, dict[str, Any], float, dict[str, Any]]]:
