@@ -40,6 +40,17 @@ GPU_OFU: Final = MetricSpec(
 GPU_OFU_RAW: Final = MetricSpec(
     "gpu.ofu.raw", "1", "gauge", "Tensor pipe activity x SM clock / board max SM clock, nothing else applied"
 )
+# A GPU that reported an interval without OFU (its tensor activity blank, its clock unreadable): 1 over the interval,
+# with ERROR_TYPE saying why. The GPU is still allocated and still draws power: the collector bills its time under
+# the loss cause ``unmeasured``, neither as work nor as idleness.
+GPU_OFU_UNMEASURED: Final = MetricSpec(
+    "gpu.ofu.unmeasured",
+    "1",
+    "gauge",
+    "1 over an interval the GPU reported without OFU, with error.type saying why (its time is billed, unmeasured)",
+)
+# OpenTelemetry's semantic convention for the class of an error: on gpu.ofu.unmeasured, an ErrorReason value.
+ERROR_TYPE: Final = "error.type"
 GPU_TENSOR_ACTIVE: Final = MetricSpec(
     "gpu.tensor.active", "1", "gauge", "Fraction of cycles any tensor pipe was active, interval average"
 )
@@ -66,6 +77,7 @@ GPU_PCIE_IO: Final = MetricSpec("gpu.pcie.io", "By", "sum", "PCIe bytes sent or 
 PRODUCER_METRICS: tuple[MetricSpec, ...] = (  # extended by the power/throttle block below
     GPU_OFU,
     GPU_OFU_RAW,
+    GPU_OFU_UNMEASURED,
     GPU_TENSOR_ACTIVE,
     GPU_CLOCK_SM,
     GPU_CLOCK_SM_MAX,
@@ -220,8 +232,9 @@ class OfuLossCause:
     [0, T - O]. What is left of 1 - O is split by what the engine and SMs were doing, on GPUs whose source reports
     engine and SM activity (E, S, clamped so that T <= S <= E): ``no_kernel`` 1 - E, ``sm_idle`` E - S,
     ``non_tensor`` S - O - clock (the SMs' time off useful tensor work, tile padding included). A GPU without them
-    keeps the coarse ``tensor``, 1 - O - clock; an idle GPU's whole 1 - O is ``idle``. So a job's causes always
-    sum to 1 with its OFU (``otel_ofu_collector.aggregation.loss`` computes them).
+    keeps the coarse ``tensor``, 1 - O - clock; an idle GPU's whole 1 - O is ``idle``. A GPU's time without OFU
+    (``gpu.ofu.unmeasured``) is ``unmeasured``: billed, but neither work nor idleness. So a job's causes always sum
+    to 1 with its OFU, each a share of its GPU time (``otel_ofu_collector.aggregation.loss`` computes them).
     """
 
     IDLE = "idle"  # attributed GPUs with no tensor activity all window: 1 - O
@@ -230,8 +243,9 @@ class OfuLossCause:
     SM_IDLE = "sm_idle"  # E - S: kernels running, SMs left empty (small grids, launch gaps, tails)
     NON_TENSOR = "non_tensor"  # S - O - clock: SMs busy off useful tensor work (memory-bound, element-wise, padding)
     TENSOR = "tensor"  # 1 - O - clock on working GPUs whose source lacks engine and SM activity
+    UNMEASURED = "unmeasured"  # GPU time that gave no OFU (gpu.ofu.unmeasured): billed, neither work nor idleness
 
-    ALL = (IDLE, CLOCK, NO_KERNEL, SM_IDLE, NON_TENSOR, TENSOR)
+    ALL = (IDLE, CLOCK, NO_KERNEL, SM_IDLE, NON_TENSOR, TENSOR, UNMEASURED)
     TENSOR_PARTS = (NO_KERNEL, SM_IDLE, NON_TENSOR)  # the finer split of TENSOR, as E, S and T nest
 
 

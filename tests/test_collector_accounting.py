@@ -130,9 +130,9 @@ def test_a_job_on_a_whole_gpu_and_a_slice_weighs_each_by_its_share() -> None:
 
 
 def test_a_groups_percentiles_weigh_slices_by_their_share() -> None:
-    # One H100 group: slices at OFU 0.2 and 0.5 (1/7 each) and a whole GPU at 0.8. Neighbours sit the mean of their
-    # weights apart: 0.2 -(1/7)- 0.5 -(4/7)- 0.8, span 5/7. The median is at 2.5/7: 1.5/7 into the second gap of
-    # 4/7, a fraction 0.375 of 0.5 -> 0.8: 0.6125 (unweighted it would be 0.5). p95: 4.75/7, fraction 0.9375: 0.78125.
+    # One H100 group: slices at OFU 0.2 and 0.5 (1/7 of a GPU each) and a whole GPU at 0.8, all window: 9/7 of a
+    # GPU's capacity, 1/7 at 0.2, 1/7 at 0.5, 7/7 at 0.8. p5 (0.45/7 of it): 0.2; p25 (2.25/7): past 2/7, 0.8;
+    # p50 and up: 0.8 (unweighted, the median would be 0.5).
     agg = Aggregator(AggregatorConfig(lateness_s=0))
     _window_of(agg, _gpu("GPU-a", "j", "1g.10gb", 1), 0.2)
     _window_of(agg, _gpu("GPU-a", "j", "1g.10gb", 2), 0.5)
@@ -140,9 +140,10 @@ def test_a_groups_percentiles_weigh_slices_by_their_share() -> None:
     (report,) = agg.flush(T0 + W)
     (group,) = report.groups
     assert group.gpus == pytest.approx(9 / 7)
-    assert group.quantiles[0.5] == pytest.approx(0.6125)
-    assert group.quantiles[0.95] == pytest.approx(0.78125)
-    assert group.quantiles[0.05] == pytest.approx(0.2 + 0.05 * 5 / 7 * 7 * 0.3)  # 0.25/7 of the 1/7 gap: 0.2 + 0.075
+    assert group.quantiles[0.05] == 0.2
+    assert group.quantiles[0.25] == 0.8
+    assert group.quantiles[0.5] == 0.8
+    assert group.quantiles[0.95] == 0.8
 
 
 # --- GPU time: each interval split over the windows it overlaps -------------------------------------------------

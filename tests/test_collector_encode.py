@@ -40,7 +40,7 @@ def _sample_reports() -> list[WindowReport]:
     }
     for window in range(2):
         for gpu, value in enumerate((0.0, 0.4 + 0.1 * window, 0.5)):
-            agg.add_ofu(f"g{gpu}", value, T0 + window * W, T0 + window * W + 30 * S, identity)
+            agg.add_ofu(f"g{gpu}", value, T0 + window * W, T0 + (window + 1) * W, identity)  # all window
         agg.add_mfu("j1", 0.45 + 0.1 * window, T0 + window * W + 40 * S, identity)
         agg.add_mfu("mfu-only", 0.3, T0 + window * W + 40 * S, {names.JOB_ID: "mfu-only"})
     return agg.close_all()

@@ -21,7 +21,7 @@ from otel_ofu_collector.stats.exphist import (
     shift_to_fit,
     top_index,
 )
-from otel_ofu_collector.stats.quantiles import percentile_of_sorted, percentiles
+from otel_ofu_collector.stats.quantiles import capacity_quantile_of_sorted, capacity_quantiles, percentile_of_sorted
 
 ofu_values = st.floats(min_value=0.0, max_value=1.0, allow_nan=False, allow_subnormal=False)
 positive = st.floats(min_value=1e-300, max_value=1e300, allow_nan=False, allow_infinity=False)
@@ -236,7 +236,7 @@ def test_quantiles_within_the_relative_error_bound(distribution: object, max_buc
     values = distribution(rng, 5000)  # type: ignore[operator]
     histogram = ExpHistogram.from_values(values, max_buckets=max_buckets)
     bound = relative_error_bound(histogram.scale)
-    exact = percentiles(values)
+    exact = capacity_quantiles(values)
     for q, truth in exact.items():
         estimate = histogram.quantile(q)
         assert estimate is not None
@@ -269,7 +269,7 @@ def test_merge_of_shards_equals_one_histogram(shards: int) -> None:
         whole.zero_count,
     )
     bound = relative_error_bound(merged.scale)
-    for q, truth in percentiles(values).items():
+    for q, truth in capacity_quantiles(values).items():
         estimate = merged.quantile(q)
         assert estimate is not None
         assert abs(estimate - truth) <= bound * truth * (1 + 1e-9)
@@ -277,16 +277,53 @@ def test_merge_of_shards_equals_one_histogram(shards: int) -> None:
 
 @settings(max_examples=200)
 @given(st.lists(ofu_values, min_size=1, max_size=80), st.sampled_from(names.QUANTILES))
-def test_exact_percentile_is_numpy_linear(values: list[float], q: float) -> None:
+def test_plain_percentile_is_numpy_linear(values: list[float], q: float) -> None:
     ordered = sorted(values)
     assert percentile_of_sorted(ordered, q) == pytest.approx(float(np.percentile(values, q * 100)), abs=1e-15)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(ofu_values, st.integers(min_value=1, max_value=56)), min_size=1, max_size=60),
+    st.sampled_from(names.QUANTILES),
+)
+def test_capacity_percentile_is_numpys_weighted_quantile(pairs: list[tuple[float, int]], q: float) -> None:
+    # Weights in 1/56 GPU-equivalents (sevenths and eighths: MIG slices and AMD partitions) stand for capacity;
+    # numpy's weighted quantile (inverted CDF) on the same data is the reference.
+    pairs.sort()
+    values = [value for value, _units in pairs]
+    weights = [units / 56 for _value, units in pairs]
+    expected = float(np.quantile(values, q, weights=weights, method="inverted_cdf"))
+    assert capacity_quantile_of_sorted(values, weights, q) == expected
 
 
 @settings(max_examples=200)
 @given(st.lists(ofu_values, min_size=1, max_size=80), st.sampled_from(names.QUANTILES), buckets)
 def test_histogram_quantile_within_bound_for_any_data(values: list[float], q: float, max_buckets: int) -> None:
     histogram = ExpHistogram.from_values(values, max_buckets=max_buckets)
-    truth = percentile_of_sorted(sorted(values), q)
+    truth = capacity_quantiles(values, quantiles=(q,))[q]
+    estimate = histogram.quantile(q)
+    assert estimate is not None
+    assert abs(estimate - truth) <= relative_error_bound(histogram.scale) * truth * (1 + 1e-9) + 1e-300
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.tuples(ofu_values, st.integers(min_value=0, max_value=10**7)), min_size=1, max_size=60),
+    st.sampled_from(names.QUANTILES),
+    buckets,
+)
+def test_a_capacity_histogram_reads_the_capacity_percentile_within_its_bound(
+    pairs: list[tuple[float, int]], q: float, max_buckets: int
+) -> None:
+    pairs.sort()
+    values = [value for value, _count in pairs]
+    counts = [count for _value, count in pairs]
+    histogram = ExpHistogram.from_sorted(values, max_buckets=max_buckets, counts=counts)
+    if not any(counts):
+        assert histogram.quantile(q) is None
+        return
+    truth = capacity_quantiles(values, [float(c) for c in counts], quantiles=(q,))[q]
     estimate = histogram.quantile(q)
     assert estimate is not None
     assert abs(estimate - truth) <= relative_error_bound(histogram.scale) * truth * (1 + 1e-9) + 1e-300

@@ -114,7 +114,7 @@ def test_windows_go_downstream_with_job_correlation_and_flags(sink: OtlpSink) ->
         assert len(seen) == 3
         assert sink.wait_for(lambda s: len(outputs(s, names.JOB_FLOPS_MISCOUNT.name)) == 6)
         [gpus] = [value for attrs, value, end in outputs(sink, names.FLEET_GPUS.name) if end == W0 + WINDOW]
-        assert gpus == 3.0
+        assert gpus == pytest.approx(0.5)  # 3 GPUs x one 10 s interval each, over a 60 s window
         quantiles = {a[names.QUANTILE] for a, _, _ in outputs(sink, names.FLEET_OFU_QUANTILE.name)}
         assert len(quantiles) == len(names.QUANTILES)
         job_ofu = {(a[names.JOB_ID], end): v for a, v, end in outputs(sink, names.JOB_OFU.name)}
@@ -154,7 +154,8 @@ def test_stop_flushes_open_windows_and_refuses_new_requests(sink: OtlpSink) -> N
     send(port, producer_request({"GPU-1": ("j", 0.5)}, T1))
     reports = service.stop(grace=2)
     assert [r.end_ns for r in reports] == [W0 + WINDOW]
-    assert outputs(sink, names.FLEET_GPUS.name)[0][1] == 1.0  # exported before stop returned
+    # exported before stop returned: one GPU's 10 s interval over the 60 s window
+    assert outputs(sink, names.FLEET_GPUS.name)[0][1] == pytest.approx(1 / 6)
     with pytest.raises(grpc.RpcError):
         send(port, producer_request({"GPU-1": ("j", 0.5)}, T1))
 
@@ -191,7 +192,7 @@ def test_without_a_downstream_outputs_still_reach_listeners() -> None:
         assert service.exports is None
         service.ingest(producer_request({"GPU-1": ("j", 0.5)}, T1))
         service.flush(W0 + 2 * WINDOW)
-        assert seen[0][0].groups[0].gpus == 1
+        assert seen[0][0].groups[0].gpus == pytest.approx(1 / 6)  # one GPU's 10 s interval of the window
     finally:
         service.stop(grace=1)
 
@@ -212,7 +213,7 @@ def test_prometheus_endpoint_shows_gauges_not_histograms(sink: OtlpSink) -> None
     assert "fleet_ofu" not in families
     quantile = families["fleet_ofu_quantile"]
     assert {sample.labels[names.PROMETHEUS_QUANTILE_LABEL] for sample in quantile.samples} >= {"0.5", "0.99"}
-    assert families["fleet_gpus"].samples[0].value == 2.0
+    assert families["fleet_gpus"].samples[0].value == pytest.approx(2 / 6)  # two GPUs' 10 s of the 60 s window
     assert families["job_ofu"].samples[0].labels["job_id"] == "j"
     assert families["job_ofu_mfu_gap"].samples[0].value == pytest.approx(-0.05)
     # Each self-metric is exposed with its kind from the vocabulary: sums as counters, the queue as a gauge.
@@ -246,13 +247,13 @@ def test_shards_merge_into_fleet_windows(sink: OtlpSink) -> None:
         while merge.decoder.stats.accepted < 2 and time.monotonic() < deadline:
             time.sleep(0.01)  # one partial window per shard, arriving over loopback
         [merged] = merge.flush(W0 + WINDOW + 10 * S)
-        assert merged.groups[0].gpus == 3
+        assert merged.groups[0].gpus == pytest.approx(0.5)  # 3 GPUs x 10 s over the 60 s window
         assert merged.fleet.jobs == 2
         assert sink.wait_for(
             lambda s: len(outputs(s, names.JOB_OFU.name)) == 2 and outputs(s, names.FLEET_GPUS.name) != []
         )
         # one fleet-wide fleet.gpus (the merge tier's), not the shards' local ones
-        assert [v for _, v, _ in outputs(sink, names.FLEET_GPUS.name)] == [3.0]
+        assert [v for _, v, _ in outputs(sink, names.FLEET_GPUS.name)] == [pytest.approx(0.5)]
         assert {a[names.JOB_ID] for a, _, _ in outputs(sink, names.JOB_OFU.name)} == {"a", "b"}  # passed through
         assert not metric_names(sink) & {spec.name for spec in names.COLLECTOR_PARTIAL_METRICS}
     finally:

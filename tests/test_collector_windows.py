@@ -69,18 +69,21 @@ def test_a_gpu_counts_once_time_weighted() -> None:
     # its first 30 s go to the window before
     agg.add_ofu("g2", 0.9, at(0, -30), at(0, 10), ident())
     agg.add_ofu("g2", 0.1, at(0, 10), at(0, 40), ident())
-    # instantaneous points weigh the same: a plain mean
+    # instantaneous points at one time weigh the same (a plain mean) and cover no time: a stream's first point
+    # without an interval marks its start, and the others are at the same time
     for value in (0.1, 0.2, 0.6):
         agg.add_ofu("g3", value, at(0, 20), at(0, 20), ident())
     before, report = close(agg, 0)
     (earlier,) = before.groups
-    assert earlier.gpus == 1
+    assert earlier.gpus == pytest.approx(0.5)  # g2's first 30 s of the window before: half a GPU on average
     assert earlier.ofu_sum == pytest.approx(0.9)  # g2's first 30 s
     (group,) = report.groups
-    assert group.gpus == 3
+    # g1 40 s, g2 40 s, g3 none: 80 GPU-s over a 60 s window
+    assert group.gpus == pytest.approx(80 / 60)
     assert group.histogram.count == 3
     assert sorted([group.ofu_min, group.ofu_max]) == pytest.approx([0.3, 0.5])
     assert group.ofu_sum == pytest.approx(0.5 + 0.3 + 0.3)
+    # Over capacity: g2 0.3 and g1 0.5 for 40 GPU-s each; half of it is reached at 0.3.
     assert group.quantiles[0.5] == pytest.approx(0.3)
 
 
@@ -91,12 +94,12 @@ def test_late_points_are_counted_not_mixed_in() -> None:
     assert agg.flush(T0 + W + 10 * S) == []  # within the lateness: window 0 still open
     assert agg.add_ofu("g2", 0.7, at(0, 20), at(0, 50), ident()) is None
     (first,) = agg.flush(T0 + W + 15 * S)
-    assert first.groups[0].gpus == 2
+    assert first.groups[0].gpus == pytest.approx(1.0)  # two GPUs for 30 s each of a 60 s window
     assert agg.add_ofu("g3", 0.1, at(0, 20), at(0, 50), ident()) is not None  # window 0 closed
     assert agg.add_mfu("j", 0.1, at(0, 50), ident("j")) is not None
     assert agg.add_ofu("g1", 0.5, at(1, 0), at(1, 30), ident()) is None
     (second,) = close(agg, 1)
-    assert second.groups[0].gpus == 1
+    assert second.groups[0].gpus == pytest.approx(0.5)
     assert second.groups[0].ofu_min == 0.5
     assert agg.stats.late_points == 2
     assert agg.stats.points_ofu == 3
@@ -105,10 +108,10 @@ def test_late_points_are_counted_not_mixed_in() -> None:
 
 def test_groups_by_configured_keys_with_unknown_for_missing() -> None:
     agg = Aggregator(AggregatorConfig())
-    agg.add_ofu("a", 0.5, at(0, 0), at(0, 30), ident(model="A100", precision="bf16"))
-    agg.add_ofu("b", 0.4, at(0, 0), at(0, 30), ident(model="A100", precision="bf16"))
-    agg.add_ofu("c", 0.3, at(0, 0), at(0, 30), ident(model="H100", precision="fp8"))
-    agg.add_ofu("d", 0.2, at(0, 0), at(0, 30), ident(model="H100", precision=None))
+    agg.add_ofu("a", 0.5, at(0, 0), at(0, 60), ident(model="A100", precision="bf16"))
+    agg.add_ofu("b", 0.4, at(0, 0), at(0, 60), ident(model="A100", precision="bf16"))
+    agg.add_ofu("c", 0.3, at(0, 0), at(0, 60), ident(model="H100", precision="fp8"))
+    agg.add_ofu("d", 0.2, at(0, 0), at(0, 60), ident(model="H100", precision=None))
     (report,) = close(agg, 0)
     found = {(g.attributes[names.HW_MODEL], g.attributes[names.GPU_PRECISION]): g.gpus for g in report.groups}
     assert found == {("A100", "bf16"): 2, ("H100", "fp8"): 1, ("H100", "unknown"): 1}
@@ -123,14 +126,19 @@ def test_groups_by_configured_keys_with_unknown_for_missing() -> None:
 def test_group_quantiles_are_exact_and_match_the_histogram() -> None:
     rng = random.Random(3)
     values = [rng.choice([0.0, rng.uniform(0.2, 0.7)]) for _ in range(500)]
+    seconds = [rng.choice([10, 30, 60]) for _ in values]  # GPUs there for part of the window weigh less
     agg = Aggregator(AggregatorConfig())
-    for i, value in enumerate(values):
-        agg.add_ofu(f"g{i}", value, at(0, 0), at(0, 30), ident())
+    for i, (value, covered) in enumerate(zip(values, seconds, strict=True)):
+        agg.add_ofu(f"g{i}", value, at(0, 60 - covered), at(0, 60), ident())
     (report,) = close(agg, 0)
     (group,) = report.groups
-    for q in names.QUANTILES:
-        assert group.quantiles[q] == pytest.approx(float(np.percentile(values, q * 100)), abs=1e-12)
-    assert group.histogram.count == group.gpus == 500
+    for q in names.QUANTILES:  # over capacity: numpy's weighted quantile of the values by their GPU-seconds
+        expected = float(np.quantile(values, q, weights=seconds, method="inverted_cdf"))
+        assert group.quantiles[q] == expected
+        estimate = group.histogram.quantile(q)
+        assert estimate is not None
+    assert group.histogram.count == 500
+    assert group.gpus == pytest.approx(sum(seconds) / 60)
     assert group.histogram.zero_count == values.count(0.0)
 
 
@@ -146,7 +154,7 @@ def test_stream_and_job_caps_are_counted() -> None:
     assert agg.add_mfu("j3", 0.5, at(0, 30), ident("j3")) == "max_jobs"
     assert agg.add_mfu("j1", 0.5, at(0, 30), ident("j1")) is None
     (report,) = close(agg, 0)
-    assert report.groups[0].gpus == 2
+    assert report.groups[0].gpus == pytest.approx(70 / 60)  # a for 30 + 10 s, c for 30 s
     assert [job.job_id for job in report.jobs] == ["j1"]
     stats = agg.stats
     assert (stats.rejected_stream_cap, stats.rejected_job_cap) == (1, 2)
@@ -282,7 +290,7 @@ def test_jobs_with_one_side_missing_are_reported() -> None:
         0.4,
         None,
         None,
-        1,
+        0.5,  # one GPU for 30 s of the window: half a GPU on average
     )
     assert only_ofu.attributes[names.JOB_NAME] == "train"
     assert only_ofu.attributes[names.HW_MODEL] == "NVIDIA H100 80GB HBM3"
@@ -297,7 +305,7 @@ def test_jobs_with_one_side_missing_are_reported() -> None:
     assert dict(only_mfu.attributes) == {names.JOB_NAME: "eval"}
     both = job_of(report, "both")
     assert both.status == STATUS_OK
-    assert both.gpus == 2
+    assert both.gpus == 1  # two GPUs for 30 s each of a 60 s window
     assert both.ofu == pytest.approx(0.4)
     assert both.mfu == pytest.approx(0.4)
     assert both.gap == pytest.approx(0.0)
@@ -383,13 +391,14 @@ def test_watermark_is_the_latest_event_time() -> None:
     assert agg.watermark_ns == at(2, 30)
 
 
-def test_a_gpu_moving_between_jobs_counts_once_per_job() -> None:
+def test_a_gpu_moving_between_jobs_counts_once_split_by_time() -> None:
     agg = Aggregator(AggregatorConfig())
-    agg.add_ofu("g", 0.2, at(0, 0), at(0, 20), ident("first"))
-    agg.add_ofu("g", 0.6, at(0, 20), at(0, 40), ident("second"))
+    agg.add_ofu("g", 0.2, at(0, 0), at(0, 30), ident("first"))
+    agg.add_ofu("g", 0.6, at(0, 30), at(0, 60), ident("second"))
     (report,) = close(agg, 0)
-    assert [(job.job_id, job.ofu, job.gpus) for job in report.jobs] == [("first", 0.2, 1), ("second", 0.6, 1)]
-    assert report.groups[0].gpus == 2
+    # Half the window in each job: half a GPU each, one GPU in the fleet.
+    assert [(job.job_id, job.ofu, job.gpus) for job in report.jobs] == [("first", 0.2, 0.5), ("second", 0.6, 0.5)]
+    assert report.groups[0].gpus == 1
 
 
 def test_config_is_validated() -> None:
@@ -413,24 +422,38 @@ point = st.tuples(
 )
 
 
-def _split(start: int, end: int, closed: set[int] | None = None) -> dict[int, int]:
+def _split(start: int, end: int, closed: set[int] | None = None) -> dict[int, tuple[int, int, int]]:
     """The model the windows follow, worked out by hand: an interval (start, end] weighs in every window (w, w + W]
-    it overlaps with its overlap (an instantaneous point, start == end, weighs 1 ns in its own window); the part of
-    a window already closed goes to the first open window the interval overlaps."""
+    it overlaps with its overlap, given as (weight, low, high) with (low, high] the part inside the window (a point
+    without duration, start == end, weighs 1 ns in its own window and covers nothing); the part of a window already
+    closed goes to the first open window the interval overlaps, as weight outside the window's span."""
     end_window = (end - 1) // W * W
     if start >= end:
-        return {end_window: 1}
+        return {end_window: (1, end, end)}
     closed = closed or set()
-    parts: dict[int, int] = {}
+    parts: dict[int, tuple[int, int, int]] = {}
     carried = 0
     for window in range(start // W * W, end_window + 1, W):
-        overlap = min(end, window + W) - max(start, window)
+        low, high = max(start, window), min(end, window + W)
         if window in closed:
-            carried += overlap
+            carried += high - low
         else:
-            parts[window] = overlap + carried
+            parts[window] = (high - low + carried, low, high)
             carried = 0
     return parts
+
+
+def _covered(spans: list[tuple[int, int]]) -> int:
+    """The ns a set of (low, high] spans covers, each once."""
+    covered, reach = 0, None
+    for low, high in sorted(spans):
+        if reach is None or low > reach:
+            covered += high - low
+            reach = high
+        elif high > reach:
+            covered += high - reach
+            reach = high
+    return covered
 
 
 def test_an_interval_over_a_boundary_weighs_in_both_windows() -> None:
@@ -459,6 +482,10 @@ def test_every_point_is_split_over_the_windows_it_overlaps_or_is_late(
     flushed: int | None = None
     reports: list[WindowReport] = []
     expected: dict[int, dict[int, list[tuple[float, int]]]] = {}
+    spans: dict[int, dict[int, list[tuple[int, int]]]] = {}  # by window, by stream: what its points cover
+    carried_in: dict[int, dict[int, int]] = {}  # by window, by stream: ns carried in from closed windows
+    last_seen: dict[int, int] = {}  # by stream: the latest end taken
+    inferred: dict[int, tuple[int, int]] = {}  # by stream: the latest (end, start) given a point without interval
     late = 0
     for index, (stream, value, end, duration) in enumerate(points):
         while flush_times and flush_times[0] <= index * W // 10:
@@ -466,25 +493,42 @@ def test_every_point_is_split_over_the_windows_it_overlaps_or_is_late(
             flushed = now if flushed is None else max(flushed, now)
             reports += agg.flush(now)
         start_ns, end_ns = T0 + end - duration, T0 + end
+        taken = agg.add_ofu(f"s{stream}", value, start_ns, end_ns, ident()) is None
+        previous = last_seen.get(stream)
+        if duration == 0:  # no interval: the time since the stream's previous point, the same for every point of it
+            if inferred.get(stream, (None, 0))[0] == end_ns:
+                start_ns = inferred[stream][1]
+            else:
+                if previous is not None and end_ns > previous:
+                    start_ns = previous
+                inferred[stream] = (end_ns, start_ns)
         closed = {
             window
             for window in range(start_ns // W * W, end_ns, W)
             if flushed is not None and window + W + lateness <= flushed
         }
-        taken = agg.add_ofu(f"s{stream}", value, start_ns, end_ns, ident()) is None
         assert taken == ((end_ns - 1) // W * W not in closed)  # late exactly when the window of its end closed
         if not taken:
             late += 1
             continue
-        for window, weight in _split(start_ns, end_ns, closed).items():
+        extends = previous is None or end_ns > previous
+        last_seen[stream] = end_ns if previous is None else max(previous, end_ns)
+        for window, (weight, low, high) in _split(start_ns, end_ns, closed).items():
             expected.setdefault(window, {}).setdefault(stream, []).append((value, weight))
+            spans.setdefault(window, {}).setdefault(stream, []).append((low, high))
+            if extends:  # time of closed windows is carried only by a point that extends its stream
+                carried = weight - (high - low) if high > low else 0
+                carried_in.setdefault(window, {})[stream] = carried_in.get(window, {}).get(stream, 0) + carried
     reports += agg.close_all()
     assert agg.stats.late_points == late
     got = {r.start_ns: r for r in reports if r.groups}
     assert set(got) == set(expected)
     for window, streams in expected.items():
         (group,) = got[window].groups
-        assert group.gpus == len(streams)
+        seconds = sum(
+            _covered(spans[window][stream]) + carried_in.get(window, {}).get(stream, 0) for stream in streams
+        )
+        assert group.gpus == pytest.approx(seconds / W, abs=1e-12)  # GPU-seconds over the window's
         means = sorted(sum(v * w for v, w in pts) / sum(w for _, w in pts) for pts in streams.values())
         assert group.ofu_sum == pytest.approx(sum(means), abs=1e-9)
         assert group.ofu_min == pytest.approx(means[0], abs=1e-12)

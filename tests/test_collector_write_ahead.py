@@ -68,9 +68,13 @@ def request_bytes(gpus: dict[str, tuple[str, float]], time_ns: int) -> bytes:
 
 
 def jobs_of(service: CollectorService, now_ns: int) -> dict[str, tuple[object, float]]:
-    """{job: (OFU, GPUs)} of the windows ``flush(now_ns)`` closes (OFU as ``object``: tests compare it with
-    pytest.approx)."""
-    return {job.job_id: (job.ofu, job.gpus) for report in service.flush(now_ns) for job in report.jobs}
+    """{job: (OFU, GPUs that reported)} of the windows ``flush(now_ns)`` closes (OFU as ``object``: tests compare it
+    with pytest.approx). Each GPU of these tests sends one 10 s interval (``gpu_request``): its GPU-seconds / 10."""
+    return {
+        job.job_id: (job.ofu, round(job.loss.gpu_time_s / 10, 9) if job.loss is not None else 0.0)
+        for report in service.flush(now_ns)
+        for job in report.jobs
+    }
 
 
 def warnings_about(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:

@@ -143,11 +143,11 @@ def test_an_empty_model_has_a_fleet_line_with_nothing_known() -> None:
 
 
 def test_fleet_percentiles_of_several_groups_come_from_their_merged_histograms() -> None:
-    # 3 H100s at 30% and 1 A100 at 50%, sorted 0.3 0.3 0.3 0.5; percentiles interpolate between ranks, as the
-    # collector's do: p50 at rank 0.5 x 3 = 1.5 -> 0.3; p95 at rank 0.95 x 3 = 2.85 -> 0.3 + 0.85 x 0.2 = 0.47
+    # 3 H100s at 30% and 1 A100 at 50%, sorted 0.3 0.3 0.3 0.5; as the collector's: the smallest OFU at or below
+    # which that share of the GPUs sat. p50: 2 of 4 are reached at 0.3; p95: 3.8 of 4 only at 0.5.
     p50, p95 = fleet_quantiles([group([0.3, 0.3, 0.3]), group([0.5], "NVIDIA A100-SXM4-80GB")])
     assert p50 == pytest.approx(0.30, rel=0.01)  # within the histogram's relative error (0.55% at 1280 buckets)
-    assert p95 == pytest.approx(0.47, rel=0.01)
+    assert p95 == pytest.approx(0.50, rel=0.01)
     assert fleet_quantiles([]) == (None, None)
 
 

@@ -11,7 +11,7 @@ Also here: a shard's mergeable part of a window (``PartialWindow``), what the me
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
 import attrs
@@ -32,13 +32,20 @@ def finite_or_none(value: float | None) -> float | None:
 
 @attrs.frozen
 class GroupReport:
+    """A group's (model, precision) GPUs in one window. ``gpus``: GPU equivalents on average over the window (its
+    GPU-seconds over the window's: a MIG slice counts as its share of its GPU, a GPU there for half the window as
+    half of one). ``quantiles``: over GPU capacity (``stats.quantiles``); empty when no GPU gave OFU. ``histogram``:
+    one observation per GPU (and job it served) with OFU. ``capacity``: the same OFU values counted in
+    GPU-microseconds of capacity, what a merge tier reads the percentiles from (a shard's; None elsewhere)."""
+
     attributes: Mapping[str, str]
-    gpus: float  # GPU equivalents (a MIG slice counts as its share of its GPU)
+    gpus: float
     quantiles: Mapping[float, float]
     histogram: ExpHistogram
     ofu_sum: float
     ofu_min: float
     ofu_max: float
+    capacity: ExpHistogram | None = None
 
 
 _NO_LOSS: Final[Mapping[str, float]] = {}
@@ -66,6 +73,122 @@ class JobLoss:
     dram_active: float | None = None
     nvlink_bytes_per_s: float | None = None
     pcie_bytes_per_s: float | None = None
+
+
+@attrs.frozen
+class JobSums:
+    """A job's window in sums over its GPUs, each of which adds across shards: capacity-seconds (``gpu_time_s``),
+    useful ones (OFU x measured capacity-seconds), lost ones by cause, energy, achieved FLOPs and the energy of the
+    GPUs that have them, cost (and its lost part by cause) and emissions where known, and each context value (DRAM
+    activity, NVLink and PCIe bytes per second) as (sum weighted by GPU time, GPU time). ``job_values`` and ``job_loss``
+    turn them into the job's OFU and its ``JobLoss``."""
+
+    gpu_time_s: float
+    useful_s: float
+    lost_s: Mapping[str, float]
+    energy_j: float | None = None
+    flops: float = 0.0
+    flops_energy_j: float = 0.0
+    cost: float | None = None
+    cost_lost: Mapping[str, float] | None = None
+    emissions_kg: float | None = None
+    currency: str | None = None
+    context: Mapping[str, tuple[float, float]] = attrs.field(factory=dict)
+
+    @property
+    def residual(self) -> str | None:
+        """The split cause the shares take as 1 - OFU - the others; None when no second was measured."""
+        return residual_of(self.lost_s)
+
+    @property
+    def measured_s(self) -> float:
+        """The capacity-seconds that gave OFU."""
+        return self.gpu_time_s - self.lost_s.get(names.OfuLossCause.UNMEASURED, 0.0)
+
+    def merge(self, other: JobSums) -> JobSums:
+        """Both parts' sums (a job's GPUs on two shards in one window): every value adds."""
+        context = dict(self.context)
+        for kind, (total, weight) in other.context.items():
+            mine = context.get(kind, (0.0, 0.0))
+            context[kind] = (mine[0] + total, mine[1] + weight)
+        return JobSums(
+            gpu_time_s=self.gpu_time_s + other.gpu_time_s,
+            useful_s=self.useful_s + other.useful_s,
+            lost_s=_add(self.lost_s, other.lost_s) or {},
+            energy_j=_add_number(self.energy_j, other.energy_j),
+            flops=self.flops + other.flops,
+            flops_energy_j=self.flops_energy_j + other.flops_energy_j,
+            cost=_add_number(self.cost, other.cost),
+            cost_lost=_add(self.cost_lost, other.cost_lost),
+            emissions_kg=_add_number(self.emissions_kg, other.emissions_kg),
+            currency=self.currency or other.currency,
+            context=context,
+        )
+
+
+_NO_IDLE: Final[Mapping[str, float]] = {}
+
+
+@attrs.frozen
+class JobWindow:
+    """One job's part of one window, in values that add across shards (what ``aggregation.jobs.JobLedger`` closes a
+    job's window from, and what a shard sends its merge tier).
+
+    ``sums``: its GPUs' sums (None: no GPU time). ``point_ofu``: (OFU x share, share) summed over GPUs whose OFU
+    points carried no time (instantaneous, a stream's first): what stands in for the OFU where no second was measured.
+    ``mfu``: (sum, count) of its ``job.mfu`` points. ``gpus``: GPU equivalents that gave OFU (each once, whatever
+    time), ``idle_gpus`` those with no tensor activity by stream key (what the idle flag counts). ``attributes``:
+    job.name, hw.model, gpu.precision as its MFU points and then its GPUs' newest points say; ``models``: its GPUs'
+    models (where there are several, no one model names the job's outputs: its cost is theirs together)."""
+
+    sums: JobSums | None = None
+    point_ofu: tuple[float, float] = (0.0, 0.0)
+    mfu: tuple[float, int] = (0.0, 0)
+    gpus: float = 0.0
+    idle_gpus: Mapping[str, float] = _NO_IDLE
+    attributes: Mapping[str, str] = attrs.field(factory=dict)
+    models: frozenset[str] = frozenset()
+
+    def merge(self, other: JobWindow) -> JobWindow:
+        """Both parts (the job on two shards in one window): the sums add, the GPUs are each on one side, the
+        attributes are the later part's over the earlier's."""
+        if self.sums is None or other.sums is None:
+            sums = other.sums if self.sums is None else self.sums
+        else:
+            sums = self.sums.merge(other.sums)
+        return JobWindow(
+            sums=sums,
+            point_ofu=(self.point_ofu[0] + other.point_ofu[0], self.point_ofu[1] + other.point_ofu[1]),
+            mfu=(self.mfu[0] + other.mfu[0], self.mfu[1] + other.mfu[1]),
+            gpus=self.gpus + other.gpus,
+            idle_gpus={**self.idle_gpus, **other.idle_gpus},
+            attributes={**self.attributes, **other.attributes},
+            models=self.models | other.models,
+        )
+
+
+def ordered_causes(causes: Iterable[str]) -> list[str]:
+    """Causes in ``names.OfuLossCause.ALL`` order (``unmeasured`` after the split ones)."""
+    present = set(causes)
+    return [cause for cause in names.OfuLossCause.ALL if cause in present]
+
+
+# The split cause a job's shares take as the residual, by preference: the coarse ``tensor`` where some GPU lacks
+# engine and SM activity, else ``non_tensor``; the others only where those are absent.
+_RESIDUAL_ORDER: Final = (
+    names.OfuLossCause.TENSOR,
+    names.OfuLossCause.NON_TENSOR,
+    names.OfuLossCause.SM_IDLE,
+    names.OfuLossCause.NO_KERNEL,
+    names.OfuLossCause.CLOCK,
+    names.OfuLossCause.IDLE,
+)
+
+
+def residual_of(causes: Iterable[str]) -> str | None:
+    """The split cause a job's shares take as 1 - OFU - the others; None without a split cause (no time measured)."""
+    present = set(causes)
+    return next((cause for cause in _RESIDUAL_ORDER if cause in present), None)
 
 
 @attrs.frozen
@@ -176,6 +299,8 @@ class WindowReport:
     fleet: FleetReport
     gpu_flags: tuple[GpuFlagReport, ...] = ()
     gpus: tuple[GpuReport, ...] = ()  # per-GPU means; empty where the windows were not asked for them
+    # Each job's part of the window as sums, by job.id: what a shard sends its merge tier (empty elsewhere).
+    job_parts: Mapping[str, JobWindow] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -183,6 +308,7 @@ class PartialGroup:
     attributes: Mapping[str, str]
     histogram: ExpHistogram
     gpus: float
+    capacity: ExpHistogram | None = None  # GPU-microseconds of capacity by OFU (None: a shard that sent none)
 
 
 @attrs.frozen
@@ -197,6 +323,7 @@ class PartialWindow:
     jobs_count: int
     shard_id: str
     fleet_loss: FleetLoss | None = None  # None: this part carries no fleet loss totals
+    jobs: Mapping[str, JobWindow] = attrs.field(factory=dict)  # each job's part of the window, by job.id
 
 
 # Every window output in the contract's order: the OFU outputs, then where OFU is lost.

@@ -337,6 +337,9 @@ class CollectorService:
         for delivery in self._deliveries():
             delivery.start()
         if options.flush_interval_s > 0:
+            # Closed through the clock from the start, not from the first tick: until a window has closed every
+            # point is on time, and one stamped at the epoch (a node booted with its clock unset) would be taken.
+            self.flush()
             self._timer = threading.Thread(target=self._tick, name="otel-ofu-flush", daemon=True)
             self._timer.start()
         downstream = "none"

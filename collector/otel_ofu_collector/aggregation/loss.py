@@ -26,11 +26,20 @@ busy on no useful tensor work), as work that did no useful FLOPs. The clamps kee
 means of separate gauges do not multiply exactly; without a clock reading ``clock`` is 0; without ``T`` (a
 producer that sends only ``gpu.ofu``), ``T`` is taken as ``O``.
 
-Per job: each share is the mean over its GPUs weighted by their shares of a GPU, as ``job.ofu`` is, and the job's
-last cause (``tensor`` where some GPU lacks E and S, else ``non_tensor``) is taken as 1 - OFU - the others, so the
-identity holds to the last bit of that one subtraction. A job's causes are the ones its GPUs have: the finer three
-where some GPU reports E and S, ``tensor`` where some does not. GPU-seconds lost by cause = sum over GPUs of share x
-the GPU's seconds. Energy, FLOPs per joule, cost and emissions are sums over the GPUs that have the inputs.
+Per job, every average is weighted by GPU time: a GPU's capacity-seconds are its share of a GPU (a MIG slice's
+fraction) x the seconds it covered in the window, of which the seconds its OFU covered are measured and the rest
+``unmeasured`` (a GPU that reported ``gpu.ofu.unmeasured``: billed, neither work nor idleness). GPU-seconds lost by
+cause = sum over GPUs of the cause's share x its measured capacity-seconds, and ``unmeasured`` its unmeasured ones;
+useful GPU-seconds = sum of OFU x measured capacity-seconds; the job's GPU time is all of its capacity-seconds. Then
+the job's OFU = useful / GPU time and each cause's share = its lost seconds / GPU time, so that OFU x GPU time is the
+useful GPU time exactly and OFU + the causes = 1, the job's last split cause (``tensor`` where some GPU lacks E and S,
+else ``non_tensor``) taken as 1 - OFU - the others, so the identity holds to the last bit of that one subtraction. A
+job's causes are the ones its GPUs have: the finer three where some GPU reports E and S, ``tensor`` where some does
+not, ``unmeasured`` where some time gave no OFU. Energy, FLOPs per joule, cost and emissions are sums over the GPUs
+that have the inputs; cost is price x capacity-hours, its lost part by cause likewise.
+
+These sums are what shards send their merge tier for a job (``JobSums``): a job whose points moved to another shard
+mid-window adds up there to exactly what one collector would have reported (``job_values``).
 
 Every sum over GPUs is exactly rounded (``math.fsum``): the GPUs come in the order their points arrived, which
 differs between a single collector and a shard behind the load balancer, and a plain running sum would round
@@ -49,11 +58,12 @@ from typing import cast
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector.results import FleetLoss, JobLoss
+from otel_ofu_collector.results import FleetLoss, JobLoss, JobSums
 
 C = names.OfuLossCause
 CAUSES = C.ALL
-IDLE, CLOCK, TENSOR = C.IDLE, C.CLOCK, C.TENSOR
+SPLIT_CAUSES = tuple(cause for cause in CAUSES if cause != C.UNMEASURED)  # what a GPU's OFU measurement splits
+IDLE, CLOCK, TENSOR, UNMEASURED = C.IDLE, C.CLOCK, C.TENSOR, C.UNMEASURED
 NO_KERNEL, SM_IDLE, NON_TENSOR = C.NO_KERNEL, C.SM_IDLE, C.NON_TENSOR
 IDLE_TENSOR_ACTIVE = 0.01  # mean tensor pipe activity below which a GPU did no tensor work in the window
 J_PER_KWH = 3.6e6
@@ -176,9 +186,11 @@ def weighted_mean(values: list[float], share: list[float] | None) -> float:
 @attrs.define
 class GpuColumns:
     """A job's GPUs in columns, one entry per GPU in one order: what a window close fills in one pass over the job's
-    GPUs, without an object per GPU. ``share``: each GPU's share of a physical GPU (a MIG slice's fraction,
-    ``otel_ofu.gpu_share``), None when all are whole GPUs; ``dram``, ``nvlink``, ``pcie``: each GPU's DRAM
-    activity and link bytes per second, None where it sent none (the column None: no GPU did)."""
+    GPUs, without an object per GPU. ``seconds``: each GPU's seconds in the window, ``measured`` the part its OFU
+    covered (a GPU without OFU: 0; its ``ofu`` entry is then a stand-in that weighs nothing). ``share``: each GPU's
+    share of a physical GPU (a MIG slice's fraction, ``otel_ofu.gpu_share``), None when all are whole GPUs; ``dram``,
+    ``nvlink``, ``pcie``: each GPU's DRAM activity and link bytes per second, None where it sent none (the column None:
+    no GPU did)."""
 
     ofu: list[float]
     split: Split
@@ -190,41 +202,90 @@ class GpuColumns:
     dram: list[float | None] | None = None
     nvlink: list[float | None] | None = None
     pcie: list[float | None] | None = None
+    measured: list[float] | None = None  # None: every second measured (``seconds``)
 
 
 def causes_of(split: Split) -> tuple[str, ...]:
     """The causes a job's split has, in ``names.OfuLossCause.ALL`` order: the finer three where some GPU reports
-    engine and SM activity, ``tensor`` where some does not."""
+    engine and SM activity, ``tensor`` where some does not (``unmeasured`` is not the split's: see ``job_loss_of``)."""
     finer = split.finer
     coarse = finer is None or not all(finer)
     return tuple(
-        cause for cause in CAUSES if (cause not in C.TENSOR_PARTS or finer is not None) and (cause != TENSOR or coarse)
+        cause
+        for cause in SPLIT_CAUSES
+        if (cause not in C.TENSOR_PARTS or finer is not None) and (cause != TENSOR or coarse)
     )
 
 
-def job_loss_of(
+def job_values(sums: JobSums) -> tuple[float | None, dict[str, float]]:
+    """The job's OFU (useful / GPU time; None when no second was measured) and each cause's share of its GPU time,
+    summing to 1 with the OFU: the residual cause takes what rounding leaves."""
+    total = sums.gpu_time_s
+    shares = {cause: seconds / total for cause, seconds in sums.lost_s.items()}
+    residual = sums.residual
+    if residual is None:
+        return None, shares
+    ofu = sums.useful_s / total
+    shares[residual] = 1.0 - ofu - math.fsum(v for cause, v in shares.items() if cause != residual)
+    return ofu, shares
+
+
+def job_loss(sums: JobSums) -> JobLoss:
+    """The ``JobLoss`` a job's window sums make."""
+    _ofu, shares = job_values(sums)
+    return JobLoss(
+        gpu_time_s=sums.gpu_time_s,
+        shares=shares,
+        lost_s=dict(sums.lost_s),
+        energy_j=sums.energy_j,
+        flops_per_joule=sums.flops / sums.flops_energy_j if sums.flops_energy_j > 0.0 else None,
+        cost=sums.cost,
+        cost_lost=dict(sums.cost_lost) if sums.cost_lost is not None else None,
+        emissions_kg=sums.emissions_kg,
+        currency=sums.currency if sums.cost is not None else None,
+        dram_active=_context_of(sums, DRAM),
+        nvlink_bytes_per_s=_context_of(sums, NVLINK),
+        pcie_bytes_per_s=_context_of(sums, PCIE),
+    )
+
+
+DRAM, NVLINK, PCIE = "dram", "nvlink", "pcie"  # JobSums.context keys
+
+
+def _context_of(sums: JobSums, kind: str) -> float | None:
+    found = sums.context.get(kind)
+    return found[0] / found[1] if found is not None and found[1] > 0.0 else None
+
+
+def job_sums_of(
     gpus: GpuColumns,
     *,
     currency: str | None,
     pue: float = 1.0,
     grid_intensity: float | None = None,
-) -> JobLoss | None:
-    """The job's window values from its GPUs' splits in columns (each sum a C-level pass over a column); None for
-    a job without GPUs in the window. Shares are means weighted by each GPU's share of a GPU, and GPU time, lost
-    time and cost count GPU equivalents (a 1g slice of an H100 for a minute is 1/7 of a GPU-minute)."""
+) -> JobSums | None:
+    """The job's window sums from its GPUs' splits in columns (each sum a C-level pass over a column); None for a job
+    without GPU time in the window. GPU time, lost time and cost count GPU equivalents (a 1g slice of an H100 for a
+    minute is 1/7 of a GPU-minute)."""
     n = len(gpus.ofu)
     if not n:
         return None
     share = gpus.share
+    total = gpus.seconds if share is None else list(map(operator.mul, gpus.seconds, share))  # capacity-seconds
+    measured_s = gpus.measured if gpus.measured is not None else gpus.seconds
+    measured = measured_s if share is None else list(map(operator.mul, measured_s, share))
+    gpu_time = math.fsum(total)
+    if not gpu_time > 0.0:
+        return None
     split = gpus.split
-    causes = causes_of(split)
+    causes = causes_of(split) if any(measured) else ()
     own = {cause: split.column(cause) for cause in causes}
-    ofu = weighted_mean(gpus.ofu, share)
-    last = causes[-1]  # tensor, or non_tensor where every GPU has the finer split: the residual
-    shares = {cause: weighted_mean(own[cause], share) for cause in causes[:-1]}
-    shares[last] = 1.0 - ofu - math.fsum(shares.values())
-    seconds = gpus.seconds if share is None else list(map(operator.mul, gpus.seconds, share))
-    lost = {cause: math.fsum(map(operator.mul, own[cause], seconds)) for cause in causes}
+    lost = {cause: math.fsum(map(operator.mul, own[cause], measured)) for cause in causes}
+    unmeasured: list[float] | None = None
+    if gpus.measured is not None:
+        unmeasured = [max(0.0, t - m) for t, m in zip(total, measured, strict=True)]
+        if any(unmeasured):
+            lost[UNMEASURED] = math.fsum(unmeasured)
     energy: float | None = None
     flops = flops_energy = 0.0
     if gpus.energy_j.count(None) < n:
@@ -234,44 +295,50 @@ def job_loss_of(
         flops_energy = math.fsum(e for _f, e in with_flops)
     cost: float | None = None
     cost_lost: dict[str, float] | None = None
-    unpriced = gpus.price.count(None)
-    if unpriced < n:
-        prices = [price for price in gpus.price if price is not None] if unpriced else cast(list[float], gpus.price)
-        hours = list(map(S_PER_HOUR.__rtruediv__, seconds))  # seconds / S_PER_HOUR
-        parts = own
-        if unpriced:  # some GPUs not priced: the others' columns alone
-            priced = [i for i, price in enumerate(gpus.price) if price is not None]
-            hours = [hours[i] for i in priced]
-            parts = {cause: [own[cause][i] for i in priced] for cause in causes}
-        cost = math.fsum(map(operator.mul, prices, hours))
+    priced = [i for i, price in enumerate(gpus.price) if price is not None]
+    if priced:
+        prices = [cast(float, gpus.price[i]) for i in priced]
+        cost = math.fsum(price * total[i] / S_PER_HOUR for price, i in zip(prices, priced, strict=True))
         cost_lost = {
-            cause: math.fsum(map(operator.mul, map(operator.mul, prices, parts[cause]), hours)) for cause in causes
+            cause: math.fsum(
+                price * own[cause][i] * measured[i] / S_PER_HOUR for price, i in zip(prices, priced, strict=True)
+            )
+            for cause in causes
         }
-    return JobLoss(
-        gpu_time_s=math.fsum(seconds),
-        shares=shares,
+        if UNMEASURED in lost and unmeasured is not None:
+            cost_lost[UNMEASURED] = math.fsum(
+                price * unmeasured[i] / S_PER_HOUR for price, i in zip(prices, priced, strict=True)
+            )
+    context = {
+        kind: found
+        for kind, column in ((DRAM, gpus.dram), (NVLINK, gpus.nvlink), (PCIE, gpus.pcie))
+        if (found := _weighted(column, total)) is not None
+    }
+    return JobSums(
+        gpu_time_s=gpu_time,
+        useful_s=math.fsum(map(operator.mul, gpus.ofu, measured)),
         lost_s=lost,
         energy_j=energy,
-        flops_per_joule=flops / flops_energy if flops_energy > 0.0 else None,
+        flops=flops,
+        flops_energy_j=flops_energy,
         cost=cost,
         cost_lost=cost_lost,
         emissions_kg=emissions_kg(energy, pue, grid_intensity),
         currency=currency if cost is not None else None,
-        dram_active=_context_mean(gpus.dram, share),
-        nvlink_bytes_per_s=_context_mean(gpus.nvlink, share),
-        pcie_bytes_per_s=_context_mean(gpus.pcie, share),
+        context=context,
     )
 
 
-def _context_mean(values: list[float | None] | None, share: list[float] | None) -> float | None:
-    """A job's mean of a per-GPU context value over the GPUs that report it (weighted by their shares of a GPU);
-    None when none does."""
+def _weighted(values: list[float | None] | None, weights: list[float]) -> tuple[float, float] | None:
+    """(sum of a per-GPU context value weighted by GPU time, that GPU time) over the GPUs that report it; None when
+    none does."""
     if values is None:
         return None
-    pairs = [(v, 1.0 if share is None else share[i]) for i, v in enumerate(values) if v is not None]
-    if not pairs:
+    pairs = [(v, weights[i]) for i, v in enumerate(values) if v is not None]
+    weight = math.fsum(w for _v, w in pairs)
+    if not pairs or not weight > 0.0:
         return None
-    return math.fsum(v * w for v, w in pairs) / math.fsum(w for _v, w in pairs)
+    return math.fsum(v * w for v, w in pairs), weight
 
 
 def emissions_kg(energy_j: float | None, pue: float, grid_intensity: float | None) -> float | None:

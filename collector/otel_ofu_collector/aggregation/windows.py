@@ -7,28 +7,40 @@ the right: window (start, end] holds the points whose end time lies in it, so a 
 on the boundary lands in the window its interval covers. A window closes once ``end + lateness <= now``;
 a point arriving for a closed window is late: counted, returned False, never mixed into a later window.
 
-Per GPU. A GPU ("stream", the caller's key) with several points in a window counts once, with the
-time-weighted mean of its points: weight = the part of the point's interval inside the window (a point
-without duration weighs 1 ns, so a stream of instantaneous gauges gets the plain mean). A stream that moves
-to another job inside a window counts once per job, as its points would on a job-sharded deployment; its
-group and job attributes are those of its latest point.
+Per GPU. A GPU ("stream", the caller's key) with several points in a window counts once: its OFU is the
+time-weighted mean of its points (weight = the part of the point's interval inside the window), and its time is the
+union of the parts of its intervals inside the window (``coverage``): a request delivered twice, a reading sent again
+or intervals that overlap by a timer's jitter add nothing, and no GPU has more than the window. A point without an
+interval (no start time, or one at or after its end) covers the time since the stream's previous point, if that is
+within ``stale_after_s``; a stream's first such point marks its start and covers nothing. A GPU that reports an
+interval without OFU (``add_unmeasured``: ``gpu.ofu.unmeasured``) has that time too, unmeasured. A stream that moves
+to another job inside a window has a cell per job, each with its own intervals; its group and job attributes are those
+of its latest point.
 
-Per job (``job.id`` of the OFU points, ``job.mfu`` by job id). Window OFU = mean over its GPUs; MFU = mean of
-its ``job.mfu`` points; gap = MFU - OFU. Correlation: Pearson r of the job's (OFU, MFU) window pairs over
-the horizon, kept as co-moments in blocks of whole windows (the window itself up to 1/48 of the horizon,
-so the state stays small: the horizon is then honoured to within one block). Flags: every detector of
-``detectors.DETECTORS`` (the job flags ``flops_miscount``, ``regression`` and ``idle_gpus``: each module says
-when its flag rises) judges each of the job's windows, with state of its own per job; every one of
-``detectors.GPU_DETECTORS`` (``straggler``) each of its GPUs.
+Per job (``job.id`` of the OFU points, ``job.mfu`` by job id). Every average is weighted by GPU time (GPU equivalents
+x seconds, ``aggregation.loss``): the job's OFU is its useful GPU-seconds over its GPU-seconds (so OFU x GPU time is
+the useful GPU time exactly, and unmeasured time counts in it as neither work nor idleness); MFU = mean of its
+``job.mfu`` points; gap = MFU - the OFU of its measured time (MFU speaks for every GPU of the job, so it is compared
+with what was measured: the two OFUs are the same number whenever every GPU gave OFU). ``job.gpus`` is its
+GPU-seconds over the window's: GPU equivalents on average over the window, so a GPU that moved job half way counts
+half in each and once in the fleet, on one collector or across shards. Correlation: Pearson r of the job's (measured
+OFU, MFU) window pairs over the horizon, kept as co-moments in blocks of whole windows (the window itself up to 1/48
+of the horizon, so the state stays small: the horizon is then honoured to within one block). Flags: every detector of
+``detectors.DETECTORS`` (the job flags ``flops_miscount``, ``regression`` and ``idle_gpus``: each module says when
+its flag rises) judges each of the job's windows on its measured OFU, with state of its own per job; every one of
+``detectors.GPU_DETECTORS`` (``straggler``) each of its GPUs that gave OFU.
 
 Where OFU is lost (``aggregation.loss``). Beside ``gpu.ofu`` each GPU stream sends its tensor activity,
 clocks, achieved FLOP/s, power and throttle shares (``add_gpu_inputs``) and its energy counter
-(``add_gpu_counters``); per window they are
-time-weighted means like OFU's, energy a sum of the counter's deltas. Closing a window splits each job's
-1 - OFU by cause, sums its GPU-seconds, energy and cost, and runs the GPU-level flags (``gpu.straggler``)
-on each of its GPUs against the job's median OFU; the fleet totals add its jobs' lost time and cost and
-every GPU's energy. A GPU's seconds in a window are those its OFU points cover (at most the window); a
-GPU whose points carry no durations counts the whole window.
+(``add_gpu_counters``); per window they are time-weighted means like OFU's, energy a sum of the counter's deltas
+(split over the windows, and over the jobs a GPU served in one, by time). Closing a window splits each job's 1 - OFU
+by cause, sums its GPU-seconds, energy and cost, and runs the GPU-level flags (``gpu.straggler``) on each of its GPUs
+against the job's median OFU; the fleet totals add its jobs' lost time and cost and every GPU's energy.
+
+Groups (``fleet.ofu``, ``fleet.ofu.quantile``, ``fleet.gpus``). The histogram counts observations (a GPU's OFU in a
+window, per job it served); the percentiles are over GPU capacity (``stats.quantiles``: each OFU weighs its GPU
+equivalents x the seconds it covered); ``fleet.gpus`` is the group's GPU-seconds over the window's, unmeasured GPUs
+included. A shard also builds each group's capacity histogram, which its merge tier reads the same percentiles from.
 
 Fleet. Pearson r across jobs of each job's horizon mean OFU vs horizon mean MFU (the means of its
 co-moments), and the MAE of those means, over every job with a pair in the horizon - including jobs whose
@@ -51,37 +63,29 @@ import math
 import operator
 import threading
 from array import array
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import cast
 
 import attrs
 
 from otel_ofu import bounds, catalog, gpu_share, names
-from otel_ofu_collector.aggregation import loss
+from otel_ofu_collector.aggregation import coverage, loss
+from otel_ofu_collector.aggregation.jobs import JobLedger, JobState, point_ofu
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.detectors import (
-    DETECTORS,
     GPU_DETECTORS,
-    GpuFlag,
     GpuWindowValues,
-    JobFlag,
-    JobWindowValues,
 )
 from otel_ofu_collector.results import (
-    STATUS_NO_MFU,
-    STATUS_NO_OFU,
-    STATUS_OK,
-    FleetReport,
     GpuFlagReport,
     GpuReport,
     GroupReport,
     JobReport,
+    JobWindow,
     WindowReport,
 )
-from otel_ofu_collector.stats.comoments import AbsDiff, CoMoments
 from otel_ofu_collector.stats.exphist import ExpHistogram
-from otel_ofu_collector.stats.quantiles import percentile_of_sorted, weighted_percentile_of_sorted
+from otel_ofu_collector.stats.quantiles import capacity_quantiles_of_sorted
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +99,7 @@ _CLOSE_ATTEMPTS = 3
 # cells, loss inputs and stream and energy entries (the benchmarks measure 1.7-1.8 KB in all), a job's flags and
 # horizon.
 STREAM_STATE_BYTES = 2048
-JOB_STATE_BYTES = 4096
 R = names.RejectReason
-_HORIZON_BLOCKS = 48
 _TENSOR = names.GPU_TENSOR_ACTIVE.name
 _CLOCK = names.GPU_CLOCK_SM.name
 _CLOCK_MAX = names.GPU_CLOCK_SM_MAX.name
@@ -109,8 +111,6 @@ _ENGINE = names.GPU_ENGINE_ACTIVE.name
 _SM = names.GPU_SM_ACTIVE.name
 _DRAM = names.GPU_DRAM_ACTIVE.name
 _GPU_IDENTITY_KEYS = (names.HOST_NAME, names.HW_ID, names.GPU_MIG_INSTANCE_ID)
-# A GPU whose OFU points cover less than this of a window carried no durations: it counts the whole window.
-_MIN_COVERED_NS = 1_000_000
 _NS_PER_S = 1e9
 
 # A stream's identity as the windows need it: (job.id, *group values, *JOB_ATTRIBUTE_KEYS values, *SHARE_KEYS
@@ -118,12 +118,16 @@ _NS_PER_S = 1e9
 Profile = tuple[str | None, ...]
 # A cell's key in its window: the stream's key; (key, job.id) for the cell of a stream that moved job in it.
 CellKey = str | tuple[str, str | None]
+# An interval's part in one window: (window, low, high, ns carried in from windows that had closed), its span
+# (low, high] inside the window.
+_Part = tuple["_Window", int, int, float]
 
 
 @attrs.frozen
 class AggregatorStats:
     points_ofu: int = 0
     points_mfu: int = 0
+    points_unmeasured: int = 0
     late_points: int = 0
     points_gpu_inputs: int = 0
     rejected_stream_cap: int = 0
@@ -138,15 +142,29 @@ class AggregatorStats:
 
 @attrs.define(slots=True)
 class _Cell:
-    """One stream (for one job) in one window. ``weight`` is the time its points cover in the window (ns), of which
-    ``carried`` is time of earlier windows that had closed when the point came (see ``Aggregator._parts``)."""
+    """One stream (for one job) in one window. ``weighted`` / ``weight``: its OFU points' time-weighted sum and
+    weight (their mean is the GPU's OFU; weight 0: no OFU point, only unmeasured time). ``spans``: what its OFU points
+    cover in the window (``coverage``), ``unmeasured`` what its points without OFU cover (None until one comes);
+    ``carried`` and ``carried_unmeasured``: ns of earlier windows that had closed when the point came (see
+    ``Aggregator._parts``)."""
 
     weighted: float
     weight: float
     profile: Profile
     last_end_ns: int
     job_id: str | None
+    spans: list[int]
     carried: float = 0.0
+    unmeasured: list[int] | None = None
+    carried_unmeasured: float = 0.0
+
+    def seconds(self) -> tuple[float, float]:
+        """(seconds in the window, seconds of them its OFU covered)."""
+        spans = self.spans
+        measured = spans[1] - spans[0] if len(spans) == 2 else coverage.covered(spans)
+        total = measured if self.unmeasured is None else coverage.covered_union(spans, self.unmeasured)
+        measured_s = (measured + self.carried) / _NS_PER_S
+        return (total + self.carried + self.carried_unmeasured) / _NS_PER_S, measured_s
 
 
 # Where each averaged loss input keeps its (weighted sum, weight) pair in ``_GpuInputs.sums``; after them the NVLink
@@ -220,11 +238,14 @@ class _GpuInputs:
 
 @attrs.define(slots=True)
 class _JobGpus:
-    """A job's cells in a window closing, in columns: the cells' keys, the cells, their OFU and GPU shares."""
+    """A job's cells in a window closing, in columns: the cells' keys, the cells, their OFU (None: the cell has only
+    unmeasured time), their seconds in the window and the seconds their OFU covered, and their GPU shares."""
 
     keys: list[CellKey] = attrs.field(factory=list)
     cells: list[_Cell] = attrs.field(factory=list)
-    ofus: list[float] = attrs.field(factory=list)
+    ofus: list[float | None] = attrs.field(factory=list)
+    seconds: list[float] = attrs.field(factory=list)
+    measured: list[float] = attrs.field(factory=list)
     shares: list[float] | None = None  # each GPU's share of a physical GPU; None: all whole GPUs
 
     def stream_keys(self) -> list[str]:
@@ -233,18 +254,29 @@ class _JobGpus:
             return cast(list[str], keys)
         return [key if isinstance(key, str) else key[0] for key in keys]
 
+    def with_ofu(self) -> list[int]:
+        """The positions of the cells that have OFU."""
+        return [i for i, ofu in enumerate(self.ofus) if ofu is not None]
 
-# Where a cell goes when its window closes: the appends of its group's values and of its job's columns.
-_Route = tuple[Callable[[float], None], Callable[[CellKey], None], Callable[[_Cell], None], Callable[[float], None]]
+
+@attrs.define(slots=True)
+class _GroupCells:
+    """A group's cells in a window closing: the OFU of those that have it with their measured capacity-seconds (share
+    x seconds their OFU covered) and shares, and every cell's capacity-seconds (unmeasured ones too)."""
+
+    values: list[float] = attrs.field(factory=list)
+    weights: list[float] = attrs.field(factory=list)
+    shares: list[float] = attrs.field(factory=list)
+    capacity_s: list[float] = attrs.field(factory=list)
+
+
 _LAST_END = operator.attrgetter("last_end_ns")
 _SUMS_OF = operator.attrgetter("sums")
 # The means a split needs (tensor activity, clocks, engine and SM activity), and DRAM activity for its context.
 _MEAN_SLOTS = (_TENSOR_SLOT, _CLOCK_SLOT, _CLOCK_MAX_SLOT, _ENGINE_SLOT, _SM_SLOT, _DRAM_SLOT)
-
-
-_WEIGHT = operator.attrgetter("weight")
-_CARRIED = operator.attrgetter("carried")
 _PROFILE = operator.attrgetter("profile")
+# Capacity histograms (a shard's, for its merge tier) count GPU-microseconds: whole units, fine enough for a slice.
+_CAPACITY_UNITS_PER_S = 1e6
 
 
 @attrs.define(slots=True)
@@ -263,60 +295,6 @@ class _Window:
     gpus: dict[str, _GpuInputs] = attrs.field(factory=dict)  # loss inputs by stream key
 
 
-@attrs.define
-class _Horizon:
-    """A job's (OFU, MFU) co-moments in blocks of whole windows; the sum of all but the newest is cached."""
-
-    blocks: deque[tuple[int, CoMoments]] = attrs.field(factory=deque)
-    _older: CoMoments | None = None
-
-    def add(self, block_start: int, ofu: float, mfu: float) -> None:
-        if self.blocks and self.blocks[-1][0] == block_start:
-            self.blocks[-1] = (block_start, self.blocks[-1][1].add(ofu, mfu))
-        else:
-            self.blocks.append((block_start, CoMoments().add(ofu, mfu)))
-            self._older = None
-
-    def prune(self, oldest_start: int) -> None:
-        while self.blocks and self.blocks[0][0] < oldest_start:
-            self.blocks.popleft()
-            self._older = None
-
-    def total(self) -> CoMoments:
-        if not self.blocks:
-            return CoMoments()
-        if self._older is None:
-            older = CoMoments()
-            for index in range(len(self.blocks) - 1):
-                older = older.merge(self.blocks[index][1])
-            self._older = older
-        return self._older.merge(self.blocks[-1][1])
-
-
-@attrs.define
-class _Job:
-    last_seen_ns: int
-    config: AggregatorConfig
-    live: bool = True
-    attributes: Mapping[str, str] = attrs.field(factory=dict)
-    flags: dict[str, JobFlag] = attrs.field(init=False)  # by the flag's metric name
-    gpu_flags: dict[str, GpuFlag] = attrs.field(init=False)  # by the flag's metric name: per GPU inside
-    horizon: _Horizon = attrs.field(factory=_Horizon)
-
-    def __attrs_post_init__(self) -> None:
-        self.reset_flags()
-
-    def reset_flags(self) -> None:
-        self.flags = {detector.metric.name: detector.start(self.config) for detector in DETECTORS}
-        self.gpu_flags = {}  # started at the first window with the job's GPUs (no state before it is needed)
-
-    def revive(self, seen_ns: int) -> None:
-        """A job back after eviction starts its flags (and their baselines) afresh; its horizon blocks carry on."""
-        self.live = True
-        self.last_seen_ns = seen_ns
-        self.reset_flags()
-
-
 def _window_start(time_ns: int, window_ns: int) -> int:
     return ((time_ns - 1) // window_ns) * window_ns
 
@@ -329,27 +307,27 @@ class Aggregator:
     _window_ns: int = attrs.field(init=False)
     _lateness_ns: int = attrs.field(init=False)
     _max_interval_ns: int = attrs.field(init=False)
-    _block_ns: int = attrs.field(init=False)
     _profile_keys: tuple[str, ...] = attrs.field(init=False)
     _groups: int = attrs.field(init=False)
     _model_index: int = attrs.field(init=False)  # where hw.model is in a profile
     _windows: dict[int, _Window] = attrs.field(init=False, factory=dict)
     _streams: dict[str, int] = attrs.field(init=False, factory=dict)  # key -> last seen end_ns
-    _jobs: dict[str, _Job] = attrs.field(init=False, factory=dict)
+    _first_starts: dict[str, int] = attrs.field(init=False, factory=dict)  # key -> start of its first point here
+    # key -> (end, start) of the latest interval inferred for a point without one (``_inferred_start``)
+    _instant_starts: dict[str, tuple[int, int]] = attrs.field(init=False, factory=dict)
+    _ledger: JobLedger = attrs.field(init=False)  # every job's state: flags, correlation horizon
     _profiles: dict[Profile, Profile] = attrs.field(init=False, factory=dict)
     _watermark_ns: int = attrs.field(init=False, default=0)
     _flushed_ns: int | None = attrs.field(init=False, default=None)
     _next_start: int | None = attrs.field(init=False, default=None)
-    _last_pair_start: int | None = attrs.field(init=False, default=None)
+    _last_data_end: int | None = attrs.field(init=False, default=None)  # the last closed window that held data
     _last_eviction_ns: int | None = attrs.field(init=False, default=None)
     _points_ofu: int = attrs.field(init=False, default=0)
+    _points_unmeasured: int = attrs.field(init=False, default=0)
     _points_mfu: int = attrs.field(init=False, default=0)
     _late: int = attrs.field(init=False, default=0)
     _rejected_streams: int = attrs.field(init=False, default=0)
-    _rejected_jobs: int = attrs.field(init=False, default=0)
     _evicted_streams: int = attrs.field(init=False, default=0)
-    _evicted_jobs: int = attrs.field(init=False, default=0)
-    _live_jobs: int = attrs.field(init=False, default=0)
     _rejected_state: int = attrs.field(init=False, default=0)
     _state_bytes: int = attrs.field(init=False, default=0)  # streams' and jobs' (see ``state_bytes``)
     _profiles_bytes: int = attrs.field(init=False, default=0)
@@ -380,7 +358,7 @@ class Aggregator:
         self._lateness_ns = config.lateness_ns
         # A point covering more than this is refused: its stream would have been evicted as silent meanwhile.
         self._max_interval_ns = config.stale_after_ns
-        self._block_ns = max(1, config.horizon_ns // config.window_ns // _HORIZON_BLOCKS) * config.window_ns
+        self._ledger = JobLedger(config)
         self._profile_keys = (names.JOB_ID, *config.group_keys, *JOB_ATTRIBUTE_KEYS, *SHARE_KEYS)
         self._groups = len(config.group_keys)
         self._model_index = 1 + self._groups + JOB_ATTRIBUTE_KEYS.index(names.HW_MODEL)
@@ -396,12 +374,13 @@ class Aggregator:
         return AggregatorStats(
             points_ofu=self._points_ofu,
             points_mfu=self._points_mfu,
+            points_unmeasured=self._points_unmeasured,
             late_points=self._late,
             points_gpu_inputs=self._points_gpu,
             rejected_stream_cap=self._rejected_streams,
-            rejected_job_cap=self._rejected_jobs,
+            rejected_job_cap=self._ledger.rejected,
             evicted_streams=self._evicted_streams,
-            evicted_jobs=self._evicted_jobs,
+            evicted_jobs=self._ledger.evicted,
             windows_closed=self._windows_closed,
             rejected_state_cap=self._rejected_state,
             windows_failed=self._windows_failed,
@@ -415,17 +394,17 @@ class Aggregator:
     @property
     def jobs(self) -> int:
         """Jobs in state: live ones and evicted ones whose horizon blocks still count for the fleet."""
-        return len(self._jobs)
+        return len(self._ledger.jobs)
 
     def live_entries(self) -> int:
         """GPU streams and jobs in state: what the decoder's resource cache bound follows."""
-        return len(self._streams) + len(self._jobs)
+        return len(self._streams) + len(self._ledger.jobs)
 
     @property
     def state_bytes(self) -> int:
         """The windows' state in bytes, as bounded by ``max_state_bytes``: a fixed part per GPU stream and job
         (``STREAM_STATE_BYTES``, ``JOB_STATE_BYTES``) and the identity values the windows keep."""
-        return self._state_bytes + self._profiles_bytes
+        return self._state_bytes + self._ledger.state_bytes + self._profiles_bytes
 
     def restart_close_time(self, now_ns: int) -> int | None:
         """After ``close_all`` at ``now_ns``, the close time a restarted collector should ``flush`` its fresh
@@ -456,25 +435,6 @@ class Aggregator:
                 self._next_start = start
         return window
 
-    def _job(self, job_id: str, seen_ns: int) -> _Job | None:
-        """The job's live state, started (or revived after eviction) if need be; None (counted) over ``max_jobs``."""
-        job = self._jobs.get(job_id)
-        if job is None or not job.live:
-            if self._live_jobs >= self.config.max_jobs:
-                self._rejected_jobs += 1
-                return None
-            self._live_jobs += 1
-            if job is None:
-                if len(self._jobs) >= 2 * self.config.max_jobs:
-                    self._forget_an_evicted_job()
-                job = self._jobs[job_id] = _Job(seen_ns, self.config)
-                self._state_bytes += JOB_STATE_BYTES + len(job_id)
-            else:
-                job.revive(seen_ns)
-        elif seen_ns > job.last_seen_ns:
-            job.last_seen_ns = seen_ns
-        return job
-
     def profile_of(self, identity: Mapping[str, str]) -> Profile:
         """What the windows keep of an identity (job, group, job attribute and partition values), interned.
 
@@ -501,7 +461,64 @@ class Aggregator:
 
         ``profile``, when given, must be ``profile_of(identity)`` of this aggregator.
         """
-        # The hot path of ingest: the common case (known stream, open window, live job) is inlined.
+        # The hot path of ingest: the next interval of a stream whose previous point went to this window, for the
+        # same job (the same interned profile), inside it. Everything else takes ``_add_point``.
+        if self._last_start <= start_ns < end_ns <= self._last_end:
+            cell = self._last_window.cells.get(stream_key)
+            if cell is not None and cell.profile is profile:
+                streams = self._streams
+                last_seen = streams.get(stream_key)
+                job_id = cell.job_id
+                job = self._ledger.jobs.get(job_id) if job_id is not None else None
+                if last_seen is not None and (job_id is None or (job is not None and job.live)):
+                    if end_ns > self._watermark_ns:
+                        self._watermark_ns = end_ns
+                    if end_ns > last_seen:
+                        streams[stream_key] = end_ns
+                    if job is not None and end_ns > job.last_seen_ns:
+                        job.last_seen_ns = end_ns
+                    weight = float(end_ns - start_ns)
+                    cell.weighted += value * weight
+                    cell.weight += weight
+                    spans = cell.spans
+                    if spans and spans[-1] == start_ns:  # the interval after the last one: the common case
+                        spans[-1] = end_ns
+                    else:
+                        coverage.cover(spans, start_ns, end_ns)
+                    if end_ns > cell.last_end_ns:
+                        cell.last_end_ns = end_ns
+                    self._points_ofu += 1
+                    return None
+        refused = self._add_point(stream_key, value, start_ns, end_ns, identity, profile)
+        if refused is None:
+            self._points_ofu += 1
+        return refused
+
+    def add_unmeasured(
+        self,
+        stream_key: str,
+        start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        profile: Profile | None = None,
+    ) -> str | None:
+        """One ``gpu.ofu.unmeasured`` point: the GPU reported (start, end] without OFU. Its time is billed to its job
+        as ``unmeasured``; None when taken, else why not, as ``add_ofu``."""
+        refused = self._add_point(stream_key, None, start_ns, end_ns, identity, profile)
+        if refused is None:
+            self._points_unmeasured += 1
+        return refused
+
+    def _add_point(
+        self,
+        stream_key: str,
+        value: float | None,
+        start_ns: int,
+        end_ns: int,
+        identity: Mapping[str, str],
+        profile: Profile | None,
+    ) -> str | None:
+        """A point of a GPU's time over (start, end], with its OFU (None: unmeasured), into every window it overlaps."""
         if end_ns > self._watermark_ns:
             self._watermark_ns = end_ns
         if end_ns - start_ns > self._max_interval_ns:
@@ -512,6 +529,8 @@ class Aggregator:
             refused = self._new_stream_refusal(stream_key, end_ns)
             if refused is not None:
                 return refused
+        if start_ns >= end_ns:
+            start_ns = self._inferred_start(stream_key, end_ns, last_seen)
         if self._last_start < end_ns <= self._last_end:
             window_start = self._last_start
             window = self._last_window
@@ -531,35 +550,26 @@ class Aggregator:
             profile = self.profile_of(identity)
         job_id = profile[0] or None  # job.id; an empty one names no job
         if job_id is not None:
-            job = self._jobs.get(job_id)
+            job = self._ledger.jobs.get(job_id)
             if job is None or not job.live:
-                if self._job(job_id, end_ns) is None:
+                if self._ledger.admit(job_id, end_ns) is None:
                     return R.MAX_JOBS  # a job the windows cannot keep: its GPUs' OFU would count in no job
             elif end_ns > job.last_seen_ns:
                 job.last_seen_ns = end_ns
         if last_seen is None:
             streams[stream_key] = end_ns
+            self._first_starts[stream_key] = start_ns
             self._state_bytes += STREAM_STATE_BYTES + 2 * len(stream_key)
         elif end_ns > last_seen:
             streams[stream_key] = end_ns
-        if start_ns >= window_start or start_ns >= end_ns:  # the whole interval in one window: the common case
-            weight = float(end_ns - start_ns) if end_ns > start_ns else 1.0
-            cells = window.cells
-            cell = cells.get(stream_key)
-            if cell is None:
-                cells[stream_key] = _Cell(value * weight, weight, profile, end_ns, job_id)
-            elif cell.job_id == job_id:
-                cell.weighted += value * weight
-                cell.weight += weight
-                if end_ns >= cell.last_end_ns:
-                    cell.profile = profile
-                    cell.last_end_ns = end_ns
-            else:
-                _add_to_cell(window, stream_key, value, weight, 0.0, profile, end_ns, job_id)
+        # Time of windows that closed before the point came is carried into the first open one only for a point
+        # that extends its stream: an older one sent again (a retry) would bill it twice.
+        extends = last_seen is None or end_ns > last_seen
+        if start_ns >= window_start:  # the whole interval in one window: the common case
+            _add_to_cell(window, stream_key, value, start_ns, end_ns, 0.0, profile, job_id, extends)
         else:
-            for part_window, weight, carried in self._parts(start_ns, end_ns, window_start, window):
-                _add_to_cell(part_window, stream_key, value, weight, carried, profile, end_ns, job_id)
-        self._points_ofu += 1
+            for part_window, low, high, carried in self._parts(start_ns, end_ns, window_start, window):
+                _add_to_cell(part_window, stream_key, value, low, high, carried, profile, job_id, extends)
         return None
 
     def _new_stream_refusal(self, stream_key: str, end_ns: int) -> str | None:
@@ -577,35 +587,47 @@ class Aggregator:
         self._rejected_state += 1
         return R.MAX_STATE
 
-    def _parts(
-        self, start_ns: int, end_ns: int, end_start: int, end_window: _Window
-    ) -> list[tuple[_Window, float, float]]:
-        """An interval (start, end] that began before the window holding its end (``end_start``, open) split over
-        every window it overlaps, as (window, ns in it, ns of those carried in), oldest first.
+    def _inferred_start(self, stream_key: str, end_ns: int, last_seen: int | None) -> int:
+        """Where the interval of a point without one begins: the stream's previous time (its latest end before this
+        point's), if within ``stale_after_s``; the point's own end (no time) for a stream's first. Every point of
+        one interval (its OFU, its gauges) gets the same start, in whatever order they come: scrapes without start
+        times (the SDK's encoder and Prometheus leave gauges without one) are weighed alike."""
+        found = self._instant_starts.get(stream_key)
+        if found is not None and found[0] == end_ns:
+            return found[1]
+        start_ns = end_ns
+        if last_seen is not None and 0 < end_ns - last_seen <= self._max_interval_ns:
+            start_ns = last_seen
+        self._instant_starts[stream_key] = (end_ns, start_ns)
+        return start_ns
 
-        The part of a window that already closed goes to the first open window the interval overlaps, so that a
-        GPU's time over a run is the time it reported, whatever its interval and phase; that happens only where
-        an interval is longer than the lateness (a window then closes before the point that ends after it comes).
-        Windows close in time order, so the closed ones are the first few.
+    def _parts(self, start_ns: int, end_ns: int, end_start: int, end_window: _Window) -> list[_Part]:
+        """An interval (start, end] that began before the window holding its end (``end_start``, open) split over
+        every window it overlaps, as (window, low, high, ns carried in): its part (low, high] in each, oldest first.
+
+        The part of a window that already closed goes to the first open window the interval overlaps (as ns carried
+        in, outside that window's own span), so that a GPU's time over a run is the time it reported, whatever its
+        interval and phase; that happens only where an interval is longer than the lateness (a window then closes
+        before the point that ends after it comes). Windows close in time order, so the closed ones are the first few.
         """
         width = self._window_ns
-        parts: list[tuple[_Window, float, float]] = []
+        parts: list[_Part] = []
         carried = 0
         window_start = _window_start(start_ns + 1, width)  # the window of the interval's first nanosecond
         while window_start < end_start:
-            overlap = min(end_ns, window_start + width) - max(start_ns, window_start)
+            low, high = max(start_ns, window_start), min(end_ns, window_start + width)
             window = self._windows.get(window_start)
             if window is None and not self._is_late(window_start):
                 window = self._windows[window_start] = _Window()
                 if self._next_start is None or window_start < self._next_start:
                     self._next_start = window_start
             if window is None:
-                carried += overlap
+                carried += high - low
             else:
-                parts.append((window, float(overlap + carried), float(carried)))
+                parts.append((window, low, high, float(carried)))
                 carried = 0
             window_start += width
-        parts.append((end_window, float(end_ns - end_start + carried), float(carried)))
+        parts.append((end_window, max(start_ns, end_start), end_ns, float(carried)))
         return parts
 
     def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None:
@@ -615,7 +637,7 @@ class Aggregator:
         window = self._open_window(time_ns)
         if window is None:
             return R.LATE
-        if self._job(job_id, time_ns) is None:
+        if self._ledger.admit(job_id, time_ns) is None:
             return R.MAX_JOBS
         cell = window.mfu.get(job_id)
         if cell is None:
@@ -643,6 +665,8 @@ class Aggregator:
             self._watermark_ns = end_ns
         if end_ns - start_ns > self._max_interval_ns:
             return R.IMPLAUSIBLE
+        if start_ns >= end_ns:  # weighed over the same interval as the OFU point of the same time
+            start_ns = self._inferred_start(stream_key, end_ns, self._streams.get(stream_key))
         if self._last_start < end_ns <= self._last_end:
             window = self._last_window
             window_start = self._last_start
@@ -664,7 +688,9 @@ class Aggregator:
             split = self._parts(start_ns, end_ns, window_start, window)
             if self._over_stream_cap(stream_key, split):
                 return R.MAX_STREAMS
-            parts = [(self._inputs(w, stream_key, identity), weight) for w, weight, _carried in split]
+            parts = [
+                (self._inputs(w, stream_key, identity), float(high - low) + carried) for w, low, high, carried in split
+            ]
         self._points_gpu += len(values) + len(throttle)
         for inputs, weight in parts:
             sums = inputs.sums
@@ -713,17 +739,18 @@ class Aggregator:
                     return R.LATE
                 window, window_start = opened, _window_start(end_ns, self._window_ns)
             # Where each delta goes: its window alone (the common case), else every window its time overlaps.
-            spread: list[tuple[str, float, float, list[tuple[_Window, float, float]]]] = []
+            spread: list[tuple[str, float, float, list[_Part]]] = []
             for field, delta, since, _state in counted:
                 if delta:
-                    split = [(window, float(end_ns - since), 0.0)] if since >= window_start else None
+                    split = [(window, since, end_ns, 0.0)] if since >= window_start else None
                     if split is None:
                         split = self._parts(since, end_ns, window_start, window)
                     if self._over_stream_cap(stream_key, split):
                         return R.MAX_STREAMS
                     spread.append((field, delta, float(end_ns - since), split))
             for field, delta, covered, split in spread:
-                for part_window, weight, _carried in split:
+                for part_window, low, high, carried in split:
+                    weight = float(high - low) + carried
                     inputs = part_window.gpus.get(stream_key)
                     if inputs is None:
                         inputs = part_window.gpus[stream_key] = _GpuInputs(identity)
@@ -740,10 +767,10 @@ class Aggregator:
         self._points_gpu += len(counters)
         return None
 
-    def _over_stream_cap(self, stream_key: str, split: list[tuple[_Window, float, float]]) -> bool:
+    def _over_stream_cap(self, stream_key: str, split: list[_Part]) -> bool:
         """Whether a stream new to one of these windows is over ``max_streams`` there (counted)."""
         cap = self.config.max_streams
-        for part_window, _weight, _carried in split:
+        for part_window, _low, _high, _carried in split:
             gpus = part_window.gpus
             if len(gpus) >= cap and stream_key not in gpus:
                 self._rejected_streams += 1
@@ -765,10 +792,10 @@ class Aggregator:
         end -1 keeps nothing); a ``names.RejectReason`` code when refused.
 
         The delta is since the stream's previous reading of the same series (start time). A first reading (or one
-        of a new series: a driver reload) counts whole only when its series began within one window before it,
-        else it only sets the baseline (a collector restarting mid-series must not book a day's energy into one
-        window). A retry of the latest reading books nothing; an older reading arriving after a newer one (a load
-        balancer's parallel exports reorder) is already inside the newer delta. A counter that runs backwards
+        of a new series: a driver reload) counts whole only when its series is new (``_series_is_new``), else it
+        only sets the baseline (a collector restarting mid-series must not book a day's energy into one window). A
+        retry of the latest reading books nothing; an older reading arriving after a newer one (a load balancer's
+        parallel exports reorder) is already inside the newer delta. A counter that runs backwards
         within its series, or faster than a GPU can (``max_rate``, from ``otel_ofu.bounds.MAX_RATES``), is
         refused and leaves the baseline as it was; so is one holding more than its series' age at that rate, so
         that a poisoned reading never becomes the baseline every later one is measured against.
@@ -790,9 +817,19 @@ class Aggregator:
                 if not 0.0 <= delta <= max_rate * (end_ns - previous_end) / _NS_PER_S:
                     return R.IMPLAUSIBLE  # running backwards, or faster than a GPU can
                 return delta, previous_end, keep
-        if not 0 < series_start < end_ns or end_ns - series_start > self._window_ns:
+        if not 0 < series_start < end_ns or not self._series_is_new(stream_key, series_start, end_ns):
             return 0.0, end_ns, keep
         return value, series_start, keep
+
+    def _series_is_new(self, stream_key: str, series_start: int, end_ns: int) -> bool:
+        """Whether a counter series first read at ``end_ns`` began while this collector was taking its stream: within
+        a window of the reading, or no earlier than a window before the stream's first point here (a producer whose
+        interval is longer than the window). One that began before (a collector restarted mid-series) only sets the
+        baseline: its whole count would book hours of energy into one window."""
+        if end_ns - series_start <= self._window_ns:
+            return True
+        first = self._first_starts.get(stream_key)
+        return first is not None and series_start >= first - self._window_ns
 
     # --- closing -----------------------------------------------------------------------------------
 
@@ -832,6 +869,8 @@ class Aggregator:
             if window is not None or self._state_spans(start + width):
                 try:
                     reports.append(self._close(start, window or _Window()))
+                    if window is not None:
+                        self._last_data_end = start + width
                 except Exception:
                     attempts = self._close_attempts[start] = self._close_attempts.get(start, 0) + 1
                     logger.exception("closing the window ending %d failed (attempt %d)", start + width, attempts)
@@ -851,54 +890,51 @@ class Aggregator:
         return reports
 
     def _state_spans(self, window_end: int) -> bool:
-        """Whether an empty window ending at ``window_end`` is still to be reported: some stream reported within
-        its staleness of it, or the fleet's horizon holds (OFU, MFU) pairs."""
-        if self._watermark_ns and window_end - self._watermark_ns < self.config.stale_after_ns:
+        """Whether an empty window ending at ``window_end`` is still to be reported: it ends within the staleness of
+        the last window that held data, or the fleet's horizon holds (OFU, MFU) pairs. Past that the close jumps to
+        the next window that holds data: closing costs the windows that hold data (and a bounded tail after each),
+        never the time between them, however old a point was (one stamped at the epoch opens one window)."""
+        last = self._last_data_end
+        if last is not None and window_end - last < self.config.stale_after_ns:
             return True
-        return self._last_pair_start is not None and self._last_pair_start >= window_end - self.config.horizon_ns
+        return self._ledger.spans(window_end)
 
     def _close(self, start: int, window: _Window) -> WindowReport:
         """One window's report. Each group and each job is closed on its own: one that fails (it should not: its
         inputs were bounded when they came) is left out of the window, counted and logged once, and costs the
         rest nothing."""
         end = start + self._window_ns
-        groups_values, groups_shares, jobs_gpus = self._route(window)
+        groups_cells, jobs_gpus, stream_seconds = self._route(window)
         groups: list[GroupReport] = []
-        for key, values in sorted(groups_values.items()):
+        for key, cells in sorted(groups_cells.items()):
             try:
-                groups.append(self._group_report(key, values, groups_shares.get(key)))
+                groups.append(self._group_report(key, cells))
             except Exception:
                 self._close_failed("group", "|".join(key))
-        group_end = 1 + self._groups
         job_reports: list[JobReport] = []
         gpu_flags: list[GpuFlagReport] = []
         gpu_reports: list[GpuReport] = []
+        ledger = self._ledger
         for job_id in sorted(jobs_gpus.keys() | window.mfu.keys()):
-            job = self._jobs.get(job_id)
+            job = ledger.jobs.get(job_id)
             if job is None:  # over the job cap when its points came
                 continue
-            mfu_cell = window.mfu.get(job_id)
-            attributes = dict(job.attributes)
-            if mfu_cell is not None:
-                attributes.update(mfu_cell.attributes)
-            gpus = jobs_gpus.get(job_id)
-            if gpus is not None:  # the GPUs' own identity wins over what the training side said
-                ends = list(map(_LAST_END, gpus.cells))
-                newest = gpus.cells[ends.index(max(ends))].profile[group_end : group_end + len(JOB_ATTRIBUTE_KEYS)]
-                attributes.update((k, v) for k, v in zip(JOB_ATTRIBUTE_KEYS, newest, strict=True) if v is not None)
-            job.attributes = attributes
             try:
-                report, flagged, per_gpu = self._job_report(job_id, job, start, end, mfu_cell, window, gpus)
+                job_window, flagged, per_gpu = self._job_window(
+                    job_id, job, start, end, window.mfu.get(job_id), window, jobs_gpus.get(job_id), stream_seconds
+                )
+                report = ledger.close(job_id, job, start, end, job_window)
             except Exception:
                 self._close_failed("job", job_id)
                 continue
             job_reports.append(report)
             gpu_flags += flagged
             gpu_reports += per_gpu
-        fleet = self._fleet_report(end)
+        fleet = ledger.fleet(end)
         try:
             job_losses = [job.loss for job in job_reports if job.loss is not None]
-            fleet = attrs.evolve(fleet, loss=loss.fleet_loss(job_losses, self._fleet_energy(window), self._currency()))
+            energy = self._fleet_energy(window, stream_seconds)
+            fleet = attrs.evolve(fleet, loss=loss.fleet_loss(job_losses, energy, self._currency()))
         except Exception:
             self._close_failed("fleet", "loss")
         self._windows_closed += 1
@@ -915,48 +951,52 @@ class Aggregator:
 
     def _route(
         self, window: _Window
-    ) -> tuple[dict[tuple[str, ...], list[float]], dict[tuple[str, ...], list[float]], dict[str, _JobGpus]]:
-        """The window's cells by group (their OFU values) and by job (columns), in one pass in the order their
-        first points came; and each group's GPU shares where one of its GPUs is a partition (a MIG slice).
+    ) -> tuple[dict[tuple[str, ...], _GroupCells], dict[str, _JobGpus], dict[str, float] | None]:
+        """The window's cells by group and by job (columns), in one pass in the order their first points came; and,
+        where a stream moved job in the window, every stream's seconds over its cells (None: none moved), by which
+        its energy is split between its jobs.
 
-        A profile (shared by the streams of a job with one identity) is resolved to its group's values, its job's
-        GPUs and its share of a GPU once per window, by the profile's id: profiles are interned, and one that is not
-        only gets a route of its own to the same lists (a tuple's hash is not cached).
+        A profile (shared by the streams of a job with one identity) is resolved to its group, its job and its share
+        of a GPU once per window, by the profile's id: profiles are interned, and one that is not only gets a route
+        of its own to the same lists (a tuple's hash is not cached).
         """
         group_end = 1 + self._groups
-        groups_values: dict[tuple[str, ...], list[float]] = {}
+        groups: dict[tuple[str, ...], _GroupCells] = {}
         jobs_gpus: dict[str, _JobGpus] = {}
         no_job = _JobGpus()  # the cells of no job go through the same steps, to be dropped
-        routes: dict[int, _Route] = {}
-        shares: dict[int, float] = {}
+        routes: dict[int, tuple[_GroupCells, _JobGpus, float]] = {}
+        partitioned = False
+        moved = not all(map(isinstance, window.cells, itertools.repeat(str)))
+        stream_seconds: dict[str, float] | None = {} if moved else None
         for cell_key, cell in window.cells.items():
             route = routes.get(id(cell.profile))
             if route is None:
                 profile = cell.profile
                 group = tuple(UNKNOWN if v is None else v for v in profile[1:group_end])
-                target = no_job
-                if profile[0] is not None:
-                    target = jobs_gpus.setdefault(profile[0], _JobGpus())
-                values = groups_values.setdefault(group, [])
-                route = (values.append, target.keys.append, target.cells.append, target.ofus.append)
-                routes[id(profile)] = route
-                shares[id(profile)] = self._share_of(profile)
-            add_value, add_key, add_cell, add_ofu = route
-            value = cell.weighted / cell.weight
-            add_value(value)
-            add_key(cell_key)
-            add_cell(cell)
-            add_ofu(value)
-        groups_shares: dict[tuple[str, ...], list[float]] = {}
-        if any(share != 1.0 for share in shares.values()):  # a partitioned GPU in the window: shares in columns
-            for cell in window.cells.values():
-                profile = cell.profile
-                share = shares[id(profile)]
-                group = tuple(UNKNOWN if v is None else v for v in profile[1:group_end])
-                groups_shares.setdefault(group, []).append(share)
+                target = no_job if profile[0] is None else jobs_gpus.setdefault(profile[0], _JobGpus())
+                share = self._share_of(profile)
+                partitioned = partitioned or share != 1.0
+                route = routes[id(profile)] = (groups.setdefault(group, _GroupCells()), target, share)
+            group_cells, target, share = route
+            seconds, measured = cell.seconds()
+            ofu = cell.weighted / cell.weight if cell.weight else None
+            if ofu is not None:
+                group_cells.values.append(ofu)
+                group_cells.weights.append(share * measured)
+                group_cells.shares.append(share)
+            group_cells.capacity_s.append(share * seconds)
+            target.keys.append(cell_key)
+            target.cells.append(cell)
+            target.ofus.append(ofu)
+            target.seconds.append(seconds)
+            target.measured.append(measured)
+            if stream_seconds is not None:
+                stream = cell_key if isinstance(cell_key, str) else cell_key[0]
+                stream_seconds[stream] = stream_seconds.get(stream, 0.0) + seconds
+        if partitioned:  # a partitioned GPU in the window: shares in columns
             for gpus in jobs_gpus.values():
-                gpus.shares = [shares[id(cell.profile)] for cell in gpus.cells]
-        return groups_values, groups_shares, jobs_gpus
+                gpus.shares = [self._share_of(cell.profile) for cell in gpus.cells]
+        return groups, jobs_gpus, stream_seconds
 
     def _share_of(self, profile: Profile) -> float:
         """A profile's share of a physical GPU (``otel_ofu.gpu_share``): 1, or a partition's fraction."""
@@ -976,39 +1016,21 @@ class Aggregator:
     def _currency(self) -> str | None:
         return self.config.currency if self.config.price_per_gpu_hour else None
 
-    def _cell_seconds(self, cells: list[_Cell]) -> list[float]:
-        """Each cell's GPU-seconds in the window: the time its points cover, at most the window (a retried point
-        must not count twice) plus what was carried in from windows that had closed; the whole window for a GPU
-        whose points carry no durations."""
-        full = float(self._window_ns)
-        if any(map(_CARRIED, cells)):
-            covered = [min(cell.weight - cell.carried, full) + cell.carried for cell in cells]
-        else:
-            covered = list(map(min, map(_WEIGHT, cells), itertools.repeat(full)))
-        if min(covered) >= _MIN_COVERED_NS:
-            return list(map(_NS_PER_S.__rtruediv__, covered))
-        return [(ns if ns >= _MIN_COVERED_NS else full) / _NS_PER_S for ns in covered]
-
-    def _fleet_energy(self, window: _Window) -> float | None:
-        """Every GPU's energy in the window: those of jobs and those of none, with or without OFU."""
+    def _fleet_energy(self, window: _Window, stream_seconds: dict[str, float] | None) -> float | None:
+        """Every GPU's energy in the window: those of jobs and those of none, with or without OFU. A GPU without an
+        energy counter: its mean power x its seconds in the window (over every job it served), the whole window
+        for one that sent no time at all."""
         energies: list[float] = []
-        moved: dict[str, list[_Cell]] | None = None  # cells of streams that changed job, found when needed
         for key, inputs in window.gpus.items():
             energy = inputs.energy_j
             if energy is None:
                 sums = inputs.sums
                 if not sums[_POWER_SLOT + 1]:
                     continue  # neither counter nor power: no energy
-                if moved is None:
-                    moved = {}
-                    for cell_key, cell in window.cells.items():
-                        if not isinstance(cell_key, str):
-                            moved.setdefault(cell_key[0], []).append(cell)
-                cells = moved.get(key, [])
-                own = window.cells.get(key)
-                if own is not None:
-                    cells = [own, *cells]
-                seconds = max(self._cell_seconds(cells)) if cells else self._window_ns / _NS_PER_S
+                seconds = stream_seconds.get(key) if stream_seconds is not None else None
+                if seconds is None:
+                    cell = window.cells.get(key)
+                    seconds = cell.seconds()[0] if cell is not None else self._window_ns / _NS_PER_S
                 energy = sums[_POWER_SLOT] / sums[_POWER_SLOT + 1] * seconds
             energies.append(energy)
         return math.fsum(energies) if energies else None  # exactly rounded: the same in any arrival order
@@ -1023,30 +1045,38 @@ class Aggregator:
         return models
 
     def _gpu_losses(
-        self, window: _Window, gpus: _JobGpus
+        self, window: _Window, gpus: _JobGpus, stream_seconds: dict[str, float] | None
     ) -> tuple[loss.GpuColumns, loss.Split, list[_GpuInputs | None]]:
         """The job's GPUs in columns, their split (with their tensor activity as used), and their loss inputs.
 
         The window means a split needs (tensor activity, clocks) come in columns, each a C-level pass where every
-        GPU sent them (the producer's layout); ``loss.split_columns`` is the one split. Energy and FLOPs in one
-        pass over the GPUs.
+        GPU sent them (the producer's layout); ``loss.split_columns`` is the one split. A GPU without OFU stands in
+        with OFU 0 and no measured second: its split weighs nothing. Energy and FLOPs in one pass over the GPUs: a
+        GPU's energy counter is split between the jobs it served in the window by their seconds, its FLOPs count over
+        its measured seconds.
         """
         cells = gpus.cells
         n = len(cells)
-        seconds = self._cell_seconds(cells)
+        seconds = gpus.seconds
+        measured = gpus.measured
+        ofus = [0.0 if ofu is None else ofu for ofu in gpus.ofus] if None in gpus.ofus else cast(list[float], gpus.ofus)
+        keys = gpus.stream_keys()
         found: list[_GpuInputs | None] = [None] * n
         if window.gpus:
-            found = list(map(window.gpus.get, gpus.stream_keys()))
-        ofus = gpus.ofus
+            found = list(map(window.gpus.get, keys))
         with_inputs = sum(map(operator.is_, found, itertools.repeat(None))) < n  # by identity: no __eq__ per GPU
         prices: list[float | None] = [None] * n
         models: list[str | None] = []
         if self.config.price_per_gpu_hour or with_inputs:
             models = self._models(cells)
             prices = list(map(self._prices.__getitem__, models))
+        all_measured = None if measured == seconds else measured
         if not with_inputs:
             split = loss.split_columns(ofus)
-            return loss.GpuColumns(ofus, split, seconds, [None] * n, [None] * n, prices, gpus.shares), split, found
+            columns = loss.GpuColumns(
+                ofus, split, seconds, [None] * n, [None] * n, prices, gpus.shares, measured=all_measured
+            )
+            return columns, split, found
         sums = [None if inputs is None else inputs.sums for inputs in found]
         active, sm_clock, max_clock, engine, sm, dram = (_means(sums, slot) for slot in _MEAN_SLOTS)
         tensor_clocks = list(map(self._tensor_clocks.__getitem__, models))
@@ -1054,7 +1084,7 @@ class Aggregator:
         split = loss.split_columns(ofus, active, ratios, engine, sm)
         energy: list[float | None] = []
         flops: list[float | None] = []
-        for gpu_seconds, inputs in zip(seconds, found, strict=True):
+        for key, gpu_seconds, gpu_measured, inputs in zip(keys, seconds, measured, found, strict=True):
             if inputs is None:
                 energy.append(None)
                 flops.append(None)
@@ -1064,9 +1094,13 @@ class Aggregator:
             if joules is None:  # no counter: mean power x seconds
                 weight = gpu_sums[_POWER_SLOT + 1]
                 joules = gpu_sums[_POWER_SLOT] / weight * gpu_seconds if weight else None
+            elif stream_seconds is not None:  # the counter is the GPU's: each job it served has its seconds' part
+                total = stream_seconds.get(key, 0.0)
+                if total > 0.0:
+                    joules *= gpu_seconds / total
             energy.append(joules)
             weight = gpu_sums[_FLOPS_SLOT + 1]
-            flops.append(gpu_sums[_FLOPS_SLOT] / weight * gpu_seconds if weight else None)
+            flops.append(gpu_sums[_FLOPS_SLOT] / weight * gpu_measured if weight else None)
         columns = loss.GpuColumns(
             ofus,
             split,
@@ -1078,13 +1112,14 @@ class Aggregator:
             dram=dram,
             nvlink=_rates(sums, _NVLINK_SLOT, seconds),
             pcie=_rates(sums, _PCIE_SLOT, seconds),
+            measured=all_measured,
         )
         return columns, split, found
 
     def _gpu_flags(
         self,
         job_id: str,
-        job: _Job,
+        job: JobState,
         window: GpuWindowValues,
         inputs: list[_GpuInputs | None],
     ) -> list[GpuFlagReport]:
@@ -1099,111 +1134,123 @@ class Aggregator:
                 )
         return reports
 
-    def _group_report(self, key: tuple[str, ...], values: list[float], shares: list[float] | None) -> GroupReport:
-        """A group's percentiles, histogram and GPU count. The histogram counts observations (a GPU or a MIG
-        slice each); the GPU count and the percentiles count GPU equivalents where a group has slices."""
-        if shares is None:
-            values.sort()
-            gpus: float = len(values)
-            quantiles = {q: percentile_of_sorted(values, q) for q in names.QUANTILES}
-        else:
-            pairs = sorted(zip(values, shares, strict=True))
-            values = [value for value, _share in pairs]
-            weights = [share for _value, share in pairs]
-            gpus = math.fsum(weights)
-            quantiles = {q: weighted_percentile_of_sorted(values, weights, q) for q in names.QUANTILES}
+    def _group_report(self, key: tuple[str, ...], cells: _GroupCells) -> GroupReport:
+        """A group's percentiles over GPU capacity, histogram and GPU equivalents. The histogram counts observations
+        (a GPU or a MIG slice each, per job it served); the percentiles weigh each OFU by its GPU equivalents x the
+        seconds it covered (its shares alone where no OFU covered any time: points without intervals); the GPU
+        equivalents are the group's GPU-seconds (unmeasured ones too) over the window's."""
+        attributes = dict(zip(self.config.group_keys, key, strict=True))
+        gpus = math.fsum(cells.capacity_s) * _NS_PER_S / self._window_ns
+        values = cells.values
+        if not values:
+            return GroupReport(attributes, gpus, {}, ExpHistogram(), 0.0, 0.0, 0.0, capacity=self._no_capacity())
+        weights = cells.weights if any(cells.weights) else cells.shares
+        order = sorted(range(len(values)), key=values.__getitem__)
+        ordered = [values[i] for i in order]
+        capacity = [weights[i] for i in order]
+        quantiles = capacity_quantiles_of_sorted(ordered, capacity, names.QUANTILES)
+        max_buckets = self.config.histogram_max_buckets
+        capacity_histogram = None
+        if self.config.capacity_histograms:
+            units = [round(weight * _CAPACITY_UNITS_PER_S) for weight in capacity]
+            capacity_histogram = ExpHistogram.from_sorted(ordered, max_buckets=max_buckets, counts=units)
         return GroupReport(
-            attributes=dict(zip(self.config.group_keys, key, strict=True)),
+            attributes=attributes,
             gpus=gpus,
             quantiles=quantiles,
-            histogram=ExpHistogram.from_sorted(values, max_buckets=self.config.histogram_max_buckets),
-            ofu_sum=sum(values),
-            ofu_min=values[0],
-            ofu_max=values[-1],
+            histogram=ExpHistogram.from_sorted(ordered, max_buckets=max_buckets),
+            ofu_sum=sum(ordered),
+            ofu_min=ordered[0],
+            ofu_max=ordered[-1],
+            capacity=capacity_histogram,
         )
 
-    def _job_report(
+    def _no_capacity(self) -> ExpHistogram | None:
+        return ExpHistogram() if self.config.capacity_histograms else None
+
+    def _job_window(
         self,
         job_id: str,
-        job: _Job,
+        job: JobState,
         start: int,
         end: int,
         mfu_cell: _MfuCell | None,
         window: _Window,
         gpus: _JobGpus | None,
-    ) -> tuple[JobReport, list[GpuFlagReport], list[GpuReport]]:
-        """The job's report for the window, the points its GPU-level flags show, and its GPUs' own means where the
-        configuration asks for them (``AggregatorConfig.per_gpu_reports``)."""
+        stream_seconds: dict[str, float] | None,
+    ) -> tuple[JobWindow, list[GpuFlagReport], list[GpuReport]]:
+        """The job's part of the window (``jobs.JobWindow``: what the ledger closes it from, and what a shard sends its
+        merge tier), the points its GPU-level flags show, and its GPUs' own means where the configuration asks for
+        them (``AggregatorConfig.per_gpu_reports``)."""
         config = self.config
-        ofu = loss.weighted_mean(gpus.ofus, gpus.shares) if gpus is not None else None
-        mfu = mfu_cell.total / mfu_cell.count if mfu_cell is not None else None
-        if ofu is not None and mfu is not None:
-            job.horizon.add(start - start % self._block_ns, ofu, mfu)
-            if self._last_pair_start is None or start > self._last_pair_start:
-                self._last_pair_start = start
-        job_loss = None
-        count = 0.0
-        idle_gpus: dict[str, float] = {}
+        attributes: dict[str, str] = {}
+        mfu = (0.0, 0)
+        if mfu_cell is not None:
+            attributes.update(mfu_cell.attributes)
+            mfu = (mfu_cell.total, mfu_cell.count)
+        if gpus is None:
+            return JobWindow(mfu=mfu, attributes=attributes), [], []
+        group_end = 1 + self._groups
+        ends = list(map(_LAST_END, gpus.cells))
+        newest = gpus.cells[ends.index(max(ends))].profile[group_end : group_end + len(JOB_ATTRIBUTE_KEYS)]
+        # The GPUs' own identity wins over what the training side said.
+        attributes.update((k, v) for k, v in zip(JOB_ATTRIBUTE_KEYS, newest, strict=True) if v is not None)
+        models = frozenset(filter(None, map(operator.itemgetter(self._model_index), map(_PROFILE, gpus.cells))))
+        columns, split, inputs = self._gpu_losses(window, gpus, stream_seconds)
+        sums = loss.job_sums_of(
+            columns, currency=self._currency(), pue=config.pue, grid_intensity=config.grid_intensity
+        )
+        measuring = gpus.with_ofu()
+        shares = gpus.shares or [1.0] * len(gpus.cells)
+        keys = gpus.stream_keys()
+        untimed = [i for i in measuring if not gpus.measured[i]]
+        tensor_active = split.tensor_active
+        idle_gpus = {keys[i]: shares[i] for i in measuring if tensor_active[i] < loss.IDLE_TENSOR_ACTIVE}
         gpu_flags: list[GpuFlagReport] = []
-        per_gpu: list[GpuReport] = []
-        if gpus is not None:
-            columns, split, inputs = self._gpu_losses(window, gpus)
-            if config.per_gpu_reports:
-                per_gpu = _gpu_reports(job_id, gpus, inputs, self._model_index)
-            tensor_active = split.tensor_active
-            job_loss = loss.job_loss_of(
-                columns, currency=self._currency(), pue=config.pue, grid_intensity=config.grid_intensity
-            )
-            keys = gpus.stream_keys()
-            idle = list(map(loss.IDLE_TENSOR_ACTIVE.__gt__, tensor_active))  # active < IDLE_TENSOR_ACTIVE
-            shares = gpus.shares or [1.0] * len(keys)
-            idle_gpus = dict(itertools.compress(zip(keys, shares, strict=True), idle))
-            count = math.fsum(shares) if gpus.shares else float(len(keys))
-        values = JobWindowValues(start, end, ofu, mfu, count, idle_gpus)
-        flags = {name: flag.assess(values) for name, flag in job.flags.items()}
-        if gpus is not None and GPU_DETECTORS:
+        if measuring and GPU_DETECTORS:
             if not job.gpu_flags:
                 job.gpu_flags = {detector.metric.name: detector.start(config) for detector in GPU_DETECTORS}
-            cells = gpus.cells
-
-            def throttle(i: int) -> Mapping[str, float]:
-                found = inputs[i]
-                return found.throttle_shares(cells[i].weight) if found is not None else {}
-
-            gpu_values = GpuWindowValues(
-                start, end, keys, gpus.ofus, tensor_active, idle, _peer_medians(gpus.ofus), throttle
-            )
-            gpu_flags = self._gpu_flags(job_id, job, gpu_values, inputs)
-        job.horizon.prune(end - config.horizon_ns)
-        status = STATUS_NO_OFU if ofu is None else STATUS_NO_MFU if mfu is None else STATUS_OK
-        report = JobReport(
-            job_id=job_id,
-            attributes=job.attributes,
-            ofu=ofu,
+            gpu_flags = self._measured_gpu_flags(job_id, job, start, end, gpus, measuring, tensor_active, inputs)
+        per_gpu = _gpu_reports(job_id, gpus, inputs, self._model_index) if config.per_gpu_reports else []
+        part = JobWindow(
+            sums=sums,
+            point_ofu=point_ofu([cast(float, gpus.ofus[i]) for i in untimed], [shares[i] for i in untimed]),
             mfu=mfu,
-            gap=mfu - ofu if ofu is not None and mfu is not None else None,
-            correlation=job.horizon.total().pearson(),
-            flags=flags,
-            status=status,
-            gpus=count,
-            loss=job_loss,
+            gpus=math.fsum(shares[i] for i in measuring),
+            idle_gpus=idle_gpus,
+            attributes=attributes,
+            models=models,
         )
-        return report, gpu_flags, per_gpu
+        return part, gpu_flags, per_gpu
 
-    def _fleet_report(self, end: int) -> FleetReport:
-        oldest = end - self.config.horizon_ns
-        fleet = CoMoments()
-        diffs = AbsDiff()
-        for job in self._jobs.values():
-            horizon = job.horizon
-            if not horizon.blocks:
-                continue
-            horizon.prune(oldest)
-            total = horizon.total()
-            if total.n:
-                fleet = fleet.add(total.mean_x, total.mean_y)
-                diffs = diffs.add(total.mean_x, total.mean_y)
-        return FleetReport(fleet.pearson(), diffs.mean(), fleet.n, fleet, diffs.total)
+    def _measured_gpu_flags(
+        self,
+        job_id: str,
+        job: JobState,
+        start: int,
+        end: int,
+        gpus: _JobGpus,
+        measuring: list[int],
+        tensor_active: list[float],
+        inputs: list[_GpuInputs | None],
+    ) -> list[GpuFlagReport]:
+        """The GPU-level flags over the job's GPUs that gave OFU (in columns, as ``GpuWindowValues`` takes them)."""
+        keys = gpus.stream_keys()
+        cells = gpus.cells
+        if len(measuring) < len(keys):
+            keys = [keys[i] for i in measuring]
+            cells = [cells[i] for i in measuring]
+            tensor_active = [tensor_active[i] for i in measuring]
+            inputs = [inputs[i] for i in measuring]
+        ofus = [cast(float, gpus.ofus[i]) for i in measuring]
+        idle = list(map(loss.IDLE_TENSOR_ACTIVE.__gt__, tensor_active))  # active < IDLE_TENSOR_ACTIVE
+
+        def throttle(i: int) -> Mapping[str, float]:
+            found = inputs[i]
+            return found.throttle_shares(cells[i].weight) if found is not None else {}
+
+        values = GpuWindowValues(start, end, keys, ofus, tensor_active, idle, _peer_medians(ofus), throttle)
+        return self._gpu_flags(job_id, job, values, inputs)
 
     # --- bounded state ---------------------------------------------------------------------------------
 
@@ -1215,40 +1262,18 @@ class Aggregator:
         stale_streams = [key for key, seen in self._streams.items() if seen <= cutoff]
         for key in stale_streams:
             del self._streams[key]
+            self._first_starts.pop(key, None)
+            self._instant_starts.pop(key, None)
             self._state_bytes -= STREAM_STATE_BYTES + 2 * len(key)
         self._evicted_streams += len(stale_streams)
         for states in self._counters.values():
             for key in [key for key, (_start, seen, _value) in states.items() if seen <= cutoff]:
                 del states[key]
-        oldest_horizon = now_ns - self.config.horizon_ns
-        gone: list[str] = []
-        for job_id, job in self._jobs.items():
-            if job.live and job.last_seen_ns <= cutoff:
-                job.live = False
-                self._live_jobs -= 1
-                job.reset_flags()  # lets go of their state (a baseline); a revived job starts afresh anyway
-                job.attributes = {}
-                self._evicted_jobs += 1
-            if not job.live:
-                job.horizon.prune(oldest_horizon)
-                if not job.horizon.blocks:
-                    gone.append(job_id)
-        for job_id in gone:
-            del self._jobs[job_id]
-            self._state_bytes -= JOB_STATE_BYTES + len(job_id)
+        for key in [key for key, (seen, _start) in self._instant_starts.items() if seen <= cutoff]:
+            del self._instant_starts[key]
+        self._ledger.evict(now_ns)
         if len(self._profiles) > 2 * len(self._streams) + 1024:
             self._reintern()
-
-    def _forget_an_evicted_job(self) -> None:
-        """Make room among the evicted jobs' lingering horizon blocks: drop the longest-silent one's."""
-        oldest: str | None = None
-        oldest_seen = 0
-        for job_id, job in self._jobs.items():
-            if not job.live and (oldest is None or job.last_seen_ns < oldest_seen):
-                oldest, oldest_seen = job_id, job.last_seen_ns
-        if oldest is not None:
-            del self._jobs[oldest]
-            self._state_bytes -= JOB_STATE_BYTES + len(oldest)
 
     def _reintern(self) -> None:
         """Drop profiles no open window uses any more (the intern table would otherwise only grow)."""
@@ -1306,32 +1331,43 @@ def _profile_bytes(profile: Profile) -> int:
 def _add_to_cell(
     window: _Window,
     key: str,
-    value: float,
-    weight: float,
+    value: float | None,
+    low: int,
+    high: int,
     carried: float,
     profile: Profile,
-    end_ns: int,
     job_id: str | None,
+    bill_carried: bool,
 ) -> None:
-    """Add one point's part (``weight`` ns, ``carried`` of them from closed windows) to its stream's cell for its
-    job in ``window``: the stream's own cell, or the cell under (key, job.id) once the stream moved job in it."""
+    """Add one point's part (low, high] (``carried`` ns more from closed windows, billed as time only where
+    ``bill_carried``: a point that extends its stream), with its OFU (None: unmeasured), to its stream's cell for its
+    job in ``window``: the stream's own cell, or the cell under (key, job.id) once the stream moved job in it. A part
+    without duration (a stream's first point without an interval) weighs 1 ns in the OFU mean and covers nothing."""
     cells = window.cells
     cell = cells.get(key)
     if cell is not None and cell.job_id != job_id:
         moved = (key, job_id)
         cell = cells.get(moved)
         if cell is None:
-            cells[moved] = _Cell(value * weight, weight, profile, end_ns, job_id, carried)
-            return
-    if cell is None:
-        cells[key] = _Cell(value * weight, weight, profile, end_ns, job_id, carried)
-        return
-    cell.weighted += value * weight
-    cell.weight += weight
-    cell.carried += carried
-    if end_ns >= cell.last_end_ns:
+            cell = cells[moved] = _Cell(0.0, 0.0, profile, high, job_id, [])
+    elif cell is None:
+        cell = cells[key] = _Cell(0.0, 0.0, profile, high, job_id, [])
+    if value is None:
+        if cell.unmeasured is None:
+            cell.unmeasured = []
+        coverage.cover(cell.unmeasured, low, high)
+        if bill_carried:
+            cell.carried_unmeasured += carried
+    else:
+        weight = float(high - low) + carried if high > low or carried else 1.0
+        cell.weighted += value * weight
+        cell.weight += weight
+        coverage.cover(cell.spans, low, high)
+        if bill_carried:
+            cell.carried += carried
+    if high >= cell.last_end_ns:
         cell.profile = profile
-        cell.last_end_ns = end_ns
+        cell.last_end_ns = high
 
 
 def _peer_medians(values: list[float]) -> list[float]:
@@ -1377,9 +1413,12 @@ def _peer_medians_by_rank(values: list[float]) -> list[float]:
 
 
 def _gpu_reports(job_id: str, gpus: _JobGpus, inputs: list[_GpuInputs | None], model_index: int) -> list[GpuReport]:
-    """Each of a job's GPUs' own window means, for a screen that opens the job (``otel-ofu top``)."""
+    """Each of a job's GPUs' own window means, for a screen that opens the job (``otel-ofu top``): those that gave
+    OFU."""
     reports: list[GpuReport] = []
     for key, cell, ofu, found in zip(gpus.stream_keys(), gpus.cells, gpus.ofus, inputs, strict=True):
+        if ofu is None:
+            continue
         attributes = _gpu_identity(key, found)
         if found is not None and found.identity.get(names.GPU_INDEX):
             attributes[names.GPU_INDEX] = found.identity[names.GPU_INDEX]

@@ -36,6 +36,11 @@ WINDOWS = FlagOption(
 )
 
 
+# "1.5x or more" in decimal: 1.5 x 0.4 is 0.6000000000000001 in binary floating point, so MFU 0.6 would miss the ratio
+# it meets; a relative tolerance far below any real difference lets it meet it.
+_AT_THE_RATIO = 1.0 - 1e-12
+
+
 @attrs.define
 class _Miscount:
     ratio: float
@@ -46,7 +51,7 @@ class _Miscount:
     def assess(self, window: JobWindowValues) -> int | None:
         ofu, mfu = window.ofu, window.mfu
         if ofu is not None and mfu is not None:
-            self.run = self.run + 1 if mfu >= self.ratio * ofu else 0  # "1.5x or more"
+            self.run = self.run + 1 if mfu >= self.ratio * ofu * _AT_THE_RATIO else 0  # "1.5x or more"
             self.up = int(self.run >= self.windows)
         return self.up
 

@@ -8,7 +8,11 @@ merging histograms at different scales all give identical buckets (the merge is 
 
 The scale chosen is the highest at which the non-empty buckets fit in ``max_buckets``; the relative error
 of a quantile read from the buckets is then at most ``relative_error_bound(scale)`` = sqrt(base) - 1
-(bucket representative: its geometric midpoint, clamped to the exact min and max).
+(bucket representative: its geometric midpoint, clamped to the exact min and max). Quantiles are read as
+``quantiles.py`` defines the fleet's: the smallest value at or below which q of the counts lie.
+
+A histogram's counts are observations (a GPU or slice each), or, built with ``counts``, whole units of something
+the values weigh (the capacity histogram a shard sends its merge tier counts GPU-microseconds of capacity).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from otel_ofu_collector.stats.quantiles import check_quantile
+from otel_ofu_collector.stats.quantiles import capacity_rank, check_quantile
 
 MAX_SCALE = 20
 MIN_SCALE = -10
@@ -139,9 +143,14 @@ class ExpHistogram:
         return cls._of(_top_indices(positives), zero_count, total, smallest, largest, max_buckets)
 
     @classmethod
-    def from_sorted(cls, values: list[float], *, max_buckets: int) -> ExpHistogram:
+    def from_sorted(cls, values: list[float], *, max_buckets: int, counts: list[int] | None = None) -> ExpHistogram:
         """``from_values`` of values already in ascending order (a window's, sorted for its percentiles),
-        with less to do: the zeros lead, min and max are at the ends, the powers of two are found by bisection."""
+        with less to do: the zeros lead, min and max are at the ends, the powers of two are found by bisection.
+
+        ``counts``: how many units each value stands for (>= 0 each; None: one each); the sum then adds each value
+        times its count, and a value counting 0 still bounds min and max."""
+        if counts is not None:
+            return cls._weighted(values, counts, max_buckets)
         if not values or not values[0] >= 0.0:
             return cls.from_values(values, max_buckets=max_buckets)
         total = functools.reduce(operator.add, values, 0.0)
@@ -164,12 +173,45 @@ class ExpHistogram:
         return cls._of(indices, zero_count, total, smallest, largest, max_buckets)
 
     @classmethod
+    def _weighted(cls, values: list[float], counts: list[int], max_buckets: int) -> ExpHistogram:
+        """``from_sorted`` with a count per value: the values that count (a count of 0 leaves its value out, min and
+        max too), each bucket adding their counts."""
+        if len(counts) != len(values) or any(count < 0 for count in counts):
+            raise ValueError("a weighted histogram needs a count >= 0 per value")
+        kept = [(_check_value(value), count) for value, count in zip(values, counts, strict=True) if count]
+        if not kept:
+            return cls()
+        total = math.fsum(value * count for value, count in kept)
+        zero_count = sum(count for value, count in kept if value == 0.0)
+        positives = [(value, count) for value, count in kept if value > 0.0]
+        smallest, largest = kept[0][0], kept[-1][0]
+        if not positives:
+            return cls(zero_count=zero_count, sum=total, min=smallest, max=largest)
+        indices = [top_index(value) for value, _count in positives]
+        weights = [count for _value, count in positives]
+        return cls._of(indices, zero_count, total, smallest, largest, max_buckets, weights)
+
+    @classmethod
     def _of(
-        cls, indices: list[int], zero_count: int, total: float, smallest: float, largest: float, max_buckets: int
+        cls,
+        indices: list[int],
+        zero_count: int,
+        total: float,
+        smallest: float,
+        largest: float,
+        max_buckets: int,
+        weights: list[int] | None = None,
     ) -> ExpHistogram:
-        """The histogram of positive values' top-scale bucket indices, at the highest scale that fits."""
+        """The histogram of positive values' top-scale bucket indices (each counting its weight, else 1), at the
+        highest scale that fits."""
         shift = shift_to_fit(min(indices), max(indices), max_buckets)
-        by_bucket = Counter(map(operator.rshift, indices, itertools.repeat(shift)) if shift else indices)
+        shifted = map(operator.rshift, indices, itertools.repeat(shift)) if shift else indices
+        by_bucket: Counter[int] = Counter()
+        if weights is None:
+            by_bucket.update(shifted)
+        else:
+            for index, weight in zip(shifted, weights, strict=True):
+                by_bucket[index] += weight
         offset = min(by_bucket)
         counts = [0] * (max(by_bucket) - offset + 1)
         for index, count in by_bucket.items():
@@ -256,21 +298,14 @@ class ExpHistogram:
         raise IndexError(f"rank {rank} beyond count {self.count}")
 
     def quantile(self, q: float) -> float | None:
-        """The q-percentile by linear interpolation between closest ranks (as quantiles.py), None if empty.
-
-        Within ``relative_error_bound(scale)`` of the exact percentile of the inserted values.
-        """
+        """The q-percentile as ``quantiles.py`` defines the fleet's (the smallest value at or below which q of the
+        counts lie), None if empty. Within ``relative_error_bound(scale)`` of the exact one of the inserted values:
+        it is read in the bucket that holds that value."""
         check_quantile(q)
         total = self.count
         if total == 0:
             return None
-        rank = q * (total - 1)
-        low = math.floor(rank)
-        fraction = rank - low
-        lower = self._value_at_rank(low)
-        if fraction == 0.0:
-            return lower
-        return lower + fraction * (self._value_at_rank(low + 1) - lower)
+        return self._value_at_rank(max(0, math.ceil(capacity_rank(q, total)) - 1))
 
 
 def _pick(lower: bool, a: float | None, b: float | None, a_count: int, b_count: int) -> float | None:

@@ -1,17 +1,31 @@
-"""Exact percentiles of a window's per-GPU OFU values.
+"""Percentiles: the fleet's over GPU capacity, and plain ones for latencies.
 
-Definition: linear interpolation between closest ranks, numpy's default (``method="linear"``,
-Hyndman & Fan type 7). For n sorted values v[0..n-1] and q in [0, 1], the rank is h = q (n - 1) and the
-percentile is v[floor(h)] + (h - floor(h)) (v[floor(h) + 1] - v[floor(h)]). The histogram estimate in
-exphist.py uses the same definition, so the two differ only by bucket resolution.
+The fleet's definition (``capacity_quantile_of_sorted``): each GPU's OFU weighs the GPU capacity it stands for in the
+window (its GPU equivalents x the seconds its OFU covers), and the q-percentile is the smallest OFU at or below which
+at least q of the group's capacity sat: the inverted CDF of the capacity-weighted values, numpy's
+``quantile(values, q, weights=..., method="inverted_cdf")``. It is the only definition that does not change when a
+GPU is cut into slices: an H100 run as one 3g.40gb slice at 0.5 and four 1g.10gb slices at 0.1 has three sevenths of
+its capacity at 0.5 and four at 0.1, exactly as seven 1g slices would, so p75 is 0.5 either way (interpolating
+between neighbours, as numpy's default does, would give a value no capacity had, and a different one for each cut).
+The histogram estimate in ``exphist.py`` reads the same definition from its buckets, so the two differ only by
+bucket resolution, in one process, on a shard and after the merge.
+
+``percentile_of_sorted`` is the plain linear one (numpy's default) for latencies and the like, where every value
+weighs the same and an interpolated value is what a reader expects.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from otel_ofu import names
+
+# Capacity weights are sums of fractions (seven 1/7 slices): a target met to within this share of the total counts
+# as met, so that rounding in the last bit never moves a percentile to the next value.
+_TOLERANCE = 1e-12
 
 
 def check_quantile(q: float) -> float:
@@ -20,8 +34,68 @@ def check_quantile(q: float) -> float:
     return q
 
 
+def capacity_rank(q: float, total: float) -> float:
+    """The capacity at or below which the q-percentile is read: q of ``total``, less the rounding tolerance."""
+    return q * total - _TOLERANCE * total
+
+
+def capacity_quantile_of_sorted(sorted_values: Sequence[float], weights: Sequence[float], q: float) -> float:
+    """The q-percentile over capacity (see the module doc): the smallest of the ascending ``sorted_values`` at or
+    below which at least q of the total weight lies. Weights are >= 0 with a positive total."""
+    check_quantile(q)
+    if not sorted_values or len(weights) != len(sorted_values):
+        raise ValueError("a capacity percentile needs as many weights as values, and some values")
+    total = math.fsum(weights)
+    if not total > 0.0:
+        raise ValueError("a capacity percentile needs a positive total weight")
+    target = capacity_rank(q, total)
+    reached = 0.0
+    for value, weight in zip(sorted_values, weights, strict=True):
+        reached += weight
+        if weight > 0.0 and reached >= target:
+            return value
+    return sorted_values[-1]  # only where rounding left the running sum under the target
+
+
+def capacity_quantiles_of_sorted(
+    sorted_values: Sequence[float], weights: Sequence[float], quantiles: Sequence[float] = names.QUANTILES
+) -> dict[float, float]:
+    """``capacity_quantile_of_sorted`` for each of ``quantiles``, with one running sum for all of them (a window's
+    group can hold every GPU of a fleet)."""
+    for q in quantiles:
+        check_quantile(q)
+    if not sorted_values or len(weights) != len(sorted_values):
+        raise ValueError("a capacity percentile needs as many weights as values, and some values")
+    kept = [(value, weight) for value, weight in zip(sorted_values, weights, strict=True) if weight > 0.0]
+    if not kept:
+        raise ValueError("a capacity percentile needs a positive total weight")
+    if len(kept) < len(sorted_values):
+        sorted_values = [value for value, _weight in kept]
+        weights = [weight for _value, weight in kept]
+    running = list(itertools.accumulate(weights))
+    total = math.fsum(weights)
+    last = len(running) - 1
+    return {q: sorted_values[min(last, bisect.bisect_left(running, capacity_rank(q, total)))] for q in quantiles}
+
+
+def capacity_quantiles(
+    values: Iterable[float], weights: Iterable[float] | None = None, quantiles: Sequence[float] = names.QUANTILES
+) -> Mapping[float, float]:
+    """Each requested capacity percentile of the values (sorted here; each weighing 1 without ``weights``); an
+    empty input (or one without weight) gives an empty mapping."""
+    listed = list(values)
+    pairs = sorted(zip(listed, weights if weights is not None else [1.0] * len(listed), strict=True))
+    kept = [(value, weight) for value, weight in pairs if weight > 0.0]
+    if not kept:
+        return {}
+    ordered = [value for value, _weight in kept]
+    capacity = [weight for _value, weight in kept]
+    return {q: capacity_quantile_of_sorted(ordered, capacity, q) for q in quantiles}
+
+
 def percentile_of_sorted(sorted_values: Sequence[float], q: float) -> float:
-    """The q-percentile of already sorted values (ascending); they must not be empty."""
+    """The q-percentile of already sorted values (ascending), by linear interpolation between closest ranks (numpy's
+    default, Hyndman & Fan type 7); they must not be empty. For latencies, not for the fleet's OFU."""
     check_quantile(q)
     if not sorted_values:
         raise ValueError("percentile of no values")
@@ -32,37 +106,3 @@ def percentile_of_sorted(sorted_values: Sequence[float], q: float) -> float:
     if fraction == 0.0:
         return lower
     return lower + fraction * (sorted_values[low + 1] - lower)
-
-
-def percentiles(values: Iterable[float], quantiles: Sequence[float] = names.QUANTILES) -> Mapping[float, float]:
-    """Each requested percentile of the values (sorted here); an empty input gives an empty mapping."""
-    ordered = sorted(values)
-    if not ordered:
-        return {}
-    return {q: percentile_of_sorted(ordered, q) for q in quantiles}
-
-
-def weighted_percentile_of_sorted(sorted_values: Sequence[float], weights: Sequence[float], q: float) -> float:
-    """The q-percentile of sorted values each weighing its weight (> 0): type 7 with weights.
-
-    Neighbouring values sit the mean of their two weights apart, and the percentile is read at q of the whole
-    span by linear interpolation, so equal weights give ``percentile_of_sorted`` exactly: value i sits at
-    i x w, the span is (n - 1) x w, and q of it is rank q (n - 1). A MIG slice weighing 1/7 thus moves the
-    percentiles of its group a seventh as far as a whole GPU does.
-    """
-    check_quantile(q)
-    if not sorted_values or len(weights) != len(sorted_values):
-        raise ValueError("weighted percentile needs as many (positive) weights as values, and some values")
-    n = len(sorted_values)
-    if n == 1:
-        return sorted_values[0]
-    gaps = [(weights[i] + weights[i + 1]) / 2 for i in range(n - 1)]
-    target = q * math.fsum(gaps)
-    reached = 0.0
-    for i, gap in enumerate(gaps):
-        if target <= reached + gap or i == n - 2:
-            fraction = min(1.0, max(0.0, (target - reached) / gap)) if gap > 0 else 0.0
-            lower = sorted_values[i]
-            return lower + fraction * (sorted_values[i + 1] - lower)
-        reached += gap
-    return sorted_values[-1]  # unreachable: the loop returns at its last gap
