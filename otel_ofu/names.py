@@ -250,35 +250,54 @@ class OfuLossCause:
 
 
 # --- Collector partial state (merge mode) ------------------------------------------------------------
-# A shard replica also exports its fleet co-moments over the horizon (one value per job: its mean OFU and
-# mean MFU) so that a merge-tier collector can combine shards exactly. Gauges without attributes, one
-# point per closed window (time = window end); the shard is told apart by SERVICE_INSTANCE_ID.
+# A shard replica (``--mode shard``) sends its merge tier, beside the fleet.ofu histograms, fleet.gpus and the fleet's
+# loss totals, what adds up exactly across shards: each group's OFU counted in GPU capacity (its percentiles are over
+# capacity), and each job's window as sums (a job whose points moved to another shard mid-window, on a load balancer's
+# ring change, adds up there to what one collector would have reported). The merge tier computes every job.* output,
+# the job flags and the fleet's correlation from them; the shard is told apart by SERVICE_INSTANCE_ID.
 
 SERVICE_INSTANCE_ID: Final = "service.instance.id"
-PARTIAL_FLEET_JOBS: Final = MetricSpec("fleet.ofu_mfu.partial.jobs", "{job}", "gauge", "Jobs in the shard's co-moments")
-PARTIAL_FLEET_MEAN_OFU: Final = MetricSpec("fleet.ofu_mfu.partial.mean_ofu", "1", "gauge", "Mean of job mean OFUs")
-PARTIAL_FLEET_MEAN_MFU: Final = MetricSpec("fleet.ofu_mfu.partial.mean_mfu", "1", "gauge", "Mean of job mean MFUs")
-PARTIAL_FLEET_M2_OFU: Final = MetricSpec(
-    "fleet.ofu_mfu.partial.m2_ofu", "1", "gauge", "Sum of squared deviations of job mean OFUs"
+PARTIAL_FLEET_OFU_CAPACITY: Final = MetricSpec(
+    "fleet.ofu.partial.capacity",
+    "1",
+    "exponential_histogram",
+    "A shard's per-GPU OFU of the window, counted in GPU-microseconds of capacity (GPU equivalents x seconds)",
 )
-PARTIAL_FLEET_M2_MFU: Final = MetricSpec(
-    "fleet.ofu_mfu.partial.m2_mfu", "1", "gauge", "Sum of squared deviations of job mean MFUs"
+PARTIAL_JOB: Final = MetricSpec(
+    "job.partial", "1", "gauge", "A shard's sums of a job's window, one point per otel_ofu.partial.field"
 )
-PARTIAL_FLEET_C_OFU_MFU: Final = MetricSpec(
-    "fleet.ofu_mfu.partial.c_ofu_mfu", "1", "gauge", "Co-moment of job mean OFU and MFU"
-)
-PARTIAL_FLEET_ABS_DIFF_SUM: Final = MetricSpec(
-    "fleet.ofu_mfu.partial.abs_diff_sum", "1", "gauge", "Sum over jobs of |mean OFU - mean MFU|"
-)
-COLLECTOR_PARTIAL_METRICS: Final = (
-    PARTIAL_FLEET_JOBS,
-    PARTIAL_FLEET_MEAN_OFU,
-    PARTIAL_FLEET_MEAN_MFU,
-    PARTIAL_FLEET_M2_OFU,
-    PARTIAL_FLEET_M2_MFU,
-    PARTIAL_FLEET_C_OFU_MFU,
-    PARTIAL_FLEET_ABS_DIFF_SUM,
-)
+# One point per window a shard closed, empty or not: the merge tier closes every window too (a window that only the
+# fleet's horizon still spans carries no other point).
+PARTIAL_WINDOW: Final = MetricSpec("fleet.partial.window", "{window}", "gauge", "1 for each window a shard closed")
+PARTIAL_FIELD: Final = "otel_ofu.partial.field"
+PARTIAL_CURRENCY: Final = "otel_ofu.partial.currency"  # on the cost fields: the currency the shard priced in
+COLLECTOR_PARTIAL_METRICS: Final = (PARTIAL_WINDOW, PARTIAL_FLEET_OFU_CAPACITY, PARTIAL_JOB)
+
+
+class PartialField:
+    """Values of ``otel_ofu.partial.field`` on ``job.partial``: a job's window sums (``results.JobWindow``), in GPU
+    seconds, joules, FLOPs, the shard's currency, kg. A field ending in "." is followed by its key: a loss cause, a
+    context kind (dram, nvlink, pcie), a GPU's stream key, a GPU model."""
+
+    GPU_TIME = "gpu_time"  # GPU equivalents x seconds
+    USEFUL = "useful"  # OFU x measured GPU equivalents x seconds
+    LOST = "lost."  # + ofu.loss.cause
+    ENERGY = "energy"
+    FLOPS = "flops"
+    FLOPS_ENERGY = "flops_energy"  # energy of the GPUs whose FLOPs are known
+    COST = "cost"
+    COST_LOST = "cost_lost."  # + ofu.loss.cause
+    EMISSIONS = "emissions"
+    CONTEXT = "context."  # + kind: the value weighted by GPU time
+    CONTEXT_WEIGHT = "context_weight."  # + kind: that GPU time
+    POINT_OFU = "point_ofu"  # OFU x share of GPUs whose OFU points carried no time
+    POINT_OFU_WEIGHT = "point_ofu_weight"
+    MFU_SUM = "mfu_sum"
+    MFU_COUNT = "mfu_count"
+    GPUS = "gpus"  # GPU equivalents that gave OFU
+    IDLE_GPU = "idle_gpu."  # + stream key: its share of a GPU
+    MODEL = "model."  # + hw.model of the job's GPUs
+
 
 # --- Collector self-metrics (Prometheus endpoint, the OTLP downstream, CollectorService.self_metrics) --
 

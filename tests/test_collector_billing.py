@@ -7,12 +7,19 @@ and a ratio met exactly.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
+from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
 from otel_ofu import names
+from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.results import JobReport, WindowReport
+from otel_ofu_collector.otlp.encode import reports_to_metrics_data
+from otel_ofu_collector.otlp.partials import partials_from_request
+from otel_ofu_collector.results import JobReport, PartialWindow, WindowReport
 from tests.collector_helpers import add_gpu_input
 
 S = 1_000_000_000
@@ -378,3 +385,69 @@ def test_a_point_stamped_at_the_epoch_costs_its_own_window_not_every_window_sinc
     assert len(reports) == 11
     assert reports[0].end_ns == W
     assert reports[-1].end_ns == T0 + W
+
+
+# --- 5. A job whose points move to another shard is combined by its identity --------------------------------------
+
+
+def _over_otlp(report: WindowReport, shard: str) -> list[PartialWindow]:
+    data = reports_to_metrics_data(
+        [report], resource_attributes={names.SERVICE_INSTANCE_ID: shard}, include_partials=True
+    )
+    return partials_from_request(ExportMetricsServiceRequest.FromString(encode_metrics(data).SerializeToString()))
+
+
+def test_a_job_that_moves_shard_mid_window_counts_once_in_the_merge() -> None:
+    config = AggregatorConfig(lateness_s=0, horizon_s=600)
+    shards = [Aggregator(attrs.evolve(config, partials=True)) for _ in range(2)]
+    single = Aggregator(config)
+    merge = MergeAggregator(config)
+    a, b, k = gpu("GPU-a", "j"), gpu("GPU-b", "j"), gpu("GPU-k", "k")
+    merged: list[WindowReport] = []
+    reference: list[WindowReport] = []
+    for window in range(3):
+        for second in range(0, 60, 10):
+            # The load balancer's ring changes at 30 s of window 1: job j's points go to the second shard from then.
+            j_shard = shards[0] if window == 0 or (window == 1 and second < 30) else shards[1]
+            for target in (j_shard, single):
+                for identity in (a, b):
+                    start = at(second, window)
+                    assert target.add_ofu(key(identity), 0.4, start, start + 10 * S, identity) is None
+            for target in (shards[1], single):
+                start = at(second, window)
+                assert target.add_ofu(key(k), 0.6, start, start + 10 * S, k) is None
+        for job, mfu, target in (("j", 0.4, shards[0] if window == 0 else shards[1]), ("k", 0.6, shards[1])):
+            for receiver in (target, single):
+                assert receiver.add_mfu(job, mfu, at(55, window), {names.JOB_ID: job}) is None
+        now = T0 + (window + 1) * W
+        reference += single.flush(now)
+        for index, shard in enumerate(shards):
+            for report in shard.flush(now):
+                for partial in _over_otlp(report, f"shard-{index}"):
+                    assert merge.add_partial(partial) is None
+        merged += merge.flush(now)
+    moved = merged[1]
+    # Window 1: j's two GPUs were on shard 0 for 30 s and on shard 1 for 30 s; k on shard 1 all window. The fleet:
+    # 3 GPUs (not 5); j once, with 2 GPUs, 120 GPU-s and its OFU 0.4 (not two series of 1 GPU-equivalent each).
+    (group,) = moved.groups
+    assert group.gpus == pytest.approx(3.0)
+    j = job_of(moved, "j")
+    assert [job.job_id for job in moved.jobs] == ["j", "k"]
+    assert j.gpus == pytest.approx(2.0)
+    assert j.ofu == pytest.approx(0.4)
+    assert j.loss is not None
+    assert j.loss.gpu_time_s == pytest.approx(120.0)
+    # Every window's job outputs and the fleet's correlation count each job once, as one collector does (to the
+    # rounding of adding the shards' sums: equal to 1e-12).
+    for got, want in zip(merged, reference, strict=True):
+        assert got.fleet.jobs == want.fleet.jobs == 2
+        assert got.fleet.mae == pytest.approx(want.fleet.mae, rel=1e-12)
+        assert [job.job_id for job in got.jobs] == [job.job_id for job in want.jobs]
+        for mine, theirs in zip(got.jobs, want.jobs, strict=True):
+            assert (mine.ofu, mine.mfu, mine.gap, mine.gpus) == pytest.approx(
+                (theirs.ofu, theirs.mfu, theirs.gap, theirs.gpus), rel=1e-12, abs=1e-12
+            )
+            assert mine.flags == theirs.flags
+            assert mine.loss is not None
+            assert theirs.loss is not None
+            assert mine.loss.gpu_time_s == pytest.approx(theirs.loss.gpu_time_s, rel=1e-12)

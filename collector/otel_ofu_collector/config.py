@@ -194,9 +194,10 @@ class AggregatorConfig:
     # Each GPU's own window means in WindowReport.gpus, for a live screen that opens a job (the report feed's
     # `otel-ofu top`); off by default: a 100k-GPU window would carry 100k of them.
     per_gpu_reports: bool = False
-    # Each group's capacity histogram (GroupReport.capacity), which a shard sends its merge tier to read the fleet's
-    # percentiles over GPU capacity from; a collector that merges with no one leaves it out.
-    capacity_histograms: bool = False
+    # What a shard sends its merge tier: each group's capacity histogram (GroupReport.capacity), which the fleet's
+    # percentiles over GPU capacity are read from, and each job's window sums (WindowReport.job_parts), which add up a
+    # job that was on several shards in one window; a collector that merges with no one leaves them out.
+    partials: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.window_ns <= 0:

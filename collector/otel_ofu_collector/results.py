@@ -313,17 +313,15 @@ class PartialGroup:
 
 @attrs.frozen
 class PartialWindow:
-    """One shard's mergeable state of one window. ``fleet_comoments`` None: this part carries no fleet state."""
+    """One shard's mergeable state of one window: its groups, its fleet loss totals (None: it carries none) and each
+    job's part of the window, by job.id."""
 
     start_ns: int
     end_ns: int
     groups: tuple[PartialGroup, ...]
-    fleet_comoments: CoMoments | None
-    abs_diff_sum: float
-    jobs_count: int
     shard_id: str
-    fleet_loss: FleetLoss | None = None  # None: this part carries no fleet loss totals
-    jobs: Mapping[str, JobWindow] = attrs.field(factory=dict)  # each job's part of the window, by job.id
+    fleet_loss: FleetLoss | None = None
+    jobs: Mapping[str, JobWindow] = attrs.field(factory=dict)
 
 
 # Every window output in the contract's order: the OFU outputs, then where OFU is lost.

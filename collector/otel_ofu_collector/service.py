@@ -182,7 +182,10 @@ class CollectorService:
                 max_attribute_length=options.max_attribute_length,
             )
         else:
-            aggregator = Aggregator(options.aggregator)
+            windows = options.aggregator
+            if options.include_partials and not windows.partials:
+                windows = attrs.evolve(windows, partials=True)  # what the merge tier adds the shards' windows from
+            aggregator = Aggregator(windows)
             self.aggregator = aggregator
             self.decoder = Decoder(
                 aggregator,

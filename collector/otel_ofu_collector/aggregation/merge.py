@@ -1,16 +1,20 @@
-"""Merge mode: combine the window outputs of job-sharded collector replicas into fleet-wide windows.
+"""Merge mode: combine the partial windows of job-sharded collector replicas into fleet-wide windows.
 
-Shards are split by ``job.id`` (the otelcol loadbalancing exporter), so every job lives on one shard and its
-``job.*`` outputs pass through untouched (the transport forwards them; ``otlp.partials.is_partial_metric`` says
-which metrics are not to be forwarded). What spans shards merges exactly: the per-group exponential
-histograms (any scales: the merge downscales to the common one), the GPU counts, and the fleet co-moments
-and |OFU - MFU| sums, and the fleet's loss totals (lost GPU-time and cost by cause, energy: sums).
-Quantiles are then read from the merged histogram, within
-``exphist.relative_error_bound(scale)`` of the exact ones a single process would report.
+Shards are split by ``job.id`` (the otelcol loadbalancing exporter), so a job nearly always lives on one shard; but
+when the load balancer's ring changes (a shard added, restarted or gone) a job's points move to another shard, and
+for that window the job is on two. So nothing of a job is taken from one shard as final: each shard sends its part of
+every job's window as sums (``results.JobWindow``), the merge tier adds the parts of a job from every shard it was on
+(by ``job.id``) and closes the job's window once, with a job ledger of its own (``aggregation.jobs``: the job's flags,
+its correlation horizon, the fleet's correlation and MAE over the jobs), exactly as one collector would have.
 
-A window is identified by its end time; the same shard sending the same group or fleet state twice for a
-window (an export retry) replaces its earlier copy instead of counting twice. Partials without a shard id
-cannot be told apart and are all added.
+What spans shards merges exactly too: per group the exponential histograms (any scales: the merge downscales to the
+common one), the capacity histograms the percentiles are read from (within ``exphist.relative_error_bound(scale)``
+of the exact ones a single process reports), the GPU equivalents (GPU-seconds over the window's: a GPU that moved
+shard half way counts half on each), and the fleet's loss totals (sums).
+
+A window is identified by its end time; the same shard sending the same group, job or fleet state twice for a window
+(an export retry) replaces its earlier copy instead of counting twice. Partials without a shard id cannot be told
+apart and are all added.
 """
 
 from __future__ import annotations
@@ -21,9 +25,17 @@ from collections.abc import Mapping
 import attrs
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation.jobs import JobLedger
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.results import FleetLoss, FleetReport, GroupReport, PartialGroup, PartialWindow, WindowReport
-from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.results import (
+    FleetLoss,
+    GroupReport,
+    JobReport,
+    JobWindow,
+    PartialGroup,
+    PartialWindow,
+    WindowReport,
+)
 from otel_ofu_collector.stats.exphist import ExpHistogram
 
 # Windows the merge tier keeps open at once; a live deployment has one or two, so this only stops a
@@ -38,24 +50,19 @@ class MergeStats:
     rejected_window_cap: int = 0
     replaced_partials: int = 0
     windows_closed: int = 0
+    rejected_job_cap: int = 0
+    evicted_jobs: int = 0
 
 
 _GroupKey = tuple[tuple[str, str], ...]
 
 
 @attrs.define
-class _Fleet:
-    comoments: CoMoments
-    abs_diff_sum: float
-    jobs: int
-
-
-@attrs.define
 class _MergeWindow:
     start_ns: int
     groups: dict[tuple[str, _GroupKey], PartialGroup] = attrs.field(factory=dict)
-    fleets: dict[str, _Fleet] = attrs.field(factory=dict)
     losses: dict[str, FleetLoss] = attrs.field(factory=dict)  # by shard
+    jobs: dict[tuple[str, str], JobWindow] = attrs.field(factory=dict)  # by (job.id, shard)
 
 
 @attrs.define
@@ -66,6 +73,7 @@ class MergeAggregator:
     # Guards the merge state: whoever calls it (the decoder per request, the service's flush) holds it.
     lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _windows: dict[int, _MergeWindow] = attrs.field(init=False, factory=dict)  # by end_ns
+    _ledger: JobLedger = attrs.field(init=False)
     _watermark_ns: int = attrs.field(init=False, default=0)
     _flushed_ns: int | None = attrs.field(init=False, default=None)
     _anonymous: int = attrs.field(init=False, default=0)
@@ -75,13 +83,24 @@ class MergeAggregator:
     _replaced: int = attrs.field(init=False, default=0)
     _closed: int = attrs.field(init=False, default=0)
 
+    def __attrs_post_init__(self) -> None:
+        self._ledger = JobLedger(self.config)
+
     @property
     def watermark_ns(self) -> int:
         return self._watermark_ns
 
     @property
     def stats(self) -> MergeStats:
-        return MergeStats(self._partials, self._late, self._rejected, self._replaced, self._closed)
+        ledger = self._ledger
+        return MergeStats(
+            self._partials, self._late, self._rejected, self._replaced, self._closed, ledger.rejected, ledger.evicted
+        )
+
+    @property
+    def jobs(self) -> int:
+        """Jobs in state: live ones and evicted ones whose horizon blocks still count for the fleet."""
+        return len(self._ledger.jobs)
 
     def add_partial(self, partial: PartialWindow) -> str | None:
         """Take one shard's part of a window: None when taken, else why not (counted): its window already closed,
@@ -108,23 +127,25 @@ class MergeAggregator:
             if key in window.groups:
                 self._replaced += 1
             window.groups[key] = group
-        if partial.fleet_comoments is not None:
-            if shard in window.fleets:
-                self._replaced += 1
-            window.fleets[shard] = _Fleet(partial.fleet_comoments, partial.abs_diff_sum, partial.jobs_count)
         if partial.fleet_loss is not None:
             if shard in window.losses:
                 self._replaced += 1
             window.losses[shard] = partial.fleet_loss
+        for job_id, part in partial.jobs.items():
+            if (job_id, shard) in window.jobs:
+                self._replaced += 1
+            window.jobs[(job_id, shard)] = part
         self._partials += 1
         return None
 
     def flush(self, now_ns: int) -> list[WindowReport]:
-        """Close, in time order, every window with end + lateness <= now_ns."""
+        """Close, in time order, every window with end + lateness <= now_ns; then let go of jobs gone silent."""
         if self._flushed_ns is None or now_ns > self._flushed_ns:
             self._flushed_ns = now_ns
         limit = self._flushed_ns - self.config.lateness_ns
-        return [self._close(end) for end in sorted(self._windows) if end <= limit]
+        reports = [self._close(end) for end in sorted(self._windows) if end <= limit]
+        self._ledger.evict(min(self._watermark_ns, self._flushed_ns))
+        return reports
 
     def close_all(self) -> list[WindowReport]:
         reports = [self._close(end) for end in sorted(self._windows)]
@@ -137,43 +158,57 @@ class MergeAggregator:
     def _close(self, end: int) -> WindowReport:
         window = self._windows.pop(end)
         max_buckets = self.config.histogram_max_buckets
-        merged: dict[_GroupKey, tuple[ExpHistogram, float]] = {}
+        merged: dict[_GroupKey, tuple[ExpHistogram, ExpHistogram | None, float]] = {}
         for (_shard, key), group in sorted(window.groups.items(), key=lambda item: item[0]):
-            histogram, gpus = merged.get(key, (ExpHistogram(), 0.0))
-            merged[key] = (histogram.merge(group.histogram, max_buckets=max_buckets), gpus + group.gpus)
+            histogram, capacity, gpus = merged.get(key, (ExpHistogram(), ExpHistogram(), 0.0))
+            if capacity is not None and group.capacity is not None:
+                capacity = capacity.merge(group.capacity, max_buckets=max_buckets)
+            else:
+                capacity = None  # a shard without capacity: the observations are all there is
+            merged[key] = (histogram.merge(group.histogram, max_buckets=max_buckets), capacity, gpus + group.gpus)
         group_keys = self.config.group_keys
 
-        def order(item: tuple[_GroupKey, tuple[ExpHistogram, float]]) -> tuple[tuple[str, ...], _GroupKey]:
+        def order(
+            item: tuple[_GroupKey, tuple[ExpHistogram, ExpHistogram | None, float]],
+        ) -> tuple[tuple[str, ...], _GroupKey]:
             attributes = dict(item[0])  # as a single collector orders them: by the group keys' values
             return tuple(attributes.get(key, "") for key in group_keys), item[0]
 
         groups = tuple(
-            _group_report(dict(key), histogram, gpus) for key, (histogram, gpus) in sorted(merged.items(), key=order)
+            _group_report(dict(key), histogram, capacity, gpus)
+            for key, (histogram, capacity, gpus) in sorted(merged.items(), key=order)
         )
-        comoments = CoMoments()
-        abs_diff_sum = 0.0
-        jobs = 0
-        for _shard, fleet in sorted(window.fleets.items(), key=lambda item: item[0]):
-            comoments = comoments.merge(fleet.comoments)
-            abs_diff_sum += fleet.abs_diff_sum
-            jobs += fleet.jobs
+        jobs = self._close_jobs(window.start_ns, end, window.jobs)
         loss = FleetLoss()
         for _shard, part in sorted(window.losses.items(), key=lambda item: item[0]):
             loss = loss.merge(part)
-        fleet_report = FleetReport(
-            correlation=comoments.pearson(),
-            mae=abs_diff_sum / jobs if jobs else None,
-            jobs=jobs,
-            comoments=comoments,
-            abs_diff_sum=abs_diff_sum,
-            loss=loss,
-        )
+        fleet = attrs.evolve(self._ledger.fleet(end), loss=loss)
         self._closed += 1
-        return WindowReport(window.start_ns, end, groups, (), fleet_report)
+        return WindowReport(window.start_ns, end, groups, jobs, fleet)
+
+    def _close_jobs(self, start: int, end: int, parts: Mapping[tuple[str, str], JobWindow]) -> tuple[JobReport, ...]:
+        """Each job's parts from every shard it was on, added up (in shard order) and closed once."""
+        by_job: dict[str, JobWindow] = {}
+        for (job_id, _shard), part in sorted(parts.items()):
+            found = by_job.get(job_id)
+            by_job[job_id] = part if found is None else found.merge(part)
+        reports: list[JobReport] = []
+        ledger = self._ledger
+        for job_id, part in sorted(by_job.items()):
+            job = ledger.admit(job_id, end)
+            if job is None:  # over max_jobs (counted)
+                continue
+            reports.append(ledger.close(job_id, job, start, end, part))
+        return tuple(reports)
 
 
-def _group_report(attributes: Mapping[str, str], histogram: ExpHistogram, gpus: float) -> GroupReport:
-    quantiles = {q: value for q in names.QUANTILES if (value := histogram.quantile(q)) is not None}
+def _group_report(
+    attributes: Mapping[str, str], histogram: ExpHistogram, capacity: ExpHistogram | None, gpus: float
+) -> GroupReport:
+    """A merged group: percentiles over capacity where every shard sent its capacity histogram, else over the
+    observations."""
+    source = capacity if capacity is not None and capacity.count else histogram
+    quantiles = {q: value for q in names.QUANTILES if (value := source.quantile(q)) is not None}
     return GroupReport(
         attributes=attributes,
         gpus=gpus,
@@ -182,4 +217,5 @@ def _group_report(attributes: Mapping[str, str], histogram: ExpHistogram, gpus: 
         ofu_sum=histogram.sum,
         ofu_min=histogram.min if histogram.min is not None else 0.0,
         ofu_max=histogram.max if histogram.max is not None else 0.0,
+        capacity=capacity,
     )

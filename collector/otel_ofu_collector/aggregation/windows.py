@@ -915,6 +915,7 @@ class Aggregator:
         gpu_flags: list[GpuFlagReport] = []
         gpu_reports: list[GpuReport] = []
         ledger = self._ledger
+        job_parts: dict[str, JobWindow] = {}
         for job_id in sorted(jobs_gpus.keys() | window.mfu.keys()):
             job = ledger.jobs.get(job_id)
             if job is None:  # over the job cap when its points came
@@ -930,6 +931,8 @@ class Aggregator:
             job_reports.append(report)
             gpu_flags += flagged
             gpu_reports += per_gpu
+            if self.config.partials:
+                job_parts[job_id] = job_window
         fleet = ledger.fleet(end)
         try:
             job_losses = [job.loss for job in job_reports if job.loss is not None]
@@ -940,7 +943,9 @@ class Aggregator:
         self._windows_closed += 1
         # In a stable order, whatever order the GPUs' points arrived in: the same data gives the same outputs.
         gpu_flags.sort(key=lambda r: (r.job_id, r.metric, sorted(r.attributes.items())))
-        return WindowReport(start, end, tuple(groups), tuple(job_reports), fleet, tuple(gpu_flags), tuple(gpu_reports))
+        return WindowReport(
+            start, end, tuple(groups), tuple(job_reports), fleet, tuple(gpu_flags), tuple(gpu_reports), job_parts
+        )
 
     def _close_failed(self, kind: str, name: str) -> None:
         """Count a group, job or the fleet's totals that failed to close; the first failure of each kind is
@@ -1151,7 +1156,7 @@ class Aggregator:
         quantiles = capacity_quantiles_of_sorted(ordered, capacity, names.QUANTILES)
         max_buckets = self.config.histogram_max_buckets
         capacity_histogram = None
-        if self.config.capacity_histograms:
+        if self.config.partials:
             units = [round(weight * _CAPACITY_UNITS_PER_S) for weight in capacity]
             capacity_histogram = ExpHistogram.from_sorted(ordered, max_buckets=max_buckets, counts=units)
         return GroupReport(
@@ -1166,7 +1171,7 @@ class Aggregator:
         )
 
     def _no_capacity(self) -> ExpHistogram | None:
-        return ExpHistogram() if self.config.capacity_histograms else None
+        return ExpHistogram() if self.config.partials else None
 
     def _job_window(
         self,

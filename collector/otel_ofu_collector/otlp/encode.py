@@ -2,9 +2,9 @@
 
 Every point spans its window: start = window start, time = window end (the OTLP encoder keeps the start only
 for histograms and sums, so the merge tier identifies a window by its end). A value that is None is not
-emitted. In shard mode (``include_partials``) each window also carries the fleet co-moments as gauges
-(names.COLLECTOR_PARTIAL_METRICS, from ``otlp.partials``); with the ``fleet.ofu`` histograms they are all
-the merge tier needs.
+emitted. In shard mode (``include_partials``) each window carries what the merge tier adds up instead of the job.*
+outputs (``otlp.partials``: each group's capacity histogram and each job's window sums): the merge tier computes
+every job output once, from every shard the job was on.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class _Points:
         self.gauges: dict[str, list[NumberDataPoint]] = {}
         self.specs: dict[str, names.MetricSpec] = {}  # as the points said (a cost metric's unit is its currency)
         self.histograms: list[ExponentialHistogramDataPoint] = []
+        self.capacity: list[ExponentialHistogramDataPoint] = []  # a shard's capacity histograms
 
     def gauge(self, spec: names.MetricSpec, attributes: Attributes, report: WindowReport, value: float | None) -> None:
         if value is None:
@@ -78,12 +79,23 @@ def _histogram_point(
 
 def _collect(points: _Points, report: WindowReport, include_partials: bool) -> None:
     for group in report.groups:
-        points.histograms.append(_histogram_point(dict(group.attributes), report, group.histogram))
+        attributes: Attributes = {**group.attributes}
+        points.histograms.append(_histogram_point(attributes, report, group.histogram))
+        if include_partials and group.capacity is not None:
+            points.capacity.append(_histogram_point(attributes, report, group.capacity))
     for point in gauge_points(report):
+        if include_partials and point.spec.name in _JOB_OUTPUTS:
+            continue  # the merge tier's to compute, from every shard's part
         points.gauge(point.spec, dict(point.attributes), report, point.value)
     if include_partials:
-        for spec, value in partials.fleet_state_gauges(report.fleet):
-            points.gauge(spec, {}, report, value)
+        points.gauge(names.PARTIAL_WINDOW, {}, report, 1.0)
+        for job_id, part in report.job_parts.items():
+            for job_attributes, value in partials.job_points(job_id, part):
+                points.gauge(names.PARTIAL_JOB, {**job_attributes}, report, value)
+
+
+# What a shard leaves to its merge tier: every per-job output (gpu.straggler, a GPU's, stays the shard's).
+_JOB_OUTPUTS = frozenset(spec.name for spec in OUTPUT_METRICS if spec.name.startswith("job."))
 
 
 def reports_to_metrics_data(
@@ -98,10 +110,10 @@ def reports_to_metrics_data(
     for report in reports:
         _collect(points, report, include_partials)
     metrics: list[Metric] = []
-    if points.histograms:
-        spec = names.FLEET_OFU
-        data = ExponentialHistogram(points.histograms, AggregationTemporality.DELTA)
-        metrics.append(Metric(spec.name, spec.description, spec.unit, data))
+    for spec, histograms in ((names.FLEET_OFU, points.histograms), (names.PARTIAL_FLEET_OFU_CAPACITY, points.capacity)):
+        if histograms:
+            data = ExponentialHistogram(histograms, AggregationTemporality.DELTA)
+            metrics.append(Metric(spec.name, spec.description, spec.unit, data))
     specs = [*OUTPUT_METRICS, *(names.COLLECTOR_PARTIAL_METRICS if include_partials else ())]
     for spec in specs:
         if spec.name in points.gauges:

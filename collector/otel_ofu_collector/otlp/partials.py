@@ -1,33 +1,35 @@
-"""Shards' partial window state over OTLP, both ways: the gauges a shard adds, and reading them back.
+"""Shards' partial window state over OTLP, both ways: what a shard adds to its outputs, and reading it back.
 
-A shard (``--mode shard``) exports, besides its window outputs, the fleet co-moments and |OFU - MFU| sum
-as gauges (``names.COLLECTOR_PARTIAL_METRICS``); with the ``fleet.ofu`` histograms they are all a merge
-tier needs to compute fleet-wide windows. The fleet's loss totals (``fleet.gpu_time.lost``, ``fleet.energy``,
-``fleet.cost.lost``) are sums already: the merge tier reads the shards' and adds them.
-``encode`` writes the gauges from ``fleet_state_gauges``; the
-merge tier's ``Decoder`` reads requests back with ``partials_from_request``.
+A shard (``--mode shard``) exports, for every window it closes (``fleet.partial.window``, so that the merge tier closes
+the empty ones too), besides the ``fleet.ofu`` histograms, ``fleet.gpus`` and the fleet's loss totals
+(``fleet.gpu_time.lost``, ``fleet.energy``, ``fleet.cost.lost``: sums, which the merge tier adds), each group's OFU
+counted in GPU capacity (``fleet.ofu.partial.capacity``, an exponential histogram whose counts are GPU-microseconds:
+the percentiles are read from it) and each job's window as sums (``job.partial``, one point per field, with the job's
+identity: ``names.PartialField``). A shard sends no job.* output of its own: the merge tier adds up each job's parts,
+from every shard it was on in the window, and computes them once. ``encode`` writes the points from
+``capacity_points`` and ``job_points``; the merge tier's ``Decoder`` reads requests back with
+``partials_from_request``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
-from otel_ofu_collector.results import FleetLoss, FleetReport, PartialGroup, PartialWindow
-from otel_ofu_collector.stats.comoments import CoMoments
+from otel_ofu_collector.results import FleetLoss, JobSums, JobWindow, PartialGroup, PartialWindow, ordered_causes
 from otel_ofu_collector.stats.exphist import ExpHistogram
 
+F = names.PartialField
 _FLEET_LOSS_NAMES = frozenset(
     spec.name for spec in (names.FLEET_GPU_TIME_LOST, names.FLEET_ENERGY, names.FLEET_COST_LOST)
 )
 # What partials_from_request reads: the merge tier consumes these from shards instead of forwarding them. A group's
-# fleet.gpus (GPU equivalents) is read beside its histogram, whose count is observations: they differ where a
-# group has MIG slices, each one observation and its share of a GPU.
+# fleet.gpus (GPU equivalents) is read beside its histogram, whose count is observations.
 _PARTIAL_NAMES = frozenset(
     [
         names.FLEET_OFU.name,
@@ -41,10 +43,13 @@ _MERGE_RECOMPUTED_NAMES = frozenset(
     spec.name
     for spec in (names.FLEET_OFU_QUANTILE, names.FLEET_GPUS, names.FLEET_OFU_MFU_CORRELATION, names.FLEET_OFU_MFU_MAE)
 )
+# The attributes of a job.partial point that are the job's, not the field's.
+_JOB_KEYS = (names.JOB_ID, names.JOB_NAME, names.HW_MODEL, names.GPU_PRECISION)
+_CAPACITY_UNITS_PER_S = 1e6  # a capacity histogram counts GPU-microseconds
 
 
 def is_partial_metric(name: str) -> bool:
-    """True for the metrics a merge-tier collector reads from shards (``fleet.ofu`` and the partial gauges)."""
+    """True for the metrics a merge-tier collector reads from shards."""
     return name in _PARTIAL_NAMES
 
 
@@ -53,18 +58,52 @@ def is_merge_recomputed_metric(name: str) -> bool:
     return name in _MERGE_RECOMPUTED_NAMES
 
 
-def fleet_state_gauges(fleet: FleetReport) -> list[tuple[names.MetricSpec, float]]:
-    """A shard's mergeable fleet state as (partial gauge, value), in ``names.COLLECTOR_PARTIAL_METRICS`` order."""
-    c = fleet.comoments
-    return [
-        (names.PARTIAL_FLEET_JOBS, c.n),
-        (names.PARTIAL_FLEET_MEAN_OFU, c.mean_x),
-        (names.PARTIAL_FLEET_MEAN_MFU, c.mean_y),
-        (names.PARTIAL_FLEET_M2_OFU, c.m2_x),
-        (names.PARTIAL_FLEET_M2_MFU, c.m2_y),
-        (names.PARTIAL_FLEET_C_OFU_MFU, c.c_xy),
-        (names.PARTIAL_FLEET_ABS_DIFF_SUM, fleet.abs_diff_sum),
-    ]
+def capacity_units(seconds: float) -> int:
+    """GPU capacity-seconds in a capacity histogram's units (GPU-microseconds: whole units, fine enough for a
+    slice)."""
+    return round(seconds * _CAPACITY_UNITS_PER_S)
+
+
+def job_points(job_id: str, part: JobWindow) -> Iterator[tuple[dict[str, str], float]]:
+    """A job's window sums as (attributes, value) of ``job.partial`` points: its identity and each field."""
+    identity = {names.JOB_ID: job_id, **{key: part.attributes[key] for key in _JOB_KEYS[1:] if key in part.attributes}}
+
+    def point(field: str, value: float, **extra: str) -> tuple[dict[str, str], float]:
+        return {**identity, names.PARTIAL_FIELD: field, **extra}, value
+
+    sums = part.sums
+    if sums is not None:
+        yield point(F.GPU_TIME, sums.gpu_time_s)
+        yield point(F.USEFUL, sums.useful_s)
+        for cause, seconds in sums.lost_s.items():
+            yield point(F.LOST + cause, seconds)
+        if sums.energy_j is not None:
+            yield point(F.ENERGY, sums.energy_j)
+        if sums.flops_energy_j:
+            yield point(F.FLOPS, sums.flops)
+            yield point(F.FLOPS_ENERGY, sums.flops_energy_j)
+        currency = {names.PARTIAL_CURRENCY: sums.currency} if sums.currency else {}
+        if sums.cost is not None:
+            yield point(F.COST, sums.cost, **currency)
+        for cause, cost in (sums.cost_lost or {}).items():
+            yield point(F.COST_LOST + cause, cost, **currency)
+        if sums.emissions_kg is not None:
+            yield point(F.EMISSIONS, sums.emissions_kg)
+        for kind, (total, weight) in sums.context.items():
+            yield point(F.CONTEXT + kind, total)
+            yield point(F.CONTEXT_WEIGHT + kind, weight)
+    if part.point_ofu[1]:
+        yield point(F.POINT_OFU, part.point_ofu[0])
+        yield point(F.POINT_OFU_WEIGHT, part.point_ofu[1])
+    if part.mfu[1]:
+        yield point(F.MFU_SUM, part.mfu[0])
+        yield point(F.MFU_COUNT, part.mfu[1])
+    if part.gpus:
+        yield point(F.GPUS, part.gpus)
+    for key, share in part.idle_gpus.items():
+        yield point(F.IDLE_GPU + key, share)
+    for model in sorted(part.models):
+        yield point(F.MODEL + model, 1.0)
 
 
 def _any_value_text(value: Any) -> str:
@@ -77,7 +116,7 @@ def _any_value_text(value: Any) -> str:
         return str(value.int_value)
     if kind == "double_value":
         return repr(value.double_value)
-    raise ValueError(f"attribute value of kind {kind!r} cannot name a group or shard")
+    raise ValueError(f"attribute value of kind {kind!r} cannot name a group, job or shard")
 
 
 def _attributes(key_values: Iterable[Any]) -> dict[str, str]:
@@ -90,20 +129,20 @@ def _finite(name: str, value: float) -> float:
     return float(value)
 
 
-def _histogram(point: Any) -> ExpHistogram:
+def _histogram(name: str, point: Any) -> ExpHistogram:
     if any(point.negative.bucket_counts):
-        raise ValueError("fleet.ofu histogram has negative buckets: OFU is never negative")
+        raise ValueError(f"{name} histogram has negative buckets: OFU is never negative")
     histogram = ExpHistogram(
         scale=point.scale,
         zero_count=point.zero_count,
         offset=point.positive.offset,
         counts=tuple(point.positive.bucket_counts),
-        sum=_finite("fleet.ofu sum", point.sum),
-        min=_finite("fleet.ofu min", point.min) if point.HasField("min") else None,
-        max=_finite("fleet.ofu max", point.max) if point.HasField("max") else None,
+        sum=_finite(f"{name} sum", point.sum),
+        min=_finite(f"{name} min", point.min) if point.HasField("min") else None,
+        max=_finite(f"{name} max", point.max) if point.HasField("max") else None,
     )
     if histogram.count != point.count:
-        raise ValueError(f"fleet.ofu count {point.count} differs from its buckets' total {histogram.count}")
+        raise ValueError(f"{name} count {point.count} differs from its buckets' total {histogram.count}")
     if histogram.count == 0:  # an empty window carries no bounds; the SDK point writes 0.0 for them
         histogram = ExpHistogram(sum=histogram.sum)
     return histogram.normalized()
@@ -112,23 +151,88 @@ def _histogram(point: Any) -> ExpHistogram:
 def _number(point: Any) -> float:
     kind = point.WhichOneof("value")
     if kind == "as_double":
-        return _finite("partial gauge", point.as_double)
+        return _finite("partial value", point.as_double)
     if kind == "as_int":
         return float(point.as_int)
-    raise ValueError("partial gauge point without a value")
+    raise ValueError("partial point without a value")
+
+
+@attrs.define
+class _JobBuilder:
+    """One job's ``job.partial`` fields of one window from one shard, as they are read."""
+
+    attributes: dict[str, str] = attrs.field(factory=dict)
+    values: dict[str, float] = attrs.field(factory=dict)
+    currency: str | None = None
+
+    def add(self, field: str, value: float, attributes: Mapping[str, str]) -> None:
+        if field in self.values:
+            raise ValueError(f"job.partial field {field!r} twice for one job and window")
+        if value < 0 and not field.startswith(F.CONTEXT):
+            raise ValueError(f"job.partial field {field!r} is negative: {value!r}")
+        self.values[field] = value
+        self.attributes.update((key, attributes[key]) for key in _JOB_KEYS[1:] if key in attributes)
+        self.currency = self.currency or attributes.get(names.PARTIAL_CURRENCY)
+
+    def window(self) -> JobWindow:
+        values = self.values
+        by_prefix: dict[str, dict[str, float]] = {}
+        for field, value in values.items():
+            prefix, dot, key = field.partition(".")
+            if dot:
+                by_prefix.setdefault(prefix + ".", {})[key] = value
+        sums: JobSums | None = None
+        if F.GPU_TIME in values:
+            lost = by_prefix.get(F.LOST, {})
+            unknown = set(lost) - set(names.OfuLossCause.ALL)
+            if unknown:
+                raise ValueError(f"job.partial lost time of unknown cause {sorted(unknown)[0]!r}")
+            cost_lost = by_prefix.get(F.COST_LOST)
+            context = {
+                kind: (total, by_prefix.get(F.CONTEXT_WEIGHT, {}).get(kind, 0.0))
+                for kind, total in by_prefix.get(F.CONTEXT, {}).items()
+            }
+            sums = JobSums(
+                gpu_time_s=values[F.GPU_TIME],
+                useful_s=values.get(F.USEFUL, 0.0),
+                lost_s={cause: lost[cause] for cause in ordered_causes(lost)},
+                energy_j=values.get(F.ENERGY),
+                flops=values.get(F.FLOPS, 0.0),
+                flops_energy_j=values.get(F.FLOPS_ENERGY, 0.0),
+                cost=values.get(F.COST),
+                cost_lost=None
+                if cost_lost is None
+                else {cause: cost_lost[cause] for cause in ordered_causes(cost_lost)},
+                emissions_kg=values.get(F.EMISSIONS),
+                currency=self.currency,
+                context=context,
+            )
+        count = values.get(F.MFU_COUNT, 0.0)
+        if count != int(count):
+            raise ValueError(f"job.partial MFU count {count!r} is not a count")
+        return JobWindow(
+            sums=sums,
+            point_ofu=(values.get(F.POINT_OFU, 0.0), values.get(F.POINT_OFU_WEIGHT, 0.0)),
+            mfu=(values.get(F.MFU_SUM, 0.0), int(count)),
+            gpus=values.get(F.GPUS, 0.0),
+            idle_gpus=by_prefix.get(F.IDLE_GPU, {}),
+            attributes=dict(self.attributes),
+            models=frozenset(by_prefix.get(F.MODEL, {})),
+        )
 
 
 class _PartialBuilder:
     def __init__(self) -> None:
         self.start_ns = 0
         self.groups: list[PartialGroup] = []
-        self.gauges: dict[str, float] = {}
+        self.capacity: dict[tuple[tuple[str, str], ...], ExpHistogram] = {}  # a group's, by its attributes
         self.lost_s: dict[str, float] = {}
         self.energy_j: float | None = None
         self.cost_lost: dict[str, float] | None = None
         self.currency: str | None = None
         self.has_loss = False
         self.gpus: dict[tuple[tuple[str, str], ...], float] = {}  # a group's fleet.gpus, by its attributes
+        self.jobs: dict[str, _JobBuilder] = {}
 
     def add_loss(self, name: str, unit: str, point: Any) -> None:
         value = _number(point)
@@ -147,6 +251,14 @@ class _PartialBuilder:
             self.currency = unit.removeprefix("{").removesuffix("}") or None
         table[cause] = table.get(cause, 0.0) + value
 
+    def add_job(self, point: Any) -> None:
+        attributes = _attributes(point.attributes)
+        job_id = attributes.get(names.JOB_ID)
+        field = attributes.get(names.PARTIAL_FIELD)
+        if not job_id or not field:
+            raise ValueError(f"{names.PARTIAL_JOB.name} point without {names.JOB_ID} or {names.PARTIAL_FIELD}")
+        self.jobs.setdefault(job_id, _JobBuilder()).add(field, _number(point), attributes)
+
 
 def _group_key(attributes: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(attributes.items()))
@@ -155,74 +267,63 @@ def _group_key(attributes: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 def partials_from_request(request: ExportMetricsServiceRequest) -> list[PartialWindow]:
     """Shards' partial windows in an OTLP request: one per (shard, window end), shard = service.instance.id.
 
-    Raises ValueError for partial state that cannot be used (negative buckets, counts that disagree, a
-    fleet state with gauges missing, non-finite numbers); other metrics in the request are ignored.
+    Raises ValueError for partial state that cannot be used (negative buckets or sums, counts that disagree, a job's
+    field twice, non-finite numbers); other metrics in the request are ignored.
     """
     partials: dict[tuple[str, int], _PartialBuilder] = {}
-    partial_gauges = {spec.name for spec in names.COLLECTOR_PARTIAL_METRICS}
+
+    def part_of(shard: str, point: Any) -> _PartialBuilder:
+        found = partials.setdefault((shard, point.time_unix_nano), _PartialBuilder())
+        found.start_ns = found.start_ns or point.start_time_unix_nano
+        return found
+
     for resource_metrics in request.resource_metrics:
         resource = _attributes(resource_metrics.resource.attributes)
         shard = resource.get(names.SERVICE_INSTANCE_ID, "")
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
-                if metric.name == names.FLEET_OFU.name and metric.WhichOneof("data") == "exponential_histogram":
+                name, kind = metric.name, metric.WhichOneof("data")
+                if name == names.FLEET_OFU.name and kind == "exponential_histogram":
                     for point in metric.exponential_histogram.data_points:
-                        part = partials.setdefault((shard, point.time_unix_nano), _PartialBuilder())
-                        part.start_ns = part.start_ns or point.start_time_unix_nano
-                        histogram = _histogram(point)
-                        part.groups.append(PartialGroup(_attributes(point.attributes), histogram, histogram.count))
-                elif metric.name == names.FLEET_GPUS.name and metric.WhichOneof("data") == "gauge":
+                        histogram = _histogram(name, point)
+                        group = PartialGroup(_attributes(point.attributes), histogram, histogram.count)
+                        part_of(shard, point).groups.append(group)
+                elif name == names.PARTIAL_FLEET_OFU_CAPACITY.name and kind == "exponential_histogram":
+                    for point in metric.exponential_histogram.data_points:
+                        key = _group_key(_attributes(point.attributes))
+                        part_of(shard, point).capacity[key] = _histogram(name, point)
+                elif name == names.FLEET_GPUS.name and kind == "gauge":
                     for number in metric.gauge.data_points:
-                        part = partials.setdefault((shard, number.time_unix_nano), _PartialBuilder())
                         gpus = _number(number)
                         if gpus < 0:
-                            raise ValueError(f"{metric.name} is negative: {gpus!r}")
-                        part.gpus[_group_key(_attributes(number.attributes))] = gpus
-                elif metric.name in _FLEET_LOSS_NAMES and metric.WhichOneof("data") == "sum":
+                            raise ValueError(f"{name} is negative: {gpus!r}")
+                        part_of(shard, number).gpus[_group_key(_attributes(number.attributes))] = gpus
+                elif name in _FLEET_LOSS_NAMES and kind == "sum":
                     for number in metric.sum.data_points:
-                        part = partials.setdefault((shard, number.time_unix_nano), _PartialBuilder())
-                        part.start_ns = part.start_ns or number.start_time_unix_nano
-                        part.add_loss(metric.name, metric.unit, number)
-                elif metric.name in partial_gauges and metric.WhichOneof("data") == "gauge":
+                        part_of(shard, number).add_loss(name, metric.unit, number)
+                elif name == names.PARTIAL_WINDOW.name and kind == "gauge":
                     for number in metric.gauge.data_points:
-                        part = partials.setdefault((shard, number.time_unix_nano), _PartialBuilder())
-                        part.start_ns = part.start_ns or number.start_time_unix_nano
-                        part.gauges[metric.name] = _number(number)
+                        part_of(shard, number)
+                elif name == names.PARTIAL_JOB.name and kind == "gauge":
+                    for number in metric.gauge.data_points:
+                        part_of(shard, number).add_job(number)
     return [_partial(shard, end, part) for (shard, end), part in sorted(partials.items())]
 
 
 def _partial(shard: str, end_ns: int, part: _PartialBuilder) -> PartialWindow:
-    comoments: CoMoments | None = None
-    abs_diff_sum = 0.0
-    jobs = 0
-    if part.gauges:
-        missing = [spec.name for spec in names.COLLECTOR_PARTIAL_METRICS if spec.name not in part.gauges]
-        if missing:
-            raise ValueError(f"partial fleet state of window ending {end_ns} lacks {', '.join(missing)}")
-        g = part.gauges
-        jobs_value = g[names.PARTIAL_FLEET_JOBS.name]
-        if jobs_value < 0 or jobs_value != int(jobs_value):
-            raise ValueError(f"partial job count {jobs_value!r} is not a count")
-        jobs = int(jobs_value)
-        comoments = CoMoments(
-            n=jobs,
-            mean_x=g[names.PARTIAL_FLEET_MEAN_OFU.name],
-            mean_y=g[names.PARTIAL_FLEET_MEAN_MFU.name],
-            m2_x=g[names.PARTIAL_FLEET_M2_OFU.name],
-            m2_y=g[names.PARTIAL_FLEET_M2_MFU.name],
-            c_xy=g[names.PARTIAL_FLEET_C_OFU_MFU.name],
-        )
-        abs_diff_sum = g[names.PARTIAL_FLEET_ABS_DIFF_SUM.name]
     groups = tuple(
-        attrs.evolve(group, gpus=part.gpus.get(_group_key(group.attributes), group.gpus)) for group in part.groups
+        attrs.evolve(
+            group,
+            gpus=part.gpus.get(_group_key(group.attributes), group.gpus),
+            capacity=part.capacity.get(_group_key(group.attributes)),
+        )
+        for group in part.groups
     )
     return PartialWindow(
         start_ns=part.start_ns,
         end_ns=end_ns,
         groups=groups,
-        fleet_comoments=comoments,
-        abs_diff_sum=abs_diff_sum,
-        jobs_count=jobs,
         shard_id=shard,
         fleet_loss=FleetLoss(part.lost_s, part.energy_j, part.cost_lost, part.currency) if part.has_loss else None,
+        jobs={job_id: builder.window() for job_id, builder in sorted(part.jobs.items())},
     )
