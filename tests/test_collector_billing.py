@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import attrs
 import pytest
-
 from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
@@ -99,6 +98,7 @@ def test_a_gpu_without_ofu_is_billed_its_time_energy_and_cost_as_unmeasured() ->
     assert job.loss.lost_s[C.TENSOR] == pytest.approx(30.0)
     assert job.loss.shares[C.UNMEASURED] == pytest.approx(0.5)
     assert job.loss.shares[C.TENSOR] == pytest.approx(0.25)
+    assert job.ofu is not None
     assert job.ofu + sum(job.loss.shares.values()) == pytest.approx(1.0, abs=1e-15)
     assert C.IDLE not in job.loss.shares or job.loss.shares[C.IDLE] == 0.0  # never read as idleness
     # Energy: 600 W x 60 s + 300 W x 60 s = 36 kJ + 18 kJ = 54 kJ, the fleet's too.
@@ -216,6 +216,7 @@ def test_job_ofu_and_its_loss_shares_weigh_each_gpu_by_its_time() -> None:
     # Lost: x 0.2 x 60 = 12 s, y 0.8 x 15 = 12 s: 24 s of 75 = 0.32 = 1 - 0.68.
     assert job.loss.lost_s[C.TENSOR] == pytest.approx(24.0)
     assert job.loss.shares[C.TENSOR] == pytest.approx(0.32)
+    assert job.ofu is not None
     assert job.ofu * job.loss.gpu_time_s == pytest.approx(51.0)  # OFU x GPU time = useful GPU time
     assert job.gpus == pytest.approx(1.25)  # 75 GPU-s over a 60 s window
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -14,7 +16,6 @@ from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
 from otel_ofu_collector.otlp.partials import is_merge_recomputed_metric, is_partial_metric, partials_from_request
 from otel_ofu_collector.results import WindowReport
-from otel_ofu_collector.stats.comoments import CoMoments
 
 S = 1_000_000_000
 W = 60 * S
@@ -103,7 +104,7 @@ def test_outputs_follow_the_contract() -> None:
 
 
 def test_partial_gauges_only_in_shard_mode() -> None:
-    reports = _sample_reports()
+    reports = _shard_reports()
     plain = _metrics(reports_to_metrics_data(reports, resource_attributes={}, include_partials=False))
     shard = _metrics(reports_to_metrics_data(reports, resource_attributes={}, include_partials=True))
     partial_names = {spec.name for spec in names.COLLECTOR_PARTIAL_METRICS}
@@ -122,20 +123,36 @@ def test_no_reports_give_an_empty_resource() -> None:
     assert encode_metrics(data).resource_metrics[0].scope_metrics == []
 
 
+def _shard_reports() -> list[WindowReport]:
+    """``_sample_reports`` as a shard closes them (with the partial state its merge tier adds up)."""
+    agg = Aggregator(AggregatorConfig(partials=True, price_per_gpu_hour={"default": 2.0}))
+    identity = {names.HW_MODEL: "NVIDIA H100 80GB HBM3", names.GPU_PRECISION: "bf16", names.JOB_ID: "j1"}
+    for window in range(2):
+        for gpu, value in enumerate((0.0, 0.4 + 0.1 * window, 0.5)):
+            agg.add_ofu(f"g{gpu}", value, T0 + window * W, T0 + (window + 1) * W, identity)
+            agg.add_gpu_inputs(f"g{gpu}", T0 + window * W, T0 + (window + 1) * W, identity, {"gpu.power": 300.0}, {})
+        agg.add_mfu("j1", 0.45 + 0.1 * window, T0 + window * W + 40 * S, identity)
+        agg.add_mfu("mfu-only", 0.3, T0 + window * W + 40 * S, {names.JOB_ID: "mfu-only"})
+    return agg.close_all()
+
+
 def test_round_trip_through_the_sdk_encoder() -> None:
-    reports = _sample_reports()
+    reports = _shard_reports()
     request = wire(reports, "shard-a")
     partials = partials_from_request(request)
     assert [(p.start_ns, p.end_ns, p.shard_id) for p in partials] == [
         (r.start_ns, r.end_ns, "shard-a") for r in reports
     ]
     for partial, report in zip(partials, reports, strict=True):
-        assert partial.fleet_comoments == report.fleet.comoments  # doubles travel bit for bit
-        assert partial.abs_diff_sum == report.fleet.abs_diff_sum
-        assert partial.jobs_count == report.fleet.jobs
-        assert [(dict(g.attributes), g.histogram, g.gpus) for g in partial.groups] == [
-            (dict(g.attributes), g.histogram, g.gpus) for g in report.groups
+        assert [(dict(g.attributes), g.histogram, g.gpus, g.capacity) for g in partial.groups] == [
+            (dict(g.attributes), g.histogram, g.gpus, g.capacity) for g in report.groups
         ]
+        assert report.job_parts.keys() == {"j1", "mfu-only"}
+        assert partial.jobs == report.job_parts  # doubles travel bit for bit
+    # A shard sends no job output of its own: the merge tier computes them from the parts.
+    sent = {m.name for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert names.JOB_OFU.name not in sent
+    assert {names.PARTIAL_JOB.name, names.PARTIAL_WINDOW.name, names.PARTIAL_FLEET_OFU_CAPACITY.name} <= sent
 
 
 def _request_with(point: metrics_pb2.ExponentialHistogramDataPoint) -> ExportMetricsServiceRequest:
@@ -169,18 +186,32 @@ def test_unusable_partials_are_refused() -> None:
             partials_from_request(_request_with(bad))
 
 
-def test_partial_fleet_state_must_be_whole() -> None:
-    request = wire(_sample_reports(), "s")
+def _job_partial_points(request: ExportMetricsServiceRequest) -> Any:
     for metric in request.resource_metrics[0].scope_metrics[0].metrics:
-        if metric.name == names.PARTIAL_FLEET_M2_OFU.name:
-            metric.name = "something.else"
-    with pytest.raises(ValueError, match="lacks"):
-        partials_from_request(request)
+        if metric.name == names.PARTIAL_JOB.name:
+            return metric.gauge.data_points
+    raise AssertionError("no job.partial points")
 
 
-def test_fleet_state_with_no_jobs_round_trips() -> None:
-    agg = Aggregator(AggregatorConfig())
+def test_a_jobs_partial_sums_must_be_whole_and_known() -> None:
+    twice = wire(_shard_reports(), "s")
+    points = _job_partial_points(twice)
+    points.add().CopyFrom(points[0])
+    with pytest.raises(ValueError, match="twice"):
+        partials_from_request(twice)
+    unknown = wire(_shard_reports(), "s")
+    fields = [
+        kv.value for point in _job_partial_points(unknown) for kv in point.attributes if kv.key == names.PARTIAL_FIELD
+    ]
+    lost = next(value for value in fields if value.string_value.startswith(names.PartialField.LOST))
+    lost.string_value = names.PartialField.LOST + "cosmic_rays"
+    with pytest.raises(ValueError, match="unknown cause"):
+        partials_from_request(unknown)
+
+
+def test_a_window_without_jobs_round_trips() -> None:
+    agg = Aggregator(AggregatorConfig(partials=True))
     agg.add_ofu("g", 0.5, T0, T0 + 30 * S, {names.HW_MODEL: "X"})
     (partial,) = partials_from_request(wire(agg.close_all(), "s"))
-    assert partial.fleet_comoments == CoMoments()
-    assert partial.jobs_count == 0
+    assert partial.jobs == {}
+    assert partial.groups[0].gpus == 0.5

@@ -107,7 +107,7 @@ def test_backends_are_configured_as_they_need() -> None:
         for pipeline in pipelines.values():
             if "prometheus" in pipeline["exporters"]:
                 processors = set(pipeline.get("processors", []))
-                assert processors & {"filter/drop-exponential-histograms", "filter/no-fleet"}, pipeline
+                assert processors & {"filter/drop-exponential-histograms", "filter/no-merge-inputs"}, pipeline
 
 
 def test_merge_tier_gets_every_fleet_metric_and_nothing_loops() -> None:
@@ -115,7 +115,7 @@ def test_merge_tier_gets_every_fleet_metric_and_nothing_loops() -> None:
     pipelines = config["service"]["pipelines"]
     to_merge = [p for p in pipelines.values() if "otlp/merge-tier" in p["exporters"]]
     assert len(to_merge) == 1
-    assert "filter/only-fleet" in to_merge[0]["processors"]
+    assert "filter/only-merge-inputs" in to_merge[0]["processors"]
     assert "otlp/merged" not in to_merge[0]["receivers"]  # merged outputs never go back to the merge tier
-    assert all(spec.name.startswith("fleet.") for spec in names.COLLECTOR_PARTIAL_METRICS)
+    assert all(spec.name.startswith(("fleet.", "job.")) for spec in names.COLLECTOR_PARTIAL_METRICS)
     assert names.FLEET_OFU.name.startswith("fleet.")
