@@ -40,6 +40,7 @@ from otel_ofu_collector.results import PartialWindow
 
 R = names.RejectReason
 _OFU = names.GPU_OFU.name
+_UNMEASURED = names.GPU_OFU_UNMEASURED.name
 _MFU = names.JOB_MFU.name
 _JOB_ID = names.JOB_ID
 _THROTTLE = names.GPU_THROTTLE.name
@@ -76,6 +77,12 @@ class PointSink(Protocol):
     def add_ofu(
         self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str], profile: Any
     ) -> str | None: ...
+
+    def add_unmeasured(
+        self, stream_key: str, start_ns: int, end_ns: int, identity: Mapping[str, str], profile: Any
+    ) -> str | None:
+        """A GPU's interval without OFU (``gpu.ofu.unmeasured``): billed, as neither work nor idleness."""
+        ...
 
     def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None: ...
 
@@ -462,6 +469,8 @@ class _Reading:
                     self.rejections.add(R.BAD_ATTRIBUTE, f"{name} {self.overlong_words}", len(points))
                 elif role == roles.OFU:
                     self.ofu(points, entry)
+                elif role == roles.UNMEASURED:
+                    self.unmeasured(points, entry)
                 elif role == roles.INPUT:
                     self.inputs(name, points, entry, batch)
                 else:
@@ -512,6 +521,30 @@ class _Reading:
                 self.accepted += 1
             else:
                 rejections.refuse(_OFU, refused)
+
+    def unmeasured(self, points: Any, entry: ResourceEntry) -> None:
+        """``gpu.ofu.unmeasured`` points: a GPU's time without OFU (the value says nothing: the interval is what counts;
+        its ``error.type`` is for people, not for the windows)."""
+        for point in points:
+            identity, key = self._own_identity(_UNMEASURED, point.attributes, entry)
+            profile = entry.profile
+            if identity is not entry.identity:
+                if overlong(identity, self.decoder.max_attribute_length):
+                    self.rejections.add(R.BAD_ATTRIBUTE, f"{_UNMEASURED} {self.overlong_words}")
+                    continue
+                profile = self.sink.profile_of(identity)
+            if key is None:
+                self.rejections.refuse(_UNMEASURED, R.NO_IDENTITY)
+                continue
+            end_ns = point.time_unix_nano
+            if not end_ns or end_ns > self.latest:
+                self.rejections.refuse(_UNMEASURED, R.BAD_TIME)
+                continue
+            refused = self.sink.add_unmeasured(key, point.start_time_unix_nano or end_ns, end_ns, identity, profile)
+            if refused is None:
+                self.accepted += 1
+            else:
+                self.rejections.refuse(_UNMEASURED, refused)
 
     def inputs(
         self, name: str, points: Any, entry: ResourceEntry, batch: dict[tuple[str, int, int], list[_Group]]

@@ -1,6 +1,7 @@
 """What the decoder does with each metric it receives, by name: one lookup per metric.
 
-A point of ``gpu.ofu`` goes to the windows' OFU, ``job.mfu`` to the job's MFU, a loss input (``gpu.tensor.active``,
+A point of ``gpu.ofu`` goes to the windows' OFU, ``gpu.ofu.unmeasured`` to the GPU's time without OFU, ``job.mfu`` to
+the job's MFU, a loss input (``gpu.tensor.active``,
 clocks, power, energy, throttle shares...) to the GPU's loss split; the producer's other metrics are only
 consumed. A name not here is foreign: forwarded on pass-through.
 """
@@ -11,7 +12,7 @@ from typing import Final
 
 from otel_ofu import names
 
-CONSUMED, OFU, MFU, INPUT = range(4)
+CONSUMED, OFU, MFU, INPUT, UNMEASURED = range(5)
 
 # The per-GPU inputs of the loss split (what ``Aggregator.add_gpu_inputs`` takes), beside gpu.ofu.
 GPU_INPUT_NAMES: Final = frozenset(spec.name for spec in names.LOSS_SPLIT_INPUTS)
@@ -22,6 +23,7 @@ ROLES: Final[dict[str, int]] = {
     **dict.fromkeys(INPUT_METRIC_NAMES, CONSUMED),
     **dict.fromkeys(GPU_INPUT_NAMES, INPUT),
     names.GPU_OFU.name: OFU,
+    names.GPU_OFU_UNMEASURED.name: UNMEASURED,
     names.JOB_MFU.name: MFU,
 }
 

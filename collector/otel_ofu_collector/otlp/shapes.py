@@ -151,7 +151,7 @@ def shape_of(rm: Any, scope_bytes: bytes) -> Shape | None:
         name = metric.name
         role = roles.ROLES.get(name)
         kind = metric.WhichOneof("data")
-        if slots.name != name or role is None or role == roles.MFU or kind not in ("gauge", "sum"):
+        if slots.name != name or role is None or role in (roles.MFU, roles.UNMEASURED) or kind not in ("gauge", "sum"):
             return None
         points = getattr(metric, kind).data_points
         if len(points) != len(slots.points):
