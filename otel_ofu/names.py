@@ -817,6 +817,9 @@ DCGM_EXPORTER_FIELDS: Final = {
 
 AMD_EXPORTER_MFMA_ACTIVE: Final = "gpu_prof_tensor_active_percent"  # MfmaUtil, %: MFMA busy per GPU-active cycle
 AMD_EXPORTER_GPU_ACTIVE: Final = "gpu_prof_gui_util_percent"  # GPU_UTIL, %: GRBM_GUI_ACTIVE / GRBM_COUNT; engine active
+# GPU_GFX_ACTIVITY, %: the SMI's GFX engine busy share (on by default; a whole GPU's, printed on partition 0 only). It
+# stands in for gpu_prof_gui_util_percent, a profiler field that is off unless the exporter's ProfilerMetrics are on.
+AMD_EXPORTER_GFX_ACTIVITY: Final = "gpu_gfx_activity"
 AMD_EXPORTER_CLOCK: Final = "gpu_clock"  # MHz, one series per clock_type (and clock_index)
 AMD_EXPORTER_MAX_CLOCK: Final = "gpu_max_clock"  # MHz, the top of the clock's DPM range, per clock_type
 AMD_EXPORTER_ENGINE_CLOCK_TYPE: Final = "system"  # clock_type of the engine (GFX, SCLK) clock OFU is measured in

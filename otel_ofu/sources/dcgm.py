@@ -55,8 +55,9 @@ def dcgm_number(value: float | None, *, counter: bool = False) -> float | None:
 
 
 def missing_core(tensor_active: float | None, sm_clock_hz: float | None, cycles: CycleCounters | None) -> str | None:
-    """What is missing for OFU, in words, or None. Cycle counters alone suffice: they give both."""
-    if cycles is not None:
+    """What is missing for OFU, in words, or None. Cycle counters alone suffice: they give both; tensor activity 0
+    needs no clock (no tensor work at any clock is OFU 0)."""
+    if cycles is not None or tensor_active == 0.0:
         return None
     missing = []
     if tensor_active is None:
