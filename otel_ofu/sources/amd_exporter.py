@@ -179,6 +179,8 @@ class AmdExporterSource:
     name: str = "amd-exporter"
     _previous_ns: int = attrs.field(init=False, default=0)
     _energy: throttle.EnergyTracker = attrs.field(init=False, factory=throttle.EnergyTracker)
+    # GPU key -> the field its active share (TPA = MFMA x it) came from in the last read: which one was used.
+    activity_basis: dict[str, str] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._previous_ns = self.clock()
@@ -211,6 +213,7 @@ class AmdExporterSource:
             if entry.partitioned and entry.primary and key is not None:
                 primaries[key] = entry
         results: list[GpuReading | GpuError] = []
+        self.activity_basis = {}
         for uuid, entry in entries.items():
             key = entry.board_key()
             board = entry if entry.primary else (primaries.get(key) if key is not None else None)
@@ -246,8 +249,12 @@ class AmdExporterSource:
         identity = self._identity(uuid, entry.labels)
         mfma, mfma_problem = _percent("MFMA activity", entry.values.get("mfma_percent"))
         active, active_problem = _percent("GPU activity", entry.values.get("active_percent"))
-        if active is None and active_problem is None and not entry.partitioned:
+        if active is not None:
+            self.activity_basis[identity.key] = names.AMD_EXPORTER_GPU_ACTIVE
+        elif active_problem is None and not entry.partitioned:
             active, active_problem = _percent("GFX activity", entry.values.get("gfx_percent"))
+            if active is not None:
+                self.activity_basis[identity.key] = names.AMD_EXPORTER_GFX_ACTIVITY
             if active is not None and mfma:
                 say_once(
                     f"{identity.model} on {identity.host}: {names.AMD_EXPORTER_GPU_ACTIVE} is not on the exporter's "

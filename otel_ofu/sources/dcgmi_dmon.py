@@ -233,6 +233,12 @@ class DcgmiDmonSource:
         self._blocks = parse_blocks(iter(handle), self._command)
         self._start_ns = self.clock()
 
+    @property
+    def field_ids(self) -> tuple[int, ...] | None:
+        """The capture's ``-e`` field list, where its command line is in it (read with the first block)."""
+        fields = self._command.fields
+        return None if fields is None else tuple(fields)
+
     def read(self) -> Snapshot:
         block = next(self._blocks, None)
         if block is None:
