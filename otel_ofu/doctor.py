@@ -154,7 +154,7 @@ def _diagnosis(
         Finding("energy", True, note="the board's energy counter")
         if reading.energy is not None
         else Finding("energy", False, why="the source gives no energy counter for it", fix=fixes.of("energy")),
-        Finding("throttle", True, note=", ".join(sorted(reading.throttle)))
+        Finding("throttle", True, note=_throttle(reading.throttle))
         if reading.throttle
         else Finding("throttle", False, why="the source gives no throttle reasons for it", fix=fixes.of("throttle")),
         Finding("links", True, note=", ".join(_links(reading)))
@@ -163,6 +163,11 @@ def _diagnosis(
         _job(reading, attributes, fixes),
     )
     return GpuDiagnosis(reading.gpu, attributes, findings)
+
+
+def _throttle(shares: Mapping[str, float]) -> str:
+    held = [f"{reason} {share:.0%}" for reason, share in sorted(shares.items()) if share > 0]
+    return "held down: " + ", ".join(held) if held else "not held down in this read (reasons known)"
 
 
 def _links(reading: GpuReading) -> list[str]:
@@ -186,9 +191,10 @@ def _ofu(reading: GpuReading, values: GpuValues | None, why_no_ofu: str, fixes: 
             return Finding("ofu", True, values.ofu, note=note, fix=fixes.of("gpu_active"))
         return Finding("ofu", True, values.ofu, note=note)
     wanted = []
-    if reading.cycles is None and reading.tensor_active is None:
+    amd = fixes.facts.kind == "amd-exporter"
+    if reading.cycles is None and reading.tensor_active is None and (not amd or "MFMA activity" in why_no_ofu):
         wanted.append("tensor")
-    if fixes.facts.kind == "amd-exporter" and "GPU activity" in why_no_ofu:
+    if amd and "GPU activity" in why_no_ofu:
         wanted.append("gpu_active")
     if reading.cycles is None and reading.sm_clock_hz is None:
         wanted.append("sm_clock")
@@ -229,6 +235,8 @@ def _loss_split(reading: GpuReading, fixes: _Fixes) -> Finding:
         note = f"engine {reading.engine_active:.3f}, SM {reading.sm_active:.3f}"
         return Finding("loss_split", True, note=note)
     why = "no " + " and no ".join(label for _, label in missing) + " (the loss beyond the clock stays one cause)"
+    if fixes.facts.kind == "amd-exporter" and any(what == "sm_active" for what, _ in missing):
+        why += "; the AMD exporter has no SM activity in NVIDIA's sense (its gpu_prof_sm_active is VALU busy time)"
     return Finding("loss_split", False, why=why, fix=fixes.of(*(what for what, _ in missing)))
 
 
@@ -240,7 +248,8 @@ def _job(reading: GpuReading, attributes: Mapping[str, AttributeValue], fixes: _
     pod = attributes.get(names.K8S_POD_NAME)
     if pod is not None:
         namespace = attributes.get(names.K8S_NAMESPACE_NAME, "")
-        why = f"the source names its pod, {namespace}/{pod}, but not the pod's job"
+        where = f"{namespace}/{pod}" if namespace else str(pod)
+        why = f"the source names its pod, {where}, but not the pod's job"
         fix = "give otel-ofu run --k8s-pods-url auto (in the cluster, or an API server URL): its workload is its job"
         return Finding("job", False, why=why, fix=fix)
     return Finding("job", False, why="the source names no pod or job for it", fix=fixes.of("job"))

@@ -118,6 +118,11 @@ def test_an_amd_page_without_gpu_util_says_what_stood_in_and_what_to_turn_on(
     assert '"GPU_PROF_GUI_UTIL_PERCENT"' in ofu["fix"]
     assert '"ProfilerMetrics"' in ofu["fix"]
     assert busy["outputs"]["loss_split"]["present"] is False  # no SM activity in NVIDIA's sense from this exporter
+    # A CPX partition gets no stand-in: its fix is the one field it lacks, not the MFMA activity it has.
+    partition = next(gpu for gpu in gpus if gpu["gpu.compute_partition"] == "cpx")
+    assert partition["outputs"]["ofu"]["present"] is False
+    assert '"GPU_PROF_GUI_UTIL_PERCENT"' in partition["outputs"]["ofu"]["fix"]
+    assert "GPU_PROF_TENSOR_ACTIVE_PERCENT" not in partition["outputs"]["ofu"]["fix"]
 
 
 def test_a_page_that_is_not_the_exporters_is_one_line_and_exit_1(
