@@ -192,7 +192,11 @@ def _ofu(reading: GpuReading, values: GpuValues | None, why_no_ofu: str, fixes: 
         return Finding("ofu", True, values.ofu, note=note)
     wanted = []
     amd = fixes.facts.kind == "amd-exporter"
-    if reading.cycles is None and reading.tensor_active is None and (not amd or "MFMA activity" in why_no_ofu):
+    if (
+        reading.cycles is None
+        and reading.tensor_active is None
+        and (not amd or names.AMD_EXPORTER_MFMA_ACTIVE in why_no_ofu)
+    ):
         wanted.append("tensor")
     if amd and "GPU activity" in why_no_ofu:
         wanted.append("gpu_active")
