@@ -3,10 +3,17 @@
 Figures are dense (datasheets print 2:4-sparse tensor numbers; dense is half). Each entry names its source; a
 figure read from a third party's copy of the vendor's table, not from the vendor's own document, says so.
 
-- The board max clock (``boost_clock_hz``) is what NVML's max SM clock and AMD's max engine clock report: the
-  clock dcgm-exporter does not export by default and OFU's f_max falls back on. Where the vendor prints no clock,
-  it is derived as the datasheet's FP32 peak / (2 x CUDA cores): NVIDIA specifies the FP32 peak at the boost clock
-  (A100: 19.5 TFLOPS = 6912 x 2 x 1.41 GHz; H100 SXM: 67 TFLOPS = 16896 x 2 x 1.98 GHz).
+- The board max clock (``boost_clock_hz``) stands for what NVML's max SM clock (``nvidia-smi -q``, "Max Clocks: SM")
+  and AMD's max engine clock report: the clock dcgm-exporter does not export by default and OFU's f_max falls back on.
+  Where a public capture of what NVML reports is cited, it is that; else the vendor's rated boost clock; where the
+  vendor prints no clock, the datasheet's FP32 peak / (2 x CUDA cores): NVIDIA specifies the FP32 peak at the boost
+  clock (A100: 19.5 TFLOPS = 6912 x 2 x 1.41 GHz; H100 SXM: 67 TFLOPS = 16896 x 2 x 1.98 GHz). A rated clock is not a
+  bound (an idle RTX 4000 Ada runs at 2310 MHz against its 2175 MHz boost): a reading above the catalog's max is taken
+  at a clock ratio of 1, never refused (``otel_ofu.gpu_values``).
+- A MIG profile's SMs (``mig_sms``, for the slice's share of the dense peak) are the ``SM`` column of
+  ``nvidia-smi mig -lgip`` as NVIDIA's DCGM user guide and public captures print it, per board: a profile holds a
+  share of the compute slices (what schedulers allocate and the bill counts, ``compute_slices``), but the MIG
+  profiles use fewer SMs than the GPU has (an A100's seven slices hold 98 of its 108 SMs).
 - A tensor clock marked "derived" is the datasheet dense FP16/BF16 peak divided by (SMs x dense FP16 FLOP per clock
   per SM), the same derivation the OFU paper uses for H100 SXM (132 x 4096 x 1.83 GHz = 989.4 TFLOP/s); for AMD
   Instinct it is the peak engine clock (AMD specifies the matrix peaks at it).
@@ -42,6 +49,9 @@ class GpuSpec:
     # instances), an AMD Instinct's XCDs (a CPX partition holds one). None: the GPU cannot be partitioned, or no
     # source gives the count (see ``otel_ofu.gpu_share``).
     compute_slices: int | None = None
+    # GPU instance profile (``3g.20gb``, without ``+me``) -> its SMs, per the row's source; a profile not listed has no
+    # known SM count (its slice of the peak is left out rather than guessed from its compute slices).
+    mig_sms: Mapping[str, int] = attrs.field(factory=dict)
 
     def peak(self, precision: str | None) -> float | None:
         """Dense peak FLOP/s for a precision, or None where it is unknown (mixed, unknown, absent)."""
@@ -59,18 +69,38 @@ def _peaks(**tflops: float) -> dict[str, float]:
 
 # --- NVIDIA Ampere (A100, A30: GA100; A10, A40, RTX A6000: GA102) ------------------------------------------------
 
+# A100 MIG profiles' SMs: NVIDIA DCGM user guide, Feature Overview, profiling MIG example (`nvidia-smi mig -lgip` on
+# an A100 40GB: 1g.5gb 14, 2g.10gb 28, 3g.20gb 42, 4g.20gb 56, 7g.40gb 98 SMs: "the compute resources are 2*42/98"), and
+# public `nvidia-smi mig -lgip` captures of the A100 80GB's names for the same slices (1g.10gb 14, 2g.20gb 28, 3g.40gb
+# 42, 4g.40gb 56, 7g.80gb 98). Its 1g.20gb (80GB only) is in no capture found.
+A100_MIG_SMS = {
+    "1g.5gb": 14,
+    "2g.10gb": 28,
+    "3g.20gb": 42,
+    "4g.20gb": 56,
+    "7g.40gb": 98,
+    "1g.10gb": 14,
+    "2g.20gb": 28,
+    "3g.40gb": 42,
+    "4g.40gb": 56,
+    "7g.80gb": 98,
+}
 # Source: NVIDIA A100 datasheet (2021), dense; 108 SMs. Board max 1410 MHz: the datasheet's 19.5 TFLOPS FP32 =
 # 6912 x 2 x 1.41 GHz (the datasheet as reproduced by glennklockwood.com), and deviceQuery on an A100 reports "GPU
 # Max Clock rate: 1410 MHz" (Paderborn PC2's system documentation). The tensor clock is the boost clock
 # (108 x 2048 dense FP16 FLOP/clk/SM x 1.41 GHz = 312 TFLOP/s).
 A100_SXM = GpuSpec(
-    "A100-SXM", 108, 1410 * MHZ, 1410 * MHZ, _peaks(fp64=19.5, tf32=156, bf16=312, int8=624), compute_slices=7
+    "A100-SXM",
+    108,
+    1410 * MHZ,
+    1410 * MHZ,
+    _peaks(fp64=19.5, tf32=156, bf16=312, int8=624),
+    compute_slices=7,
+    mig_sms=A100_MIG_SMS,
 )
 # Source: NVIDIA A100 PCIe datasheet: same peaks and clocks as SXM (boost 1410 MHz, as NVIDIA's table is
 # reproduced by sysrqmts.com).
-A100_PCIE = GpuSpec(
-    "A100-PCIe", 108, 1410 * MHZ, 1410 * MHZ, _peaks(fp64=19.5, tf32=156, bf16=312, int8=624), compute_slices=7
-)
+A100_PCIE = attrs.evolve(A100_SXM, key="A100-PCIe")
 # Source: NVIDIA A800 40GB Active / A800 PCIe: the A100's GA100 configuration (6912 CUDA cores, 432 tensor cores,
 # 108 SMs) and peaks (FP32 19.5, TF32 156, BF16 312, INT8 624, FP64 tensor 19.5 TFLOPS dense) with boost 1410 MHz,
 # as NVIDIA's table is reproduced by siliconcat.net and hmc-tech.com (NVIDIA's own A800 datasheet was not found).
@@ -79,16 +109,26 @@ A800 = GpuSpec("A800", 108, 1410 * MHZ, 1410 * MHZ, _peaks(fp64=19.5, tf32=156, 
 # Source: NVIDIA A30 datasheet: FP64 5.2, FP64 tensor 10.3, FP32 10.3, dense TF32 82, BF16/FP16 165, INT8 330
 # (sparse figures halved); 3584 CUDA cores, 56 SMs. Board max 1440 MHz: boost clock as NVIDIA's table is reproduced
 # by sysrqmts.com; the datasheet's 10.3 TFLOPS FP32 / (2 x 3584) = 1437 MHz agrees. Tensor clock derived:
-# 165 T / (56 x 2048) = 1439 MHz, i.e. the boost clock. MIG: 4 compute slices (MIG User Guide, "Supported GPUs").
-A30 = GpuSpec("A30", 56, 1440 * MHZ, 1440 * MHZ, _peaks(fp64=10.3, tf32=82, bf16=165, int8=330), compute_slices=4)
+# 165 T / (56 x 2048) = 1439 MHz, i.e. the boost clock. MIG: 4 compute slices (MIG User Guide, "Supported GPUs"); its
+# A30 table's "Fraction of SMs" 1/4, 2/4 and 4/4 ("Full") of the 56 SMs give 1g.6gb 14, 2g.12gb 28, 4g.24gb 56.
+A30 = GpuSpec(
+    "A30",
+    56,
+    1440 * MHZ,
+    1440 * MHZ,
+    _peaks(fp64=10.3, tf32=82, bf16=165, int8=330),
+    compute_slices=4,
+    mig_sms={"1g.6gb": 14, "2g.12gb": 28, "4g.24gb": 56},
+)
 # Source: NVIDIA A10 datasheet: FP32 31.2, dense TF32 62.5, BF16/FP16 125, INT8 250 (sparse halved); 9216 CUDA
 # cores, 72 SMs. Board max 1695 MHz: boost clock as NVIDIA's table is reproduced by sysrqmts.com; the datasheet's
 # 31.2 TFLOPS / (2 x 9216) = 1693 MHz agrees. Tensor clock derived: 125 T / (72 x 1024) = 1695 MHz.
 A10 = GpuSpec("A10", 72, 1695 * MHZ, 1695 * MHZ, _peaks(tf32=62.5, bf16=125, int8=250))
-# Source: none for the A10G (the GA102 board AWS builds its G5 instances on): NVIDIA publishes no datasheet for it,
-# and the reproductions found disagree with each other (80 vs 72 SMs, 62.5 vs 125 FP16 TFLOPS). Listed so that
-# the producer can say so and ask for --max-sm-clock; every figure is unknown.
-A10G = GpuSpec("A10G", None, None, None, _peaks())
+# Source: for the A10G (the GA102 board AWS builds its G5 instances on) NVIDIA publishes no datasheet, and the
+# reproductions found disagree with each other (80 vs 72 SMs, 62.5 vs 125 FP16 TFLOPS): no SMs, tensor clock or peaks.
+# Board max 1710 MHz: AWS's EC2 user guide ("Optimize GPU settings") sets every G5 GPU's clocks to their maximum with
+# `nvidia-smi -ac 6250,1710` (memory, graphics MHz), the highest clocks NVML lists as supported on the board.
+A10G = GpuSpec("A10G", None, 1710 * MHZ, None, _peaks())
 # Source: NVIDIA A40 datasheet (as reproduced by ecer.com): dense TF32 74.8, BF16/FP16 149.7, INT8 299.3 (sparse
 # figures doubled); 10752 CUDA cores, 336 third-generation tensor cores = 84 SMs (4 per SM, derived). Board max
 # 1740 MHz: NVIDIA A40 product brief PB-09976-001 (boost 1740 MHz, as reproduced by gpu.spicedreamphone.com and
@@ -105,7 +145,9 @@ RTX_A6000 = GpuSpec("RTX-A6000", 84, 1800 * MHZ, None, _peaks())
 
 # Source: NVIDIA H100 datasheet (SXM5), dense; board max 1980 MHz: NVIDIA's final H100 table (GPU boost 1.98 GHz
 # SXM5, 1.75 GHz PCIe; as reproduced by prohardver.hu) and the datasheet's 67 TFLOPS FP32 = 16896 x 2 x 1.98 GHz;
-# tensor clock 1830 MHz from the OFU paper (132 x 4096 x 1.83 GHz = 989.4 TFLOP/s).
+# tensor clock 1830 MHz from the OFU paper (132 x 4096 x 1.83 GHz = 989.4 TFLOP/s). MIG profiles' SMs: public
+# `nvidia-smi mig -lgip` captures of the H100 80GB (1g.10gb 16, 1g.20gb 26, 2g.20gb 32, 3g.40gb 60, 4g.40gb 64,
+# 7g.80gb 132; a 1g.20gb is one compute slice with more SMs than a 1g.10gb).
 H100_SXM = GpuSpec(
     "H100-SXM",
     132,
@@ -113,6 +155,7 @@ H100_SXM = GpuSpec(
     1830 * MHZ,
     _peaks(fp64=67, tf32=494.7, bf16=989.4, fp8=1979, int8=1979),
     compute_slices=7,
+    mig_sms={"1g.10gb": 16, "1g.20gb": 26, "2g.20gb": 32, "3g.40gb": 60, "4g.40gb": 64, "7g.80gb": 132},
 )
 # Source: NVIDIA H100 PCIe datasheet, dense; 114 SMs; board max 1755 MHz (NVIDIA's table above: 1.75 GHz; the
 # datasheet's 51 TFLOPS FP32 / (2 x 14592) = 1748 MHz at its rounding); tensor clock 1620 MHz from the OFU paper
@@ -125,21 +168,25 @@ H100_PCIE = GpuSpec(
     _peaks(fp64=51, tf32=378, bf16=756, fp8=1513, int8=1513),
     compute_slices=7,
 )
-# Source: NVIDIA H100 NVL product brief, dense (sparse 1671 BF16 / 3341 FP8 halved); 132 SMs; 1785 MHz board max
-# (the brief's 60 TFLOPS FP32 / (2 x 16896) = 1776 MHz at its rounding); tensor clock derived:
-# 835.5 T / (132 x 4096) = 1545 MHz.
+# Source: NVIDIA H100 NVL product brief, dense (sparse 1671 BF16 / 3341 FP8 halved); 132 SMs. Board max 1776 MHz,
+# derived: the brief's 60 TFLOPS FP32 / (2 x 16896) (the 1785 MHz quoted for it elsewhere has no NVIDIA source found).
+# Tensor clock derived: 835.5 T / (132 x 4096) = 1545 MHz. MIG profiles' SMs: a public `nvidia-smi mig -lgip` capture on
+# an H100 NVL (94GB: 1g.12gb 16, 1g.24gb 26, 2g.24gb 32, 3g.47gb 60, 4g.47gb 64, 7g.94gb 132).
 H100_NVL = GpuSpec(
     "H100-NVL",
     132,
-    1785 * MHZ,
+    1776 * MHZ,
     1545 * MHZ,
     _peaks(fp64=60, tf32=417.5, bf16=835.5, fp8=1670.5, int8=1670.5),
     compute_slices=7,  # the MIG guide's "H100-PCIE 94GB" row
+    mig_sms={"1g.12gb": 16, "1g.24gb": 26, "2g.24gb": 32, "3g.47gb": 60, "4g.47gb": 64, "7g.94gb": 132},
 )
-# Source: NVIDIA H200 datasheet: H200 SXM has the H100 SXM compute (same die, more HBM); OFU paper table.
-H200_SXM = attrs.evolve(H100_SXM, key="H200-SXM")
-# Source: NVIDIA H200 NVL datasheet: the H100 NVL compute figures and clocks.
-H200_NVL = attrs.evolve(H100_NVL, key="H200-NVL")
+# Source: NVIDIA H200 datasheet: H200 SXM has the H100 SXM compute (same die, more HBM); OFU paper table. MIG
+# profiles' SMs: a public `nvidia-smi mig -lgip` capture of an H200 (1g.18gb 16, 2g.35gb 32, 7g.141gb 132; its other
+# profiles were not in it).
+H200_SXM = attrs.evolve(H100_SXM, key="H200-SXM", mig_sms={"1g.18gb": 16, "2g.35gb": 32, "7g.141gb": 132})
+# Source: NVIDIA H200 NVL datasheet: the H100 NVL compute figures and clocks; no capture of its MIG profiles found.
+H200_NVL = attrs.evolve(H100_NVL, key="H200-NVL", mig_sms={})
 # Source: NVIDIA GH200 Grace Hopper Superchip datasheet: its Hopper GPU has 132 SMs and the H100 SXM's peaks (FP64
 # 67, TF32 989 sparse, BF16/FP16 1979 sparse, FP8 3958 sparse TFLOPS; dense halved) and FP32 67 TFLOPS, i.e. the
 # 1980 MHz board max (67 T / (2 x 16896) = 1983 MHz) and so the OFU paper's 1830 MHz tensor clock. MIG slices:
@@ -153,8 +200,8 @@ H800 = GpuSpec("H800", None, None, None, _peaks(fp64=1))
 # Source: NVIDIA H20 figures as reported by zangshuxian.com (78 SMs; dense FP16 148, TF32 74, INT8 296
 # TFLOPS/TOPS) and willitrunai.com (148 TFLOPS FP16, 296 INT8). Hopper's 4096 FLOP/clk/SM would put the
 # tensor clock at 463 MHz, so the H20's cap is not a clock: tensor clock and board max left unknown (the same
-# report's 44 TFLOPS FP32 would put the boost clock at 2203 MHz, above any Hopper's: not a figure to use). FP8
-# left out: no source gives it.
+# report's 44 TFLOPS FP32 would put the boost clock at 2203 MHz, above any Hopper's: not a figure to use; and no
+# public `nvidia-smi -q` capture of an H20's "Max Clocks: SM" was found). FP8 left out: no source gives it.
 H20 = GpuSpec("H20", 78, None, None, _peaks(tf32=74, bf16=148, int8=296), compute_slices=7)
 
 # --- NVIDIA Ada Lovelace ----------------------------------------------------------------------------------------
@@ -183,29 +230,32 @@ L20 = GpuSpec("L20", 92, 2520 * MHZ, None, _peaks())
 RTX_6000_ADA = GpuSpec("RTX-6000-Ada", 142, 2505 * MHZ, None, _peaks())
 # Source: NVIDIA RTX 4000 Ada Generation datasheet: 6144 CUDA cores, 48 SMs, 192 tensor cores, 26.7 TFLOPS FP32;
 # board max 2175 MHz, the boost clock NVIDIA's table gives as reproduced by siliconcat.net (26.7 T / (2 x 6144) =
-# 2173 MHz agrees). No peaks, as for the RTX 6000 Ada.
+# 2173 MHz agrees; an idle one runs at 2310 MHz, above it: a rating, not a bound; no public capture of its NVML max
+# clock was found). No peaks, as for the RTX 6000 Ada.
 RTX_4000_ADA = GpuSpec("RTX-4000-Ada", 48, 2175 * MHZ, None, _peaks())
 
 # --- NVIDIA Blackwell (board max clocks are not published: OFU takes the tensor clock) ---------------------------
 
 # Source: NVIDIA Blackwell datasheet (HGX B200, per GPU), dense; 148 SMs; board max not published; tensor
-# clock derived: 2250 T / (148 x 8192) = 1856 MHz (unverified on hardware, as the OFU paper says).
+# clock derived: 2250 T / (148 x 8192) = 1856 MHz (unverified on hardware, as the OFU paper says). FP64: 37 TFLOPS,
+# NVIDIA's current DGX/HGX B200 table (the launch datasheet said 40).
 B200 = GpuSpec(
     "B200",
     148,
     None,
     1856 * MHZ,
-    _peaks(fp64=40, tf32=1100, bf16=2250, fp8=4500, int8=4500, fp4=9000),
+    _peaks(fp64=37, tf32=1100, bf16=2250, fp8=4500, int8=4500, fp4=9000),
     compute_slices=7,
 )
 # Source: NVIDIA GB200 NVL72 datasheet (per GPU), dense; 148 SMs; tensor clock derived:
-# 2500 T / (148 x 8192) = 2062 MHz (unverified on hardware).
+# 2500 T / (148 x 8192) = 2062 MHz (unverified on hardware). FP64: 40 TFLOPS per GPU, NVIDIA's current GB200 NVL72
+# table (2880 TFLOPS per 72 GPUs; the launch datasheet said 45).
 GB200 = GpuSpec(
     "GB200",
     148,
     None,
     2062 * MHZ,
-    _peaks(fp64=45, tf32=1250, bf16=2500, fp8=5000, int8=5000, fp4=10000),
+    _peaks(fp64=40, tf32=1250, bf16=2500, fp8=5000, int8=5000, fp4=10000),
     compute_slices=7,
 )
 # Source: verda.com "GB300 NVL72 architecture", per-GPU table "without sparsity": B300 TF32 1.1, BF16 2.25,

@@ -36,6 +36,7 @@ Container = argparse._ActionsContainer
 PREFIX: Final = "OTEL_OFU_"
 MFU_PREFIX: Final = "OTEL_OFU_MFU_"
 SNAPSHOT_PREFIX: Final = "OTEL_OFU_SNAPSHOT_"
+DOCTOR_PREFIX: Final = "OTEL_OFU_DOCTOR_"
 
 DEFAULT_EXPORT_INTERVAL_S: Final = 10.0
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})

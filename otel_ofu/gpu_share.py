@@ -13,7 +13,13 @@ AMD Instinct compute partitions (``gpu_compute_partition_type`` of the AMD Devic
 whole GPU, DPX, TPX and QPX split it in 2, 3 and 4, CPX in one partition per XCD (8 on an MI300X).
 
 These shares are what the collector counts GPUs, GPU time, cost and energy in ("GPU equivalents"), so that one
-H100 split into seven 1g slices counts as one GPU, not seven.
+H100 split into seven 1g slices counts as one GPU, not seven: what schedulers allocate and the bill counts.
+
+A slice's share of the GPU's dense peak FLOP/s is another thing (``peak_share``): its SMs' share of the GPU's SMs.
+The MIG profiles use fewer SMs than the GPU has (an A100's seven compute slices hold 98 of its 108 SMs; a 3g.20gb
+holds 42), so a 3g.20gb's peak is 312 x 42 / 108 = 121.3 TFLOP/s, not its 3/7 of the compute slices' 133.7. The SMs
+per profile are the catalog's (``GpuSpec.mig_sms``); a profile it has none for has no peak share, never a guess.
+An AMD compute partition's XCDs are alike (38 CUs each on an MI300X), so its peak share is its partition share.
 """
 
 from __future__ import annotations
@@ -71,3 +77,29 @@ def assumed_slices(model: str | None, mig_profile: str | None = None, compute_pa
         mode = compute_partition.strip().lower()
         return mode not in _AMD_PARTS and (mode != AMD_CPX or _slices_of(model) is None)
     return False
+
+
+def mig_profile_name(mig_profile: str) -> str:
+    """A GPU instance profile as the catalog keys it: ``MIG 1g.10gb+me`` -> ``1g.10gb`` (media extensions add
+    decoders, not SMs)."""
+    name = mig_profile.strip()
+    if name[:4].upper() == "MIG ":
+        name = name[4:].strip()
+    return name.split("+", 1)[0].lower()
+
+
+@functools.lru_cache(maxsize=1024)  # asked per GPU reading; a fleet has a handful of (model, profile) pairs
+def peak_share(model: str | None, mig_profile: str | None = None, compute_partition: str | None = None) -> float | None:
+    """The device's share of its GPU's dense peak FLOP/s, in (0, 1]: a MIG slice's SMs over the GPU's, a compute
+    partition's share, 1 for a whole GPU; None where no source gives the slice's SMs (or the partition's size)."""
+    if mig_profile:
+        spec = catalog.lookup(model) if model else None
+        if spec is None or spec.sm_count is None:
+            return None
+        sms = spec.mig_sms.get(mig_profile_name(mig_profile))
+        return None if sms is None else min(1.0, sms / spec.sm_count)
+    if compute_partition:
+        if assumed_slices(model, compute_partition=compute_partition):
+            return None
+        return gpu_share(model, compute_partition=compute_partition)
+    return 1.0

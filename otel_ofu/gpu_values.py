@@ -61,7 +61,7 @@ class GpuValues:
     ofu: float
     ofu_raw: float | None  # TPA x f / f_max_board: none without a board max (a tensor clock alone gives OFU)
     tensor_active: float
-    sm_clock_hz: float
+    sm_clock_hz: float | None  # absent only where tensor activity 0 made OFU 0 without a clock
     max_sm_clock_hz: float | None
     max_clock_from_catalog: bool
     flops_achieved: float | None = None
@@ -150,6 +150,27 @@ def _no_max_clock(model: str, known: bool) -> ofu_math.InvalidReading:
     return ofu_math.InvalidReading(names.ErrorReason.NO_VALUE, f"no max SM clock: {hint}")
 
 
+def _valid_clock(hz: float | None) -> float | None:
+    return hz if hz is not None and math.isfinite(hz) and hz > 0.0 else None
+
+
+def _peak(reading: GpuReading, spec: catalog.GpuSpec | None, precision: str | None) -> float | None:
+    """The dense peak FLOP/s of the device for the precision: a MIG slice or compute partition has its share of its
+    GPU's tensor cores (its SMs' share: otel_ofu.gpu_share.peak_share); None where that is not known."""
+    peak = spec.peak(precision) if spec is not None else None
+    if peak is None:
+        return None
+    gpu = reading.gpu
+    share = gpu_share.peak_share(gpu.model, gpu.mig_profile, gpu.compute_partition)
+    if share is None:
+        say_once(
+            f"MIG profile {gpu.mig_profile or gpu.compute_partition!r} of {gpu.model!r}: the catalog has no SM count "
+            "for it, so its share of the GPU's peak is not known and gpu.flops.achieved is left out (its OFU stands)"
+        )
+        return None
+    return peak * share
+
+
 def compute(
     reading: GpuReading,
     *,
@@ -158,10 +179,11 @@ def compute(
 ) -> GpuValues:
     """The contract's values for one reading; raises ``ofu_math.InvalidReading`` when OFU cannot be had.
 
-    The max clock is the device's own when the source has it, else the catalog's board boost clock
-    (dcgm-exporter does not export field 113 by default). Without a board max, the catalog's tensor clock alone
-    gives OFU (raw OFU and the max clock are then absent); with neither, there is no OFU and the producer says
-    once which ``--max-sm-clock`` to add.
+    The max clock is the device's own when the source has it, else the catalog's board clock (dcgm-exporter does not
+    export field 113 by default), which is a rating, not a bound: a clock above it is taken at a ratio of 1. Without a
+    board max, the catalog's tensor clock alone gives OFU (raw OFU and the max clock are then absent); with neither,
+    there is no OFU and the producer says once which ``--max-sm-clock`` to add. Tensor activity 0 is OFU 0 whatever
+    the clocks: no tensor work at any clock.
     """
     spec = catalog.lookup(reading.gpu.model)
     if spec is None:
@@ -179,6 +201,16 @@ def compute(
             f"no max SM clock from the source for {reading.gpu.model!r}: using the catalog's "
             f"{spec.boost_clock_hz / 1e6:.0f} MHz"
         )
+    mean_clock: float | None = None
+    if reading.cycles is not None:
+        elapsed_s = (reading.end_ns - reading.start_ns) / 1e9
+        tpa, mean_clock = ofu_math.cycle_activity(
+            reading.cycles.mma_cycles_active, reading.cycles.sm_cycles_elapsed, elapsed_s
+        )
+    else:
+        tpa = ofu_math.check_fraction("tensor pipe activity", reading.tensor_active)
+    if tpa == 0.0:
+        return _idle(reading, spec, precision, max_clock, from_catalog, mean_clock)
     if max_clock is None:
         if tensor_clock is None:
             raise _no_max_clock(reading.gpu.model, known=spec is not None)
@@ -187,25 +219,13 @@ def compute(
             f"against the catalog's tensor clock ({tensor_clock / 1e6:.0f} MHz); gpu.ofu.raw and gpu.clock.sm.max "
             "are left out"
         )
-    if reading.cycles is not None:
-        elapsed_s = (reading.end_ns - reading.start_ns) / 1e9
-        exact = ofu_math.ofu_from_cycles(
-            reading.cycles.mma_cycles_active,
-            reading.cycles.sm_cycles_elapsed,
-            elapsed_s,
-            max_clock,
-            tensor_clock_hz=tensor_clock,
-            calibration=calibration,
-        )
-        tpa, sm_clock, value = exact.tensor_active, exact.mean_sm_clock_hz, exact.ofu
-    else:
-        tpa = ofu_math.check_fraction("tensor pipe activity", reading.tensor_active)
-        sm_clock = ofu_math.check_clock("SM clock", reading.sm_clock_hz)
-        value = ofu_math.ofu(tpa, sm_clock, max_clock, tensor_clock_hz=tensor_clock, calibration=calibration)
-    raw = ofu_math.raw_ofu(tpa, sm_clock, max_clock) if max_clock is not None else None
-    peak = spec.peak(precision) if spec is not None else None
-    if peak is not None:  # a MIG slice or compute partition has its share of its GPU's tensor cores
-        peak *= gpu_share.gpu_share(reading.gpu.model, reading.gpu.mig_profile, reading.gpu.compute_partition)
+    # The device's own max bounds its clock (above it, the max is stale or wrong); the catalog's rating does not.
+    bounded = not from_catalog
+    sm_clock = mean_clock if mean_clock is not None else ofu_math.check_clock("SM clock", reading.sm_clock_hz)
+    value = ofu_math.ofu(
+        tpa, sm_clock, max_clock, tensor_clock_hz=tensor_clock, calibration=calibration, bounded=bounded
+    )
+    raw = ofu_math.raw_ofu(tpa, sm_clock, max_clock, bounded=bounded) if max_clock is not None else None
     return GpuValues(
         ofu=value,
         ofu_raw=raw,
@@ -213,13 +233,44 @@ def compute(
         sm_clock_hz=sm_clock,
         max_sm_clock_hz=ofu_math.check_clock("max SM clock", max_clock) if max_clock is not None else None,
         max_clock_from_catalog=from_catalog,
-        flops_achieved=ofu_math.achieved_flops(value, peak),
-        sm_active=_optional_fraction("SM active", reading.sm_active),
-        dram_active=_optional_fraction("DRAM active", reading.dram_active),
-        engine_active=_optional_fraction("engine active", reading.engine_active),
-        sm_occupancy=_optional_fraction("SM occupancy", reading.sm_occupancy),
+        flops_achieved=ofu_math.achieved_flops(value, _peak(reading, spec, precision)),
+        **_activities(reading),
         **loss_inputs(reading),
     )
+
+
+def _idle(
+    reading: GpuReading,
+    spec: catalog.GpuSpec | None,
+    precision: str | None,
+    max_clock: float | None,
+    from_catalog: bool,
+    mean_clock: float | None,
+) -> GpuValues:
+    """The values of a reading with tensor activity 0: OFU 0 (and raw OFU 0 where there is a board max), with the
+    clocks it did give that are clocks; no clock is needed, none is checked against a max."""
+    board_max = _valid_clock(max_clock)
+    return GpuValues(
+        ofu=0.0,
+        ofu_raw=0.0 if board_max is not None else None,
+        tensor_active=0.0,
+        sm_clock_hz=mean_clock if mean_clock is not None else _valid_clock(reading.sm_clock_hz),
+        max_sm_clock_hz=board_max,
+        max_clock_from_catalog=from_catalog and board_max is not None,
+        flops_achieved=ofu_math.achieved_flops(0.0, _peak(reading, spec, precision)),
+        **_activities(reading),
+        **loss_inputs(reading),
+    )
+
+
+def _activities(reading: GpuReading) -> dict[str, Any]:
+    """The optional activity gauges of a reading that are valid fractions; the others are left out."""
+    return {
+        "sm_active": _optional_fraction("SM active", reading.sm_active),
+        "dram_active": _optional_fraction("DRAM active", reading.dram_active),
+        "engine_active": _optional_fraction("engine active", reading.engine_active),
+        "sm_occupancy": _optional_fraction("SM occupancy", reading.sm_occupancy),
+    }
 
 
 _THROTTLE_REASONS = frozenset(names.ThrottleReason.ALL)

@@ -777,12 +777,82 @@ DCGM_EXPORTER_VIOLATIONS: Final = {
     "DCGM_FI_DEV_RELIABILITY_VIOLATION": ThrottleReason.OTHER,
 }
 
+# --- DCGM field generations (every source reads each one by field id and unit) --------------------------------------
+# DCGM 4.6.1 (NVIDIA/go-dcgm pkg/dcgm/const_fields.go, "DCGM 4.6.1 support") moved the clocks and the energy counter
+# to new fields in base units and renamed the other fields' tags; the old ids and tags stay valid ("Deprecated: Use ...
+# instead"). dcgm-exporter prints a field under whichever tag its counters file names (4.9 names the new ones by
+# default), and 4.10 prints the PCIe and NVLink rates as *_BYTES_PER_SECOND (the same fields 1009-1012).
+
+DCGM_FI_DEV_SM_CLOCK_HERTZ: Final = 1603  # Hz; the same clock as field 100 (MHz)
+DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ: Final = 1608  # Hz; field 113 (MHz)
+DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL: Final = 1611  # J since the driver loaded; field 156 (mJ)
+# Old field id -> its base-unit successor: the DCGM source watches the newest a host engine knows; all read either.
+DCGM_FIELD_GENERATIONS: Final = {
+    DCGM_FI_DEV_SM_CLOCK: DCGM_FI_DEV_SM_CLOCK_HERTZ,
+    DCGM_FI_DEV_MAX_SM_CLOCK: DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ,
+    DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL,
+}
+# Field id -> the factor from its unit to the base unit readings carry (MHz -> Hz, mJ -> J); 1 for every other field.
+DCGM_FIELD_TO_BASE_UNIT: Final = {
+    DCGM_FI_DEV_SM_CLOCK: 1e6,
+    DCGM_FI_DEV_MAX_SM_CLOCK: 1e6,
+    DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: 1e-3,
+}
+DCGM_EXPORTER_SM_CLOCK_HERTZ: Final = "DCGM_FI_DEV_SM_CLOCK_HERTZ"
+DCGM_EXPORTER_SM_MAX_CLOCK_HERTZ: Final = "DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ"
+DCGM_EXPORTER_ENERGY_JOULES: Final = "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL"
+# The labels dcgm-exporter puts the driver version in, newest first (DCGM 4.6.1 renamed DCGM_FI_DRIVER_VERSION).
+DCGM_EXPORTER_DRIVER_LABELS: Final = ("DCGM_FI_SYSTEM_DRIVER_VERSION", "DCGM_FI_DRIVER_VERSION")
+# Every dcgm-exporter metric name a source reads -> its DCGM field id: the one table the exporter's pages are read by.
+DCGM_EXPORTER_FIELDS: Final = {
+    DCGM_EXPORTER_SM_CLOCK: DCGM_FI_DEV_SM_CLOCK,
+    DCGM_EXPORTER_SM_CLOCK_HERTZ: DCGM_FI_DEV_SM_CLOCK_HERTZ,
+    DCGM_EXPORTER_MAX_SM_CLOCK: DCGM_FI_DEV_MAX_SM_CLOCK,
+    DCGM_EXPORTER_SM_MAX_CLOCK_HERTZ: DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ,
+    DCGM_EXPORTER_TENSOR_ACTIVE: DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
+    DCGM_EXPORTER_TENSOR_ACTIVE_46: DCGM_FI_PROF_PIPE_TENSOR_ACTIVE,
+    DCGM_EXPORTER_ENGINE_ACTIVE: DCGM_FI_PROF_GR_ENGINE_ACTIVE,
+    DCGM_EXPORTER_ENGINE_ACTIVE_46: DCGM_FI_PROF_GR_ENGINE_ACTIVE,
+    DCGM_EXPORTER_SM_ACTIVE: DCGM_FI_PROF_SM_ACTIVE,
+    DCGM_EXPORTER_SM_ACTIVE_46: DCGM_FI_PROF_SM_ACTIVE,
+    DCGM_EXPORTER_SM_OCCUPANCY: DCGM_FI_PROF_SM_OCCUPANCY,
+    DCGM_EXPORTER_SM_OCCUPANCY_46: DCGM_FI_PROF_SM_OCCUPANCY,
+    DCGM_EXPORTER_DRAM_ACTIVE: DCGM_FI_PROF_DRAM_ACTIVE,
+    DCGM_EXPORTER_DRAM_ACTIVE_46: DCGM_FI_PROF_DRAM_ACTIVE,
+    DCGM_EXPORTER_PCIE_TX_BYTES: DCGM_FI_PROF_PCIE_TX_BYTES,
+    DCGM_EXPORTER_PCIE_RX_BYTES: DCGM_FI_PROF_PCIE_RX_BYTES,
+    DCGM_EXPORTER_NVLINK_TX_BYTES: DCGM_FI_PROF_NVLINK_TX_BYTES,
+    DCGM_EXPORTER_NVLINK_RX_BYTES: DCGM_FI_PROF_NVLINK_RX_BYTES,
+    "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND": DCGM_FI_PROF_PCIE_TX_BYTES,
+    "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND": DCGM_FI_PROF_PCIE_RX_BYTES,
+    "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND": DCGM_FI_PROF_NVLINK_TX_BYTES,
+    "DCGM_FI_PROF_NVLINK_RX_BYTES_PER_SECOND": DCGM_FI_PROF_NVLINK_RX_BYTES,
+    DCGM_EXPORTER_SM_CYCLES_ELAPSED: DCGM_FI_PROF_SM_CYCLES_ELAPSED,
+    DCGM_EXPORTER_SM_CYCLES_ELAPSED_TOTAL: DCGM_FI_PROF_SM_CYCLES_ELAPSED,
+    DCGM_EXPORTER_MMA_CYCLES_ACTIVE: DCGM_FI_PROF_MMA_CYCLES_ACTIVE,
+    DCGM_EXPORTER_MMA_CYCLES_ACTIVE_TOTAL: DCGM_FI_PROF_MMA_CYCLES_ACTIVE,
+    DCGM_EXPORTER_POWER_USAGE: DCGM_FI_DEV_POWER_USAGE,
+    DCGM_EXPORTER_POWER_USAGE_46: DCGM_FI_DEV_POWER_USAGE,
+    DCGM_EXPORTER_TOTAL_ENERGY: DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+    DCGM_EXPORTER_ENERGY_JOULES: DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL,
+    DCGM_EXPORTER_CLOCKS_EVENT_REASONS: DCGM_FI_DEV_CLOCKS_EVENT_REASONS,
+    DCGM_EXPORTER_CLOCK_THROTTLE_REASONS: DCGM_FI_DEV_CLOCKS_EVENT_REASONS,
+    "DCGM_FI_DEV_POWER_VIOLATION": DCGM_FI_DEV_POWER_VIOLATION,
+    "DCGM_FI_DEV_THERMAL_VIOLATION": DCGM_FI_DEV_THERMAL_VIOLATION,
+    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION": DCGM_FI_DEV_SYNC_BOOST_VIOLATION,
+    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION": DCGM_FI_DEV_BOARD_LIMIT_VIOLATION,
+    "DCGM_FI_DEV_RELIABILITY_VIOLATION": DCGM_FI_DEV_RELIABILITY_VIOLATION,
+}
+
 # --- AMD Device Metrics Exporter (ROCm/device-metrics-exporter): AMD Instinct GPUs ----------------------------------
 # Its Prometheus metric names for the fields OFU and its loss use. The profiler fields (GPU_PROF_*) are rocprofiler
 # derived counters the exporter samples when its ProfilerMetrics are on; both below are in its default field list.
 
 AMD_EXPORTER_MFMA_ACTIVE: Final = "gpu_prof_tensor_active_percent"  # MfmaUtil, %: MFMA busy per GPU-active cycle
 AMD_EXPORTER_GPU_ACTIVE: Final = "gpu_prof_gui_util_percent"  # GPU_UTIL, %: GRBM_GUI_ACTIVE / GRBM_COUNT; engine active
+# GPU_GFX_ACTIVITY, %: the SMI's GFX engine busy share (on by default; a whole GPU's, printed on partition 0 only). It
+# stands in for gpu_prof_gui_util_percent, a profiler field that is off unless the exporter's ProfilerMetrics are on.
+AMD_EXPORTER_GFX_ACTIVITY: Final = "gpu_gfx_activity"
 AMD_EXPORTER_CLOCK: Final = "gpu_clock"  # MHz, one series per clock_type (and clock_index)
 AMD_EXPORTER_MAX_CLOCK: Final = "gpu_max_clock"  # MHz, the top of the clock's DPM range, per clock_type
 AMD_EXPORTER_ENGINE_CLOCK_TYPE: Final = "system"  # clock_type of the engine (GFX, SCLK) clock OFU is measured in

@@ -15,9 +15,10 @@ Two variants are exported:
 Clock-ratio bound. Tensor pipes cannot issue faster than their own maximum, and the datasheet peak is
 defined at that clock, so the ratio f_SM / f_tensor is capped at 1: an SM boosting above the tensor
 clock does not produce more tensor FLOPs (H100 SXM: 1980 MHz board max vs 1830 MHz tensor clock).
-The board ratio f_SM / f_max_board is not capped silently: a current clock above the reported maximum
-by more than ``MAX_CLOCK_TOLERANCE`` is an invalid reading (a stale or wrong max clock), and within
-the tolerance it is clamped to 1 (sampling jitter).
+The board ratio f_SM / f_max_board is not capped silently: a current clock above the device's reported
+maximum by more than ``MAX_CLOCK_TOLERANCE`` is an invalid reading (a stale or wrong max clock), and within
+the tolerance it is clamped to 1 (sampling jitter). A maximum that is not the device's own but a rated
+clock from the catalog (``bounded=False``) is no bound: a clock above it is a reading, at a ratio of 1.
 """
 
 from __future__ import annotations
@@ -62,12 +63,13 @@ def check_clock(name: str, hz: float | None) -> float:
     return float(hz)
 
 
-def board_clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None) -> float:
-    """f_SM / f_max_board in [0, 1]; above-max clocks within the tolerance clamp to 1."""
+def board_clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, *, bounded: bool = True) -> float:
+    """f_SM / f_max_board in [0, 1]; above-max clocks within the tolerance clamp to 1, and so does any clock above
+    a max that is no bound (``bounded=False``: a rated clock, not the device's own)."""
     current = check_clock("SM clock", sm_clock_hz)
     maximum = check_clock("max SM clock", max_clock_hz)
     ratio = current / maximum
-    if ratio > 1.0 + MAX_CLOCK_TOLERANCE:
+    if bounded and ratio > 1.0 + MAX_CLOCK_TOLERANCE:
         raise InvalidReading(
             ErrorReason.INVALID_VALUE,
             f"SM clock {current / 1e6:.0f} MHz is above the max clock {maximum / 1e6:.0f} MHz",
@@ -75,10 +77,12 @@ def board_clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None) -> 
     return min(ratio, 1.0)
 
 
-def raw_ofu(tensor_active: float | None, sm_clock_hz: float | None, max_clock_hz: float | None) -> float:
+def raw_ofu(
+    tensor_active: float | None, sm_clock_hz: float | None, max_clock_hz: float | None, *, bounded: bool = True
+) -> float:
     """TPA x f_SM / f_max_board, nothing else applied."""
     tpa = check_fraction("tensor pipe activity", tensor_active)
-    return tpa * board_clock_ratio(sm_clock_hz, max_clock_hz)
+    return tpa * board_clock_ratio(sm_clock_hz, max_clock_hz, bounded=bounded)
 
 
 def reference_clock_hz(max_clock_hz: float | None, tensor_clock_hz: float | None) -> float | None:
@@ -86,7 +90,9 @@ def reference_clock_hz(max_clock_hz: float | None, tensor_clock_hz: float | None
     return tensor_clock_hz if tensor_clock_hz is not None else max_clock_hz
 
 
-def domain_clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, tensor_clock_hz: float | None) -> float:
+def domain_clock_ratio(
+    sm_clock_hz: float | None, max_clock_hz: float | None, tensor_clock_hz: float | None, *, bounded: bool = True
+) -> float:
     """The clock ratio in the tensor clock domain when it is known, the board domain otherwise.
 
     With a board max the current clock is checked against it (a clock above it is invalid); with only a tensor
@@ -95,7 +101,7 @@ def domain_clock_ratio(sm_clock_hz: float | None, max_clock_hz: float | None, te
     if max_clock_hz is None and tensor_clock_hz is not None:
         current = check_clock("SM clock", sm_clock_hz)
         return min(current / check_clock("tensor clock", tensor_clock_hz), 1.0)
-    board = board_clock_ratio(sm_clock_hz, max_clock_hz)  # validates both clocks
+    board = board_clock_ratio(sm_clock_hz, max_clock_hz, bounded=bounded)  # validates both clocks
     if tensor_clock_hz is None:
         return board
     tensor = check_clock("tensor clock", reference_clock_hz(max_clock_hz, tensor_clock_hz))
@@ -115,11 +121,13 @@ def ofu(
     *,
     tensor_clock_hz: float | None = None,
     calibration: float = 1.0,
+    bounded: bool = True,
 ) -> float:
     """OFU in [0, 1]: TPA x clock ratio in the tensor clock domain x calibration factor; ``max_clock_hz`` may be
-    None where ``tensor_clock_hz`` is known."""
+    None where ``tensor_clock_hz`` is known, and is no bound on the clock with ``bounded=False``."""
     tpa = check_fraction("tensor pipe activity", tensor_active)
-    return tpa * domain_clock_ratio(sm_clock_hz, max_clock_hz, tensor_clock_hz) * check_calibration(calibration)
+    ratio = domain_clock_ratio(sm_clock_hz, max_clock_hz, tensor_clock_hz, bounded=bounded)
+    return tpa * ratio * check_calibration(calibration)
 
 
 @attrs.frozen
@@ -131,22 +139,10 @@ class CycleOfu:
     ofu: float
 
 
-def ofu_from_cycles(
-    mma_cycles_active: int,
-    sm_cycles_elapsed: int,
-    elapsed_s: float,
-    max_clock_hz: float | None,
-    *,
-    counting_units: int = 1,
-    tensor_clock_hz: float | None = None,
-    calibration: float = 1.0,
-) -> CycleOfu:
-    """Exact interval OFU from deltas of monotonic counters: no clock sampling noise.
-
-    ``counting_units`` is the number of units whose cycles the elapsed counter sums (1 when it counts
-    one clock domain, the SM count when it sums per SM): the counters' semantics are to be confirmed
-    on hardware, so it is a parameter, not an assumption.
-    """
+def cycle_activity(
+    mma_cycles_active: int, sm_cycles_elapsed: int, elapsed_s: float, *, counting_units: int = 1
+) -> tuple[float, float]:
+    """(TPA, mean SM clock in Hz) from deltas of monotonic counters over ``elapsed_s``, or a typed error."""
     if sm_cycles_elapsed <= 0 or mma_cycles_active < 0:
         raise InvalidReading(
             ErrorReason.INVALID_VALUE,
@@ -160,9 +156,30 @@ def ofu_from_cycles(
         raise InvalidReading(ErrorReason.INVALID_VALUE, f"elapsed time must be positive, got {elapsed_s!r}")
     if counting_units < 1:
         raise ValueError(f"counting_units must be >= 1, got {counting_units}")
-    tpa = mma_cycles_active / sm_cycles_elapsed
-    mean_clock = sm_cycles_elapsed / (elapsed_s * counting_units)
-    value = ofu(tpa, mean_clock, max_clock_hz, tensor_clock_hz=tensor_clock_hz, calibration=calibration)
+    return mma_cycles_active / sm_cycles_elapsed, sm_cycles_elapsed / (elapsed_s * counting_units)
+
+
+def ofu_from_cycles(
+    mma_cycles_active: int,
+    sm_cycles_elapsed: int,
+    elapsed_s: float,
+    max_clock_hz: float | None,
+    *,
+    counting_units: int = 1,
+    tensor_clock_hz: float | None = None,
+    calibration: float = 1.0,
+    bounded: bool = True,
+) -> CycleOfu:
+    """Exact interval OFU from deltas of monotonic counters: no clock sampling noise.
+
+    ``counting_units`` is the number of units whose cycles the elapsed counter sums (1 when it counts
+    one clock domain, the SM count when it sums per SM): the counters' semantics are to be confirmed
+    on hardware, so it is a parameter, not an assumption.
+    """
+    tpa, mean_clock = cycle_activity(mma_cycles_active, sm_cycles_elapsed, elapsed_s, counting_units=counting_units)
+    value = ofu(
+        tpa, mean_clock, max_clock_hz, tensor_clock_hz=tensor_clock_hz, calibration=calibration, bounded=bounded
+    )
     return CycleOfu(tensor_active=tpa, mean_sm_clock_hz=mean_clock, ofu=value)
 
 

@@ -198,21 +198,51 @@ def test_ofu_power_and_energy_worked_by_hand(exporter: ExporterServer, shared_fi
     assert sum(energy.joules for uuid in partitions if (energy := second[uuid].energy)) == pytest.approx(6000.0)
 
 
-def test_without_the_gpu_activity_field_there_is_no_ofu_and_the_error_says_which_field(
-    exporter: ExporterServer, shared_fixtures: Path
+def without_gpu_activity(page: str) -> str:
+    """The page as the exporter prints it with its profiler's GPU_UTIL off (gpu_prof_gui_util_percent is a profiler
+    field, off unless ProfilerMetrics is on): the real MI300X page had no such series."""
+    return "\n".join(text for text in page.splitlines() if "gpu_prof_gui_util_percent" not in text) + "\n"
+
+
+def test_without_the_gpu_activity_field_gfx_activity_stands_in_and_says_so(
+    exporter: ExporterServer, shared_fixtures: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # MFMA activity counts MFMA busy cycles per GPU-active cycle: alone, a GPU busy half the interval at full MFMA
-    # rate would read 100 %. Without gpu_prof_gui_util_percent: no OFU, the clock kept.
-    page = "\n".join(
-        text for text in mi300x_page(shared_fixtures).splitlines() if not text.startswith("gpu_prof_gui_util_percent{")
+    # MFMA activity counts MFMA busy cycles per GPU-active cycle, so it needs the GPU's active share beside it. Without
+    # gpu_prof_gui_util_percent, the SMI's gpu_gfx_activity (on by default; the real lines: 100 on GPU 0, 0 on GPU 2)
+    # stands in for it on a whole GPU.
+    page = without_gpu_activity(mi300x_page(shared_fixtures))
+    with caplog.at_level(logging.WARNING, logger="otel_ofu.gpu_values"):
+        snapshot = AmdExporterSource(exporter.serve(page), clock=Ticks()).read()
+    readings, errors = by_uuid(snapshot), errors_by_uuid(snapshot)
+    # Busy GPU: TPA = MFMA 0.80 x GFX activity 1.00 = 0.80 at 2025 of 2100 MHz: OFU 0.80 x 2025 / 2100 = 0.77143.
+    busy = readings[BUSY_UUID]
+    assert busy.tensor_active == pytest.approx(0.8)
+    assert busy.engine_active == 1.0
+    values = {sample.gpu.uuid: sample.values for sample in compute_snapshot(snapshot).samples}
+    assert values[BUSY_UUID].ofu == pytest.approx(0.77143, abs=1e-5)
+    assert values[IDLE_UUID].ofu == 0.0  # MFMA 0 x GFX 0
+    said = [record.getMessage() for record in caplog.records]
+    assert any(
+        names.AMD_EXPORTER_GPU_ACTIVE in text and names.AMD_EXPORTER_GFX_ACTIVITY in text and "stands in" in text
+        for text in said
     )
-    snapshot = AmdExporterSource(exporter.serve(page + "\n"), clock=Ticks()).read()
-    errors = errors_by_uuid(snapshot)
-    assert errors[BUSY_UUID].reason == names.ErrorReason.NO_VALUE
-    assert names.AMD_EXPORTER_GPU_ACTIVE in errors[BUSY_UUID].message
-    kept = by_uuid(snapshot)[BUSY_UUID]
-    assert kept.tensor_active is None
-    assert kept.sm_clock_hz == pytest.approx(2025e6)
+    # A compute partition has no GFX activity of its own (the SMI reports it for the whole GPU, on partition 0):
+    # no stand-in there, and the error names the field to turn on.
+    assert BUSY_UUID not in errors
+    assert names.AMD_EXPORTER_GPU_ACTIVE in errors[CPX_UUID].message
+    assert readings[CPX_UUID].sm_clock_hz == pytest.approx(1800e6)  # the clock kept beside the error
+
+
+def test_mfma_zero_is_ofu_zero_whatever_else_is_missing(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    # An idle GPU whose page has MFMA activity 0 and nothing else: no GPU activity of either kind, no clock. 0 MFMA
+    # cycles are 0 tensor work at any clock: OFU 0, a reading, not a missing value.
+    labels = real_labels(shared_fixtures)[IDLE_UUID]
+    page = line("gpu_prof_tensor_active_percent", labels, 0) + "\n"
+    snapshot = AmdExporterSource(exporter.serve(page), clock=Ticks()).read()
+    assert snapshot.errors == ()
+    (sample,) = compute_snapshot(snapshot).samples
+    assert (sample.values.tensor_active, sample.values.ofu) == (0.0, 0.0)
+    assert sample.values.sm_clock_hz is None  # no clock on the page: absent, not 0
 
 
 def test_bad_and_not_applicable_values(exporter: ExporterServer, shared_fixtures: Path) -> None:
@@ -324,7 +354,7 @@ def test_a_recorded_capture_keeps_the_vendor_and_the_partition(exporter: Exporte
     assert identity_from_json(old).vendor == names.HW_VENDOR_NVIDIA
 
 
-def test_engine_activity_is_the_gpu_activity_and_gfx_activity_is_not_read(
+def test_engine_activity_is_the_gpu_activity_else_the_gfx_activity(
     exporter: ExporterServer, shared_fixtures: Path
 ) -> None:
     # GPU_UTIL (gpu_prof_gui_util_percent), the share of cycles the engine was busy over the profiler's window, is
@@ -334,10 +364,34 @@ def test_engine_activity_is_the_gpu_activity_and_gfx_activity_is_not_read(
     assert readings[IDLE_UUID].engine_active == 0.0
     assert readings[CPX_UUID].engine_active == 1.0
     assert readings[CPX_UUID[:-1] + "3"].engine_active == pytest.approx(0.5)  # partition 3 (cpx_partition)
-    # The real sample's gpu_gfx_activity alone (the firmware's busy figure, 100 on GPU 0) gives no engine activity.
+    # The real sample's gpu_gfx_activity alone stands in for it on whole GPUs (100 on GPU 0, 0 on GPU 2), not on the
+    # CPX partition (the SMI's figure is the whole GPU's, printed on partition 0).
     only_gfx = (shared_fixtures / "amd_metrics_exporter_mi300x_kaiwo.prom").read_text()
     snapshot = AmdExporterSource(exporter.serve(only_gfx, "/gfx-only"), clock=Ticks()).read()
-    assert all(reading.engine_active is None for reading in snapshot.readings)
+    gfx = by_uuid(snapshot)
+    assert (gfx[BUSY_UUID].engine_active, gfx[IDLE_UUID].engine_active) == (1.0, 0.0)
+    assert CPX_UUID not in gfx or gfx[CPX_UUID].engine_active is None
     assert all(
         not reading.nvlink_io and not reading.pcie_io and reading.sm_active is None for reading in snapshot.readings
     )
+
+
+def test_a_page_without_amd_exporter_metrics_says_so_naming_what_it_had(exporter: ExporterServer) -> None:
+    page = 'DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-1",modelName="NVIDIA H100 80GB HBM3"} 1755\nnode_load1 0.2\n'
+    url = exporter.serve(page)
+    snapshot = AmdExporterSource(url, clock=Ticks()).read()
+    (error,) = snapshot.errors
+    assert error.gpu is None
+    assert error.reason == names.ErrorReason.SCRAPE
+    assert error.message.startswith(f"{url}: no AMD Device Metrics Exporter metric on the page")
+    assert "the page had 2 series of 2 metrics: DCGM_FI_DEV_SM_CLOCK, node_load1" in error.message
+
+
+def test_a_metrics_prefix_is_read_through(exporter: ExporterServer, shared_fixtures: Path) -> None:
+    # The exporter's CommonConfig.MetricsFieldPrefix ("amd_" in its example config.json) prefixes every metric name.
+    prefixed = "\n".join(
+        "amd_" + text if text.startswith("gpu_") else text for text in mi300x_page(shared_fixtures).splitlines()
+    )
+    readings = by_uuid(AmdExporterSource(exporter.serve(prefixed + "\n"), clock=Ticks()).read())
+    assert readings[BUSY_UUID].tensor_active == pytest.approx(0.72)
+    assert readings[BUSY_UUID].sm_clock_hz == pytest.approx(2025e6)

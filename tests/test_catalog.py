@@ -202,7 +202,7 @@ def test_blackwell_board_clock_is_not_invented() -> None:
 
 # The rows no NVIDIA source gives a board max clock for (said in each row's comment): every other row has one, so
 # dcgm-exporter's default counters (no max clock) give OFU for them. Blackwell still gets OFU from its tensor clock.
-NO_BOARD_MAX = {"B200", "GB200", "B300", "GB300", "H20", "H800", "A10G", "V100-SXM3"}
+NO_BOARD_MAX = {"B200", "GB200", "B300", "GB300", "H20", "H800", "V100-SXM3"}
 
 
 @pytest.mark.parametrize("spec", catalog.ALL_SPECS, ids=lambda spec: spec.key)
@@ -232,7 +232,7 @@ FP32_PEAK_TFLOPS_AND_CORES = {
     "H100-SXM": (67.0, 16896),  # 1983 against 1980
     "GH200": (67.0, 16896),
     "H100-PCIe": (51.0, 14592),  # 1748 against 1755
-    "H100-NVL": (60.0, 16896),  # 1776 against 1785
+    "H100-NVL": (60.0, 16896),  # 1776: no source gives the 1785 MHz quoted for it
 }
 
 
@@ -325,3 +325,16 @@ def test_a_device_reported_max_clock_is_never_overridden_and_bad_tables_say_why(
                           ("X=1.5", "not plausible"), ("X=1500000000", "not plausible")):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             MaxClockTable.parse(text)
+
+
+def test_issue_33s_catalog_figures() -> None:
+    # A10G (AWS G5): no NVIDIA datasheet; AWS's EC2 guide sets G5's clocks to their maximum with
+    # `nvidia-smi -ac 6250,1710`: 1710 MHz is the board's max graphics (SM) clock.
+    assert catalog.A10G.boost_clock_hz == 1710e6
+    # NVIDIA's current Blackwell tables: FP64 (and FP64 tensor) 37 TFLOPS per B200, 40 per GB200 GPU (launch: 40, 45).
+    assert catalog.B200.peak("fp64") == 37e12
+    assert catalog.GB200.peak("fp64") == 40e12
+    # H100 NVL: no NVIDIA source gives the 1785 MHz once quoted; its brief's 60 TFLOPS FP32 / (2 x 16896) = 1776 MHz.
+    assert catalog.H100_NVL.boost_clock_hz == 1776e6
+    # H20: no public capture of its NVML max clock was found: none, and --max-sm-clock or the device gives it.
+    assert catalog.H20.boost_clock_hz is None

@@ -11,6 +11,7 @@ import pytest
 
 from otel_ofu import cli
 from otel_ofu.cli_support import (
+    DOCTOR_PREFIX,
     MFU_PREFIX,
     PREFIX,
     SNAPSHOT_PREFIX,
@@ -36,12 +37,13 @@ SHARED_SOURCE_OPTIONS = frozenset(
 COMMAND_PREFIXES = {
     "collector": COLLECTOR_PREFIX,
     "demo": DEMO_PREFIX,
+    "doctor": DOCTOR_PREFIX,
     "mfu-from-log": MFU_PREFIX,
     "report": REPORT_PREFIX,
     "snapshot": SNAPSHOT_PREFIX,
     "top": TOP_PREFIX,
 }
-SOURCE_COMMANDS = frozenset({"run", "snapshot", "top"})
+SOURCE_COMMANDS = frozenset({"run", "snapshot", "doctor", "top"})
 
 
 @pytest.fixture(autouse=True)
@@ -209,7 +211,12 @@ def test_each_command_has_its_own_variables() -> None:
             assert commands <= SOURCE_COMMANDS, (variable, where)
             assert len(flags) == 1, (variable, where)
             assert flags <= SHARED_SOURCE_OPTIONS, (variable, where)
-    assert users[f"{PREFIX}SOURCE"] == {("run", "--source"), ("snapshot", "--source"), ("top", "--source")}
+    assert users[f"{PREFIX}SOURCE"] == {
+        ("run", "--source"),
+        ("snapshot", "--source"),
+        ("doctor", "--source"),
+        ("top", "--source"),
+    }
 
 
 def test_shared_options_read_the_same_in_both_commands_help() -> None:

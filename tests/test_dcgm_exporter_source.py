@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +51,8 @@ def with_metric(line: str, metric: str, value: str) -> str:
 def test_every_fixture_parses_and_incomplete_gpus_are_errors_not_zeros(
     exporter: ExporterServer, shared_fixtures: Path
 ) -> None:
-    files = sorted(shared_fixtures.glob("dcgm_exporter_*.prom"))
+    # The published pages (the generation pages written for tests/test_dcgm_generations.py are not among them).
+    files = sorted(path for path in shared_fixtures.glob("dcgm_exporter_*.prom") if "_generation_" not in path.name)
     assert len(files) == 4
     for path in files:
         snapshot = read_once(exporter.serve(path.read_text(), f"/{path.stem}"))
@@ -643,3 +645,70 @@ def test_mig_instances_take_their_share_of_the_boards_pcie_traffic(exporter: Exp
     # The board receives 7 GB/s: over 10 s a 1g slice (1/7) carries 10 GB, a 3g slice (3/7) 30 GB.
     assert readings[f"{uuid}/7"].pcie_io == {RX: IoCounter(pytest.approx(1e10), start)}  # type: ignore[arg-type]
     assert readings[f"{uuid}/1"].pcie_io == {RX: IoCounter(pytest.approx(3e10), start)}  # type: ignore[arg-type]
+
+
+# --- a page that is not dcgm-exporter's --------------------------------------------------------------------------
+
+# The first lines of node-exporter's /metrics (its go_* and node_* families, as node-exporter prints them): what a
+# wrong port (9100 for 9400) or a mistyped host answers.
+NODE_EXPORTER_PAGE = """\
+# HELP go_gc_duration_seconds A summary of the pause duration of garbage collection cycles.
+# TYPE go_gc_duration_seconds summary
+go_gc_duration_seconds{quantile="0"} 2.7319e-05
+go_gc_duration_seconds{quantile="1"} 0.000146524
+go_gc_duration_seconds_sum 0.012411302
+go_gc_duration_seconds_count 147
+# HELP node_cpu_seconds_total Seconds the CPUs spent in each mode.
+# TYPE node_cpu_seconds_total counter
+node_cpu_seconds_total{cpu="0",mode="idle"} 2.36544e+06
+node_cpu_seconds_total{cpu="0",mode="user"} 15321.12
+# HELP node_load1 1m load average.
+# TYPE node_load1 gauge
+node_load1 0.21
+"""
+
+
+def test_a_page_without_dcgm_metrics_says_so_naming_what_it_had(exporter: ExporterServer) -> None:
+    url = exporter.serve(NODE_EXPORTER_PAGE)
+    snapshot = read_once(url)
+    assert snapshot.readings == ()
+    (error,) = snapshot.errors  # one line for the page, not silence
+    assert error.gpu is None
+    assert error.reason == names.ErrorReason.SCRAPE
+    assert error.message.startswith(f"{url}: no dcgm-exporter metric on the page")
+    # 2 + 2 + 1 samples (the summary's two quantiles, sum and count are its series) of 5 metric names.
+    assert "the page had 7 series of 5 metrics: go_gc_duration_seconds, " in error.message
+    assert "node_cpu_seconds" in error.message
+    assert "port 9400" in error.message
+    assert "\n" not in error.message
+
+
+def test_dcgm_series_without_a_gpu_uuid_say_why_no_gpu_came(exporter: ExporterServer) -> None:
+    page = 'DCGM_FI_DEV_SM_CLOCK{gpu="0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3"} 1755\n'
+    (error,) = read_once(exporter.serve(page)).errors
+    assert "1 DCGM series but none with a GPU UUID label (UUID or uuid)" in error.message
+
+
+def test_snapshot_of_a_page_without_dcgm_metrics_exits_1_with_the_line(
+    exporter: ExporterServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from otel_ofu import cli
+
+    url = exporter.serve(NODE_EXPORTER_PAGE)
+    assert cli.main(["snapshot", "--source", "dcgm-exporter", "--url", url]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "no dcgm-exporter metric on the page" in line
+
+
+def test_run_says_once_that_the_page_has_no_dcgm_metrics(
+    exporter: ExporterServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from otel_ofu.producer.loop import Producer
+
+    producer = Producer(source=DcgmExporterSource(exporter.serve(NODE_EXPORTER_PAGE), clock=Ticks()), clock=Ticks())
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            producer.run_once()
+    producer.source.close()
+    said = [record.getMessage() for record in caplog.records if "no dcgm-exporter metric" in record.getMessage()]
+    assert len(said) == 1  # once, not once per interval

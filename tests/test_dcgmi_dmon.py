@@ -9,6 +9,7 @@ import pytest
 from otel_ofu import names
 from otel_ofu.model import GpuError, Snapshot, SourceUnavailable
 from otel_ofu.sources.dcgmi_dmon import DcgmiDmonSource, parse_blocks
+from otel_ofu.sources.factory import open_source
 
 T0 = 1_800_000_000_000_000_000
 
@@ -30,11 +31,12 @@ def replay(path: Path, **kwargs: object) -> list[Snapshot]:
 
 def test_mig_capture_one_block_of_gpu_instances(shared_fixtures: Path) -> None:
     (snapshot,) = replay(shared_fixtures / "dcgmi_dmon_issue151_mig.txt")
-    # -e 1001,1002,1003,1004 has no SM clock: no OFU, and no 0 either; what dmon did print stays.
+    # -e 1001,1002,1003,1004 has no SM clock: no OFU, and no 0 either, where the tensor pipes were busy; what dmon did
+    # print stays. The idle instances (TENSO 0.000: 21, 22, 35) need no clock: no tensor work is OFU 0.
     assert all(reading.sm_clock_hz is None for reading in snapshot.readings)
     assert [r.gpu.mig_instance_id for r in snapshot.readings] == [21, 22, 29, 30, 31, 28, 35]
     ids = [error.gpu.mig_instance_id for error in snapshot.errors if error.gpu is not None]
-    assert ids == [21, 22, 29, 30, 31, 28, 35]
+    assert ids == [29, 30, 31, 28]
     for error in snapshot.errors:
         assert error.reason == names.ErrorReason.NO_VALUE
         assert "SM clock" in error.message
@@ -130,7 +132,7 @@ def test_bad_rows_are_counted_errors(tmp_path: Path) -> None:
     capture.write_text(
         "GPU 0 0.5\n"  # before any header
         "#Entity   SMCLK        TENSO\n"
-        "GPU 0     1755\n"  # a column short
+        "GPU 0   1755\n"  # a column short, and its one value under no column (DCGM 4 leaves a blank cell aligned)
         "GPU 1     1755         abc\n"
         "GPU 2     1755         0.5\n"
         "Error: lost connection to the host engine\n"
@@ -202,3 +204,71 @@ def test_link_rates_are_integrated_over_the_delay_for_gpus_and_left_out_for_inst
     # + 1.5 GB/s x 2 s = 5 GB sent; the N/A receive rate adds nothing and has no point; NVLink + 200 GB, + 580 GB.
     assert {d: c.total_bytes for d, c in gpu.pcie_io.items()} == {tx: 5e9}
     assert {d: c.total_bytes for d, c in gpu.nvlink_io.items()} == {tx: 8e11, rx: 1.16e12}
+
+
+# --- every layout DCGM has printed ----------------------------------------------------------------------------
+
+
+def test_the_dcgm_user_guides_two_line_header_reads(shared_fixtures: Path) -> None:
+    # NVIDIA's DCGM user guide, profiling example on an A100 (dcgmproftester -t 1004 in another console): the header
+    # "# Entity  GRACT  TENSO  DRAMA" then "Id", as DCGM 2.2-2.3 printed it, 15 one-GPU samples.
+    snapshots = replay(shared_fixtures / "dcgmi_dmon_dcgm_guide_a100.txt", model="NVIDIA A100-SXM4-40GB")
+    assert len(snapshots) == 15
+    readings = [snapshot.readings[0] for snapshot in snapshots]
+    assert [r.tensor_active for r in readings[:5]] == [0.0, 0.0, 0.0, 0.527, 0.928]
+    steady = readings[4:]
+    assert [r.engine_active for r in steady] == [0.969, 0.973, 0.971, 0.969, 0.971, 0.971, 0.973, 0.974, 0.971, 0.974,
+                                                 0.972]  # fmt: skip
+    assert [r.dram_active for r in readings] == [0.0] * 15
+    # The example recorded no clock: no OFU, and the error says the clock is what is missing, not the activity.
+    assert all(reading.sm_clock_hz is None for reading in readings)
+    assert all("SM clock" in e.message and "tensor" not in e.message for s in snapshots for e in s.errors)
+
+
+def test_the_guides_capture_without_its_command_line_is_still_dmon_text(shared_fixtures: Path, tmp_path: Path) -> None:
+    lines = (shared_fixtures / "dcgmi_dmon_dcgm_guide_a100.txt").read_text().splitlines()
+    capture = tmp_path / "pasted.txt"
+    capture.write_text("\n".join(lines[1:]) + "\n")  # as pasted from the guide, without "$ dcgmi dmon ..."
+    source, why = open_source("replay", file=capture, clock=lambda: T0)
+    try:
+        assert isinstance(source, DcgmiDmonSource)
+        assert "dcgmi dmon" in why
+        assert source.read().readings[0].engine_active == 0.0
+    finally:
+        source.close()
+
+
+def test_the_guides_mig_example_reads_its_gpu_and_instance_rows(shared_fixtures: Path) -> None:
+    # The same guide's MIG example: an A100 as two 3g.20gb GPU instances, the group holding GPU 0 and both instances.
+    snapshots = replay(shared_fixtures / "dcgmi_dmon_dcgm_guide_mig.txt")
+    assert len(snapshots) == 10
+    busy = snapshots[3].readings  # "GPU 0 0.845 0.816", "GPU-I 0 0.986 0.953", "GPU-I 1 0.985 0.952"
+    assert [(r.gpu.index, r.gpu.mig_instance_id, r.engine_active, r.tensor_active) for r in busy] == [
+        (0, None, 0.845, 0.816),
+        (-1, 0, 0.986, 0.953),
+        (-1, 1, 0.985, 0.952),
+    ]
+    assert len({r.gpu.key for r in busy}) == 3  # GPU-I 0 is not GPU 0
+
+
+def test_dcgm_4_blank_cells_and_link_rows(tmp_path: Path) -> None:
+    # DCGM 4's layout (dcgmi/DeviceMonitor.cpp: "#Entity" in 14 + 2 columns, each field its width + 6 + 2, a blank
+    # cell where the entity has no such field) and its "GPU 0 LINK n" rows; written for this test from that code.
+    capture = tmp_path / "dmon4.txt"
+    capture.write_text(
+        "$ dcgmi dmon -e 1001,1004,1005\n"
+        "#Entity         GRACT        TENSO        DRAMA\n"
+        "ID\n"
+        "GPU 0           0.845        0.816        0.400\n"
+        "GPU-CI 1        0.986        0.953\n"
+        "GPU-I 1         0.985                     0.300\n"
+        "GPU 0 LINK 3    N/A          N/A          N/A\n"
+    )
+    (snapshot,) = replay(capture)
+    assert snapshot.errors != ()  # no clock in -e: every entity says so
+    assert all(e.reason == names.ErrorReason.NO_VALUE for e in snapshot.errors)
+    gpu, compute_instance, gpu_instance = snapshot.readings
+    assert (gpu.engine_active, gpu.tensor_active, gpu.dram_active) == (0.845, 0.816, 0.4)
+    assert (compute_instance.gpu.mig_instance_id, compute_instance.tensor_active) == (1, 0.953)
+    assert compute_instance.dram_active is None  # blank: absent, never 0
+    assert (gpu_instance.engine_active, gpu_instance.tensor_active, gpu_instance.dram_active) == (0.985, None, 0.3)

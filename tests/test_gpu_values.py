@@ -71,14 +71,87 @@ def test_achieved_flops_uses_the_peak_of_the_precision(precision: str, peak: flo
     assert values.flops_achieved == pytest.approx(values.ofu * peak)
 
 
-def test_a_mig_slice_achieves_its_share_of_the_gpus_peak() -> None:
-    # A 1g.10gb instance holds 1 of the H100's 7 compute slices: at OFU 0.5 it does 0.5 x 989.4 / 7 = 70.7 TFLOP/s,
-    # not half the whole GPU's peak (its OFU is the share of its own tensor cores).
-    slice_reading = reading()
-    slice_reading = attrs.evolve(slice_reading, gpu=attrs.evolve(slice_reading.gpu, mig_profile="1g.10gb"))
-    values = gpu_values.compute(slice_reading, precision="bf16")
+def mig_reading(model: str, profile: str, *, tensor_active: float, clock_mhz: float) -> GpuReading:
+    plain = reading(model, tensor_active=tensor_active, sm_clock_hz=clock_mhz * MHZ, max_sm_clock_hz=None)
+    return attrs.evolve(plain, gpu=attrs.evolve(plain.gpu, mig_profile=profile))
+
+
+def test_a_mig_slice_achieves_its_sms_share_of_the_gpus_peak() -> None:
+    # NVIDIA's DCGM user guide, MIG example: an A100 (108 SMs, 312 dense FP16 TFLOP/s at 1410 MHz) as 3g.20gb GPU
+    # instances of 42 SMs each (nvidia-smi mig -lgip there: 42 SMs of the 98 the MIG profiles use). A slice's peak is
+    # its SMs' share, 312 x 42 / 108 = 121.33 TFLOP/s, not its compute slices' 3/7 x 312 = 133.71 (10.2 % high).
+    # At the guide's instance tensor activity 0.952 and the full 1410 MHz: 0.952 x 121.33 = 115.51 TFLOP/s.
+    values = gpu_values.compute(
+        mig_reading("NVIDIA A100-SXM4-40GB", "3g.20gb", tensor_active=0.952, clock_mhz=1410), precision="fp16"
+    )
+    assert values.ofu == pytest.approx(0.952)
+    assert values.flops_achieved == pytest.approx(115.51e12, rel=1e-4)
+    # An H100's 1g.10gb holds 16 of its 132 SMs: at OFU 0.5, 0.5 x 989.4 x 16 / 132 = 59.96 TFLOP/s (not 1/7's 70.67).
+    h100 = gpu_values.compute(mig_reading(H100, "1g.10gb", tensor_active=0.5, clock_mhz=1830), precision="bf16")
+    assert h100.flops_achieved == pytest.approx(59.964e12, rel=1e-4)
+
+
+def test_a_mig_profile_whose_sms_no_source_gives_has_no_achieved_flops(caplog: pytest.LogCaptureFixture) -> None:
+    # A compute instance inside a GPU instance (1c.3g.40gb): its SM count is in no table here. The slice share would
+    # be a guess, so FLOP/s are left out (OFU, a share of the slice's own tensor cores, stands).
+    with caplog.at_level(logging.WARNING, logger="otel_ofu.gpu_values"):
+        values = gpu_values.compute(
+            mig_reading(H100, "1c.3g.40gb", tensor_active=0.5, clock_mhz=1830), precision="bf16"
+        )
     assert values.ofu == pytest.approx(0.5)
-    assert values.flops_achieved == pytest.approx(0.5 * 989.4e12 / 7)
+    assert values.flops_achieved is None
+    assert any("1c.3g.40gb" in record.getMessage() for record in caplog.records)
+
+
+# --- what a reading must hold for OFU --------------------------------------------------------------------------
+
+RTX_4000_ADA = "NVIDIA RTX 4000 Ada Generation"
+
+
+def test_a_clock_above_the_catalogs_max_is_a_reading_not_an_error() -> None:
+    # An idle RTX 4000 Ada runs its SM clock at 2310 MHz, above the 2175 MHz boost its datasheet rates and the
+    # catalog holds as its max (dcgm-exporter gives no max). The catalog's figure is a rating, not a bound: the
+    # reading stands, its clock ratio is 1, and tensor activity 0 gives OFU 0 (it used to be invalid, and the GPU
+    # dropped out of the bill).
+    idle = gpu_values.compute(reading(RTX_4000_ADA, tensor_active=0.0, sm_clock_hz=2310 * MHZ, max_sm_clock_hz=None))
+    assert (idle.ofu, idle.ofu_raw, idle.sm_clock_hz) == (0.0, 0.0, 2310 * MHZ)
+    assert idle.max_clock_from_catalog
+    busy = gpu_values.compute(reading(RTX_4000_ADA, tensor_active=0.5, sm_clock_hz=2310 * MHZ, max_sm_clock_hz=None))
+    assert busy.ofu == pytest.approx(0.5)  # 0.5 x min(1, 2310 / 2175)
+    assert busy.ofu_raw == pytest.approx(0.5)
+
+
+def test_a_clock_above_the_devices_own_max_is_still_invalid() -> None:
+    # The device's own max clock (NVML, DCGM 113/1608) is a bound: 5 % above it is a stale or wrong max.
+    with pytest.raises(InvalidReading, match="above the max clock"):
+        gpu_values.compute(reading(H100, sm_clock_hz=2079 * MHZ, max_sm_clock_hz=1980 * MHZ))
+
+
+@pytest.mark.parametrize(
+    ("model", "sm_clock_hz", "max_sm_clock_hz"),
+    [
+        (H100, None, None),  # no clock at all
+        ("NVIDIA TITAN V", 1200 * MHZ, None),  # a model the catalog does not know, no max: no OFU but at TPA 0
+        (H100, 2500 * MHZ, 1980 * MHZ),  # a clock that would be invalid against its own max
+    ],
+)
+def test_tensor_activity_zero_is_ofu_zero_whatever_the_clocks(
+    model: str, sm_clock_hz: float | None, max_sm_clock_hz: float | None
+) -> None:
+    values = gpu_values.compute(
+        reading(model, tensor_active=0.0, sm_clock_hz=sm_clock_hz, max_sm_clock_hz=max_sm_clock_hz), precision="bf16"
+    )
+    assert values.ofu == 0.0
+    assert values.tensor_active == 0.0
+    assert values.sm_clock_hz in (None, 1200 * MHZ, 2500 * MHZ)  # the reading's clock when it is one, else absent
+
+
+def test_tensor_activity_zero_from_cycle_counters_is_ofu_zero_without_a_max() -> None:
+    counters = reading("NVIDIA TITAN V", tensor_active=None, sm_clock_hz=None, max_sm_clock_hz=None,
+                       cycles=CycleCounters(sm_cycles_elapsed=12_000_000_000, mma_cycles_active=0))  # fmt: skip
+    values = gpu_values.compute(counters)
+    assert (values.ofu, values.tensor_active) == (0.0, 0.0)
+    assert values.sm_clock_hz == pytest.approx(1200 * MHZ)  # 1.2e10 cycles over 10 s
 
 
 @pytest.mark.parametrize("precision", [None, "mixed", "unknown", "fp4"])

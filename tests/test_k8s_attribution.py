@@ -227,9 +227,44 @@ def test_a_jobset_worker_joins_its_jobs_mfu_with_no_environment_variable(
     assert api.requests[0][0] == "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a"
 
 
-def test_the_pod_list_without_the_kubelet_socket_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="needs --kubelet-socket"):
-        build_chain(k8s_pods_url="https://127.0.0.1:6443", k8s_node_name="node-a")
+def test_the_pod_list_without_the_kubelet_socket_joins_the_pods_dcgm_exporter_names(
+    api: FakeApiServer, service_account: Path
+) -> None:
+    # dcgm-exporter already labels each GPU with its pod (pod, namespace, container): the node's pod list alone then
+    # says which job each GPU's pod is, with no kubelet socket mounted.
+    worker = jobset_pod("llama", "workers", 0, 0)
+    api.pods = [worker]
+    chain = build_chain(
+        k8s_pods_url=api.url,
+        k8s_node_name="node-a",
+        k8s_token_file=str(service_account / "token"),
+        k8s_ca_file=str(service_account / "ca.crt"),
+    )
+    try:
+        labelled = GpuIdentity(
+            uuid=GPU0,
+            model="NVIDIA H100 80GB HBM3",
+            index=0,
+            host="node-a",
+            hints={
+                names.K8S_POD_NAME: worker["metadata"]["name"],
+                names.K8S_NAMESPACE_NAME: "ml",
+                names.K8S_CONTAINER_NAME: "trainer",
+                names.JOB_SCHEDULER: "kubernetes",
+            },
+        )
+        deadline = time.monotonic() + 10
+        attributes = chain.attribute(labelled)
+        while names.JOB_ID not in attributes and time.monotonic() < deadline:
+            time.sleep(0.05)  # the pod list's first fetch runs on the directory's own thread
+            chain.forget(labelled)
+            attributes = chain.attribute(labelled)
+        assert attributes[names.JOB_ID] == "ml/llama"
+        assert attributes[names.JOB_NAME] == "llama"
+        assert attributes[names.K8S_POD_NAME] == worker["metadata"]["name"]
+        assert names.JOB_ID not in chain.attribute(gpu(GPU1, 1))  # no pod named for it: no job, no error
+    finally:
+        chain.close()
 
 
 def test_a_pod_listed_after_its_gpu_was_seen_gets_its_job_at_the_next_sample(

@@ -193,10 +193,11 @@ def build_chain(
     """The chain of the links that are configured, in ``order`` (names from ``LINK_NAMES``).
 
     A link without its configuration is left out: process_env without ``pids_for``, slurm_mapping without
-    a directory, kubernetes without a socket, static without any value. hints is always there.
+    a directory, kubernetes without a socket or a pod list, static without any value. hints is always there.
     ``k8s_pods_url`` (an API server base URL or a kubelet ``.../pods`` URL) adds the pods' UIDs and jobs
-    to the kubernetes link; the pod list is refreshed every ``refresh_s`` on a thread of its own, started
-    here (the first list may take up to ``kubernetes_pods.STARTUP_WAIT_S``), stopped by ``close``.
+    to the kubernetes link (without a socket, for the pods the source names: dcgm-exporter's pod labels); the pod
+    list is refreshed every ``refresh_s`` on a thread of its own, started here (the first list may take up to
+    ``kubernetes_pods.STARTUP_WAIT_S``), stopped by ``close``.
     """
     unknown = [name for name in order if name not in LINK_NAMES]
     if unknown:
@@ -204,8 +205,6 @@ def build_chain(
     if len(set(order)) != len(order):
         raise ValueError(f"attribution order names a link twice: {', '.join(order)}")
 
-    if k8s_pods_url is not None and kubelet_socket is None:
-        raise ValueError("--k8s-pods-url needs --kubelet-socket: PodResources says which pod holds which GPU")
     pods = (
         None
         if k8s_pods_url is None
@@ -231,10 +230,13 @@ def build_chain(
         slurm_mapping.LINK_NAME: lambda: (
             None if slurm_mapping_dir is None else slurm_mapping.SlurmMappingAttributor(Path(slurm_mapping_dir))
         ),
+        # Without the kubelet socket, the pod list serves the pods the source itself names (dcgm-exporter's labels).
         kubernetes.LINK_NAME: lambda: (
             None
-            if kubelet_socket is None
-            else kubernetes.KubernetesAttributor(socket_path=str(kubelet_socket), clock=clock, pods=pods)
+            if kubelet_socket is None and pods is None
+            else kubernetes.KubernetesAttributor(
+                socket_path=None if kubelet_socket is None else str(kubelet_socket), clock=clock, pods=pods
+            )
         ),
         static.LINK_NAME: make_static,
     }

@@ -140,11 +140,23 @@ def _path_text(path: str | os.PathLike[str]) -> str:
     return os.fspath(path)
 
 
+def _named_pod(gpu: GpuIdentity) -> Owners:
+    """The pod the source itself names for the GPU (dcgm-exporter's pod labels), as PodResources would list it."""
+    pod, namespace = gpu.hints.get(names.K8S_POD_NAME), gpu.hints.get(names.K8S_NAMESPACE_NAME)
+    if not pod or not namespace:
+        return ()
+    return (PodContainer(pod=pod, namespace=namespace, container=gpu.hints.get(names.K8S_CONTAINER_NAME, "")),)
+
+
 @attrs.define
 class KubernetesAttributor:
     """Attributes GPUs to pods through the kubelet PodResources API on its unix socket."""
 
-    socket_path: str = attrs.field(default=DEFAULT_KUBELET_SOCKET, converter=_path_text)
+    # None: no kubelet socket; the pods are the ones the source names in the GPU's hints (dcgm-exporter's pod
+    # labels), and ``pods`` gives their jobs.
+    socket_path: str | None = attrs.field(
+        default=DEFAULT_KUBELET_SOCKET, converter=attrs.converters.optional(_path_text)
+    )
     timeout_s: float = 2.0
     reuse_s: float = 1.0
     clock: Clock = time.monotonic_ns
@@ -158,7 +170,7 @@ class KubernetesAttributor:
     _listed_ns: int | None = attrs.field(default=None, init=False, repr=False)
 
     def attribute(self, gpu: GpuIdentity) -> Mapping[str, str]:
-        owners = self._current_owners().owners_of(gpu)
+        owners = self._current_owners().owners_of(gpu) if self.socket_path is not None else _named_pod(gpu)
         if not owners:
             return {}
         attributes = owners[0].attributes()
@@ -180,6 +192,8 @@ class KubernetesAttributor:
 
     def list_pod_resources(self) -> podresources_pb2.ListPodResourcesResponse:
         """One List call; a clear one-line AttributionError when the kubelet does not answer."""
+        if self.socket_path is None:
+            raise AttributionError("no kubelet PodResources socket configured")
         if not os.path.exists(self.socket_path):
             raise AttributionError(f"kubelet PodResources socket {self.socket_path} does not exist")
         stub = podresources_pb2_grpc.PodResourcesListerStub(self._open_channel())
@@ -222,6 +236,7 @@ class KubernetesAttributor:
         return self._owners
 
     def _open_channel(self) -> grpc.Channel:
+        assert self.socket_path is not None  # list_pod_resources checked it
         if self._channel is None:
             self._channel = grpc.insecure_channel(
                 "unix://" + os.path.abspath(self.socket_path),

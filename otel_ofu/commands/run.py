@@ -101,7 +101,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--k8s-pods-url",
         metavar="URL",
         help="where the node's pods are listed, for each pod's job (its workload's labels and owners): an API "
-        "server URL, a kubelet .../pods URL, or auto (the in-cluster API server); off by default",
+        "server URL, a kubelet .../pods URL, or auto (the in-cluster API server); off by default. Without "
+        "--kubelet-socket it serves the pods the source names (dcgm-exporter's pod labels)",
     )
     attribution.option(
         "--k8s-node-name", metavar="NAME", help="this node's Kubernetes name (default: NODE_NAME, else --host)"

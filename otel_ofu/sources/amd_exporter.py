@@ -13,11 +13,16 @@ OFU's inputs, from its documented fields (its metrics list and the rocprofiler d
   their mean); its max, ``gpu_max_clock{clock_type="system"}``, else the catalog's peak engine clock;
 - power ``gpu_power_usage`` (W; ``gpu_package_power`` where it is absent) and energy ``gpu_energy_consumed`` (uJ);
 - engine activity (``gpu.engine.active``): ``GPU_UTIL`` itself, the share of cycles the graphics engine was busy,
-  counted over the same profiler window as the MFMA activity, as DCGM's field 1001 is. The exporter's
-  ``gpu_gfx_activity`` is not used: it is the power-management firmware's own GFX busy figure (the SMU metrics
-  table's ``average_gfx_activity``, SocketGfxBusy on MI300), averaged on the firmware's time base and read as a
-  point at the scrape, so it does not describe the interval the MFMA activity does. There is no SM activity or
+  counted over the same profiler window as the MFMA activity, as DCGM's field 1001 is. There is no SM activity or
   occupancy in NVIDIA's sense (``gpu_prof_sm_active`` is VALU busy time), and no link traffic is read.
+
+The profiler fields are off unless the exporter's ``ProfilerMetrics`` are on, and real pages come without
+``gpu_prof_gui_util_percent``. There, on a whole GPU, ``gpu_gfx_activity`` (the SMI's GFX busy share, on by default)
+stands in for it, as the GPU's active share and its engine activity, and the producer says once that it did: it is the
+power-management firmware's own figure (the SMU metrics table's ``average_gfx_activity``), averaged on the firmware's
+time base and read as a point at the scrape, so it describes the interval less exactly than GPU_UTIL. A compute
+partition gets no stand-in (the SMI reports the whole GPU's activity, on partition 0). MFMA activity 0 is tensor
+activity 0 whatever else the page lacks: no MFMA cycles, no tensor work.
 
 Labels to identity: ``gpu_uuid`` -> hw.id, ``card_series`` -> hw.model, ``hostname`` -> host.name, ``gpu_id`` ->
 gpu.index, ``gpu_compute_partition_type`` -> gpu.compute_partition, hw.vendor ``amd``; ``pod``, ``namespace``,
@@ -47,6 +52,7 @@ from otel_ofu.gpu_values import say_once
 from otel_ofu.model import Clock, GpuError, GpuIdentity, GpuReading, Snapshot
 from otel_ofu.sources import keep_values, prometheus_text
 from otel_ofu.sources.dcgm import split
+from otel_ofu.sources.exporter_page import page_summary
 from otel_ofu.sources.prometheus_text import ScrapeError, label
 
 UUID_LABEL = "gpu_uuid"
@@ -70,12 +76,14 @@ WHOLE_GPU = "spx"
 FIELDS: Mapping[str, str] = {
     names.AMD_EXPORTER_MFMA_ACTIVE: "mfma_percent",
     names.AMD_EXPORTER_GPU_ACTIVE: "active_percent",
+    names.AMD_EXPORTER_GFX_ACTIVITY: "gfx_percent",
     names.AMD_EXPORTER_POWER_USAGE: "power_w",
     names.AMD_EXPORTER_PACKAGE_POWER: "package_power_w",
     names.AMD_EXPORTER_ENERGY: "energy_uj",
 }
 CLOCKS: Mapping[str, str] = {names.AMD_EXPORTER_CLOCK: "clocks_mhz", names.AMD_EXPORTER_MAX_CLOCK: "max_clocks_mhz"}
 _NOT_APPLICABLE = frozenset(float(value) for value in names.AMD_NOT_APPLICABLE)
+_KNOWN = (*FIELDS, *CLOCKS)
 
 
 def normalize_url(url: str) -> str:
@@ -121,8 +129,20 @@ class _Entry:
 
 def parse_exposition(text: str) -> dict[str, _Entry]:
     """Devices keyed by ``gpu_uuid`` from exposition text; ScrapeError when it is not parseable."""
+    return entries_of(prometheus_text.parse_samples(text))
+
+
+def _unprefixed(name: str) -> str:
+    """A metric's name without the exporter's MetricsFieldPrefix (``amd_gpu_clock`` -> ``gpu_clock``)."""
+    if name in FIELDS or name in CLOCKS:
+        return name
+    return next((known for known in _KNOWN if name.endswith("_" + known)), name)
+
+
+def entries_of(samples: list[prometheus_text.Sample]) -> dict[str, _Entry]:
+    """Devices keyed by ``gpu_uuid`` from a page's samples."""
     entries: dict[str, _Entry] = {}
-    for sample in prometheus_text.parse_samples(text):
+    for sample in samples:
         uuid = label(sample.labels, (UUID_LABEL,))
         if uuid is None:
             continue  # not a GPU series (or the GPU_UUID label is off): no identity to report it under
@@ -130,11 +150,12 @@ def parse_exposition(text: str) -> dict[str, _Entry]:
         value = amd_number(sample.value)
         if value is None:
             continue
-        if sample.name in CLOCKS:
+        name = _unprefixed(sample.name)
+        if name in CLOCKS:
             if sample.labels.get(CLOCK_TYPE_LABEL) == names.AMD_EXPORTER_ENGINE_CLOCK_TYPE and value > 0:
-                getattr(entry, CLOCKS[sample.name]).append(value)
-        elif sample.name in FIELDS:
-            entry.values.setdefault(FIELDS[sample.name], value)
+                getattr(entry, CLOCKS[name]).append(value)
+        elif name in FIELDS:
+            entry.values.setdefault(FIELDS[name], value)
     return entries
 
 
@@ -158,6 +179,8 @@ class AmdExporterSource:
     name: str = "amd-exporter"
     _previous_ns: int = attrs.field(init=False, default=0)
     _energy: throttle.EnergyTracker = attrs.field(init=False, factory=throttle.EnergyTracker)
+    # GPU key -> the field its active share (TPA = MFMA x it) came from in the last read: which one was used.
+    activity_basis: dict[str, str] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._previous_ns = self.clock()
@@ -172,9 +195,17 @@ class AmdExporterSource:
         now = self.clock()
         start, self._previous_ns = self._previous_ns, now
         try:
-            entries = parse_exposition(self.fetch())
+            samples = prometheus_text.parse_samples(self.fetch())
         except ScrapeError as error:
             return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, str(error)),))
+        entries = entries_of(samples)
+        if not entries:
+            # A wrong port or another exporter's page: one line naming what it had, not an empty read.
+            message = (
+                f"{self.url}: no AMD Device Metrics Exporter metric on the page (no series with a {UUID_LABEL} "
+                f"label); {page_summary(samples)}. Is this the exporter's /metrics (port 5000 by default)?"
+            )
+            return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, message),))
         # Partition 0 of each partitioned GPU, by the GPU's serial: it carries the GPU's clocks, power and energy.
         primaries: dict[tuple[str, str], _Entry] = {}
         for entry in entries.values():
@@ -182,6 +213,7 @@ class AmdExporterSource:
             if entry.partitioned and entry.primary and key is not None:
                 primaries[key] = entry
         results: list[GpuReading | GpuError] = []
+        self.activity_basis = {}
         for uuid, entry in entries.items():
             key = entry.board_key()
             board = entry if entry.primary else (primaries.get(key) if key is not None else None)
@@ -217,7 +249,21 @@ class AmdExporterSource:
         identity = self._identity(uuid, entry.labels)
         mfma, mfma_problem = _percent("MFMA activity", entry.values.get("mfma_percent"))
         active, active_problem = _percent("GPU activity", entry.values.get("active_percent"))
-        tensor_active = mfma * active if mfma is not None and active is not None else None
+        if active is not None:
+            self.activity_basis[identity.key] = names.AMD_EXPORTER_GPU_ACTIVE
+        elif active_problem is None and not entry.partitioned:
+            active, active_problem = _percent("GFX activity", entry.values.get("gfx_percent"))
+            if active is not None:
+                self.activity_basis[identity.key] = names.AMD_EXPORTER_GFX_ACTIVITY
+            if active is not None and mfma:
+                say_once(
+                    f"{identity.model} on {identity.host}: {names.AMD_EXPORTER_GPU_ACTIVE} is not on the exporter's "
+                    f"page, so {names.AMD_EXPORTER_GFX_ACTIVITY} (the SMI's GFX busy share) stands in for it: tensor "
+                    f"activity = MFMA activity x GFX activity; the profiler's own ({names.AMD_EXPORTER_GPU_ACTIVE}, "
+                    "ProfilerMetrics on) is counted over the MFMA counters' own window"
+                )
+        # No MFMA cycles is no tensor work, whatever the GPU's active share.
+        tensor_active = 0.0 if mfma == 0.0 else (mfma * active if mfma is not None and active is not None else None)
         clocks = board.clocks_mhz if board is not None else []
         max_clocks = board.max_clocks_mhz if board is not None else []
         reading = GpuReading(
@@ -271,13 +317,16 @@ class AmdExporterSource:
 
 
 def _missing(entry: _Entry, reading: GpuReading, board: _Entry | None) -> Iterator[str]:
-    """What OFU lacks, in words naming the exporter's fields to turn on."""
+    """What OFU lacks, in words naming the exporter's fields to turn on (nothing when MFMA activity is 0: OFU 0)."""
+    if reading.tensor_active == 0.0:
+        return
     if "mfma_percent" not in entry.values:
         yield f"MFMA activity ({names.AMD_EXPORTER_MFMA_ACTIVE}, a profiler field: ProfilerMetrics on)"
-    if "active_percent" not in entry.values:
+    if reading.tensor_active is None and "active_percent" not in entry.values:
+        stand_in = "" if entry.partitioned else f", or {names.AMD_EXPORTER_GFX_ACTIVITY} on a whole GPU"
         yield (
-            f"GPU activity ({names.AMD_EXPORTER_GPU_ACTIVE}; without it MFMA activity counts the GPU's active "
-            "cycles only)"
+            f"GPU activity ({names.AMD_EXPORTER_GPU_ACTIVE}, a profiler field{stand_in}; without it MFMA activity "
+            "counts the GPU's active cycles only)"
         )
     if reading.sm_clock_hz is None:
         where = "" if board is not None else ", and its GPU's partition 0 is not on the page"

@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -55,14 +55,16 @@ def dcgm_number(value: float | None, *, counter: bool = False) -> float | None:
 
 
 def missing_core(tensor_active: float | None, sm_clock_hz: float | None, cycles: CycleCounters | None) -> str | None:
-    """What is missing for OFU, in words, or None. Cycle counters alone suffice: they give both."""
-    if cycles is not None:
+    """What is missing for OFU, in words, or None. Cycle counters alone suffice: they give both; tensor activity 0
+    needs no clock (no tensor work at any clock is OFU 0)."""
+    if cycles is not None or tensor_active == 0.0:
         return None
     missing = []
     if tensor_active is None:
         missing.append(f"tensor pipe activity (field {names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE})")
     if sm_clock_hz is None:
-        missing.append(f"SM clock (field {names.DCGM_FI_DEV_SM_CLOCK})")
+        old, new = names.DCGM_FI_DEV_SM_CLOCK, names.DCGM_FIELD_GENERATIONS[names.DCGM_FI_DEV_SM_CLOCK]
+        missing.append(f"SM clock (field {old} or {new})")
     if not missing:
         return None
     return "no value for " + " and ".join(missing)
@@ -81,6 +83,81 @@ def split(results: Sequence[GpuReading | GpuError], extra_errors: Sequence[GpuEr
     readings = tuple(item for item in results if isinstance(item, GpuReading))
     errors = tuple(item for item in results if isinstance(item, GpuError))
     return Snapshot(readings=readings, errors=(*extra_errors, *errors))
+
+
+# DCGM field id -> the reading value it feeds, in the base unit (``base_value``), every generation of the field: the one
+# table the DCGM source (by id), dcgm-exporter (tag -> id, names.DCGM_EXPORTER_FIELDS) and dcgmi dmon (column -> id)
+# read by. Each violation counter is a value of its own (two of them feed "other").
+QUANTITY_OF_FIELD: Mapping[int, str] = {
+    names.DCGM_FI_DEV_SM_CLOCK: "sm_clock_hz",
+    names.DCGM_FI_DEV_SM_CLOCK_HERTZ: "sm_clock_hz",
+    names.DCGM_FI_DEV_MAX_SM_CLOCK: "max_sm_clock_hz",
+    names.DCGM_FI_DEV_SM_MAX_CLOCK_HERTZ: "max_sm_clock_hz",
+    names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE: "tensor_active",
+    names.DCGM_FI_PROF_SM_ACTIVE: "sm_active",
+    names.DCGM_FI_PROF_DRAM_ACTIVE: "dram_active",
+    names.DCGM_FI_PROF_GR_ENGINE_ACTIVE: "engine_active",
+    names.DCGM_FI_PROF_SM_OCCUPANCY: "sm_occupancy",
+    # Bytes per second (DCGM's average over its sampling period), integrated into the byte counters.
+    names.DCGM_FI_PROF_PCIE_TX_BYTES: "pcie_tx",
+    names.DCGM_FI_PROF_PCIE_RX_BYTES: "pcie_rx",
+    names.DCGM_FI_PROF_NVLINK_TX_BYTES: "nvlink_tx",
+    names.DCGM_FI_PROF_NVLINK_RX_BYTES: "nvlink_rx",
+    names.DCGM_FI_PROF_SM_CYCLES_ELAPSED: "sm_cycles_elapsed",
+    names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE: "mma_cycles_active",
+    names.DCGM_FI_DEV_POWER_USAGE: "power_w",
+    names.DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: "energy_j",
+    names.DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL: "energy_j",
+    names.DCGM_FI_DEV_CLOCKS_EVENT_REASONS: "clocks_event_reasons",
+    **{field_id: f"violation_{field_id}" for field_id in names.DCGM_VIOLATION_FIELDS},
+}
+# Monotonic counters: they legitimately pass the FP64 blank (2^47), so only the INT64 blanks are "no value" for them.
+COUNTER_FIELDS = frozenset(
+    {
+        names.DCGM_FI_PROF_SM_CYCLES_ELAPSED,
+        names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE,
+        names.DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+        names.DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL,
+        *names.DCGM_VIOLATION_FIELDS,
+    }
+)
+_NEWER_GENERATION = frozenset(names.DCGM_FIELD_GENERATIONS.values())
+LINKS = ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
+
+
+def base_value(field_id: int, value: float) -> float:
+    """A field's value in the base unit its reading value carries (Hz, J, W, a ratio, bytes per second)."""
+    return value * names.DCGM_FIELD_TO_BASE_UNIT.get(field_id, 1.0)
+
+
+def field_value(field_id: int, raw: float | None) -> float | None:
+    """A field's value in its base unit, or None where DCGM means "no value" (blank sentinels, NaN)."""
+    value = dcgm_number(raw, counter=field_id in COUNTER_FIELDS)
+    return None if value is None else base_value(field_id, value)
+
+
+@attrs.define
+class FieldValues:
+    """One entity's values by the reading value they feed, whichever generation of field gave each: the newer wins
+    where a source gives both (the old ids stay valid beside the new ones)."""
+
+    values: dict[str, float] = attrs.field(factory=dict)
+    blank: set[str] = attrs.field(factory=set)  # values whose field was there but blank
+    fields: dict[str, int] = attrs.field(factory=dict)  # value -> the field id it came from
+
+    def add(self, field_id: int, raw: float | None) -> None:
+        quantity = QUANTITY_OF_FIELD.get(field_id)
+        if quantity is None:
+            return
+        value = field_value(field_id, raw)
+        if value is None:
+            self.blank.add(quantity)
+            return
+        previous = self.fields.get(quantity)
+        if previous is not None and (previous in _NEWER_GENERATION or field_id not in _NEWER_GENERATION):
+            return  # the first of a generation stays; a newer generation replaces an older
+        self.values[quantity] = value
+        self.fields[quantity] = field_id
 
 
 @attrs.define
@@ -154,21 +231,30 @@ PROFILING_FIELDS = frozenset(
 )
 
 
+def newest_generation(fields: tuple[int, ...]) -> tuple[int, ...]:
+    """The same fields with each old one replaced by its DCGM 4.6.1 base-unit successor (1603 for 100, ...)."""
+    return tuple(names.DCGM_FIELD_GENERATIONS.get(field_id, field_id) for field_id in fields)
+
+
 def watch_attempts() -> tuple[tuple[tuple[int, ...], bool], ...]:
     """The field lists to watch, best first, each with whether it is a base (no optional fields): with the cycle
     counters (DCGM 4.6+), without them, and without profiling at all (a GPU or host engine that refuses profiling
     still gives clocks, and says why TPA is missing); each first with the optional fields, NVLink and PCIe traffic
-    and the power and throttle fields, which a host engine or a GPU may not have."""
+    and the power and throttle fields, which a host engine or a GPU may not have. All of it first in DCGM 4.6.1's
+    base-unit fields (the clocks in Hz, the energy in J), then in the old ones, which a host engine before 4.6.1 knows
+    (and which one after still accepts)."""
     bases = (CORE_FIELDS + CYCLE_FIELDS, CORE_FIELDS, tuple(f for f in CORE_FIELDS if f not in PROFILING_FIELDS))
     attempts: list[tuple[tuple[int, ...], bool]] = []
-    for base in bases:
-        profiling = bool(PROFILING_FIELDS & set(base))
-        links = (LINK_FIELDS, PCIE_FIELDS, ()) if profiling else ((),)
-        for loss in (LOSS_FIELDS, ()):
-            for link in links:
-                fields = base + link + loss
-                if fields not in [seen for seen, _ in attempts]:
-                    attempts.append((fields, fields == base))
+    generations: tuple[Callable[[tuple[int, ...]], tuple[int, ...]], ...] = (newest_generation, tuple)
+    for generation in generations:
+        for base in map(generation, bases):
+            profiling = bool(PROFILING_FIELDS & set(base))
+            links = (LINK_FIELDS, PCIE_FIELDS, ()) if profiling else ((),)
+            for loss in (generation(LOSS_FIELDS), ()):
+                for link in links:
+                    fields = base + link + loss
+                    if fields not in [seen for seen, _ in attempts]:
+                        attempts.append((fields, fields == base))
     return tuple(attempts)
 
 
@@ -405,44 +491,41 @@ class DcgmSource:
         self, gpu: DcgmGpu, fields: dict[int, FieldValue], start: int, now: int
     ) -> tuple[GpuReading | GpuError, ...]:
         identity = GpuIdentity(uuid=gpu.uuid, model=gpu.model, index=gpu.gpu_id, host=self._host)
+        got = FieldValues()
+        for field in fields.values():
+            got.add(field.field_id, field.value)
+        values = got.values
 
-        def number(field_id: int, *, counter: bool = False) -> float | None:
-            field = fields.get(field_id)
-            return None if field is None else dcgm_number(field.value, counter=counter)
+        def stamp(quantity: str) -> int:
+            # DCGM's own time of the value (a stale one spans 0), from whichever generation's field gave it.
+            return fields[got.fields[quantity]].ts_us * 1000 or now
 
-        sm_clock = number(names.DCGM_FI_DEV_SM_CLOCK)
-        max_clock = number(names.DCGM_FI_DEV_MAX_SM_CLOCK)
         # 1009-1012 are DCGM's bytes per second over its sampling period, taken for the whole read interval (the
         # read-to-read spans tile time, so nothing is counted twice or left out between reads).
-        rates = io_counters.link_rates(
-            pcie_tx=number(names.DCGM_FI_PROF_PCIE_TX_BYTES),
-            pcie_rx=number(names.DCGM_FI_PROF_PCIE_RX_BYTES),
-            nvlink_tx=number(names.DCGM_FI_PROF_NVLINK_TX_BYTES),
-            nvlink_rx=number(names.DCGM_FI_PROF_NVLINK_RX_BYTES),
-        )
+        rates = io_counters.link_rates(**{link: values[link] for link in LINKS if link in values})
         links = self._links.add(gpu.uuid, rates, start, now)
         cycles: CycleCounters | None = None
-        elapsed = number(names.DCGM_FI_PROF_SM_CYCLES_ELAPSED, counter=True)
-        mma = number(names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE, counter=True)
-        if elapsed is not None and mma is not None:
-            stamp = fields[names.DCGM_FI_PROF_SM_CYCLES_ELAPSED].ts_us * 1000 or now
-            delta = self._cycles.update(gpu.uuid, int(elapsed), int(mma), stamp)
+        if "sm_cycles_elapsed" in values and "mma_cycles_active" in values:
+            at = stamp("sm_cycles_elapsed")
+            delta = self._cycles.update(
+                gpu.uuid, int(values["sm_cycles_elapsed"]), int(values["mma_cycles_active"]), at
+            )
             if delta is not None:
                 cycles, start = delta[0], delta[1]
-                now = stamp
+                now = at
         reading = GpuReading(
             gpu=identity,
             start_ns=start,
             end_ns=now,
-            tensor_active=number(names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE),
-            sm_clock_hz=None if sm_clock is None else sm_clock * 1e6,
-            max_sm_clock_hz=None if max_clock is None else max_clock * 1e6,
-            sm_active=number(names.DCGM_FI_PROF_SM_ACTIVE),
-            dram_active=number(names.DCGM_FI_PROF_DRAM_ACTIVE),
-            engine_active=number(names.DCGM_FI_PROF_GR_ENGINE_ACTIVE),
-            sm_occupancy=number(names.DCGM_FI_PROF_SM_OCCUPANCY),
+            tensor_active=values.get("tensor_active"),
+            sm_clock_hz=values.get("sm_clock_hz"),
+            max_sm_clock_hz=values.get("max_sm_clock_hz"),
+            sm_active=values.get("sm_active"),
+            dram_active=values.get("dram_active"),
+            engine_active=values.get("engine_active"),
+            sm_occupancy=values.get("sm_occupancy"),
             cycles=cycles,
-            **self._loss_inputs(gpu.uuid, fields, now),
+            **self._loss_inputs(gpu.uuid, got, stamp),
             **links,
         )
         result = reading_or_error(reading)
@@ -455,37 +538,28 @@ class DcgmSource:
                 result = attrs.evolve(result, reason=reason, message=f"{result.message} (DCGM status {tensor.status})")
         return keep_values(reading, result)  # what the GPU did give stays beside the error
 
-    def _loss_inputs(self, key: str, fields: dict[int, FieldValue], now: int) -> dict[str, Any]:
-        """Power (156's delta over its own timestamps, else 155), energy (156, mJ) and throttle shares
-        (violation fields 240-245 in ns, else the one bitmask sample of field 112) as GpuReading fields."""
-
-        def number(field_id: int, *, counter: bool = False) -> float | None:
-            field = fields.get(field_id)
-            return None if field is None else dcgm_number(field.value, counter=counter)
-
-        def stamp(field_id: int) -> int:
-            return fields[field_id].ts_us * 1000 or now  # DCGM's own time of the value: a stale one spans 0
-
+    def _loss_inputs(self, key: str, got: FieldValues, stamp: Callable[[str], int]) -> dict[str, Any]:
+        """Power (the energy counter's delta over its own timestamps, else 155), energy (1611 in J or 156 in mJ) and
+        throttle shares (violation fields 240-245 in ns, else the one bitmask sample of field 112) as GpuReading
+        fields."""
+        values = got.values
         result: dict[str, Any] = {}
         observation = None
-        millijoules = number(names.DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, counter=True)
-        if millijoules is not None:
-            observation = self._energy.update(
-                key, millijoules / 1000.0, stamp(names.DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
-            )
+        if "energy_j" in values:
+            observation = self._energy.update(key, values["energy_j"], stamp("energy_j"))
             result["energy"] = observation.energy
-        result["power_w"] = throttle.interval_power(observation, number(names.DCGM_FI_DEV_POWER_USAGE))
+        result["power_w"] = throttle.interval_power(observation, values.get("power_w"))
         counters = {
-            field_id: value * names.DCGM_VIOLATION_UNIT_NS
+            field_id: values[quantity] * names.DCGM_VIOLATION_UNIT_NS
             for field_id in names.DCGM_VIOLATION_FIELDS
-            if (value := number(field_id, counter=True)) is not None
+            if (quantity := QUANTITY_OF_FIELD[field_id]) in values
         }
         shares: dict[str, float] = {}
         if counters:
-            at = max(stamp(field_id) for field_id in counters)
+            at = max(stamp(QUANTITY_OF_FIELD[field_id]) for field_id in counters)
             by_reason = throttle.sum_by_reason(counters, names.DCGM_VIOLATION_FIELDS)
             shares = self._violations.update(key, by_reason, at)
-        bitmask = number(names.DCGM_FI_DEV_CLOCKS_EVENT_REASONS)
+        bitmask = values.get("clocks_event_reasons")
         sampled = throttle.bitmask_shares([] if bitmask is None else [int(bitmask)])
         result["throttle"] = throttle.merge_shares(shares, sampled)
         return result

@@ -19,7 +19,8 @@ from otel_ofu import gpu_share, io_counters, names, throttle
 from otel_ofu.gpu_values import say_once
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot
 from otel_ofu.sources import keep_values, prometheus_text
-from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
+from otel_ofu.sources.dcgm import LINKS, QUANTITY_OF_FIELD, CycleTracker, FieldValues, reading_or_error, split
+from otel_ofu.sources.exporter_page import page_summary
 from otel_ofu.sources.prometheus_text import ScrapeError
 from otel_ofu.sources.prometheus_text import label as _label
 
@@ -38,48 +39,15 @@ HINT_LABELS: Mapping[str, tuple[str, ...]] = {
     names.JOB_ID: ("hpc_job",),
 }
 
-# Exporter metric name -> the reading value it feeds (both DCGM tag generations).
-METRICS: Mapping[str, str] = {
-    names.DCGM_EXPORTER_TENSOR_ACTIVE: "tensor_active",
-    names.DCGM_EXPORTER_TENSOR_ACTIVE_46: "tensor_active",
-    names.DCGM_EXPORTER_SM_CLOCK: "sm_clock_mhz",
-    names.DCGM_EXPORTER_MAX_SM_CLOCK: "max_sm_clock_mhz",
-    names.DCGM_EXPORTER_SM_ACTIVE: "sm_active",
-    names.DCGM_EXPORTER_SM_ACTIVE_46: "sm_active",
-    names.DCGM_EXPORTER_DRAM_ACTIVE: "dram_active",
-    names.DCGM_EXPORTER_DRAM_ACTIVE_46: "dram_active",
-    names.DCGM_EXPORTER_SM_CYCLES_ELAPSED: "sm_cycles_elapsed",
-    names.DCGM_EXPORTER_SM_CYCLES_ELAPSED_TOTAL: "sm_cycles_elapsed",
-    names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE: "mma_cycles_active",
-    names.DCGM_EXPORTER_MMA_CYCLES_ACTIVE_TOTAL: "mma_cycles_active",
-    names.DCGM_EXPORTER_ENGINE_ACTIVE: "engine_active",
-    names.DCGM_EXPORTER_ENGINE_ACTIVE_46: "engine_active",
-    names.DCGM_EXPORTER_SM_OCCUPANCY: "sm_occupancy",
-    names.DCGM_EXPORTER_SM_OCCUPANCY_46: "sm_occupancy",
-    # Bytes per second (DCGM's average over its sampling period), integrated into the byte counters.
-    names.DCGM_EXPORTER_PCIE_TX_BYTES: "pcie_tx",
-    names.DCGM_EXPORTER_PCIE_RX_BYTES: "pcie_rx",
-    names.DCGM_EXPORTER_NVLINK_TX_BYTES: "nvlink_tx",
-    names.DCGM_EXPORTER_NVLINK_RX_BYTES: "nvlink_rx",
-}
-# Power, energy and throttling; each violation counter is its own value (two of them feed "other").
-LOSS_METRICS: Mapping[str, str] = {
-    names.DCGM_EXPORTER_POWER_USAGE: "power_w",
-    names.DCGM_EXPORTER_POWER_USAGE_46: "power_w",
-    names.DCGM_EXPORTER_TOTAL_ENERGY: "energy_mj",
-    names.DCGM_EXPORTER_CLOCKS_EVENT_REASONS: "clocks_event_reasons",
-    names.DCGM_EXPORTER_CLOCK_THROTTLE_REASONS: "clocks_event_reasons",
-    **{metric: metric for metric in names.DCGM_EXPORTER_VIOLATIONS},
-}
-METRICS = {**METRICS, **LOSS_METRICS}
-COUNTERS = frozenset({"sm_cycles_elapsed", "mma_cycles_active", "energy_mj", *names.DCGM_EXPORTER_VIOLATIONS})
+# What the exporter's metric names are read as: names.DCGM_EXPORTER_FIELDS says which DCGM field each name is (every
+# generation's tag), dcgm.QUANTITY_OF_FIELD which reading value that field feeds, in its base unit.
 # The SM clock and its throttling belong to the physical GPU: a MIG instance without its own takes its
 # parent's. So do power, energy and the PCIe and NVLink traffic, but as the board's: a MIG instance carries its share
 # of them (otel_ofu.gpu_share), never the board's whole, which would be counted once per instance. A link rate printed
 # on the instance's own series is taken as the board's too (PCIe and NVLink belong to the GPU), and shared the same way.
-GPU_WIDE = ("sm_clock_mhz", "max_sm_clock_mhz", "clocks_event_reasons", *names.DCGM_EXPORTER_VIOLATIONS)
-LINKS = ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
-BOARD = ("power_w", "energy_mj", *LINKS)
+VIOLATIONS = tuple(QUANTITY_OF_FIELD[field_id] for field_id in names.DCGM_VIOLATION_FIELDS)
+GPU_WIDE = ("sm_clock_hz", "max_sm_clock_hz", "clocks_event_reasons", *VIOLATIONS)
+BOARD = ("power_w", "energy_j", *LINKS)
 
 
 def normalize_url(url: str) -> str:
@@ -99,28 +67,31 @@ class _Entry:
     """What one scrape says about one GPU or MIG instance."""
 
     labels: dict[str, str]
-    values: dict[str, float] = attrs.field(factory=dict)
-    blank: set[str] = attrs.field(factory=set)
+    got: FieldValues = attrs.field(factory=FieldValues)
+
+    @property
+    def values(self) -> dict[str, float]:
+        return self.got.values
 
 
 def parse_exposition(text: str) -> dict[tuple[str, str | None], _Entry]:
     """Entries keyed by (UUID, MIG instance id) from exposition text; ScrapeError when it is not parseable."""
+    return entries_of(prometheus_text.parse_samples(text))
+
+
+def entries_of(samples: list[prometheus_text.Sample]) -> dict[tuple[str, str | None], _Entry]:
+    """Entries keyed by (UUID, MIG instance id) from a page's samples."""
     entries: dict[tuple[str, str | None], _Entry] = {}
-    for sample in prometheus_text.parse_samples(text):
+    for sample in samples:
         labels = sample.labels
         uuid = _label(labels, UUID_LABELS)
         if uuid is None:
             continue  # not a GPU series; without a UUID it has no identity to report under
         # Any GPU series makes the GPU known, so one without our fields is reported, not lost.
         entry = entries.setdefault((uuid, _label(labels, (MIG_ID_LABEL,))), _Entry(dict(labels)))
-        field = METRICS.get(sample.name)
-        if field is None:
-            continue
-        value = dcgm_number(sample.value, counter=field in COUNTERS)
-        if value is None:
-            entry.blank.add(field)
-        elif field not in entry.values:
-            entry.values[field] = value
+        field_id = names.DCGM_EXPORTER_FIELDS.get(sample.name)
+        if field_id is not None:
+            entry.got.add(field_id, sample.value)
     return entries
 
 
@@ -148,13 +119,30 @@ class DcgmExporterSource:
         """The exposition text, or ScrapeError saying in one line why not."""
         return prometheus_text.fetch(self.url, self.timeout_s)
 
+    def _not_dcgm_exporter(self, samples: list[prometheus_text.Sample]) -> str:
+        """Why a page gave no GPU, in one line naming what it had: a wrong port or another exporter's page is
+        otherwise an empty read that looks like a node without GPUs."""
+        dcgm = [sample for sample in samples if sample.name.startswith("DCGM_")]
+        if dcgm:
+            return (
+                f"{self.url}: {len(dcgm)} DCGM series but none with a GPU UUID label ({' or '.join(UUID_LABELS)}), "
+                f"so no GPU to report them under; {page_summary(samples)}"
+            )
+        return (
+            f"{self.url}: no dcgm-exporter metric on the page (no DCGM_FI_* series); {page_summary(samples)}. "
+            "Is this dcgm-exporter's /metrics (port 9400 by default)?"
+        )
+
     def read(self) -> Snapshot:
         now = self.clock()
         start, self._previous_ns = self._previous_ns, now
         try:
-            entries = parse_exposition(self.fetch())
+            samples = prometheus_text.parse_samples(self.fetch())
         except ScrapeError as error:
             return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, str(error)),))
+        entries = entries_of(samples)
+        if not entries:
+            return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, self._not_dcgm_exporter(samples)),))
         parents = {uuid: entry for (uuid, mig_id), entry in entries.items() if mig_id is None}
         has_instances = {uuid for (uuid, mig_id) in entries if mig_id is not None}
         results: list[GpuReading | GpuError] = []
@@ -233,15 +221,13 @@ class DcgmExporterSource:
             )
             if delta is not None:
                 cycles, start = delta
-        sm_clock = values.get("sm_clock_mhz")
-        max_clock = values.get("max_sm_clock_mhz")
         reading = GpuReading(
             gpu=identity,
             start_ns=start,
             end_ns=now,
             tensor_active=values.get("tensor_active"),
-            sm_clock_hz=None if sm_clock is None else sm_clock * 1e6,
-            max_sm_clock_hz=None if max_clock is None else max_clock * 1e6,
+            sm_clock_hz=values.get("sm_clock_hz"),
+            max_sm_clock_hz=values.get("max_sm_clock_hz"),
             sm_active=values.get("sm_active"),
             dram_active=values.get("dram_active"),
             engine_active=values.get("engine_active"),
@@ -250,7 +236,7 @@ class DcgmExporterSource:
             **self._loss_inputs(identity.key, values, now, board_share=board_share),
             **links,
         )
-        blank = " (blank sentinel or NaN)" if {"tensor_active", "sm_clock_mhz"} & entry.blank else ""
+        blank = " (blank sentinel or NaN)" if {"tensor_active", "sm_clock_hz"} & entry.got.blank else ""
         result = reading_or_error(reading)
         if isinstance(result, GpuError) and blank:
             result = attrs.evolve(result, message=result.message + blank)
@@ -271,22 +257,22 @@ class DcgmExporterSource:
         observation = None
         # Left out or not, the counter is still followed: whether it moved says whether this scrape is fresh.
         share = 1.0 if board_share is None else board_share
-        if "energy_mj" in values:
+        if "energy_j" in values:
             # The share of the board's counter is a counter of its own: its deltas are the board's times the share.
-            observation = self._energy.update(key, values["energy_mj"] / 1000.0 * share, now)
+            observation = self._energy.update(key, values["energy_j"] * share, now)
             if board_share is not None:
                 result["energy"] = observation.energy
         watts = values.get("power_w")
         power = throttle.interval_power(observation, None if watts is None else watts * share)
         result["power_w"] = power if board_share is not None else None
         counters = {
-            metric: values[metric] * names.DCGM_VIOLATION_UNIT_NS
-            for metric in names.DCGM_EXPORTER_VIOLATIONS
-            if metric in values
+            field_id: values[quantity] * names.DCGM_VIOLATION_UNIT_NS
+            for field_id in names.DCGM_VIOLATION_FIELDS
+            if (quantity := QUANTITY_OF_FIELD[field_id]) in values
         }
         shares: dict[str, float] = {}
         if counters and not (observation is not None and observation.stale):
-            by_reason = throttle.sum_by_reason(counters, names.DCGM_EXPORTER_VIOLATIONS)
+            by_reason = throttle.sum_by_reason(counters, names.DCGM_VIOLATION_FIELDS)
             shares = self._violations.update(key, by_reason, now)
         bitmask = values.get("clocks_event_reasons")
         sampled = throttle.bitmask_shares([] if bitmask is None else [int(bitmask)])

@@ -1,20 +1,30 @@
 """Replay of ``dcgmi dmon`` text output, one snapshot per sample block.
 
-``dmon`` prints a header (``#Entity`` and the fields' short names, then ``ID``), then one row per
-entity per sample (``GPU 0 ...``, ``GPU-I 21 ...`` for MIG instances), with ``N/A`` where DCGM had
-no value. Field ids come from the command line's ``-e`` list when the capture includes it, else
-from the column names. Rows have no timestamps: blocks are spaced by the ``-d`` delay (default 1 s).
-Anything else (shell prompts, messages) is ignored; a row that does not fit its header is an error
-of that block, counted, and never stops the replay.
+``dmon`` prints a header (the fields' short names), a units line, then one row per entity per sample
+(``GPU 0 ...``, ``GPU-I 21 ...`` for MIG GPU instances, ``GPU-CI`` for compute instances), with ``N/A``
+where DCGM had no value. Every layout DCGM has printed reads:
+
+- DCGM 2.2-2.3, as the DCGM user guide's examples still show it: ``# Entity  GRACT  TENSO`` then ``Id``,
+  everything right-aligned;
+- DCGM 2.4-3.x: ``#Entity   GRACT ...`` then ``ID``, left-aligned;
+- DCGM 4.x: the same with a wider entity column, a blank cell where an entity has no such field (placed by
+  the header's column positions), and rows of other entities (``GPU 0 LINK 3``, ``CPU 0``), which are skipped.
+
+Field ids come from the command line's ``-e`` list when the capture includes it, else from the column
+names; each is read in its own unit (SMCLK, field 100, in MHz; DCGM 4.6.1's 1603 in Hz). Rows have no
+timestamps: blocks are spaced by the ``-d`` delay (default 1 s). Anything else (shell prompts, messages)
+is ignored; a row that does not fit its header is an error of that block, counted, and never stops the
+replay.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -23,7 +33,7 @@ import attrs
 from otel_ofu import io_counters, names
 from otel_ofu.model import Clock, CycleCounters, GpuError, GpuIdentity, GpuReading, Snapshot, SourceUnavailable
 from otel_ofu.sources import keep_values
-from otel_ofu.sources.dcgm import CycleTracker, dcgm_number, reading_or_error, split
+from otel_ofu.sources.dcgm import COUNTER_FIELDS, LINKS, CycleTracker, FieldValues, dcgm_number, reading_or_error, split
 
 DEFAULT_DELAY_S = 1.0  # dcgmi dmon's default -d is 1000 ms
 ENTITY_KINDS = ("GPU", "GPU-I", "GPU-CI")
@@ -76,10 +86,41 @@ def _column_ids(columns: list[str], command: _Command) -> list[int | None]:
     return [names.DCGMI_DMON_COLUMNS.get(column) for column in columns]
 
 
+def header_columns(raw: str) -> list[str] | None:
+    """The field columns of a dmon header line, or None when the line is not one: ``#Entity`` (DCGM 2.4 on) or
+    ``# Entity`` (DCGM 2.2-2.3 and the DCGM user guide's examples, whose second line reads ``Id``, not ``ID``)."""
+    words = raw.split()
+    if words[:1] == ["#Entity"]:
+        return words[1:]
+    if words[:2] == ["#", "Entity"]:
+        return words[2:]
+    return None
+
+
+def is_dmon_text(lines: Iterable[str]) -> bool:
+    """Whether the first lines of a file look like ``dcgmi dmon`` output (its command line or a header)."""
+    return any("dcgmi" in line or header_columns(line) is not None for line in lines if line.strip())
+
+
+@attrs.frozen
+class _Header:
+    """A header's field ids and, for the left-aligned layouts (``#Entity``, DCGM 2.4 on), where each column starts: a
+    DCGM 4 row leaves a cell blank where the entity has no such field, so its cells are placed by position then."""
+
+    ids: list[int | None]
+    starts: tuple[int, ...] | None
+
+    @classmethod
+    def of(cls, raw: str, columns: list[str], command: _Command) -> _Header:
+        spans = [match.start() for match in re.finditer(r"\S+", raw.rstrip())]
+        left_aligned = raw.split()[0] == "#Entity"
+        return cls(_column_ids(columns, command), tuple(spans[1:]) if left_aligned else None)
+
+
 def parse_blocks(lines: Iterator[str], command: _Command | None = None) -> Iterator[DmonBlock]:
     """Sample blocks of dmon text; a block ends where an entity repeats or a header comes again."""
     command = command or _Command()
-    columns: list[int | None] | None = None
+    header: _Header | None = None
     rows: list[DmonRow] = []
     errors: list[str] = []
     seen: set[tuple[str, int]] = set()
@@ -90,20 +131,23 @@ def parse_blocks(lines: Iterator[str], command: _Command | None = None) -> Itera
         if "dcgmi" in raw and "dmon" in raw:
             _parse_command(raw, command)
             continue
-        if words[0] == "#Entity":
+        columns = header_columns(raw)
+        if columns is not None:
             if rows or errors:
                 yield DmonBlock(tuple(rows), tuple(errors))
                 rows, errors, seen = [], [], set()
-            columns = _column_ids(words[1:], command)
+            header = _Header.of(raw, columns, command)
             continue
         if words[0] not in ENTITY_KINDS or len(words) < 2:
-            continue  # "ID" units line, prompts, messages
+            continue  # "ID"/"Id" units line, CPU and switch rows, prompts, messages
+        if len(words) > 2 and words[2] == "LINK":
+            continue  # "GPU 0 LINK 3": an NVLink's own row (DCGM 4), not the GPU's
         key = (words[0], _entity_id(words[1]))
         if key in seen:
             yield DmonBlock(tuple(rows), tuple(errors))
             rows, errors, seen = [], [], set()
         seen.add(key)
-        row = _row(words, columns)
+        row = _row(raw, words, header)
         if isinstance(row, str):
             errors.append(f"line {number}: {row}: {raw.strip()!r}")
         else:
@@ -119,24 +163,41 @@ def _entity_id(text: str) -> int:
         return -1
 
 
-def _row(words: list[str], columns: list[int | None] | None) -> DmonRow | str:
-    if columns is None:
+def _cells(raw: str, words: list[str], header: _Header) -> list[str | None] | str:
+    """The row's cells, one per column (None where DCGM left it blank), or what is wrong with the row."""
+    cells: list[str | None] = list(words[2:])
+    if len(cells) == len(header.ids):
+        return cells
+    if header.starts is None or len(cells) > len(header.ids):
+        return f"{len(cells)} values for {len(header.ids)} columns"
+    # Left-aligned columns: each value starts where its column does; a column no value starts in is blank.
+    placed: list[str | None] = [None] * len(header.ids)
+    for match in list(re.finditer(r"\S+", raw.rstrip()))[2:]:
+        column = bisect.bisect_right(header.starts, match.start()) - 1
+        if column < 0 or placed[column] is not None:
+            return f"{len(cells)} values for {len(header.ids)} columns"
+        placed[column] = match.group()
+    return placed
+
+
+def _row(raw: str, words: list[str], header: _Header | None) -> DmonRow | str:
+    if header is None:
         return "row before any #Entity header"
     entity = _entity_id(words[1])
-    cells = words[2:]
     if entity < 0:
         return f"entity id {words[1]!r} is not a number"
-    if len(cells) != len(columns):
-        return f"{len(cells)} values for {len(columns)} columns"
+    cells = _cells(raw, words, header)
+    if isinstance(cells, str):
+        return cells
     values: dict[int, float] = {}
-    for field_id, cell in zip(columns, cells, strict=True):
-        if field_id is None or cell == "N/A":
+    for field_id, cell in zip(header.ids, cells, strict=True):
+        if field_id is None or cell is None or cell == "N/A":
             continue
         try:
             number = float(cell)
         except ValueError:
             return f"value {cell!r} is not a number"
-        counter = field_id in (names.DCGM_FI_PROF_SM_CYCLES_ELAPSED, names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE)
+        counter = field_id in COUNTER_FIELDS
         value = dcgm_number(int(number) if counter and number.is_integer() else number, counter=counter)
         if value is not None:
             values[field_id] = value
@@ -172,6 +233,12 @@ class DcgmiDmonSource:
         self._blocks = parse_blocks(iter(handle), self._command)
         self._start_ns = self.clock()
 
+    @property
+    def field_ids(self) -> tuple[int, ...] | None:
+        """The capture's ``-e`` field list, where its command line is in it (read with the first block)."""
+        fields = self._command.fields
+        return None if fields is None else tuple(fields)
+
     def read(self) -> Snapshot:
         block = next(self._blocks, None)
         if block is None:
@@ -196,38 +263,34 @@ class DcgmiDmonSource:
             host=host,
             mig_instance_id=row.entity_id if instance else None,
         )
-        values = row.values
+        got = FieldValues()
+        for field_id, value in row.values.items():
+            got.add(field_id, value)  # by field id, in its unit: SMCLK (100) in MHz, 1603 in Hz
+        values = got.values
         # PCITX/PCIRX/NVLTX/NVLRX are bytes per second over the block's delay. They are the board's: a GPU row
         # counts them, an instance row cannot (dmon prints no profile, so its share of the board is unknown).
         links = io_counters.LinkFields()
         if not instance:
-            rates = io_counters.link_rates(
-                pcie_tx=values.get(names.DCGM_FI_PROF_PCIE_TX_BYTES),
-                pcie_rx=values.get(names.DCGM_FI_PROF_PCIE_RX_BYTES),
-                nvlink_tx=values.get(names.DCGM_FI_PROF_NVLINK_TX_BYTES),
-                nvlink_rx=values.get(names.DCGM_FI_PROF_NVLINK_RX_BYTES),
-            )
+            rates = io_counters.link_rates(**{link: values[link] for link in LINKS if link in values})
             links = self._links.add(identity.key, rates, start, end)
         cycles: CycleCounters | None = None
-        elapsed = values.get(names.DCGM_FI_PROF_SM_CYCLES_ELAPSED)
-        mma = values.get(names.DCGM_FI_PROF_MMA_CYCLES_ACTIVE)
-        if elapsed is not None and mma is not None:
-            delta = self._cycles.update(identity.key, int(elapsed), int(mma), end)
+        if "sm_cycles_elapsed" in values and "mma_cycles_active" in values:
+            delta = self._cycles.update(
+                identity.key, int(values["sm_cycles_elapsed"]), int(values["mma_cycles_active"]), end
+            )
             if delta is not None:
                 cycles, start = delta
-        sm_clock = values.get(names.DCGM_FI_DEV_SM_CLOCK)
-        max_clock = values.get(names.DCGM_FI_DEV_MAX_SM_CLOCK)
         reading = GpuReading(
             gpu=identity,
             start_ns=start,
             end_ns=end,
-            tensor_active=values.get(names.DCGM_FI_PROF_PIPE_TENSOR_ACTIVE),
-            sm_clock_hz=None if sm_clock is None else sm_clock * 1e6,
-            max_sm_clock_hz=None if max_clock is None else max_clock * 1e6,
-            sm_active=values.get(names.DCGM_FI_PROF_SM_ACTIVE),
-            dram_active=values.get(names.DCGM_FI_PROF_DRAM_ACTIVE),
-            engine_active=values.get(names.DCGM_FI_PROF_GR_ENGINE_ACTIVE),
-            sm_occupancy=values.get(names.DCGM_FI_PROF_SM_OCCUPANCY),
+            tensor_active=values.get("tensor_active"),
+            sm_clock_hz=values.get("sm_clock_hz"),
+            max_sm_clock_hz=values.get("max_sm_clock_hz"),
+            sm_active=values.get("sm_active"),
+            dram_active=values.get("dram_active"),
+            engine_active=values.get("engine_active"),
+            sm_occupancy=values.get("sm_occupancy"),
             cycles=cycles,
             **links,
         )

@@ -111,7 +111,7 @@ def _dcgm(host: str | None, clock: Clock | None, options: dict[str, Any]) -> Sou
 def _replay(file: str | Path | None, host: str | None, clock: Clock | None, options: dict[str, Any]) -> Source:
     from otel_ofu.clock import wall_clock
     from otel_ofu.sources.capture import ReplaySource, is_capture
-    from otel_ofu.sources.dcgmi_dmon import DcgmiDmonSource
+    from otel_ofu.sources.dcgmi_dmon import DcgmiDmonSource, is_dmon_text
 
     if file is None:
         raise SourceUnavailable("--source replay needs --file CAPTURE (our JSON lines or dcgmi dmon text)")
@@ -123,7 +123,7 @@ def _replay(file: str | Path | None, host: str | None, clock: Clock | None, opti
         raise SourceUnavailable(f"cannot open capture {path}: {error.strerror}") from None
     if head and is_capture(head[0]):
         return ReplaySource(path)
-    if any("#Entity" in line or "dcgmi" in line for line in head):
+    if is_dmon_text(head):
         return DcgmiDmonSource(path, host=host, model=str(options.get("model", "unknown")), clock=clock or wall_clock)
     if head and head[0].lstrip().startswith("{"):
         return ReplaySource(path)  # ours with a damaged first line: its bad lines are counted, not fatal
