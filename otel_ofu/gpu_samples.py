@@ -20,8 +20,8 @@ import attrs
 
 from otel_ofu import names, ofu_math
 from otel_ofu.attribution.hints import HintsAttributor
-from otel_ofu.gpu_values import CalibrationTable, GpuValues, compute, say_once
-from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot
+from otel_ofu.gpu_values import CalibrationTable, GpuValues, compute, loss_inputs, say_once
+from otel_ofu.model import EnergyCounter, GpuError, GpuIdentity, GpuReading, IoCounter, Snapshot
 
 AttributeValue = str | int
 # Attribution: which job a GPU belongs to, as contract attribute keys (job.id, gpu.precision, k8s.*...).
@@ -49,14 +49,21 @@ class GpuSample:
 
 @attrs.frozen
 class PartialSample:
-    """A GPU that was read but has no OFU: the values it gave that are valid on their own (metric name ->
-    value, possibly none). Why it has no OFU is among the snapshot's errors for ``gpu.key``."""
+    """A GPU that was read but has no OFU: the values it gave that are valid on their own (gauges by metric name,
+    possibly none; its energy, throttle shares and link counters as ``gpu_values.loss_inputs`` keeps them) and why it
+    has no OFU (an ``names.ErrorReason``, also among the snapshot's errors for ``gpu.key``). The producer still
+    exports it (``gpu.ofu.unmeasured``): the GPU is allocated and draws power, and its time is billed."""
 
     gpu: GpuIdentity
     attributes: Mapping[str, AttributeValue]
     known: Mapping[str, float]
     start_ns: int
     end_ns: int
+    reason: str = names.ErrorReason.UNKNOWN
+    energy: EnergyCounter | None = None
+    throttle: Mapping[str, float] = attrs.field(factory=dict)
+    nvlink_io: Mapping[str, IoCounter] = attrs.field(factory=dict)
+    pcie_io: Mapping[str, IoCounter] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -141,7 +148,21 @@ def compute_snapshot(
             if gpu.key not in already_failed:
                 errors.append(failure)
                 already_failed.add(gpu.key)
-            partial.append(PartialSample(gpu, attributes, known_values(reading), reading.start_ns, reading.end_ns))
+            inputs = loss_inputs(reading)
+            partial.append(
+                PartialSample(
+                    gpu,
+                    attributes,
+                    known_values(reading),
+                    reading.start_ns,
+                    reading.end_ns,
+                    failure.reason,
+                    inputs["energy"],
+                    inputs["throttle"],
+                    inputs["nvlink_io"],
+                    inputs["pcie_io"],
+                )
+            )
             continue
         samples.append(GpuSample(gpu, attributes, values, reading.start_ns, reading.end_ns))
     return ComputedSnapshot(tuple(samples), tuple(errors), tuple(partial))

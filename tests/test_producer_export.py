@@ -265,8 +265,16 @@ def test_errored_gpus_are_counted_by_reason_and_the_rest_exported(sink: OtlpSink
     finally:
         producer.close()
     last = sink.received[-1].request
-    exported = {attributes_of(rm.resource.attributes)[names.GPU_INDEX] for rm in gpu_resources(last)}
-    assert exported == {0, 3}  # the broken ones are absent, not written as 0
+    resources = {attributes_of(rm.resource.attributes)[names.GPU_INDEX]: rm for rm in gpu_resources(last)}
+    # GPU 1 read an invalid value: exported without OFU (never as 0) and marked unmeasured, with why, so that its
+    # time and energy are billed; GPU 2 was lost (nothing read, no interval): absent. Both counted.
+    assert set(resources) == {0, 1, 3}
+    invalid = {metric.name: metric for sm in resources[1].scope_metrics for metric in sm.metrics}
+    assert names.GPU_OFU.name not in invalid
+    (marker,) = invalid[names.GPU_OFU_UNMEASURED.name].gauge.data_points
+    assert marker.as_int == 1 or marker.as_double == 1.0
+    assert attributes_of(marker.attributes)[names.ERROR_TYPE] == names.ErrorReason.INVALID_VALUE
+    assert marker.start_time_unix_nano < marker.time_unix_nano
     metric, points = self_metric_points(last, names.SOURCE_ERRORS.name)
     assert points == {names.ErrorReason.INVALID_VALUE: 2, names.ErrorReason.GPU_LOST: 2}  # cumulative
     assert metric.sum.is_monotonic

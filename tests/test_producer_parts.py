@@ -153,6 +153,7 @@ def test_prometheus_names_follow_the_conventions() -> None:
     assert PROMETHEUS_NAMES == {
         "gpu.ofu": "gpu_ofu",
         "gpu.ofu.raw": "gpu_ofu_raw",
+        "gpu.ofu.unmeasured": "gpu_ofu_unmeasured",
         "gpu.tensor.active": "gpu_tensor_active",
         "gpu.clock.sm": "gpu_clock_sm_hertz",
         "gpu.clock.sm.max": "gpu_clock_sm_max_hertz",

@@ -33,12 +33,13 @@ from otel_ofu.gpu_samples import (
     Attribution,
     ComputedSnapshot,
     GpuSample,
+    PartialSample,
     compute_snapshot,
     hints_attribution,
     no_attribution,
 )
 from otel_ofu.gpu_values import CalibrationTable
-from otel_ofu.model import Snapshot
+from otel_ofu.model import EnergyCounter, IoCounter, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -128,17 +129,31 @@ def _sample_metrics(sample: GpuSample, point_attributes: Mapping[str, AttributeV
         )
         for name, value in values.as_metrics().items()
     ]
-    energy = values.energy
+    metrics += _counter_metrics(values.energy, values.throttle, values.link_counters(), point_attributes, start, end)
+    return metrics
+
+
+def _counter_metrics(
+    energy: EnergyCounter | None,
+    throttle: Mapping[str, float],
+    links: Iterable[tuple[names.MetricSpec, Mapping[str, IoCounter]]],
+    point_attributes: Mapping[str, AttributeValue],
+    start: int,
+    end: int,
+) -> list[Metric]:
+    """gpu.energy, gpu.throttle with a point per reason, the link counters with a point per network.io.direction
+    (each its own series, from its own start time): what a GPU gave beside its gauges."""
+    metrics: list[Metric] = []
     if energy is not None:
         point = NumberDataPoint(point_attributes, energy.start_ns, end, energy.joules, _NO_EXEMPLARS)
         metrics.append(_metric(names.GPU_ENERGY.name, [point]))
-    if values.throttle:
+    if throttle:
         points = [
             NumberDataPoint({**point_attributes, names.GPU_THROTTLE_REASON: reason}, start, end, share, _NO_EXEMPLARS)
-            for reason, share in values.throttle.items()
+            for reason, share in throttle.items()
         ]
         metrics.append(_metric(names.GPU_THROTTLE.name, points))
-    for spec, counters in values.link_counters():
+    for spec, counters in links:
         points = [
             NumberDataPoint(
                 {**point_attributes, names.NETWORK_IO_DIRECTION: direction},
@@ -153,11 +168,45 @@ def _sample_metrics(sample: GpuSample, point_attributes: Mapping[str, AttributeV
     return metrics
 
 
+def _partial_metrics(partial: PartialSample, point_attributes: Mapping[str, AttributeValue]) -> list[Metric]:
+    """A GPU read without OFU: ``gpu.ofu.unmeasured`` over its interval (with ``error.type``, why), and whatever it
+    did give (clocks, activities, power, energy, throttle shares, link bytes), so that its time and energy are billed
+    as its own, unmeasured, neither as work nor as idleness."""
+    start, end = partial.start_ns, partial.end_ns
+    headers = _METRIC_HEADERS
+    marker = NumberDataPoint({**point_attributes, names.ERROR_TYPE: partial.reason}, start, end, 1, _NO_EXEMPLARS)
+    metrics = [_metric(names.GPU_OFU_UNMEASURED.name, [marker])]
+    metrics += [
+        Metric(
+            name,
+            headers[name][0],
+            headers[name][1],
+            Gauge([NumberDataPoint(point_attributes, start, end, value, _NO_EXEMPLARS)]),
+        )
+        for name, value in partial.known.items()
+    ]
+    metrics += _counter_metrics(partial.energy, partial.throttle, _links(partial), point_attributes, start, end)
+    return metrics
+
+
+def _links(partial: PartialSample) -> tuple[tuple[names.MetricSpec, Mapping[str, IoCounter]], ...]:
+    return tuple(
+        (spec, counters)
+        for spec, counters in ((names.GPU_NVLINK_IO, partial.nvlink_io), (names.GPU_PCIE_IO, partial.pcie_io))
+        if counters
+    )
+
+
 def _sample_points(
-    sample: GpuSample, point_attributes: Mapping[str, AttributeValue]
+    sample: GpuSample | PartialSample, point_attributes: Mapping[str, AttributeValue]
 ) -> Iterator[tuple[str, NumberDataPoint]]:
     """(metric name, point) of every known value of the sample, in the order of ``_sample_metrics``."""
-    for metric in _sample_metrics(sample, point_attributes):
+    metrics = (
+        _sample_metrics(sample, point_attributes)
+        if isinstance(sample, GpuSample)
+        else _partial_metrics(sample, point_attributes)
+    )
+    for metric in metrics:
         for point in metric.data.data_points:
             yield metric.name, point  # type: ignore[misc]
 
@@ -196,10 +245,9 @@ class MetricsDataBuilder:
         return resource
 
     def build(self, computed: ComputedSnapshot, self_metrics: Sequence[Metric] = ()) -> MetricsData:
-        if self.placement == "datapoint":
-            gpu_resources = self._host_level(computed.samples)
-        else:
-            gpu_resources = self._per_gpu(computed.samples)
+        # The GPUs read without OFU too: they are allocated and draw power, and their time is billed.
+        gpus: list[GpuSample | PartialSample] = [*computed.samples, *computed.partial]
+        gpu_resources = self._host_level(gpus) if self.placement == "datapoint" else self._per_gpu(gpus)
         resource_metrics = [
             ResourceMetrics(resource=resource, scope_metrics=[ScopeMetrics(SCOPE, metrics, "")], schema_url="")
             for resource, metrics in gpu_resources
@@ -209,17 +257,22 @@ class MetricsDataBuilder:
             resource_metrics.append(ResourceMetrics(self.own_resource, [scope], ""))
         return MetricsData(resource_metrics=resource_metrics)
 
-    def _per_gpu(self, samples: Iterable[GpuSample]) -> list[tuple[Resource, list[Metric]]]:
+    def _per_gpu(self, samples: Iterable[GpuSample | PartialSample]) -> list[tuple[Resource, list[Metric]]]:
         # Grouped by resource: the SDK's encoder keys resources in a dict, so two entries with equal
         # resources (a GPU read twice) would silently lose one.
         grouped: dict[Resource, list[Metric]] = {}
         for sample in samples:
             resource = self._resource(sample.attributes)
             point_attributes = self._identity(sample.attributes) if self.placement == "both" else {}
-            grouped.setdefault(resource, []).extend(_sample_metrics(sample, point_attributes))
+            metrics = (
+                _sample_metrics(sample, point_attributes)
+                if isinstance(sample, GpuSample)
+                else _partial_metrics(sample, point_attributes)
+            )
+            grouped.setdefault(resource, []).extend(metrics)
         return list(grouped.items())
 
-    def _host_level(self, samples: Sequence[GpuSample]) -> list[tuple[Resource, list[Metric]]]:
+    def _host_level(self, samples: Sequence[GpuSample | PartialSample]) -> list[tuple[Resource, list[Metric]]]:
         # Identity only on the points: every GPU's resource would be the same, so the host sends one
         # resource with a gauge per metric and a point per GPU.
         if not samples:

@@ -11,7 +11,7 @@ first scrape, at 0 until it counts.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
 from prometheus_client.exposition import start_http_server
@@ -19,6 +19,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from otel_ofu import names
+from otel_ofu.gpu_samples import GpuSample, PartialSample
+from otel_ofu.model import IoCounter
 from otel_ofu.producer.metrics_data import AttributeValue, ComputedSnapshot
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.prometheus_names import label_name, metric_name
@@ -50,17 +52,27 @@ class LatestSnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             latest, self_metrics = self._latest, self._self_metrics
-        labels = sorted({label_name(key) for sample in latest.samples for key in sample.attributes})
+        gpus: list[GpuSample | PartialSample] = [*latest.samples, *latest.partial]
+        labels = sorted({label_name(key) for sample in gpus for key in sample.attributes})
         families: dict[str, GaugeMetricFamily] = {}
-        for sample in latest.samples:
+        for sample in gpus:
             values = _label_values(sample.attributes, labels)
-            for name, value in sample.values.as_metrics().items():
+            gauges = sample.values.as_metrics() if isinstance(sample, GpuSample) else sample.known
+            for name, value in gauges.items():
                 family = families.get(name)
                 if family is None:
                     spec = _spec(name)
                     family = families[name] = GaugeMetricFamily(PROMETHEUS_NAMES[name], spec.description, labels=labels)
                 family.add_metric(values, value)
         yield from families.values()
+        if latest.partial:  # GPUs read without OFU: 1, with why (error_type)
+            spec = names.GPU_OFU_UNMEASURED
+            unmeasured = GaugeMetricFamily(
+                PROMETHEUS_NAMES[spec.name], spec.description, labels=[*labels, label_name(names.ERROR_TYPE)]
+            )
+            for partial in latest.partial:
+                unmeasured.add_metric([*_label_values(partial.attributes, labels), partial.reason], 1.0)
+            yield unmeasured
         yield from _loss_families(latest, labels)
         yield from _self_families(self_metrics)
 
@@ -79,14 +91,21 @@ def _loss_families(latest: ComputedSnapshot, labels: list[str]) -> Iterator[Metr
         spec.name: CounterMetricFamily(PROMETHEUS_NAMES[spec.name], spec.description, labels=[*labels, direction])
         for spec in (names.GPU_NVLINK_IO, names.GPU_PCIE_IO)
     }
-    for sample in latest.samples:
+    gpus: list[GpuSample | PartialSample] = [*latest.samples, *latest.partial]
+    for sample in gpus:
         values = _label_values(sample.attributes, labels)
-        counter = sample.values.energy
+        link_counters: Iterable[tuple[names.MetricSpec, Mapping[str, IoCounter]]]
+        if isinstance(sample, GpuSample):
+            counter, throttle = sample.values.energy, sample.values.throttle
+            link_counters = sample.values.link_counters()
+        else:
+            counter, throttle = sample.energy, sample.throttle
+            link_counters = ((names.GPU_NVLINK_IO, sample.nvlink_io), (names.GPU_PCIE_IO, sample.pcie_io))
         if counter is not None:
             energy.add_metric(values, counter.joules, created=counter.start_ns / 1e9)
-        for cause, share in sample.values.throttle.items():
+        for cause, share in throttle.items():
             shares.add_metric([*values, cause], share)
-        for spec, counters in sample.values.link_counters():
+        for spec, counters in link_counters:
             for way, link in counters.items():
                 links[spec.name].add_metric([*values, way], link.total_bytes, created=link.start_ns / 1e9)
     for family in (energy, shares, *links.values()):
