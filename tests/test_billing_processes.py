@@ -57,8 +57,10 @@ def test_gpus_without_ofu_are_billed_through_the_real_processes(exporter: Export
         env = {key: value for key, value in os.environ.items() if not key.startswith(("OTEL_", "OTEL_OFU"))}
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
         run = subprocess.run(
-            [sys.executable, "-m", "otel_ofu.cli", "run", "--source", "dcgm-exporter", "--url", exporter.serve(page())]
-            + ["--interval", "0.5", "--duration", "7", "--job-id", "train"],
+            [
+                *(sys.executable, "-m", "otel_ofu.cli", "run", "--source", "dcgm-exporter"),
+                *("--url", exporter.serve(page()), "--interval", "0.5", "--duration", "7", "--job-id", "train"),
+            ],
             cwd=ROOT,
             env=env,
             capture_output=True,

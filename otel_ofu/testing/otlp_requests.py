@@ -100,6 +100,7 @@ class RecordingSink:
     mfu: list[tuple[str, float, int, dict[str, str]]] = attrs.field(factory=list)
     inputs: list[tuple[str, int, int, dict[str, float], dict[str, float]]] = attrs.field(factory=list)
     counters: list[tuple[str, int, int, dict[str, float]]] = attrs.field(factory=list)
+    unmeasured: list[tuple[str, int, int, dict[str, str]]] = attrs.field(factory=list)
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def profile_of(self, identity: Mapping[str, str]) -> Any:
@@ -109,6 +110,12 @@ class RecordingSink:
         self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str], profile: Any
     ) -> str | None:
         self.ofu.append((stream_key, value, start_ns, end_ns, dict(identity)))
+        return None
+
+    def add_unmeasured(
+        self, stream_key: str, start_ns: int, end_ns: int, identity: Mapping[str, str], profile: Any
+    ) -> str | None:
+        self.unmeasured.append((stream_key, start_ns, end_ns, dict(identity)))
         return None
 
     def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None:
