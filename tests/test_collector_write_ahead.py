@@ -235,7 +235,7 @@ def test_an_unreadable_file_is_moved_aside_with_one_line_and_the_collector_start
     target = spool if which == "spool" else accepted_file(spool)
     damage(target)
     caplog.set_level(logging.INFO, logger=SERVICE_LOG)
-    service = CollectorService(spooled(spool), environ={})
+    service = CollectorService(spooled(spool), clock=lambda: W0 + 30 * S, environ={})
     try:
         [moved] = aside(target)
         [line] = warnings_about(caplog, "moved aside")
@@ -315,7 +315,9 @@ def test_the_command_starts_with_a_damaged_record_and_a_random_spool_file_and_re
 ) -> None:
     spool = tmp_path / "spool.sqlite"
     now = time.time_ns()
-    now -= now % (60 * S) - 11 * S  # the points' 10 s intervals inside one window: one job.ofu point each
+    # The points' 10 s intervals inside one window, two windows back: a run killed before closing it, which this
+    # start closes (a clean stop keeps the window still open for the next start instead).
+    now -= now % (60 * S) + 109 * S
     first = WriteAhead(str(accepted_file(spool)), batch_s=0.0)
     first.append(request_bytes({"GPU-1": ("kept", 0.5)}, now), now)
     first.append(request_bytes({"GPU-2": ("lost", 0.5)}, now), now)
@@ -336,80 +338,100 @@ def test_the_command_starts_with_a_damaged_record_and_a_random_spool_file_and_re
     assert job_ofu_points(sink, "lost") == 0
 
 
-# --- found by the chaos test: a clean stop, a start, and the window the stop closed early ------------------
+# --- a restart bills every GPU-second once -------------------------------------------------------------------
 
 
-def test_after_a_clean_stop_the_window_it_closed_early_is_never_exported_a_second_time(tmp_path: Path) -> None:
-    # A stop at W0 + 30 s closes the window [W0, W0 + 60 s) early with GPU-1's first interval (OFU 0.5). The
-    # producer's next interval, [W0 + 20, W0 + 30] (OFU 0.7), reaches the next start: before, the fresh
-    # collector opened that window again and exported it a second time (OFU 0.7), a duplicate downstream.
+def test_a_restart_with_a_write_ahead_closes_the_window_it_fell_in_once_and_whole(tmp_path: Path) -> None:
+    # A stop at W0 + 30 s with GPU-1's interval (W0 + 10, W0 + 20] (OFU 0.5) in the open window (W0, W0 + 60]: the
+    # window stays open, its request in the write-ahead. The next start replays it and takes the producer's next
+    # interval (W0 + 20, W0 + 30] (OFU 0.7): the window closes once, with both, 20 GPU-s at OFU 0.6. (Before, the
+    # stop closed it early with the first interval and the second was refused as late: half the window billed.)
     spool = tmp_path / "spool.sqlite"
     first = CollectorService(spooled(spool), clock=lambda: W0 + 30 * S, environ={})
     first.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + 20 * S))
-    [report] = first.stop(0)
-    [job] = report.jobs
-    assert (report.end_ns, job.job_id) == (W0 + WINDOW, "j")
-    assert job.ofu == pytest.approx(0.5)
+    assert first.stop(0) == []  # nothing was due
+    close_time, kept = WriteAhead(str(accepted_file(spool))).pending()
+    assert (close_time, len(kept)) == (W0 + 30 * S, 1)
     second = CollectorService(spooled(spool), clock=lambda: W0 + 35 * S, environ={})
     try:
-        late = second.ingest(gpu_request({"GPU-1": ("j", 0.7)}, time_ns=W0 + 30 * S))
-        assert (late.accepted, late.rejected) == (0, 1)  # late: its window was exported at the stop
-        taken = second.ingest(gpu_request({"GPU-1": ("j", 0.6)}, time_ns=W0 + 70 * S))
-        assert (taken.accepted, taken.rejected) == (1, 0)  # the next window is open as usual
-        assert jobs_of(second, W0 + 2 * WINDOW + 11 * S) == {"j": (pytest.approx(0.6), 1)}
+        taken = second.ingest(gpu_request({"GPU-1": ("j", 0.7)}, time_ns=W0 + 30 * S))
+        assert (taken.accepted, taken.rejected) == (1, 0)
+        assert jobs_of(second, W0 + WINDOW + 11 * S) == {"j": (pytest.approx(0.6), 2)}  # 20 GPU-s: two intervals
     finally:
         second.stop(0)
 
 
-def test_a_clean_stop_leaves_only_its_close_time_and_one_without_windows_leaves_none(tmp_path: Path) -> None:
-    spool = tmp_path / "spool.sqlite"
-    service = CollectorService(spooled(spool), clock=lambda: W0 + 30 * S, environ={})
-    service.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + 20 * S))
-    service.stop(0)
-    # The window [W0, W0 + 60 s) closed as if its end plus the 10 s lateness had passed; no record kept.
-    assert WriteAhead(str(accepted_file(spool))).pending() == (W0 + WINDOW + 10 * S, [])
-    idle = tmp_path / "idle.sqlite"
-    CollectorService(spooled(idle), clock=lambda: W0 + 30 * S, environ={}).stop(0)
-    assert WriteAhead(str(accepted_file(idle))).pending() == (None, [])
-
-
-def test_a_window_a_skewed_producer_opened_ahead_of_the_clock_does_not_close_the_next_minutes_at_a_restart(
-    tmp_path: Path,
+def test_a_restart_without_a_write_ahead_reports_each_part_of_its_window_at_its_own_times(
+    sink: OtlpSink,
 ) -> None:
+    # Without a spool nothing outlives the process: the stop at W0 + 30 s exports the window it falls in with what
+    # it has, stamped (W0, W0 + 30 s]; the next run, started at W0 + 35 s, exports the rest stamped
+    # (W0 + 35 s, W0 + 60 s]. Each GPU-second once (10 + 20 s), and two delta points a backend adds up, not one
+    # point sent twice with the same timestamps (which it would take for a duplicate and keep one of).
+    options = collector_options(sink, aggregator=AggregatorConfig(window_s=60.0, lateness_s=10.0))
+    now = [W0 - 600 * S]  # the first run started ten minutes before
+    first = CollectorService(options, clock=lambda: now[0], environ={})
+    first.start()
+    now[0] = W0 + 30 * S
+    first.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + 20 * S))
+    first.stop(1)
+    second = CollectorService(options, clock=lambda: W0 + 35 * S, environ={})
+    second.start()
+    try:
+        for end in (30, 40):
+            second.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + end * S))
+        second.flush(W0 + WINDOW + 11 * S)
+    finally:
+        second.stop(1)
+    assert sink.wait_for(lambda found: len(gpu_time_points(found)) == 2)
+    assert sorted(gpu_time_points(sink)) == [(W0, W0 + 30 * S, 10.0), (W0 + 35 * S, W0 + WINDOW, 20.0)]
+
+
+def gpu_time_points(sink: OtlpSink) -> list[tuple[int, int, float]]:
+    """(start, time, value) of every job.gpu_time point the downstream received."""
+    return [
+        (point.start_time_unix_nano, point.time_unix_nano, point.as_double)
+        for _rm, _sm, metric in sink.metrics(names.JOB_GPU_TIME.name)
+        for point in metric.sum.data_points
+    ]
+
+
+def test_a_window_a_skewed_producer_opened_ahead_of_the_clock_stays_open_across_a_restart(tmp_path: Path) -> None:
     # One producer's clock runs 220 s ahead (inside the 300 s future bound): its point opens the window
-    # [W0 + 240, W0 + 300 s). The stop at W0 + 30 s closes it with the current one; kept as the close time,
-    # W0 + 310 s would make the restarted collector refuse every producer's points as late for four minutes.
-    # What is kept is the current window's end plus the 10 s lateness: W0 + 70 s.
+    # [W0 + 240, W0 + 300 s). A stop at W0 + 30 s keeps it open, like the current one: the close time kept is the
+    # stop's own, so the restarted collector takes every producer's points as usual.
     spool = tmp_path / "spool.sqlite"
     first = CollectorService(spooled(spool), clock=lambda: W0 + 30 * S, environ={})
     first.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=W0 + 20 * S))
     first.ingest(gpu_request({"GPU-2": ("skewed", 0.5)}, host="node-2", time_ns=W0 + 250 * S))
-    assert [report.end_ns for report in first.stop(0)] == [W0 + WINDOW, W0 + 2 * WINDOW, W0 + 3 * WINDOW,
-                                                          W0 + 4 * WINDOW, W0 + 5 * WINDOW]  # fmt: skip
-    assert WriteAhead(str(accepted_file(spool))).pending() == (W0 + WINDOW + 10 * S, [])
+    assert first.stop(0) == []
+    assert WriteAhead(str(accepted_file(spool))).pending()[0] == W0 + 30 * S
     second = CollectorService(spooled(spool), clock=lambda: W0 + 35 * S, environ={})
     try:
         taken = second.ingest(gpu_request({"GPU-1": ("j", 0.6)}, time_ns=W0 + 70 * S))
         assert (taken.accepted, taken.rejected) == (1, 0)
+        reports = second.flush(W0 + 5 * WINDOW + 11 * S)
+        skewed = [job for report in reports for job in report.jobs if job.job_id == "skewed"]
+        assert len(skewed) == 1  # its window closed once, by the restarted collector
     finally:
         second.stop(0)
 
 
-def test_the_close_time_of_a_stop_with_day_long_windows_is_not_taken_for_a_damaged_one(tmp_path: Path) -> None:
-    # Windows of a day and a day's lateness: a stop 30 s into the day D0 keeps D0 + 2 days, more than a day
-    # past the clock, which the start once ignored as damaged: the same day was then exported twice.
+def test_a_restart_with_day_long_windows_keeps_the_day_open(tmp_path: Path) -> None:
+    # Windows of a day and a day's lateness: a stop 30 s into the day D0 keeps the day open; the next start
+    # takes the producer's points for it (before, the day was closed early at the stop and the rest refused).
     day = 86_400 * S
     d0 = (W0 // day + 1) * day
     config = AggregatorConfig(window_s=86_400.0, lateness_s=86_400.0, stale_after_s=3 * 86_400.0)
     spool = tmp_path / "spool.sqlite"
     first = CollectorService(spooled(spool, aggregator=config), clock=lambda: d0 + 30 * S, environ={})
     first.ingest(gpu_request({"GPU-1": ("j", 0.5)}, time_ns=d0 + 20 * S))
-    assert [report.end_ns for report in first.stop(0)] == [d0 + day]
-    assert WriteAhead(str(accepted_file(spool))).pending() == (d0 + 2 * day, [])
+    assert first.stop(0) == []
     second = CollectorService(spooled(spool, aggregator=config), clock=lambda: d0 + 35 * S, environ={})
     try:
-        late = second.ingest(gpu_request({"GPU-1": ("j", 0.7)}, time_ns=d0 + 30 * S))
-        assert (late.accepted, late.rejected) == (0, 1)
+        taken = second.ingest(gpu_request({"GPU-1": ("j", 0.7)}, time_ns=d0 + 30 * S))
+        assert (taken.accepted, taken.rejected) == (1, 0)
+        assert jobs_of(second, d0 + 2 * day + 1) == {"j": (pytest.approx(0.6), 2)}
     finally:
         second.stop(0)
 

@@ -301,6 +301,8 @@ class WindowReport:
     gpus: tuple[GpuReport, ...] = ()  # per-GPU means; empty where the windows were not asked for them
     # Each job's part of the window as sums, by job.id: what a shard sends its merge tier (empty elsewhere).
     job_parts: Mapping[str, JobWindow] = attrs.field(factory=dict)
+    # When a clean stop closed the window before its end (without a write-ahead to keep it open); None: at its end.
+    closed_at_ns: int | None = None
 
 
 @attrs.frozen

@@ -217,7 +217,10 @@ class CollectorService:
                 max_request_bytes=options.export_max_request_bytes,
             )
             self._window_export = OtlpWindowExport(
-                self.exports, self._resource_attributes(), include_partials=options.include_partials
+                self.exports,
+                self._resource_attributes(),
+                include_partials=options.include_partials,
+                started_ns=self.clock(),
             )
             if options.pass_through:
                 self.pass_through = Delivery(
@@ -415,12 +418,16 @@ class CollectorService:
             self._publish(reports)
             if self._write_ahead is not None and now > self._write_ahead_flushed:
                 self._write_ahead_flushed = now
-                config = self.options.aggregator
-                skew = self.options.max_future_skew_s or 0.0
-                needed_ns = round((config.window_s + config.lateness_s + skew) * 1e9)
-                self._write_ahead.closed_through(now, now - needed_ns)
+                self._write_ahead.closed_through(now, now - self._write_ahead_needed_ns())
         self._log_rejections()
         return reports
+
+    def _write_ahead_needed_ns(self) -> int:
+        """How long a request stays in the write-ahead: the window its latest point can be in closes at most a
+        window, the lateness and the future bound after it came."""
+        config = self.options.aggregator
+        skew = self.options.max_future_skew_s or 0.0
+        return round((config.window_s + config.lateness_s + skew) * 1e9)
 
     def _log_rejections(self, force: bool = False) -> None:
         """One warning line summing the points rejected since the last one, by reason, at most once per
@@ -458,14 +465,30 @@ class CollectorService:
         if self._timer is not None:
             self._timer.join(timeout=max(0.0, deadline - time.monotonic()))
         with self._publish_lock:
-            with self.aggregator.lock:
-                reports = self.aggregator.close_all()
-            self._publish(reports, final=True)
-            if self._write_ahead is not None:  # every window is closed and in the spool
-                aggregator = self.aggregator
-                closed = aggregator.restart_close_time(self.clock()) if isinstance(aggregator, Aggregator) else None
-                self._write_ahead.clear(closed)
-                self._write_ahead.close()
+            now = self.clock()
+            reports = []
+            ahead = self._write_ahead
+            if ahead is not None and ahead.intact:
+                # The windows still open stay open: their requests are in the write-ahead, which the next start
+                # replays, so a window a restart falls in is closed once, whole, and bills each GPU-second once.
+                with self.aggregator.lock:
+                    reports = self.aggregator.flush(now)
+                self._publish(reports, final=True)
+                ahead.closed_through(now, now - self._write_ahead_needed_ns())  # writes what is left
+            if ahead is not None and ahead.intact:
+                ahead.close()
+            else:
+                # Nothing keeps the open windows (no write-ahead, or one the disk refused requests to): they are
+                # closed early and exported now, marked so (``WindowReport.closed_at_ns``).
+                with self.aggregator.lock:
+                    closed_early = self.aggregator.close_all(now)
+                self._publish(closed_early, final=True)
+                reports += closed_early
+                if ahead is not None:  # every window is closed and in the spool
+                    aggregator = self.aggregator
+                    closed = aggregator.restart_close_time(now) if isinstance(aggregator, Aggregator) else None
+                    ahead.clear(closed)
+                    ahead.close()
         self._log_rejections(force=True)
         shutdown_in_reverse(self._started_outputs, _shutdown_consumer)  # after their last windows
         self._started_outputs = []

@@ -94,6 +94,13 @@ class WriteAhead:
             if self._failing or len(self._batch) >= self.batch_size or now - self._batch_started >= self.batch_s:
                 self._write()
 
+    @property
+    def intact(self) -> bool:
+        """Whether every accepted request reached the file: the disk refused none (a stop may then leave the open
+        windows to the next start, which replays them)."""
+        with self._lock:
+            return not self._failing and self.unwritten == 0
+
     def closed_through(self, flushed_ns: int, needed_after_ns: int) -> None:
         """Windows are closed as of ``flushed_ns``; requests received before ``needed_after_ns`` are done."""
         with self._lock:

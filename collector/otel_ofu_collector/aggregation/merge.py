@@ -147,7 +147,7 @@ class MergeAggregator:
         self._ledger.evict(min(self._watermark_ns, self._flushed_ns))
         return reports
 
-    def close_all(self) -> list[WindowReport]:
+    def close_all(self, now_ns: int | None = None) -> list[WindowReport]:  # now_ns: as Aggregator.close_all
         reports = [self._close(end) for end in sorted(self._windows)]
         if reports:
             closed_at = reports[-1].end_ns + self.config.lateness_ns

@@ -841,8 +841,10 @@ class Aggregator:
         self._evict(min(self._watermark_ns, self._flushed_ns))
         return reports
 
-    def close_all(self) -> list[WindowReport]:
-        """Close every open window (shutdown); later points for them are late."""
+    def close_all(self, now_ns: int | None = None) -> list[WindowReport]:
+        """Close every open window (shutdown); later points for them are late. A window still running at ``now_ns``
+        is closed early: its report says when (``closed_at_ns``), so that what a restarted collector reports for the
+        rest of it is a point of its own, not one with the same timestamps."""
         if not self._windows:
             return []
         last_end = max(self._windows) + self._window_ns
@@ -850,6 +852,8 @@ class Aggregator:
         closed_at = last_end + self._lateness_ns
         if self._flushed_ns is None or closed_at > self._flushed_ns:
             self._flushed_ns = closed_at
+        if now_ns is not None:
+            reports = [attrs.evolve(r, closed_at_ns=now_ns) if r.start_ns < now_ns < r.end_ns else r for r in reports]
         return reports
 
     def _close_through(self, limit_ns: int) -> list[WindowReport]:

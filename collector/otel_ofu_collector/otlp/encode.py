@@ -34,6 +34,7 @@ from otel_ofu_collector.results import OUTPUT_METRICS, WindowReport, gauge_point
 from otel_ofu_collector.stats.exphist import ExpHistogram
 
 Attributes = dict[str, str | float | int]
+Span = tuple[int, int]  # a point's (start_time_unix_nano, time_unix_nano)
 
 
 class _Points:
@@ -45,24 +46,22 @@ class _Points:
         self.histograms: list[ExponentialHistogramDataPoint] = []
         self.capacity: list[ExponentialHistogramDataPoint] = []  # a shard's capacity histograms
 
-    def gauge(self, spec: names.MetricSpec, attributes: Attributes, report: WindowReport, value: float | None) -> None:
+    def gauge(self, spec: names.MetricSpec, attributes: Attributes, span: Span, value: float | None) -> None:
         if value is None:
             return
         self.specs.setdefault(spec.name, spec)
         self.gauges.setdefault(spec.name, []).append(
             NumberDataPoint(
-                attributes=attributes, start_time_unix_nano=report.start_ns, time_unix_nano=report.end_ns, value=value
+                attributes=attributes, start_time_unix_nano=span[0], time_unix_nano=span[1], value=value
             )
         )
 
 
-def _histogram_point(
-    attributes: Attributes, report: WindowReport, histogram: ExpHistogram
-) -> ExponentialHistogramDataPoint:
+def _histogram_point(attributes: Attributes, span: Span, histogram: ExpHistogram) -> ExponentialHistogramDataPoint:
     return ExponentialHistogramDataPoint(
         attributes=attributes,
-        start_time_unix_nano=report.start_ns,
-        time_unix_nano=report.end_ns,
+        start_time_unix_nano=span[0],
+        time_unix_nano=span[1],
         count=histogram.count,
         sum=histogram.sum,
         scale=histogram.scale,
@@ -77,21 +76,33 @@ def _histogram_point(
     )
 
 
-def _collect(points: _Points, report: WindowReport, include_partials: bool) -> None:
+def _span(report: WindowReport, include_partials: bool, started_ns: int | None) -> Span:
+    """The (start, time) a window's points carry: the window's, where a shard speaks to its merge tier (which knows a
+    window by its end); else from this collector's start (``started_ns``) at the earliest to the time a clean stop
+    closed it early at the latest, so that a restart's two parts of one window are two points, not one point twice."""
+    if include_partials:
+        return report.start_ns, report.end_ns
+    start = report.start_ns if started_ns is None or started_ns <= report.start_ns else min(started_ns, report.end_ns)
+    end = report.end_ns if report.closed_at_ns is None else max(start, report.closed_at_ns)
+    return start, end
+
+
+def _collect(points: _Points, report: WindowReport, include_partials: bool, started_ns: int | None) -> None:
+    span = _span(report, include_partials, started_ns)
     for group in report.groups:
         attributes: Attributes = {**group.attributes}
-        points.histograms.append(_histogram_point(attributes, report, group.histogram))
+        points.histograms.append(_histogram_point(attributes, span, group.histogram))
         if include_partials and group.capacity is not None:
-            points.capacity.append(_histogram_point(attributes, report, group.capacity))
+            points.capacity.append(_histogram_point(attributes, span, group.capacity))
     for point in gauge_points(report):
         if include_partials and point.spec.name in _JOB_OUTPUTS:
             continue  # the merge tier's to compute, from every shard's part
-        points.gauge(point.spec, dict(point.attributes), report, point.value)
+        points.gauge(point.spec, dict(point.attributes), span, point.value)
     if include_partials:
-        points.gauge(names.PARTIAL_WINDOW, {}, report, 1.0)
+        points.gauge(names.PARTIAL_WINDOW, {}, span, 1.0)
         for job_id, part in report.job_parts.items():
             for job_attributes, value in partials.job_points(job_id, part):
-                points.gauge(names.PARTIAL_JOB, {**job_attributes}, report, value)
+                points.gauge(names.PARTIAL_JOB, {**job_attributes}, span, value)
 
 
 # What a shard leaves to its merge tier: every per-job output (gpu.straggler, a GPU's, stays the shard's).
@@ -99,16 +110,21 @@ _JOB_OUTPUTS = frozenset(spec.name for spec in OUTPUT_METRICS if spec.name.start
 
 
 def reports_to_metrics_data(
-    reports: Sequence[WindowReport], *, resource_attributes: Mapping[str, str | int], include_partials: bool
+    reports: Sequence[WindowReport],
+    *,
+    resource_attributes: Mapping[str, str | int],
+    include_partials: bool,
+    started_ns: int | None = None,
 ) -> MetricsData:
     """One ResourceMetrics holding every window's outputs as points.
 
     ``resource_attributes`` (the user's, and the service's service.instance.id) describe the resource;
-    its service.name is always the collector's, whatever they say.
+    its service.name is always the collector's, whatever they say. ``started_ns``: when this collector started
+    (``_span``).
     """
     points = _Points()
     for report in reports:
-        _collect(points, report, include_partials)
+        _collect(points, report, include_partials, started_ns)
     metrics: list[Metric] = []
     for spec, histograms in ((names.FLEET_OFU, points.histograms), (names.PARTIAL_FLEET_OFU_CAPACITY, points.capacity)):
         if histograms:

@@ -18,6 +18,7 @@ class OtlpWindowExport:
     delivery: Delivery
     resource_attributes: Mapping[str, str | int]
     include_partials: bool = False
+    started_ns: int | None = None  # when this collector started: no window's points begin before it
 
     def start(self) -> None:
         # The delivery is the service's, not this output's: the window export, the pass-through and the
@@ -27,7 +28,10 @@ class OtlpWindowExport:
 
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
         metrics_data = reports_to_metrics_data(
-            windows, resource_attributes=self.resource_attributes, include_partials=self.include_partials
+            windows,
+            resource_attributes=self.resource_attributes,
+            include_partials=self.include_partials,
+            started_ns=self.started_ns,
         )
         self.delivery.submit(encode_request(metrics_data))
 
