@@ -275,15 +275,17 @@ def test_an_interval_longer_than_the_staleness_is_refused() -> None:
 def test_the_windows_state_is_bounded_in_bytes() -> None:
     # What the bound counts (Aggregator.state_bytes): per GPU stream 2048 B + twice its key, per job 4096 B + its id,
     # per distinct profile 64 + 8 x its 8 fields + its values ("j", and the H100's name and "bf16" both as the group
-    # and as the job's attributes: 1 + 2 x (21 + 4)) = 179 B. One job "j" and streams "h|GPU-0000".. (10
-    # characters): 179 + 4097 + 2068 k <= 1 MiB = 1,048,576 holds k = 504 streams (505 would be 1,048,616).
+    # and as the job's attributes: 1 + 2 x (21 + 4)) = 179 B. A new stream is taken while the state plus what it may
+    # bring (2048 + 2 x 10 for its key, 64 + 2 x (21 + 4 + 1) for its identity: 2184 B, and 4096 for a new job) fits
+    # in the nine tenths of the bound that new identities may take (a tenth is kept for GPUs that reported before):
+    # 179 + 4097 + 2068 k + 2184 <= 0.9 x 1,048,576 = 943,718.4 holds for k up to 453, so 454 streams are taken.
     agg = Aggregator(AggregatorConfig(lateness_s=0, max_state_bytes=1024 * 1024))
     identity = {names.HW_MODEL: H100, names.GPU_PRECISION: "bf16", names.JOB_ID: "j"}
     taken = [agg.add_ofu(f"h|GPU-{n:04d}", 0.5, T0, T0 + 10 * S, identity) for n in range(600)]
-    assert taken[:504] == [None] * 504
-    assert set(taken[504:]) == {"max_state"}
-    assert agg.state_bytes == 179 + 4097 + 2068 * 504
-    assert agg.stats.rejected_state_cap == 96
+    assert taken[:454] == [None] * 454
+    assert set(taken[454:]) == {"max_state"}
+    assert agg.state_bytes == 179 + 4097 + 2068 * 454
+    assert agg.stats.rejected_state_cap == 146
     # Known streams still flow at the bound: only new state is refused.
     assert agg.add_ofu("h|GPU-0000", 0.5, T0 + 10 * S, T0 + 20 * S, identity) is None
 

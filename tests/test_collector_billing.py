@@ -452,3 +452,41 @@ def test_a_job_that_moves_shard_mid_window_counts_once_in_the_merge() -> None:
             assert mine.loss is not None
             assert theirs.loss is not None
             assert mine.loss.gpu_time_s == pytest.approx(theirs.loss.gpu_time_s, rel=1e-12)
+
+
+# --- #34 item 9: a flood of new streams and jobs leaves room for the ones that reported before --------------------
+
+
+def test_a_flood_of_new_streams_and_jobs_leaves_a_tenth_for_those_that_reported_before() -> None:
+    agg = Aggregator(AggregatorConfig(lateness_s=0, max_streams=10, max_jobs=10, stale_after_s=120))
+    # A legitimate GPU reports, then goes quiet past its staleness (120 s) and is evicted.
+    ofu_every_10s(agg, gpu("GPU-legit", "train"), 0.5)
+    refused = []
+    for n in range(20):  # a flood four windows later: new streams, each of a new job
+        identity = gpu(f"GPU-flood-{n}", f"flood-{n}")
+        refused.append(agg.add_ofu(key(identity), 0.1, at(0, 4), at(10, 4), identity))
+        if n == 0:
+            agg.flush(at(0, 4))
+            assert agg.streams == 1  # the flood's first; the legitimate GPU evicted
+    # Nine of the ten places are the flood's; the tenth is kept for a GPU that reported before.
+    assert refused.count(None) == 9
+    assert set(refused[9:]) == {names.RejectReason.MAX_STREAMS}
+    # It comes back, in a new job: the place kept is there, for it and its job.
+    back = gpu("GPU-legit", "train-2")
+    assert agg.add_ofu(key(back), 0.5, at(10, 4), at(20, 4), back) is None
+    assert agg.streams == 10
+
+
+def test_the_decoders_identity_cache_counts_in_the_state_bound() -> None:
+    from otel_ofu.testing.otlp_requests import gpu_request
+    from otel_ofu_collector.otlp.decode import Decoder
+
+    bound = 4 * 1024 * 1024
+    agg = Aggregator(AggregatorConfig(lateness_s=0, max_state_bytes=bound))
+    decoder = Decoder(agg, pass_through=False, max_attribute_length=4096)
+    long_job = "j" * 3000  # long identity values: each Resource's cache entry is kilobytes
+    for batch in range(40):
+        gpus = {f"GPU-{batch}-{n}": (f"{long_job}-{batch}-{n}", 0.5) for n in range(50)}
+        decoder.decode(gpu_request(gpus, time_ns=T0 + 30 * S))
+        assert agg.state_bytes + decoder.cache_bytes <= bound
+    assert agg.stats.rejected_state_cap > 0  # the bound was reached, and held with the cache in it

@@ -112,6 +112,9 @@ class RecordingSink:
         self.ofu.append((stream_key, value, start_ns, end_ns, dict(identity)))
         return None
 
+    def cache_budget(self, cache_bytes: int) -> int:
+        return 1 << 40
+
     def add_unmeasured(
         self, stream_key: str, start_ns: int, end_ns: int, identity: Mapping[str, str], profile: Any
     ) -> str | None:

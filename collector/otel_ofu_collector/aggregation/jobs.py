@@ -35,6 +35,16 @@ from otel_ofu_collector.results import (
 )
 from otel_ofu_collector.stats.comoments import AbsDiff, CoMoments
 
+# The share of max_jobs (and of max_streams and max_state_bytes, in the windows) kept for the GPUs that reported
+# before and their jobs: what a flood of new identities cannot take.
+RESERVED_SHARE = 0.1
+
+
+def open_places(cap: int) -> int:
+    """The places of a cap new identities may take: all but a tenth, whole places kept (none of a cap under 10)."""
+    return cap - int(cap * RESERVED_SHARE)
+
+
 # What ``max_state_bytes`` counts per job besides its id: its flags and horizon.
 JOB_STATE_BYTES = 4096
 _HORIZON_BLOCKS = 48
@@ -111,11 +121,16 @@ class JobLedger:
         config = self.config
         self._block_ns = max(1, config.horizon_ns // config.window_ns // _HORIZON_BLOCKS) * config.window_ns
 
-    def admit(self, job_id: str, seen_ns: int) -> JobState | None:
-        """The job's live state, started (or revived after eviction) if need be; None (counted) over ``max_jobs``."""
+    def admit(self, job_id: str, seen_ns: int, reserved: bool = True) -> JobState | None:
+        """The job's live state, started (or revived after eviction) if need be; None (counted) over ``max_jobs``.
+        A job that is not ``reserved`` (of GPUs new to the collector) has all but the share kept for the others
+        (``RESERVED_SHARE``): a flood of new jobs cannot refuse the fleet's own GPUs a new job."""
         job = self.jobs.get(job_id)
         if job is None or not job.live:
-            if self.live >= self.config.max_jobs:
+            cap = self.config.max_jobs
+            if not reserved and job is None:
+                cap = open_places(cap)
+            if self.live >= cap:
                 self.rejected += 1
                 return None
             self.live += 1

@@ -70,7 +70,14 @@ import attrs
 
 from otel_ofu import bounds, catalog, gpu_share, names
 from otel_ofu_collector.aggregation import coverage, loss
-from otel_ofu_collector.aggregation.jobs import JobLedger, JobState, point_ofu
+from otel_ofu_collector.aggregation.jobs import (
+    JOB_STATE_BYTES,
+    RESERVED_SHARE,
+    JobLedger,
+    JobState,
+    open_places,
+    point_ofu,
+)
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.detectors import (
     GPU_DETECTORS,
@@ -313,6 +320,9 @@ class Aggregator:
     _windows: dict[int, _Window] = attrs.field(init=False, factory=dict)
     _streams: dict[str, int] = attrs.field(init=False, factory=dict)  # key -> last seen end_ns
     _first_starts: dict[str, int] = attrs.field(init=False, factory=dict)  # key -> start of its first point here
+    # Hashes of evicted streams' keys, oldest first (at most max_streams): they find a place kept for them.
+    _returning: dict[int, None] = attrs.field(init=False, factory=dict)
+    _cache_bytes: int = attrs.field(init=False, default=0)  # the decoder's identity cache (``cache_budget``)
     # key -> (end, start) of the latest interval inferred for a point without one (``_inferred_start``)
     _instant_starts: dict[str, tuple[int, int]] = attrs.field(init=False, factory=dict)
     _ledger: JobLedger = attrs.field(init=False)  # every job's state: flags, correlation horizon
@@ -396,6 +406,12 @@ class Aggregator:
         """Jobs in state: live ones and evicted ones whose horizon blocks still count for the fleet."""
         return len(self._ledger.jobs)
 
+    def cache_budget(self, cache_bytes: int) -> int:
+        """The decoder's identity cache now holds ``cache_bytes``: counted in the state bound from now on; what it may
+        hold at most is what the bound leaves the windows' own state."""
+        self._cache_bytes = cache_bytes
+        return max(0, self.config.max_state_bytes - self.state_bytes)
+
     def live_entries(self) -> int:
         """GPU streams and jobs in state: what the decoder's resource cache bound follows."""
         return len(self._streams) + len(self._ledger.jobs)
@@ -443,8 +459,11 @@ class Aggregator:
         raw = tuple(map(identity.get, self._profile_keys))
         found = self._profiles.get(raw)
         if found is None:
+            size = _profile_bytes(raw)
+            if self.state_bytes + self._cache_bytes + size > self.config.max_state_bytes:
+                return raw  # not kept: at the bound, an identity is not interned (its points are refused anyway)
             found = self._profiles[raw] = raw
-            self._profiles_bytes += _profile_bytes(raw)
+            self._profiles_bytes += size
         return found
 
     def add_ofu(
@@ -526,7 +545,7 @@ class Aggregator:
         streams = self._streams
         last_seen = streams.get(stream_key)
         if last_seen is None:
-            refused = self._new_stream_refusal(stream_key, end_ns)
+            refused = self._new_stream_refusal(stream_key, end_ns, identity)
             if refused is not None:
                 return refused
         if start_ns >= end_ns:
@@ -552,7 +571,8 @@ class Aggregator:
         if job_id is not None:
             job = self._ledger.jobs.get(job_id)
             if job is None or not job.live:
-                if self._ledger.admit(job_id, end_ns) is None:
+                reserved = last_seen is not None or hash(stream_key) in self._returning  # a GPU that reported before
+                if self._ledger.admit(job_id, end_ns, reserved) is None:
                     return R.MAX_JOBS  # a job the windows cannot keep: its GPUs' OFU would count in no job
             elif end_ns > job.last_seen_ns:
                 job.last_seen_ns = end_ns
@@ -572,10 +592,24 @@ class Aggregator:
                 _add_to_cell(part_window, stream_key, value, low, high, carried, profile, job_id, extends)
         return None
 
-    def _new_stream_refusal(self, stream_key: str, end_ns: int) -> str | None:
-        """Why a point of a stream not in state cannot start one (counted), None when it can."""
-        over_streams = len(self._streams) >= self.config.max_streams
-        over_bytes = self.state_bytes + STREAM_STATE_BYTES + 2 * len(stream_key) > self.config.max_state_bytes
+    def _new_stream_refusal(self, stream_key: str, end_ns: int, identity: Mapping[str, str]) -> str | None:
+        """Why a point of a stream not in state cannot start one (counted), None when it can.
+
+        A tenth of ``max_streams`` and of ``max_state_bytes`` is kept for streams that reported before (evicted since
+        as silent): a flood of new identities fills the rest and is refused there, while the fleet's own GPUs coming
+        back still find room. The decoder's identity cache counts in the bytes (``cache_budget``)."""
+        config = self.config
+        returning = hash(stream_key) in self._returning
+        share = 1.0 if returning else 1.0 - RESERVED_SHARE
+        over_streams = len(self._streams) >= (config.max_streams if returning else open_places(config.max_streams))
+        # What the stream may bring: its entry, its identity values (interned as a profile, and the job's id) and a
+        # job's state if the job is new.
+        job_id = identity.get(names.JOB_ID)
+        brings = STREAM_STATE_BYTES + 2 * len(stream_key) + 64 + 2 * sum(map(len, identity.values()))
+        if job_id and job_id not in self._ledger.jobs:
+            brings += JOB_STATE_BYTES
+        needed = self.state_bytes + self._cache_bytes + brings
+        over_bytes = needed > config.max_state_bytes * share
         if not (over_streams or over_bytes):
             return None
         if self._is_late(_window_start(end_ns, self._window_ns)):
@@ -1270,11 +1304,14 @@ class Aggregator:
         cutoff = now_ns - self.config.stale_after_ns
         stale_streams = [key for key, seen in self._streams.items() if seen <= cutoff]
         for key in stale_streams:
+            self._returning[hash(key)] = None  # it reported before: a place is kept for it (_new_stream_refusal)
             del self._streams[key]
             self._first_starts.pop(key, None)
             self._instant_starts.pop(key, None)
             self._state_bytes -= STREAM_STATE_BYTES + 2 * len(key)
         self._evicted_streams += len(stale_streams)
+        while len(self._returning) > self.config.max_streams:  # the longest gone are forgotten first
+            del self._returning[next(iter(self._returning))]
         for states in self._counters.values():
             for key in [key for key, (_start, seen, _value) in states.items() if seen <= cutoff]:
                 del states[key]

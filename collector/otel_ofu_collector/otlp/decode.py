@@ -113,6 +113,11 @@ class PointSink(Protocol):
         """The GPU streams and jobs the sink keeps now: what the resource cache's bound follows."""
         ...
 
+    def cache_budget(self, cache_bytes: int) -> int:
+        """Tells the sink the decoder's identity cache holds ``cache_bytes`` (which count in its state bound); the
+        most the cache may hold."""
+        ...
+
 
 class PartialSink(Protocol):
     """The merge tier's ingest surface (``aggregation.merge.MergeAggregator``), likewise."""
@@ -264,16 +269,22 @@ class Decoder:
     def _remember(self, key: bytes, entry: ResourceEntry) -> None:
         cache = self._resource_cache
         cost = entry_bytes(key, entry.identity)
-        if len(cache) >= self._cache_limit or self._cache_bytes + cost > self.resource_cache_bytes:
+        assert self.sink is not None
+        # The cache counts in the sink's state bound: it holds at most what the bound leaves the sink's own state.
+        most = min(self.resource_cache_bytes, self.sink.cache_budget(self._cache_bytes))
+        if len(cache) >= self._cache_limit or self._cache_bytes + cost > most:
             # The bound is read again only when the cache reaches the last one read (it moves with the sink's
             # live entries), not on every new Resource: a fleet's first interval is all new ones.
-            assert self.sink is not None
             self._cache_limit = min(self.resource_cache_size, 2 * self.sink.live_entries() + 1024)
-            if len(cache) >= self._cache_limit or self._cache_bytes + cost > self.resource_cache_bytes:
+            if len(cache) >= self._cache_limit or self._cache_bytes + cost > most:
                 cache.clear()
                 self._cache_bytes = 0
+        if cost > most:
+            self.sink.cache_budget(self._cache_bytes)
+            return  # no room even alone: read again next time, never held past the bound
         cache[key] = entry
         self._cache_bytes += cost
+        self.sink.cache_budget(self._cache_bytes)
 
     def learn_shape(self, rm: Any, view: Any, entry: ResourceEntry) -> None:
         """Build the shape of a Resource's metrics as just read point by point, and keep it with the Resource."""
