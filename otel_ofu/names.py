@@ -77,7 +77,6 @@ GPU_PCIE_IO: Final = MetricSpec("gpu.pcie.io", "By", "sum", "PCIe bytes sent or 
 PRODUCER_METRICS: tuple[MetricSpec, ...] = (  # extended by the power/throttle block below
     GPU_OFU,
     GPU_OFU_RAW,
-    GPU_OFU_UNMEASURED,
     GPU_TENSOR_ACTIVE,
     GPU_CLOCK_SM,
     GPU_CLOCK_SM_MAX,
@@ -674,7 +673,8 @@ GPU_THROTTLE: Final = MetricSpec(
     "gpu.throttle", "1", "gauge", "Share of the interval the SM clock was held down, by gpu.throttle.reason"
 )
 LOSS_INPUT_METRICS: Final = (GPU_POWER, GPU_ENERGY, GPU_THROTTLE)
-PRODUCER_METRICS = (*PRODUCER_METRICS, *LOSS_INPUT_METRICS)  # one tuple of every producer metric
+# One tuple of every producer metric; last, the mark of a GPU read without OFU.
+PRODUCER_METRICS = (*PRODUCER_METRICS, *LOSS_INPUT_METRICS, GPU_OFU_UNMEASURED)
 # The producer metrics the collector's loss split takes per GPU, beside gpu.ofu (decoded and averaged per window).
 LOSS_SPLIT_INPUTS: Final = (
     GPU_TENSOR_ACTIVE,

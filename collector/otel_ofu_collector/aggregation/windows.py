@@ -119,6 +119,11 @@ _SM = names.GPU_SM_ACTIVE.name
 _DRAM = names.GPU_DRAM_ACTIVE.name
 _GPU_IDENTITY_KEYS = (names.HOST_NAME, names.HW_ID, names.GPU_MIG_INSTANCE_ID)
 _NS_PER_S = 1e9
+# Seconds of a GPU's time in a window its energy counter's deltas may leave uncovered before its power fills them:
+# the two cover the same intervals, up to the rounding of their splits over windows.
+_UNCOVERED_S = 1e-6
+# How far a counter series' start may be from its stream's first point for the series to count as begun with it.
+_SERIES_SLACK_NS = 1_000_000_000
 
 # A stream's identity as the windows need it: (job.id, *group values, *JOB_ATTRIBUTE_KEYS values, *SHARE_KEYS
 # values), None if absent. Interned, so the streams of one job share one tuple.
@@ -231,6 +236,20 @@ class _GpuInputs:
     identity: Mapping[str, str]
     sums: array[float] = attrs.field(factory=_no_sums)
     energy_j: float | None = None
+    energy_ns: float = 0.0  # the time the counter's deltas cover in the window
+
+    def energy(self, seconds: float) -> float | None:
+        """The GPU's energy over its ``seconds`` in the window: the counter's deltas, and mean power x the seconds
+        they do not cover (a counter's first reading here only sets its baseline: a collector restarted, or a job
+        moved to this shard); mean power x the seconds without a counter; None with neither."""
+        sums = self.sums
+        weight = sums[_POWER_SLOT + 1]
+        if self.energy_j is None:
+            return sums[_POWER_SLOT] / weight * seconds if weight else None
+        uncovered = seconds - self.energy_ns / _NS_PER_S
+        if weight and uncovered > _UNCOVERED_S:
+            return self.energy_j + sums[_POWER_SLOT] / weight * uncovered
+        return self.energy_j
 
     def throttle_shares(self, covered: float) -> dict[str, float]:
         """Each reason's share of the window, over ``covered`` (the GPU's OFU weight: the same intervals; the
@@ -791,6 +810,7 @@ class Aggregator:
                     part = delta * (weight / covered)
                     if field == _ENERGY:
                         inputs.energy_j = part if inputs.energy_j is None else inputs.energy_j + part
+                        inputs.energy_ns += weight
                     else:
                         slot = _COUNTER_SLOTS[field]
                         inputs.sums[slot] += part
@@ -856,14 +876,17 @@ class Aggregator:
         return value, series_start, keep
 
     def _series_is_new(self, stream_key: str, series_start: int, end_ns: int) -> bool:
-        """Whether a counter series first read at ``end_ns`` began while this collector was taking its stream: within
-        a window of the reading, or no earlier than a window before the stream's first point here (a producer whose
-        interval is longer than the window). One that began before (a collector restarted mid-series) only sets the
-        baseline: its whole count would book hours of energy into one window."""
-        if end_ns - series_start <= self._window_ns:
-            return True
+        """Whether a counter series first read at ``end_ns`` began while this collector was taking its stream, so that
+        its whole count is this collector's to book. One that began before (a collector restarted mid-series, a job
+        moved here from another shard) only sets the baseline: its whole count would book hours of energy into one
+        window, or energy another shard booked; the GPU's power covers that interval instead (``_GpuInputs.energy``)."""
         first = self._first_starts.get(stream_key)
-        return first is not None and series_start >= first - self._window_ns
+        if first is None:  # no point of the stream yet: new when it began within a window of this reading
+            return end_ns - series_start <= self._window_ns
+        # The stream's first point here began with the series (a producer's first interval starts when its counters
+        # do): this collector has seen all of it. One that began later saw only the rest (a restart, or a job moved
+        # here from another shard, which counted the series up to then).
+        return first - _SERIES_SLACK_NS <= series_start <= first + _SERIES_SLACK_NS
 
     # --- closing -----------------------------------------------------------------------------------
 
@@ -1065,17 +1088,13 @@ class Aggregator:
         for one that sent no time at all."""
         energies: list[float] = []
         for key, inputs in window.gpus.items():
-            energy = inputs.energy_j
-            if energy is None:
-                sums = inputs.sums
-                if not sums[_POWER_SLOT + 1]:
-                    continue  # neither counter nor power: no energy
-                seconds = stream_seconds.get(key) if stream_seconds is not None else None
-                if seconds is None:
-                    cell = window.cells.get(key)
-                    seconds = cell.seconds()[0] if cell is not None else self._window_ns / _NS_PER_S
-                energy = sums[_POWER_SLOT] / sums[_POWER_SLOT + 1] * seconds
-            energies.append(energy)
+            seconds = stream_seconds.get(key) if stream_seconds is not None else None
+            if seconds is None:
+                cell = window.cells.get(key)
+                seconds = cell.seconds()[0] if cell is not None else self._window_ns / _NS_PER_S
+            energy = inputs.energy(seconds)
+            if energy is not None:
+                energies.append(energy)
         return math.fsum(energies) if energies else None  # exactly rounded: the same in any arrival order
 
     def _models(self, cells: list[_Cell]) -> list[str | None]:
@@ -1133,14 +1152,11 @@ class Aggregator:
                 flops.append(None)
                 continue
             gpu_sums = inputs.sums
-            joules = inputs.energy_j
-            if joules is None:  # no counter: mean power x seconds
-                weight = gpu_sums[_POWER_SLOT + 1]
-                joules = gpu_sums[_POWER_SLOT] / weight * gpu_seconds if weight else None
-            elif stream_seconds is not None:  # the counter is the GPU's: each job it served has its seconds' part
-                total = stream_seconds.get(key, 0.0)
-                if total > 0.0:
-                    joules *= gpu_seconds / total
+            # The GPU's energy over all its seconds in the window; each job it served has its seconds' part.
+            total = stream_seconds.get(key, gpu_seconds) if stream_seconds is not None else gpu_seconds
+            joules = inputs.energy(total)
+            if joules is not None and total > 0.0 and total != gpu_seconds:
+                joules *= gpu_seconds / total
             energy.append(joules)
             weight = gpu_sums[_FLOPS_SLOT + 1]
             flops.append(gpu_sums[_FLOPS_SLOT] / weight * gpu_measured if weight else None)
@@ -1187,16 +1203,19 @@ class Aggregator:
         values = cells.values
         if not values:
             return GroupReport(attributes, gpus, {}, ExpHistogram(), 0.0, 0.0, 0.0, capacity=self._no_capacity())
-        weights = cells.weights if any(cells.weights) else cells.shares
+        # Capacity in whole GPU-microseconds: the same integers here, in a shard's capacity histogram and after the
+        # merge, so that the three read every percentile alike (a share of capacity met exactly is met in each).
+        units = list(map(round, map(_CAPACITY_UNITS_PER_S.__mul__, cells.weights)))
+        if not any(units):  # OFU points without time: their shares of a GPU weigh them
+            units = list(map(round, map(_CAPACITY_UNITS_PER_S.__mul__, cells.shares)))
         order = sorted(range(len(values)), key=values.__getitem__)
         ordered = [values[i] for i in order]
-        capacity = [weights[i] for i in order]
+        capacity = [units[i] for i in order]
         quantiles = capacity_quantiles_of_sorted(ordered, capacity, names.QUANTILES)
         max_buckets = self.config.histogram_max_buckets
         capacity_histogram = None
         if self.config.partials:
-            units = [round(weight * _CAPACITY_UNITS_PER_S) for weight in capacity]
-            capacity_histogram = ExpHistogram.from_sorted(ordered, max_buckets=max_buckets, counts=units)
+            capacity_histogram = ExpHistogram.from_sorted(ordered, max_buckets=max_buckets, counts=capacity)
         return GroupReport(
             attributes=attributes,
             gpus=gpus,
