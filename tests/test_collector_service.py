@@ -518,5 +518,9 @@ def test_self_metrics_after_stop_report_what_the_spool_kept(tmp_path: Path) -> N
     service.ingest(producer_request({"GPU-1": ("j", 0.5)}, T1))
     service.flush(W0 + 2 * WINDOW)
     service.stop(grace=0.1)
-    # A Prometheus scrape can land between the spool closing and the endpoint stopping: no ProgrammingError.
-    assert service.self_metrics()[names.COLLECTOR_EXPORT_QUEUED.name] == {"windows": 1}
+    # A Prometheus scrape can land between the spool closing and the endpoint stopping: no ProgrammingError. The
+    # spool kept what could not be delivered: the window, and the empty windows after it the stop closed too (the
+    # collector's clock is far past them).
+    queued = service.self_metrics()[names.COLLECTOR_EXPORT_QUEUED.name]
+    assert set(queued) == {"windows"}
+    assert queued["windows"] >= 1

@@ -272,8 +272,8 @@ def test_a_nodes_gpus_through_the_pipeline(fake: FakeNvml) -> None:
     assert (rows[0].sm_clock_hz, rows[0].reference_clock_hz, rows[0].power_w) == (1755e6, 1830e6, 550.0)
     fleet = model.fleet()
     assert fleet.gpus == 2  # the window's group
-    # its median interpolates between the two: (0.40758 + 0.20) / 2 = 0.30379
-    assert fleet.ofu_p50 == pytest.approx((0.425 * 1755 / 1830 + 0.20) / 2)
+    # its median over capacity: the two GPUs' capacity is equal, and half of it is reached at the lower, 0.20
+    assert fleet.ofu_p50 == pytest.approx(0.20)
 
 
 @attrs.define

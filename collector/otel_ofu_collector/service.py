@@ -345,7 +345,8 @@ class CollectorService:
         if options.flush_interval_s > 0:
             # Closed through the clock from the start, not from the first tick: until a window has closed every
             # point is on time, and one stamped at the epoch (a node booted with its clock unset) would be taken.
-            self.flush()
+            # (The first self-metrics go with the first tick, as ever.)
+            self.flush(health=False)
             self._timer = threading.Thread(target=self._tick, name="otel-ofu-flush", daemon=True)
             self._timer.start()
         downstream = "none"
@@ -404,18 +405,19 @@ class CollectorService:
             except Exception:  # the timer must outlive one bad flush
                 logger.exception("window flush failed")
 
-    def flush(self, now_ns: int | None = None) -> list[WindowReport]:
+    def flush(self, now_ns: int | None = None, *, health: bool = True) -> list[WindowReport]:
         """Close and publish every window due at ``now_ns`` (default: the collector's clock).
 
         Never the data's watermark: one producer whose clock runs a minute ahead would close the current
         window for the whole fleet. Closing and publishing share one lock, so a timer flush and an
-        explicit one cannot publish window N after N+1.
+        explicit one cannot publish window N after N+1. ``health`` False: no self-metrics without a window.
         """
         with self._publish_lock:
             now = self.clock() if now_ns is None else now_ns
             with self.aggregator.lock:
                 reports = self.aggregator.flush(now)
-            self._publish(reports)
+            if reports or health:
+                self._publish(reports)
             if self._write_ahead is not None and now > self._write_ahead_flushed:
                 self._write_ahead_flushed = now
                 self._write_ahead.closed_through(now, now - self._write_ahead_needed_ns())

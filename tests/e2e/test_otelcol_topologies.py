@@ -442,14 +442,16 @@ def test_agent_topology_through_the_real_collector(
 
     # The collector behind the real agent saw exactly what a direct run sees, and computed the same windows.
     assert through_agent == direct > 0
-    assert same(records, reference)
+    # The same windows (each stopped when its own run was, so the last one's stop time is each run's own).
+    assert same(without_stop_time(records), without_stop_time(reference))
 
-    # The window outputs arrive at the backend with exactly those values, every window, every job.
+    # The window outputs arrive at the backend with exactly those values, every window, every job (stamped with
+    # the window's end, or with the stop's time for the window the stop closed early).
     job_ofu = {(t, point[names.JOB_ID]): value for t, point, value, _ in gauges(sink, names.JOB_OFU.name)}
-    assert job_ofu == {(record["end_ns"], job["job_id"]): job["ofu"] for record in records for job in record["jobs"]}
+    assert job_ofu == {(stamp(record), job["job_id"]): job["ofu"] for record in records for job in record["jobs"]}
     gap = {(t, point[names.JOB_ID]): value for t, point, value, _ in gauges(sink, names.JOB_OFU_MFU_GAP.name)}
     assert gap == {
-        (record["end_ns"], job["job_id"]): job["gap"]
+        (stamp(record), job["job_id"]): job["gap"]
         for record in records
         for job in record["jobs"]
         if job["gap"] is not None
@@ -458,14 +460,14 @@ def test_agent_topology_through_the_real_collector(
     # the last, either of which may hold only the split-off part of an interval (its OFU, no MFU point).
     with_gap = {t for t, _job in gap}
     assert all({job for t, job in gap if t == end} == set(MFU) for end in with_gap)
-    assert {record["end_ns"] for record in records[1:-1]} <= with_gap
+    assert {stamp(record) for record in records[1:-1]} <= with_gap
     medians = {
         (t, point[names.HW_MODEL], point[names.GPU_PRECISION]): value
         for t, point, value, _ in gauges(sink, names.FLEET_OFU_QUANTILE.name)
         if point[names.QUANTILE] == 0.5
     }
     assert medians == {
-        (record["end_ns"], group["attributes"][names.HW_MODEL], group["attributes"][names.GPU_PRECISION]): group[
+        (stamp(record), group["attributes"][names.HW_MODEL], group["attributes"][names.GPU_PRECISION]): group[
             "quantiles"
         ]["0.5"]
         for record in records
@@ -473,7 +475,7 @@ def test_agent_topology_through_the_real_collector(
     }
     correlation = {t: value for t, _point, value, _ in gauges(sink, names.FLEET_OFU_MFU_CORRELATION.name)}
     assert correlation == {
-        r["end_ns"]: r["fleet"]["correlation"] for r in records if r["fleet"]["correlation"] is not None
+        stamp(r): r["fleet"]["correlation"] for r in records if r["fleet"]["correlation"] is not None
     }
 
     # The foreign metric passes through both Collectors and otel-ofu unchanged.
@@ -553,6 +555,16 @@ class Sharded:
         filtered = total(samples, "otelcol_processor_outgoing_items_total", processor="filter/only-merge-inputs")
         sent = total(samples, "otelcol_exporter_sent_metric_points_total", exporter="otlp/merge-tier")
         return filtered > 0 and sent == filtered
+
+
+def without_stop_time(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: value for key, value in record.items() if key != "closed_at_ns"} for record in records]
+
+
+def stamp(record: Mapping[str, Any]) -> int:
+    """The time a window's outputs carry: its end, or when a stop closed it early."""
+    found: int = record.get("closed_at_ns", record["end_ns"])
+    return found
 
 
 def by_job(records: Iterable[Mapping[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:

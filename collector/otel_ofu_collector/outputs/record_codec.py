@@ -157,6 +157,7 @@ def report_to_json(report: WindowReport) -> dict[str, Any]:
         "fleet": _fleet_to_json(report.fleet),
         **({"gpu_flags": [attrs.asdict(flag) for flag in report.gpu_flags]} if report.gpu_flags else {}),
         **({"gpus": [found for gpu in report.gpus if (found := _gpu_to_json(gpu)) is not None]} if report.gpus else {}),
+        **({"closed_at_ns": report.closed_at_ns} if report.closed_at_ns is not None else {}),
     }
 
 
@@ -394,6 +395,7 @@ def report_from_json(data: object) -> WindowReport:
             fleet=_fleet_from_json(record.get("fleet")),
             gpu_flags=tuple(_gpu_flag_from_json(flag) for flag in _list(record.get("gpu_flags", []), "gpu_flags")),
             gpus=_gpus_from_json(record.get("gpus", []), record.get("end_ns")),
+            closed_at_ns=_get(record, "closed_at_ns", int, "record") if "closed_at_ns" in record else None,
         )
     except (TypeError, ValueError) as error:  # attrs validators (a negative count, say)
         if isinstance(error, RecordFormatError):

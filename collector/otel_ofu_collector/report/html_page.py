@@ -94,6 +94,7 @@ LOSS_COLOURS: Final = {
     names.OfuLossCause.SM_IDLE: "#e377c2",
     names.OfuLossCause.NON_TENSOR: "#bcbd22",
     names.OfuLossCause.TENSOR: "#c7c7c7",
+    names.OfuLossCause.UNMEASURED: "#aec7e8",  # time without OFU: neither work (green) nor idleness (grey)
 }
 _SHADE_TITLE: Final = {
     MISCOUNT: "FLOP-miscount flag up",

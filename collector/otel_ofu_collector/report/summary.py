@@ -56,6 +56,7 @@ CAUSE_WORDS: Final = {
     C.SM_IDLE: "kernels running, SMs left empty",
     C.NON_TENSOR: "SMs busy off the tensor pipes",
     C.TENSOR: "tensor pipes not busy",
+    C.UNMEASURED: "GPU time without OFU (tensor activity or clock unreadable)",
 }
 _H: Final = 3600.0
 # A correlation over fewer jobs says next to nothing (three points fit almost any line): the reports show
@@ -107,10 +108,14 @@ def _sum_causes(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {cause: sum(part.get(cause, 0.0) for part in parts) for cause in CAUSES}
 
 
-def coarse(shares: Mapping[str, float]) -> dict[str, float]:
-    """Shares (or seconds) by the coarse three: the finer parts of the tensor pipes' loss summed into tensor."""
+def coarse(shares: Mapping[str, float], unmeasured: bool = False) -> dict[str, float]:
+    """Shares (or seconds) by the coarse three: the finer parts of the tensor pipes' loss summed into tensor; and the
+    time without OFU beside them where ``unmeasured`` (a report with some shows it for every job)."""
     tensor = shares.get(C.TENSOR, 0.0) + sum(shares.get(part, 0.0) for part in TENSOR_PARTS)
-    return {C.IDLE: shares.get(C.IDLE, 0.0), C.CLOCK: shares.get(C.CLOCK, 0.0), C.TENSOR: tensor}
+    found = {C.IDLE: shares.get(C.IDLE, 0.0), C.CLOCK: shares.get(C.CLOCK, 0.0), C.TENSOR: tensor}
+    if unmeasured:
+        found[C.UNMEASURED] = shares.get(C.UNMEASURED, 0.0)
+    return found
 
 
 def _present(parts: Iterator[Mapping[str, float]]) -> tuple[str, ...]:

@@ -203,12 +203,15 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
     """Per job, each cause's share of its GPU time and the GPU-hours (and cost) lost; then the fleet's."""
     currency = summary.currency or next((job.currency for job in summary.jobs if job.currency), None)
     priced = any(job.cost_lost is not None for job in summary.jobs)
+    # GPU time without OFU: a column of its own where there is some
+    unmeasured = bool(summary.lost_s.get(names.OfuLossCause.UNMEASURED))
+    causes = (*COARSE_CAUSES, *((names.OfuLossCause.UNMEASURED,) if unmeasured else ()))
     _heading(console, "Where OFU is lost: shares of each job's GPU time, GPU-hours and cost lost")
     table = _table(
         ("job", "name"),
         ("GPU-h", "right"),
         ("OFU", "right"),
-        *((cause, "right") for cause in COARSE_CAUSES),
+        *((cause, "right") for cause in causes),
         ("lost GPU-h", "right"),
         *(((f"lost {currency or 'cost'}", "right"),) if priced else ()),
     )
@@ -222,15 +225,15 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
             job.job_id,
             hours_number(job.gpu_time_s),
             percent(shares["ofu"]),
-            *(percent(value) for value in coarse(shares).values()),
+            *(percent(value) for value in coarse(shares, unmeasured).values()),
             hours_number(sum(job.lost_s.values())),
             *cost_cell,
         )
     console.print(_fit(table, console.width))
     if not summary.lost_s:
         return
-    fleet_lost = coarse(summary.lost_s)
-    by_cause = ", ".join(f"{cause} {hours(fleet_lost[cause])}" for cause in COARSE_CAUSES)
+    fleet_lost = coarse(summary.lost_s, unmeasured)
+    by_cause = ", ".join(f"{cause} {hours(fleet_lost[cause])}" for cause in causes)
     line = f"Fleet lost {hours(summary.lost_total_s)} of GPU time ({by_cause})"
     cost = summary.cost_lost_total
     if cost is not None:
