@@ -178,7 +178,7 @@ def close_ms(gpus: int) -> float:
     start = time.perf_counter()
     [report] = aggregator.flush(W0 + 60 * S + AggregatorConfig().lateness_ns)
     elapsed = time.perf_counter() - start
-    assert sum(group.gpus for group in report.groups) == gpus
+    assert sum(group.histogram.count for group in report.groups) == gpus  # every GPU closed
     return elapsed * 1000.0
 
 
@@ -242,7 +242,7 @@ def export_latency(gpus: int, repeats: int) -> dict[str, float]:
                 flushed = time.perf_counter()
                 assert sink.wait_for(lambda s: len(s.received) >= expected, timeout=60.0), "window never arrived"  # noqa: B023
                 arrived = time.perf_counter()
-                assert sum(group.gpus for group in report.groups) == gpus
+                assert sum(group.histogram.count for group in report.groups) == gpus  # every GPU closed
                 if repeat:
                     totals.append((arrived - began) * 1000.0)
                     flushes.append((flushed - began) * 1000.0)
