@@ -92,7 +92,10 @@ def producer_request(first_gpu: int, gpus: int, time_ns: int, jobs: int = 500) -
         sm = rm.scope_metrics.add()
         sm.scope.name = names.INSTRUMENTATION_SCOPE
         metric = sm.metrics.add(name=names.GPU_OFU.name, unit="1")
-        metric.gauge.data_points.add(as_double=(gpu % 97) / 100.0, time_unix_nano=time_ns)
+        # As the producer sends it: the interval the value covers, the 10 s before its time.
+        metric.gauge.data_points.add(
+            as_double=(gpu % 97) / 100.0, start_time_unix_nano=time_ns - 10 * S, time_unix_nano=time_ns
+        )
     return request.SerializeToString()
 
 

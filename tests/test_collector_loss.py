@@ -441,7 +441,7 @@ def test_peer_medians_equal_the_median_of_the_others_computed_directly() -> None
     import random
     import statistics
 
-    from otel_ofu_collector.aggregation.windows import _peer_medians
+    from otel_ofu_collector.aggregation.closing import _peer_medians
 
     rng = random.Random(5)
     for n in (2, 3, 4, 5, 8, 17):

@@ -525,9 +525,7 @@ def test_every_point_is_split_over_the_windows_it_overlaps_or_is_late(
     assert set(got) == set(expected)
     for window, streams in expected.items():
         (group,) = got[window].groups
-        seconds = sum(
-            _covered(spans[window][stream]) + carried_in.get(window, {}).get(stream, 0) for stream in streams
-        )
+        seconds = sum(_covered(spans[window][stream]) + carried_in.get(window, {}).get(stream, 0) for stream in streams)
         assert group.gpus == pytest.approx(seconds / W, abs=1e-12)  # GPU-seconds over the window's
         means = sorted(sum(v * w for v, w in pts) / sum(w for _, w in pts) for pts in streams.values())
         assert group.ofu_sum == pytest.approx(sum(means), abs=1e-9)

@@ -286,29 +286,8 @@ def job_sums_of(
         unmeasured = [max(0.0, t - m) for t, m in zip(total, measured, strict=True)]
         if any(unmeasured):
             lost[UNMEASURED] = math.fsum(unmeasured)
-    energy: float | None = None
-    flops = flops_energy = 0.0
-    if gpus.energy_j.count(None) < n:
-        energy = math.fsum(e for e in gpus.energy_j if e is not None)
-        with_flops = [(f, e) for f, e in zip(gpus.flops, gpus.energy_j, strict=True) if f is not None and e is not None]
-        flops = math.fsum(f for f, _e in with_flops)
-        flops_energy = math.fsum(e for _f, e in with_flops)
-    cost: float | None = None
-    cost_lost: dict[str, float] | None = None
-    priced = [i for i, price in enumerate(gpus.price) if price is not None]
-    if priced:
-        prices = [cast(float, gpus.price[i]) for i in priced]
-        cost = math.fsum(price * total[i] / S_PER_HOUR for price, i in zip(prices, priced, strict=True))
-        cost_lost = {
-            cause: math.fsum(
-                price * own[cause][i] * measured[i] / S_PER_HOUR for price, i in zip(prices, priced, strict=True)
-            )
-            for cause in causes
-        }
-        if UNMEASURED in lost and unmeasured is not None:
-            cost_lost[UNMEASURED] = math.fsum(
-                price * unmeasured[i] / S_PER_HOUR for price, i in zip(prices, priced, strict=True)
-            )
+    energy, flops, flops_energy = _energy_sums(gpus)
+    cost, cost_lost = _cost_sums(gpus.price, total, {cause: (own[cause], measured) for cause in causes}, unmeasured)
     context = {
         kind: found
         for kind, column in ((DRAM, gpus.dram), (NVLINK, gpus.nvlink), (PCIE, gpus.pcie))
@@ -327,6 +306,37 @@ def job_sums_of(
         currency=currency if cost is not None else None,
         context=context,
     )
+
+
+def _energy_sums(gpus: GpuColumns) -> tuple[float | None, float, float]:
+    """(the GPUs' energy, None where none reported any; FLOPs done; the energy of the GPUs that reported both)."""
+    if gpus.energy_j.count(None) == len(gpus.energy_j):
+        return None, 0.0, 0.0
+    energy = math.fsum(e for e in gpus.energy_j if e is not None)
+    with_flops = [(f, e) for f, e in zip(gpus.flops, gpus.energy_j, strict=True) if f is not None and e is not None]
+    return energy, math.fsum(f for f, _e in with_flops), math.fsum(e for _f, e in with_flops)
+
+
+def _cost_sums(
+    price: list[float | None],
+    total: list[float],
+    causes: dict[str, tuple[list[float], list[float]]],
+    unmeasured: list[float] | None,
+) -> tuple[float | None, dict[str, float] | None]:
+    """(the job's cost over its GPUs' capacity-seconds ``total``, each cause's share of it), over the GPUs with a
+    price; (None, None) without one. ``causes`` holds each cause's (share of the measured time, measured seconds)."""
+    priced = [i for i, found in enumerate(price) if found is not None]
+    if not priced:
+        return None, None
+    prices = [(cast(float, price[i]), i) for i in priced]
+    cost = math.fsum(rate * total[i] / S_PER_HOUR for rate, i in prices)
+    cost_lost = {
+        cause: math.fsum(rate * own[i] * measured[i] / S_PER_HOUR for rate, i in prices)
+        for cause, (own, measured) in causes.items()
+    }
+    if unmeasured is not None and any(unmeasured):
+        cost_lost[UNMEASURED] = math.fsum(rate * unmeasured[i] / S_PER_HOUR for rate, i in prices)
+    return cost, cost_lost
 
 
 def _weighted(values: list[float | None] | None, weights: list[float]) -> tuple[float, float] | None:

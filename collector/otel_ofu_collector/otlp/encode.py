@@ -51,9 +51,7 @@ class _Points:
             return
         self.specs.setdefault(spec.name, spec)
         self.gauges.setdefault(spec.name, []).append(
-            NumberDataPoint(
-                attributes=attributes, start_time_unix_nano=span[0], time_unix_nano=span[1], value=value
-            )
+            NumberDataPoint(attributes=attributes, start_time_unix_nano=span[0], time_unix_nano=span[1], value=value)
         )
 
 

@@ -66,10 +66,10 @@ def capacity_quantiles_of_sorted(
         check_quantile(q)
     if not sorted_values or len(weights) != len(sorted_values):
         raise ValueError("a capacity percentile needs as many weights as values, and some values")
-    kept = [(value, weight) for value, weight in zip(sorted_values, weights, strict=True) if weight > 0.0]
-    if not kept:
-        raise ValueError("a capacity percentile needs a positive total weight")
-    if len(kept) < len(sorted_values):
+    if not min(weights) > 0.0:  # values without weight are no capacity: left out
+        kept = [(value, weight) for value, weight in zip(sorted_values, weights, strict=True) if weight > 0.0]
+        if not kept:
+            raise ValueError("a capacity percentile needs a positive total weight")
         sorted_values = [value for value, _weight in kept]
         weights = [weight for _value, weight in kept]
     running = list(itertools.accumulate(weights))
