@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "examples" / "deploy" / "helm" / "otel-ofu"
 DOCKERFILE = ROOT / "examples" / "deploy" / "Dockerfile"
 BUILD_SCRIPT = ROOT / "tests" / "setup" / "build-helm.sh"
+MANIFEST = ROOT / "collector" / "otelcol" / "builder" / "manifest.yaml"
 NAMESPACE = "gpu-monitoring"
 
 CONFIGURATIONS: dict[str, list[str]] = {
@@ -291,7 +292,7 @@ def test_the_sharded_agent_routes_to_the_headless_shards(helm: str) -> None:
     exporter = agent["exporters"]["loadbalancing/otel-ofu-shards"]
     assert exporter["routing_attributes"] == ["job.id"]
     dns = exporter["resolver"]["dns"]
-    shards = resolve(documents, dns["hostname"], dns["port"])
+    shards = resolve(documents, dns["hostname"], int(dns["port"]))
     shard_service = [s for s in of_kind(documents, "Service") if s["metadata"]["name"] == dns["hostname"].split(".")[0]]
     assert shard_service[0]["spec"]["clusterIP"] == "None"  # one A record per shard
     assert env_of(pod_spec(shards)["containers"][0])["OTEL_OFU_COLLECTOR_MODE"] == "shard"
@@ -306,6 +307,44 @@ def test_the_sharded_agent_routes_to_the_headless_shards(helm: str) -> None:
     assert "merge" in {
         env_of(pod_spec(w)["containers"][0]).get("OTEL_OFU_COLLECTOR_MODE") for w in workloads(documents)
     }
+
+
+def collector_release() -> str:
+    """The OpenTelemetry Collector release the project builds and tests every shipped configuration on: the
+    version of the contrib modules its builder manifest pins (``0.161.0``), the one place that says it."""
+    manifest = yaml.safe_load(MANIFEST.read_text(encoding="utf-8"))
+    versions = {
+        entry["gomod"].split()[-1]
+        for kind in ("receivers", "exporters", "processors", "connectors", "extensions")
+        for entry in manifest.get(kind) or []
+        if "opentelemetry-collector-contrib" in entry["gomod"]
+    }
+    (version,) = versions
+    return str(version).removeprefix("v")
+
+
+def collector_configs(documents: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    """Every OpenTelemetry Collector configuration the manifests hold (ConfigMap entries with a ``service`` and
+    its pipelines), by ``<configmap>/<key>``."""
+    found = {}
+    for config_map in of_kind(documents, "ConfigMap"):
+        for key, text in (config_map.get("data") or {}).items():
+            parsed = yaml.safe_load(text) if key.endswith((".yaml", ".yml")) else None
+            if isinstance(parsed, dict) and "pipelines" in (parsed.get("service") or {}):
+                found[f"{config_map['metadata']['name']}/{key}"] = text
+    return found
+
+
+def test_the_sharded_agent_runs_the_collector_release_the_project_builds_and_tests(helm: str) -> None:
+    """The agent's loadbalancing exporter routes by ``routing_attributes: [job.id]``, which 0.115.0 did not have:
+    an agent on an older image would not start. It runs the release every shipped configuration is tested on."""
+    documents = _render(helm, "sharded-tls-auth")
+    (agent,) = [w for w in workloads(documents) if w["metadata"]["name"].endswith("-agent")]
+    (container,) = pod_spec(agent)["containers"]
+    repository, _, tag = container["image"].rpartition(":")
+    assert repository == "otel/opentelemetry-collector-contrib"
+    assert tag == collector_release()
+    assert collector_configs(documents), "the sharded render holds the agent's Collector configuration"
 
 
 def dockerfile_instructions() -> Iterator[tuple[str, str]]:
