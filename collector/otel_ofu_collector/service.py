@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
+from otel_ofu.health import Heartbeat
 from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
@@ -146,6 +147,8 @@ class CollectorService:
     consumers: list[WindowConsumer] = attrs.field(factory=list)
     transport: Transport | None = None
     environ: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
+    # Beaten after every timer flush: what /healthz answers from (``otel_ofu.health``); None: not kept.
+    heartbeat: Heartbeat | None = None
     gate: Gate = attrs.field(init=False)
     decoder: Decoder = attrs.field(init=False)
     aggregator: Aggregator | MergeAggregator = attrs.field(init=False)
@@ -394,6 +397,20 @@ class CollectorService:
                 self.flush()
             except Exception:  # the timer must outlive one bad flush
                 logger.exception("window flush failed")
+            if self.heartbeat is not None:
+                self.heartbeat.beat()
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, why) for a liveness probe: the receivers are listening and the flush timer keeps flushing."""
+        if self._stopped:
+            return False, "the collector is stopping"
+        if not self._receivers:
+            return False, "no receiver is listening"
+        if self.heartbeat is None:
+            return True, "ok: listening"
+        if self._timer is None or not self._timer.is_alive():
+            return False, "the window flush timer is not running"
+        return self.heartbeat.check()
 
     def flush(self, now_ns: int | None = None) -> list[WindowReport]:
         """Close and publish every window due at ``now_ns`` (default: the collector's clock).
