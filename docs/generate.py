@@ -27,7 +27,7 @@ from types import ModuleType
 
 import attrs
 
-from otel_ofu import cli, names
+from otel_ofu import cli, names, ports
 from otel_ofu.generated_files import write_or_check
 
 HERE = Path(__file__).resolve().parent
@@ -337,9 +337,31 @@ def _constant(value: object) -> str:
     return _code(value)
 
 
+def port_map() -> list[str]:
+    """The port map of ``otel_ofu.ports``: the one place every doc, chart and help text takes its ports from."""
+    out = [
+        "## Ports",
+        "",
+        "No endpoint listens unless given a port; these are the ports the Helm chart, the systemd unit, the"
+        " examples, the alert rules' scrape configuration and the `--help` texts use (`otel_ofu/ports.py`; a test"
+        " checks every file that names one). The HTTP endpoints listen on `127.0.0.1` unless told otherwise"
+        " (`--prometheus-host`, `--report-feed-host`, `--health-host`).",
+        "",
+    ]
+    rows = [(_code(port.number), port.listener, _code(port.option), port.serves) for port in ports.PORT_MAP]
+    return out + _table(("port", "who listens", "option", "what"), rows)
+
+
 def reference() -> str:
-    """docs/reference.md: the vocabulary, then the collector's options."""
-    return render() + "\n" + "\n".join(collector_options()).rstrip("\n") + "\n"
+    """docs/reference.md: the vocabulary, the port map, then the collector's options."""
+    return (
+        render()
+        + "\n"
+        + "\n".join(port_map()).rstrip("\n")
+        + "\n\n"
+        + "\n".join(collector_options()).rstrip("\n")
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

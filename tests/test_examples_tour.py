@@ -225,7 +225,7 @@ def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path, require: Cal
 TOUR = ROOT / "examples" / "README.md"
 FENCE = re.compile(r"^```(sh|text)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 # The ports the tour names, each given a free one here (other runs on this machine may hold the named ones).
-TOUR_PORTS = ("4317", "4318", "4327", "4337", "9464")
+TOUR_PORTS = ("4317", "4318", "4327", "4337", "9465")
 TOUR_BOUND_S = 300  # the tour waits about 40 s of its own (the set-up, a window to close, 20 s of agent)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import attrs
 
+from otel_ofu import ports
 from otel_ofu.cli_support import CommandOptions, output_path, positive_float, url_or_host_port
 from otel_ofu.gpu_samples import compute_snapshot
 from otel_ofu.model import SourceUnavailable
@@ -110,7 +111,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--live",
         metavar="URL",
         type=url_or_host_port,
-        help="a running collector's report feed, e.g. http://collector:9465",
+        help=f"a running collector's report feed, e.g. http://collector:{ports.COLLECTOR_REPORT_FEED} "
+        "(otel-ofu collector --report-feed-port)",
     )
     options.option("--out", metavar="PATH", default=DEFAULT_OUT, type=output_path, help="where to write the HTML page")
     options.option("--title", help="the page title (default: otel-ofu fleet report)")

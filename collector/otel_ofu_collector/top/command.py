@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
+from otel_ofu import ports
 from otel_ofu.cli_support import CommandOptions, positive_float, url_or_host_port
 from otel_ofu.clock import ManualClock, wall_clock
 from otel_ofu.gpu_values import CalibrationTable
@@ -66,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--feed",
         metavar="URL",
         type=url_or_host_port,
-        help="a running collector's report feed, e.g. http://collector:9465 (otel-ofu collector --report-feed-port)",
+        help=f"a running collector's report feed, e.g. http://collector:{ports.COLLECTOR_REPORT_FEED} "
+        "(otel-ofu collector --report-feed-port; not its --prometheus-port)",
     )
     ours.flag("--demo", help="run the embedded simulated fleet live (no GPU, no collector needed)")
     feed = ours.group("reading a --feed")
