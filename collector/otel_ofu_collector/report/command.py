@@ -29,7 +29,7 @@ from otel_ofu.sources.capture import ReplaySource
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import WINDOW, AggregatorConfig
 from otel_ofu_collector.outputs.feed_client import FeedError, fetch_records
-from otel_ofu_collector.outputs.record_codec import Records, load_records
+from otel_ofu_collector.outputs.record_codec import NotWindowRecords, Records, load_records
 from otel_ofu_collector.prefixes import REPORT_PREFIX
 from otel_ofu_collector.report.summary import summarize
 from otel_ofu_collector.results import WindowReport
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             records = load_records(target) if kind == "records" else fetch_records(target, args.timeout)
         except OSError as error:
             return _fail(f"cannot read records {target}: {error.strerror or error}")
-        except FeedError as error:
+        except (FeedError, NotWindowRecords) as error:
             return _fail(str(error))
         _note_bad(target, records)
         if not records.reports and records.bad_lines:
