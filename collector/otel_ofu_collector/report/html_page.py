@@ -35,6 +35,7 @@ from otel_ofu import names
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.detectors import detector_for
 from otel_ofu_collector.report.causes import bottleneck_of
+from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
 from otel_ofu_collector.report.summary import (
     CAUSE_WORDS,
     CAUSES,
@@ -49,6 +50,7 @@ from otel_ofu_collector.report.summary import (
     FleetSummary,
     JobSummary,
     JobWindow,
+    count,
     format_time,
     hours,
     money,
@@ -560,6 +562,9 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-sp
 .flag { display: inline-block; border-radius: 4px; padding: 1px 7px; margin: 1px 0; font-size: 12px;
         font-weight: 600; color: #fff; white-space: nowrap; }
 .ok { color: #2f7d32; }
+.rank { display: inline-block; border-radius: 4px; padding: 1px 7px; margin: 1px 0; font-size: 12px;
+        white-space: nowrap; border: 1px solid #c9ced8; }
+.rank.bottleneck { border-color: #b26a00; color: #8a4f00; font-weight: 600; }
 /* A table wider than the page scrolls inside its card: the page itself never scrolls sideways. */
 .table-scroll { overflow-x: auto; }
 td.reason { overflow-wrap: anywhere; }
@@ -717,7 +722,7 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e9:.1f} GB/s"
 
 
-def _loss_table(summary: FleetSummary) -> str:
+def _loss_table(summary: FleetSummary, ranked: Sequence[Ranked]) -> str:
     """The lost GPU-hours and their cost by cause, per job and for the fleet; beside them each job's DRAM activity
     and link traffic (what tells the causes of non_tensor apart) where its GPUs reported them."""
     causes = summary.causes or CAUSES
@@ -729,7 +734,7 @@ def _loss_table(summary: FleetSummary) -> str:
     header = "".join(f'<th class="num">{_e(cause)}</th>' for cause in causes)
     context_header = '<th class="num">DRAM</th><th class="num">NVLink</th><th class="num">PCIe</th>' if context else ""
     rows = []
-    for job in summary.jobs[:MAX_TABLE_JOBS]:
+    for job in [item.job for item in ranked][:MAX_TABLE_JOBS]:
         if job.gpu_time_s <= 0:
             continue
         lost, cost_lost = job.lost_s, job.cost_lost
@@ -811,30 +816,49 @@ def _flags_table(flags: Sequence[Flag]) -> str:
     )
 
 
-def _jobs_table(jobs: Sequence[JobSummary]) -> str:
+def _rank_cell(item: Ranked) -> str:
+    """The flags column: the job's flag badges, else its bottleneck, else ok / no MFU; the rank's reason on hover."""
+    badges = " ".join(_flag_badge(flag.kind) for flag in item.job.flags())
+    if not badges:
+        kind = "bottleneck" if item.tier in BOTTLENECK_TIERS.values() else "plain"
+        badges = f'<span class="rank {kind}">{_e(item.label)}</span>'
+    return f'<td title="{_e(item.why)}">{badges}</td>'
+
+
+def _rank_legend(ranked: Sequence[Ranked]) -> str:
+    items = "".join(f"<li>{_e(line)}</li>" for line in legend(ranked))
+    return f'<p class="note">{_e(RANK_RULE)}</p><ol class="note" id="rank-legend">{items}</ol>'
+
+
+def _jobs_table(ranked: Sequence[Ranked]) -> str:
     rows = []
-    for job in jobs[:MAX_TABLE_JOBS]:
-        badges = " ".join(_flag_badge(flag.kind) for flag in job.flags())
+    for item in ranked[:MAX_TABLE_JOBS]:
+        job = item.job
         rows.append(
-            "<tr>"
+            f'<tr data-rank="{item.rank}">'
             f"<td>{_e(job.name)}</td><td>{_e(job.job_id)}</td><td>{_e(job.model or '-')}</td>"
-            f'<td>{_e(job.precision or "-")}</td><td class="num">{job.gpus}</td>'
+            f'<td>{_e(job.precision or "-")}</td><td class="num">{count(job.gpus)}</td>'
             f'<td class="num">{job.windows}</td><td class="num">{_percent(job.mean_ofu)}</td>'
             f'<td class="num">{_percent(job.mean_mfu)}</td><td class="num">{_number(job.mfu_over_ofu)}</td>'
-            f'<td class="num">{_number(job.correlation)}</td><td>{badges or "-"}</td>'
-            "</tr>"
+            f'<td class="num">{_number(job.correlation)}</td><td class="num">{_e(hours(item.shortfall_s))}</td>'
+            f"{_rank_cell(item)}</tr>"
         )
     more = (
-        f'<p class="note">{len(jobs) - MAX_TABLE_JOBS} more jobs not listed.</p>' if len(jobs) > MAX_TABLE_JOBS else ""
+        f'<p class="note">{len(ranked) - MAX_TABLE_JOBS} more jobs not listed.</p>'
+        if len(ranked) > MAX_TABLE_JOBS
+        else ""
     )
     return (
         _scrolling(
             '<table id="all-jobs"><thead><tr><th>job</th><th>id</th><th>GPU model</th><th>precision</th>'
             '<th class="num">GPUs</th><th class="num">windows</th><th class="num">mean OFU</th>'
-            '<th class="num">mean MFU</th><th class="num">MFU/OFU</th><th class="num">r</th><th>flags</th></tr></thead>'
+            '<th class="num">mean MFU</th><th class="num">MFU/OFU</th><th class="num">r</th>'
+            '<th class="num" title="GPU-hours short of the best OFU a job on the same GPU model reached">short of best'
+            "</th><th>flags</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>"
         )
         + more
+        + _rank_legend(ranked)
     )
 
 
@@ -863,6 +887,7 @@ def build_report(
     if summary is None:
         summary = summarize(ordered)
     jobs, flags = summary.jobs, summary.flags()
+    ranked = rank(summary)
     parts = [f"<h1>{_e(title)}</h1>"]
     if generated_ns is not None:
         parts.append(f'<p class="note">Generated {_e(format_time(generated_ns))} by otel-ofu.</p>')
@@ -914,7 +939,7 @@ def build_report(
             parts.append(
                 f'<h2>Where OFU is lost</h2><p class="note">{_e(note)}</p>'
                 f'<section class="card">{_figure_html(loss, "ofu-loss")}{_bottlenecks(summary)}'
-                f"{_loss_table(summary)}</section>"
+                f"{_loss_table(summary, ranked)}</section>"
             )
         shown = _timeline_jobs(jobs)
         timelines = timelines_figure(shown)
@@ -930,7 +955,9 @@ def build_report(
                 f'<h2>Jobs over time</h2><p class="note">{_e(note)}</p>'
                 f'<section class="card">{_figure_html(timelines, "job-timelines")}</section>'
             )
-        parts.append('<h2>All jobs</h2><section class="card">' + _jobs_table(jobs) + "</section>")
+        parts.append(
+            '<h2>All jobs, most to act on first</h2><section class="card">' + _jobs_table(ranked) + "</section>"
+        )
     parts.append(
         "<footer>OFU: tensor pipe activity x SM clock / max clock, measured on the GPUs; MFU: as the training "
         "framework reports it. Percentiles from exponential histograms merged exactly across windows.</footer>"

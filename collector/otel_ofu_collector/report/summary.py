@@ -68,10 +68,14 @@ def format_time(time_ns: int) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def plural(count: float, word: str) -> str:
+def count(value: float) -> str:
+    """A count of GPU equivalents as a number: whole as "8", a MIG slice's share as "0.29"."""
+    return str(int(value)) if value == int(value) else f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def plural(number: float, word: str) -> str:
     """``3 GPUs``, ``1 window``; a count of GPU equivalents that is not whole as ``0.29 GPUs`` (two MIG slices)."""
-    text = str(int(count)) if count == int(count) else f"{count:.2f}".rstrip("0").rstrip(".")
-    return f"{text} {word}{'' if count == 1 else 's'}"
+    return f"{count(number)} {word}{'' if number == 1 else 's'}"
 
 
 def percent(value: float | None) -> str:

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from otel_ofu import catalog, names
 from otel_ofu_collector.report.causes import bottleneck_of
+from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
 from otel_ofu_collector.report.summary import (
     COARSE_CAUSES,
     MIN_FLEET_R_JOBS,
@@ -27,6 +28,7 @@ from otel_ofu_collector.report.summary import (
     FleetSummary,
     JobSummary,
     coarse,
+    count,
     format_time,
     hours,
     hours_number,
@@ -130,11 +132,14 @@ def fleet_lines(summary: FleetSummary) -> list[str]:
     return lines
 
 
-def _verdict(job: JobSummary) -> str:
-    flags = job.flags()
-    if flags:
-        return "[red]" + "+".join(flag.kind for flag in flags)
-    return "[yellow]no MFU" if job.mean_mfu is None else "[green]ok"
+def _verdict(item: Ranked) -> str:
+    """The flags column: the job's flags, else its bottleneck (input-, comm-, memory-bound), else ok or no MFU."""
+    label = item.label
+    if item.job.flags():
+        return f"[red]{label}"
+    if item.tier in BOTTLENECK_TIERS.values():
+        return f"[yellow]{label}"
+    return f"[yellow]{label}" if label == "no MFU" else f"[green]{label}"
 
 
 def print_report(
@@ -166,12 +171,13 @@ def print_report(
         groups.add_row(
             short_model(group.attributes.get(names.HW_MODEL)),
             group.attributes.get(names.GPU_PRECISION, "unknown"),
-            str(group.gpus),
+            count(group.gpus),
             *(percent(group.quantiles.get(quantile)) for quantile in names.QUANTILES),
         )
     console.print(_fit(groups, console.width))
 
-    _heading(console, "Jobs: OFU (hardware) vs reported MFU, means over the windows with both")
+    ranked = rank(summary)
+    _heading(console, "Jobs, most to act on first: OFU (hardware) vs reported MFU")
     jobs = _table(
         ("job", "name"),
         ("name", "name"),
@@ -182,25 +188,32 @@ def print_report(
         ("r", "right"),
         ("flags", "left"),
     )
-    for job in summary.jobs:
+    for item in ranked:
+        job = item.job
         ratio = job.mfu_over_ofu
         jobs.add_row(
             job.job_id,
             job.attributes.get(names.JOB_NAME) or "-",
-            str(job.gpus),
+            count(job.gpus),
             percent(job.mean_ofu),
             percent(job.mean_mfu),
             "-" if ratio is None else f"{ratio:.2f}x",
             _number(job.correlation),
-            _verdict(job),
+            _verdict(item),
         )
     console.print(_fit(jobs, console.width))
-    print_loss(summary, console, price_note=price_note)
-    print_flags(summary, console)
+    _paragraph(console, f"OFU and MFU: means over the windows with both. {RANK_RULE}", indent=INDENT)
+    for line in legend(ranked):
+        _paragraph(console, line, indent=2 * INDENT)
+    print_loss(summary, console, price_note=price_note, ranked=ranked)
+    print_flags(summary, console, ranked=ranked)
 
 
-def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "") -> None:
-    """Per job, each cause's share of its GPU time and the GPU-hours (and cost) lost; then the fleet's."""
+def print_loss(
+    summary: FleetSummary, console: Console, *, price_note: str = "", ranked: Sequence[Ranked] | None = None
+) -> None:
+    """Per job (in rank order), each cause's share of its GPU time and the GPU-hours (and cost) lost; then the
+    fleet's."""
     currency = summary.currency or next((job.currency for job in summary.jobs if job.currency), None)
     priced = any(job.cost_lost is not None for job in summary.jobs)
     _heading(console, "Where OFU is lost: shares of each job's GPU time, GPU-hours and cost lost")
@@ -212,7 +225,7 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
         ("lost GPU-h", "right"),
         *(((f"lost {currency or 'cost'}", "right"),) if priced else ()),
     )
-    for job in summary.jobs:
+    for job in (item.job for item in (ranked if ranked is not None else rank(summary))):
         shares = job.loss_shares()
         if shares is None:
             continue
@@ -238,7 +251,7 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
     if summary.energy_j is not None:
         line += f"; the fleet's GPUs used {summary.energy_j / 3.6e6:.1f} kWh"
     _paragraph(console, line + ".")
-    print_causes(summary, console)
+    print_causes(summary, console, ranked=ranked)
 
 
 def _rate(value: float | None) -> str:
@@ -254,10 +267,11 @@ def _has_parts(job: JobSummary) -> bool:
     return sum(shares[part] for part in TENSOR_PARTS) > _NO_SHARE
 
 
-def print_causes(summary: FleetSummary, console: Console) -> None:
+def print_causes(summary: FleetSummary, console: Console, *, ranked: Sequence[Ranked] | None = None) -> None:
     """The tensor column split by what the engine and SMs did, beside DRAM and link traffic, for the jobs whose
-    GPUs report engine and SM activity; then each job's bottleneck where one stands out."""
-    jobs = [job for job in summary.jobs if _has_parts(job)]
+    GPUs report engine and SM activity (in rank order); then each job's bottleneck where one stands out."""
+    order = ranked if ranked is not None else rank(summary)
+    jobs = [item.job for item in order if _has_parts(item.job)]
     if not jobs:
         return
     _heading(console, "Where the tensor pipes' time went: shares of GPU time, and what else was busy")
@@ -290,9 +304,10 @@ def print_causes(summary: FleetSummary, console: Console) -> None:
         _paragraph(console, f"{job.job_id} ({name}): {bottleneck.sentence}.", INDENT)
 
 
-def print_flags(summary: FleetSummary, console: Console) -> None:
-    """Each flagged job's reasons in words, one indented paragraph each."""
-    flagged = [job for job in summary.jobs if job.flagged]
+def print_flags(summary: FleetSummary, console: Console, *, ranked: Sequence[Ranked] | None = None) -> None:
+    """Each flagged job's reasons in words (in rank order), one indented paragraph each."""
+    order = ranked if ranked is not None else rank(summary)
+    flagged = [item.job for item in order if item.job.flagged]
     if not flagged:
         _heading(console, "No job flagged.")
         return
