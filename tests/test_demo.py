@@ -133,7 +133,7 @@ def test_the_command_prints_the_report_and_exits_zero(capsys: pytest.CaptureFixt
     assert "straggler: GPU dgx-h100-01/" in flat
     assert "clock held down by its power cap" in flat
     assert "idle allocation: 1 GPU" in flat
-    assert "example price of 2.50 USD per H100 GPU-hour" in flat
+    assert "example price of 2.50 USD per H100-SXM GPU-hour" in flat
     assert "Fleet lost" in flat
 
 

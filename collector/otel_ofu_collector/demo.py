@@ -39,7 +39,7 @@ from otel_ofu.sources.simulated import H100_SXM_NAME, SimulatedFleet
 from otel_ofu_collector.config import WINDOW, AggregatorConfig
 from otel_ofu_collector.loopback import LoopbackPipeline, MfuReports
 from otel_ofu_collector.prefixes import DEMO_PREFIX
-from otel_ofu_collector.report.summary import summarize
+from otel_ofu_collector.report.summary import model_name, summarize
 from otel_ofu_collector.report.terminal import print_lines, print_report
 from otel_ofu_collector.results import WindowReport
 
@@ -121,7 +121,10 @@ def _handle(args: argparse.Namespace) -> int:
         observers=[unreadable],
     )
     summary = summarize(reports)
-    price = f" at an example price of {EXAMPLE_PRICE_PER_GPU_HOUR:.2f} {EXAMPLE_CURRENCY} per H100 GPU-hour"
+    price = (
+        f" at an example price of {EXAMPLE_PRICE_PER_GPU_HOUR:.2f} {EXAMPLE_CURRENCY} per "
+        f"{model_name(H100_SXM_NAME)} GPU-hour"
+    )
     print_report(summary, console, title="otel-ofu demo: fleet report", price_note=price + " (not a quote)")
     print_unreadable(unreadable, console)
     if args.html:

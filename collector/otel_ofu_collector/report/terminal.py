@@ -18,7 +18,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from otel_ofu import catalog, names
+from otel_ofu import names
 from otel_ofu_collector.report.causes import bottleneck_of
 from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
 from otel_ofu_collector.report.summary import (
@@ -32,6 +32,7 @@ from otel_ofu_collector.report.summary import (
     format_time,
     hours,
     hours_number,
+    model_name,
     money_number,
     percent,
     plural,
@@ -46,10 +47,7 @@ _GAP: Final = 2  # between columns: the box's separator and the cell's left padd
 
 def short_model(model: str | None) -> str:
     """A GPU model as the catalog names it (``NVIDIA H100 80GB HBM3`` -> ``H100-SXM``), else less its vendor."""
-    if not model:
-        return "unknown"
-    spec = catalog.lookup(model)
-    return spec.key if spec is not None else model.removeprefix("NVIDIA ")
+    return model_name(model) or "unknown"
 
 
 def _number(value: float | None) -> str:
