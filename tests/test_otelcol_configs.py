@@ -148,3 +148,16 @@ def test_every_collector_release_the_project_names_is_the_one_it_builds() -> Non
     release = collector_release()
     assert release in named, "no file names the Collector release"
     assert set(named) == {release}, {version: sorted(where) for version, where in named.items() if version != release}
+
+
+def test_the_hw_semconv_agent_is_the_agent_plus_its_copies() -> None:
+    """The opt-in agent with the conventions' hw.energy and hw.power differs from agent.yaml by its transform only."""
+    agent, variant = load(OTELCOL / "agent.yaml"), load(OTELCOL / "hw-semconv-agent.yaml")
+    transform = variant["processors"].pop("transform/hw-semconv")
+    statements = [s for group in transform["metric_statements"] for s in group["statements"]]
+    assert statements == [
+        f'copy_metric(name="hw.energy") where metric.name == "{names.GPU_ENERGY.name}"',
+        f'copy_metric(name="hw.power") where metric.name == "{names.GPU_POWER.name}"',
+    ]
+    variant["service"]["pipelines"]["metrics"]["processors"].remove("transform/hw-semconv")
+    assert variant == agent
