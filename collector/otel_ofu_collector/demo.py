@@ -15,11 +15,13 @@ and the demo closes its windows itself, so two runs print the same numbers.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 import attrs
 from rich.console import Console
@@ -106,8 +108,23 @@ def short_duration_warning(duration_s: float, interval_s: float, window_s: float
     )
 
 
+# The report is made for 80 columns; a wider terminal gives its names room up to this, its paragraphs no more.
+MAX_REPORT_WIDTH: Final = 100
+
+
+def _quiet_collector_logs() -> None:
+    """The embedded collector's and producer's INFO lines ("collector ready: ...") are for a deployed process, not
+    for the demo's report: at the default level they are left out (--log-level DEBUG shows them)."""
+    if logging.getLogger().getEffectiveLevel() >= logging.INFO:
+        for name in ("otel_ofu_collector", "otel_ofu"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _handle(args: argparse.Namespace) -> int:
+    _quiet_collector_logs()
     console = Console()
+    if console.width > MAX_REPORT_WIDTH:
+        console = Console(width=MAX_REPORT_WIDTH)
     warning = short_duration_warning(args.duration, args.interval, args.window)
     if warning:
         print(warning, file=sys.stderr)

@@ -280,6 +280,16 @@ def run_command(args: argparse.Namespace) -> int:
         target = args.exporter if args.exporter != "otlp" else f"otlp ({_describe_otlp(args)})"
         _say(args, f"exporting every {interval:g} s to {target}, placement {args.placement}")
         producer.run(args.duration)
+        worker = producer.worker
+        if args.duration is not None and worker is not None and producer.cycles and not worker.exported:
+            # A bounded run is a check (a prolog, a smoke test): one that exported nothing failed.
+            where = _describe_otlp(args).partition(" ")[2] if args.exporter == "otlp" else args.exporter
+            print(
+                f"otel-ofu run: no export got through to {where} in {producer.cycles} intervals "
+                "(the warnings above say why); exit status 1",
+                file=sys.stderr,
+            )
+            return 1
     finally:
         if producer is None:
             _close_unowned(source, exporter, recorder)

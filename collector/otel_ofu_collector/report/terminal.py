@@ -39,7 +39,7 @@ from otel_ofu_collector.report.summary import (
 )
 
 INDENT: Final = 2
-_NAME_WIDTH: Final = 24  # an id or name longer than this is cut even when there is room
+_NAME_WIDTH: Final = 32  # an id or name longer than this is cut even when there is room
 _MIN_NAME_WIDTH: Final = 6
 _NO_SHARE: Final = 1e-9  # a share this small is rounding, not time
 _GAP: Final = 2  # between columns: the box's separator and the cell's left padding
