@@ -62,3 +62,54 @@ def test_run_with_a_duration_exits_non_zero_when_no_export_got_through() -> None
     assert ok.returncode == 0, ok.stderr
     none = otel_ofu("run", "--source", "sim", "--interval", "0.5", "--duration", "1", "--quiet", "--exporter", "none")
     assert none.returncode == 0, none.stderr  # nothing to export to: nothing failed
+
+
+def test_one_unreachable_downstream_is_said_once_not_once_per_stream(caplog: pytest.LogCaptureFixture) -> None:
+    """The window export, the pass-through and the self-metrics all go to the one --export-endpoint: when nothing
+    listens there, the log says so once, naming it, and once more when it answers."""
+    import logging
+    import time
+
+    from otel_ofu.clock import ManualClock
+    from otel_ofu.producer.exporters import otlp_exporter
+    from otel_ofu.producer.loop import Producer
+    from otel_ofu.sources.simulated import SimulatedFleet
+    from otel_ofu_collector.config import AggregatorConfig
+    from otel_ofu_collector.service import CollectorOptions, CollectorService
+
+    port = unused_port()
+    start = 1_800_000_040 * 10**9
+    service = CollectorService(
+        CollectorOptions(
+            aggregator=AggregatorConfig(window_s=60.0, lateness_s=0.0),
+            grpc_listen="127.0.0.1:0",
+            export_endpoint=f"http://127.0.0.1:{port}",
+            flush_interval_s=0.0,
+            initial_backoff_s=0.05,
+            max_backoff_s=0.2,
+        ),
+        clock=lambda: start,
+        environ={},
+    )
+    caplog.set_level(logging.INFO, logger="otel_ofu_collector")
+    service.start()
+    try:
+        clock = ManualClock(start_ns=start)
+        producer = Producer(source=SimulatedFleet.demo(seed=1, clock=clock), clock=clock)
+        exporter = otlp_exporter(protocol="grpc", endpoint=f"http://127.0.0.1:{service.ports['grpc']}")
+        clock.advance(10)
+        exporter.export(producer.run_once())
+        exporter.shutdown()
+        service.flush(start + 120 * 10**9)  # a window out, and the self-metrics with it
+        deadline = time.monotonic() + 3.0  # a dozen failed attempts or more per stream at 0.05-0.2 s
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        stats = [d.stats.failures for d in service._deliveries()]
+        assert sum(stats) >= 6, stats
+    finally:
+        service.stop(grace=0.5)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "downstream" in r.getMessage()]
+    down = [line for line in said if "failed" in line or "unreachable" in line]
+    assert len(down) == 1, said
+    assert f"127.0.0.1:{port}" in down[0]
+    assert all(stream in down[0] for stream in ("window export", "pass-through", "self-metrics"))

@@ -37,7 +37,7 @@ from otel_ofu_collector.otlp.decode import (
     Decoder,
     DecoderStats,
 )
-from otel_ofu_collector.outputs.delivery import Delivery
+from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
 from otel_ofu_collector.outputs.recorder import ReportRecorder
@@ -202,6 +202,11 @@ class CollectorService:
             transport = make_transport(config)
             self.transport = transport
         if transport is not None:
+            # The streams below share the one downstream: its failures are said once for all of them.
+            where = getattr(getattr(transport, "config", None), "endpoint", type(transport).__name__)
+            streams = ("window export", *(("pass-through",) if options.pass_through else ()))
+            streams += ("self-metrics",) if options.self_telemetry else ()
+            downstream = DownstreamLog(str(where), streams)
             queue: Queue = (
                 SqliteSpool(options.spool_path, options.spool_max_bytes)
                 if options.spool_path
@@ -215,6 +220,7 @@ class CollectorService:
                 max_backoff_s=options.max_backoff_s,
                 owns_transport=False,
                 max_request_bytes=options.export_max_request_bytes,
+                downstream=downstream,
             )
             self._window_export = OtlpWindowExport(
                 self.exports, self._resource_attributes(), include_partials=options.include_partials
@@ -228,6 +234,7 @@ class CollectorService:
                     max_backoff_s=options.max_backoff_s,
                     owns_transport=False,
                     max_request_bytes=options.export_max_request_bytes,
+                    downstream=downstream,
                 )
             if options.self_telemetry:
                 # Its own small memory queue: the counters are cumulative, so a newer snapshot supersedes
@@ -241,6 +248,7 @@ class CollectorService:
                         max_backoff_s=options.max_backoff_s,
                         owns_transport=False,
                         max_request_bytes=options.export_max_request_bytes,
+                        downstream=downstream,
                     ),
                     self._resource_attributes(),
                     self.clock,
