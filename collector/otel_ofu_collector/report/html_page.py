@@ -53,6 +53,7 @@ from otel_ofu_collector.report.summary import (
     count,
     format_time,
     hours,
+    model_name,
     money,
     percent,
     plural,
@@ -148,6 +149,11 @@ def _point(job: JobSummary) -> tuple[float, float] | None:
 
 def _model_of(attributes: Mapping[str, str]) -> str:
     return attributes.get(names.HW_MODEL) or FLEET_LABEL
+
+
+def _shown(model: str) -> str:
+    """A GPU model as every report names it (the catalog's name: H100-SXM), whatever the device string."""
+    return model_name(model) or model
 
 
 def _merge(histograms: Sequence[ExpHistogram]) -> ExpHistogram:
@@ -285,7 +291,8 @@ def _hover(job: JobSummary, pair: tuple[float, float]) -> str:
     ratio = job.mfu_over_ofu
     lines = [
         f"<b>{_label(job.name)}</b> ({_label(job.job_id)})",
-        f"{_label(job.model or 'unknown model')}, {_label(job.precision or 'unknown precision')}",
+        f"{_label(_shown(job.model) if job.model else 'unknown model')}, "
+        f"{_label(job.precision or 'unknown precision')}",
         f"OFU {pair[0]:.1%}, reported MFU {pair[1]:.1%}" + (f", MFU/OFU {ratio:.2f}" if ratio is not None else ""),
     ]
     if (r := job.correlation) is not None:
@@ -305,7 +312,7 @@ def distribution_figure(
                 figure.add_trace(
                     go.Violin(
                         y=kept,
-                        name=_label(model),
+                        name=_label(_shown(model)),
                         line={"color": _model_colour(models, model)},
                         box={"visible": True},
                         meanline={"visible": True},
@@ -324,14 +331,14 @@ def distribution_figure(
                 continue
             figure.add_trace(
                 go.Box(
-                    x=[_label(model)],
+                    x=[_label(_shown(model))],
                     q1=[stats[0.25]],
                     median=[stats[0.5]],
                     q3=[stats[0.75]],
                     lowerfence=[stats[0.05]],
                     upperfence=[stats[0.95]],
                     mean=[histogram.sum / histogram.count],
-                    name=_label(model),
+                    name=_label(_shown(model)),
                     marker={"color": _model_colour(models, model)},
                     boxpoints=False,
                     hoverinfo="y+name",
@@ -368,7 +375,7 @@ def percentiles_figure(reports: Sequence[WindowReport]) -> go.Figure | None:
             p50.append(quantiles.get(0.5))
             p75.append(quantiles.get(0.75))
             p95.append(quantiles.get(0.95))
-        name = _label(model)
+        name = _label(_shown(model))
         band = colour + "33"
         figure.add_trace(
             go.Scatter(
@@ -434,7 +441,7 @@ def timelines_figure(jobs: Sequence[JobSummary]) -> go.Figure | None:
     titles = []
     for job in jobs:
         parts = [job.name if job.name == job.job_id else f"{job.name} ({job.job_id})"]
-        parts += [part for part in (job.model, job.precision) if part]
+        parts += [part for part in (_shown(job.model) if job.model else None, job.precision) if part]
         titles.append(_label(" - ".join(parts)))
     rows = len(jobs)
     spacing = min(0.12, 0.5 / rows)
@@ -804,7 +811,7 @@ def _flags_table(flags: Sequence[Flag]) -> str:
         rows.append(
             "<tr>"
             f"<td><b>{_e(job.name)}</b><br><small>{_e(job.job_id)}</small></td>"
-            f"<td>{_e(job.model or '-')}<br><small>{_e(job.precision or '')}</small></td>"
+            f"{_model_cell(job.model, below=job.precision or '')}"
             f"<td>{_flag_badge(flag.kind)}</td>"
             f'<td class="reason">{_e(flag.reason)}</td>'
             f"<td>{state}</td>"
@@ -814,6 +821,15 @@ def _flags_table(flags: Sequence[Flag]) -> str:
         '<table id="flagged-jobs"><thead><tr><th>job</th><th>GPU model</th><th>flag</th><th>why</th>'
         f"<th>at the end</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
+
+
+def _model_cell(model: str | None, below: str | None = None) -> str:
+    """A table cell naming a GPU model by its one name, the device's own string on hover (``below``: a small
+    second line, the precision)."""
+    extra = f"<br><small>{_e(below)}</small>" if below is not None else ""
+    if not model:
+        return f"<td>-{extra}</td>"
+    return f'<td title="{_e(model)}">{_e(_shown(model))}{extra}</td>'
 
 
 def _rank_cell(item: Ranked) -> str:
@@ -836,7 +852,7 @@ def _jobs_table(ranked: Sequence[Ranked]) -> str:
         job = item.job
         rows.append(
             f'<tr data-rank="{item.rank}">'
-            f"<td>{_e(job.name)}</td><td>{_e(job.job_id)}</td><td>{_e(job.model or '-')}</td>"
+            f"<td>{_e(job.name)}</td><td>{_e(job.job_id)}</td>{_model_cell(job.model)}"
             f'<td>{_e(job.precision or "-")}</td><td class="num">{count(job.gpus)}</td>'
             f'<td class="num">{job.windows}</td><td class="num">{_percent(job.mean_ofu)}</td>'
             f'<td class="num">{_percent(job.mean_mfu)}</td><td class="num">{_number(job.mfu_over_ofu)}</td>'
