@@ -113,3 +113,16 @@ def test_one_unreachable_downstream_is_said_once_not_once_per_stream(caplog: pyt
     assert len(down) == 1, said
     assert f"127.0.0.1:{port}" in down[0]
     assert all(stream in down[0] for stream in ("window export", "pass-through", "self-metrics"))
+
+
+def test_the_demo_puts_the_loggers_back_as_it_found_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """Quieting the embedded collector is the demo's own business: a process that runs it goes on logging."""
+    import logging
+
+    from otel_ofu.cli import main
+
+    names = ("otel_ofu_collector", "otel_ofu")
+    before = [logging.getLogger(name).level for name in names]
+    assert main(["demo", "--duration", "600"]) == 0
+    capsys.readouterr()
+    assert [logging.getLogger(name).level for name in names] == before

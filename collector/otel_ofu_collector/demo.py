@@ -19,7 +19,8 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
@@ -112,16 +113,29 @@ def short_duration_warning(duration_s: float, interval_s: float, window_s: float
 MAX_REPORT_WIDTH: Final = 100
 
 
-def _quiet_collector_logs() -> None:
+@contextmanager
+def _quiet_collector_logs() -> Iterator[None]:
     """The embedded collector's and producer's INFO lines ("collector ready: ...") are for a deployed process, not
-    for the demo's report: at the default level they are left out (--log-level DEBUG shows them)."""
+    for the demo's report: at the default level they are left out while the demo runs (--log-level DEBUG shows
+    them); the loggers' levels are put back after it (the demo may run inside a longer-lived process)."""
+    loggers = [logging.getLogger(name) for name in ("otel_ofu_collector", "otel_ofu")]
+    before = [found.level for found in loggers]
     if logging.getLogger().getEffectiveLevel() >= logging.INFO:
-        for name in ("otel_ofu_collector", "otel_ofu"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+        for found in loggers:
+            found.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for found, level in zip(loggers, before, strict=True):
+            found.setLevel(level)
 
 
 def _handle(args: argparse.Namespace) -> int:
-    _quiet_collector_logs()
+    with _quiet_collector_logs():
+        return _report(args)
+
+
+def _report(args: argparse.Namespace) -> int:
     console = Console()
     if console.width > MAX_REPORT_WIDTH:
         console = Console(width=MAX_REPORT_WIDTH)
