@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstalled whenever pyproject.toml changes.
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit system-deps bench bench-quick clean helm otelcol
+.PHONY: demo test lint typecheck unit system-deps bench bench-quick clean helm otelcol dist
 
 # Each step says what it installs (a cold install is a minute or two of pip's quiet work); setuptools'
 # "Editable installation" notice, a boxed warning about an editable install working as designed, is left out.
@@ -23,9 +23,21 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 	@echo "make: $(VENV) is ready"
 
-demo: $(STAMP)
+# The demo's own light environment: otel-ofu and its runtime dependencies only (what `pip install otel-ofu`
+# installs), not the dev tools and benchmark peers of $(VENV). Reinstalled when pyproject.toml changes.
+DEMO_VENV := .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed
+$(DEMO_STAMP): pyproject.toml
+	@echo "make: setting up $(DEMO_VENV) for the demo (once, and again when pyproject.toml changes)"
+	@test -x $(DEMO_VENV)/bin/python || $(PYTHON) -m venv $(DEMO_VENV)
+	@echo "make: installing otel-ofu (editable) and its runtime dependencies only into $(DEMO_VENV)"
+	@$(QUIET_BUILD) $(DEMO_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e .
+	@touch $(DEMO_STAMP)
+	@echo "make: $(DEMO_VENV) is ready"
+
+demo: $(DEMO_STAMP)
 	@echo "make: otel-ofu demo (a simulated fleet through the real producer, OTLP and collector)"
-	@$(BIN)/otel-ofu demo
+	@$(DEMO_VENV)/bin/otel-ofu demo
 
 # System packages and npm clients some end-to-end tests use (Chromium, Prometheus, Node OTLP client).
 system-deps:
@@ -61,5 +73,9 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks --quick --strict
 
+# The sdist and the wheel built from it (python -m build), as PyPI would serve them, into dist/.
+dist: $(STAMP)
+	$(BIN)/python -m build --outdir dist .
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(DEMO_VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info

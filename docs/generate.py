@@ -27,7 +27,7 @@ from types import ModuleType
 
 import attrs
 
-from otel_ofu import cli, names
+from otel_ofu import cli, names, ports
 from otel_ofu.generated_files import write_or_check
 
 HERE = Path(__file__).resolve().parent
@@ -207,10 +207,15 @@ def render(module: ModuleType = names) -> str:
     value_sets = [e for e in everything if _is_value_set(e) and e not in groups]
     shown = [*metrics, *groups, *attributes, *value_sets]
     # Everything else that is a plain constant: service names, hardware ids, sentinels, environment keys.
+    stability: dict[str, str] = dict(getattr(module, "STABILITY", {}))
     constants = [
         e
         for e in everything
-        if e not in shown and e.name.isupper() and isinstance(e.value, str | int | float | tuple | dict)
+        if e not in shown
+        and e.name.isupper()
+        and not e.name.startswith("_")
+        and e.name != "STABILITY"  # shown beside each metric
+        and isinstance(e.value, str | int | float | tuple | dict)
     ]
     member_of: dict[str, list[str]] = {}
     for group in groups:
@@ -233,6 +238,17 @@ def render(module: ModuleType = names) -> str:
         " appends the unit (`gpu_clock_sm_hertz`), the collector's outputs keep their bare name, and counters"
         " end in `_total` (`otel_ofu/prometheus_names.py`).",
         "",
+        "## Stability",
+        "",
+        "Each metric of the project's own has a stability level (the `stability` column below, from `STABILITY`):"
+        " *stable* names are the product's contract, never renamed, their unit, kind and meaning kept;"
+        " *development* names (the shards' partial state, the processes' self-metrics, the jobs' activity"
+        " context) may change in a minor release, said in CHANGELOG.md. The attribute keys borrowed from the"
+        " OpenTelemetry semantic conventions (`SEMCONV_ATTRIBUTES`: `hw.*`, `host.name`, `k8s.*`, `service.*`,"
+        " `network.io.direction`) follow the conventions of the `SCHEMA_URL` every request carries, at the"
+        " conventions' own stability; docs/design.md says how the contract's names relate to their `hw.*`"
+        " metrics.",
+        "",
         "## Metrics",
         "",
     ]
@@ -243,10 +259,12 @@ def render(module: ModuleType = names) -> str:
             assert isinstance(e.value, spec_type)
             meaning = e.value.description + (f" ({e.note})" if e.note else "")
             declared = ", ".join(_code(n) for n in (e.name, *member_of.get(e.value.name, ())))
-            rows.append(
-                (e, (_code(e.value.name), e.value.kind.replace("_", " "), _code(e.value.unit), meaning, declared))
-            )
-        out += _grouped(rows, ("name", "kind", "unit", "meaning", "declared as"))
+            level = (stability.get(e.value.name, ""),) if stability else ()
+            kind = e.value.kind.replace("_", " ")
+            cells = (_code(e.value.name), kind, _code(e.value.unit), *level, meaning, declared)
+            rows.append((e, cells))
+        header = ("name", "kind", "unit", *(("stability",) if stability else ()), "meaning", "declared as")
+        out += _grouped(rows, header)
 
     out += [
         "## Attributes",
@@ -337,9 +355,31 @@ def _constant(value: object) -> str:
     return _code(value)
 
 
+def port_map() -> list[str]:
+    """The port map of ``otel_ofu.ports``: the one place every doc, chart and help text takes its ports from."""
+    out = [
+        "## Ports",
+        "",
+        "No endpoint listens unless given a port; these are the ports the Helm chart, the systemd unit, the"
+        " examples, the alert rules' scrape configuration and the `--help` texts use (`otel_ofu/ports.py`; a test"
+        " checks every file that names one). The HTTP endpoints listen on `127.0.0.1` unless told otherwise"
+        " (`--prometheus-host`, `--report-feed-host`, `--health-host`).",
+        "",
+    ]
+    rows = [(_code(port.number), port.listener, _code(port.option), port.serves) for port in ports.PORT_MAP]
+    return out + _table(("port", "who listens", "option", "what"), rows)
+
+
 def reference() -> str:
-    """docs/reference.md: the vocabulary, then the collector's options."""
-    return render() + "\n" + "\n".join(collector_options()).rstrip("\n") + "\n"
+    """docs/reference.md: the vocabulary, the port map, then the collector's options."""
+    return (
+        render()
+        + "\n"
+        + "\n".join(port_map()).rstrip("\n")
+        + "\n\n"
+        + "\n".join(collector_options()).rstrip("\n")
+        + "\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

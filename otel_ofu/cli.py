@@ -120,4 +120,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from otel_ofu.entry import main as entry_main  # Ctrl-C as one line, as the console script does
+
+    sys.exit(entry_main())

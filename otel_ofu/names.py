@@ -862,3 +862,66 @@ AMD_EXPORTER_ENERGY: Final = "gpu_energy_consumed"  # uJ accumulated since the d
 AMD_ENERGY_UNIT_J: Final = 1e-6  # joules per unit of gpu_energy_consumed
 # Values the exporter's own filter treats as "not applicable" (max of the unsigned widths, and of int32): no value.
 AMD_NOT_APPLICABLE: Final = (0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
+
+# --- Conventions and stability ------------------------------------------------------------------------
+# The OpenTelemetry semantic conventions the telemetry follows, and how far each name of the project's own may
+# change. docs/design.md says why the contract's names stay gpu.*, job.*, fleet.* beside the conventions' hw.*.
+
+# Every ResourceMetrics and ScopeMetrics the producer, the MFU reporter and the collector send carries it: the
+# version of the conventions whose attributes (SEMCONV_ATTRIBUTES) they use.
+SCHEMA_URL: Final = "https://opentelemetry.io/schemas/1.44.0"
+# The attribute keys borrowed from the conventions (their meaning and stability are OpenTelemetry's).
+SEMCONV_ATTRIBUTES: Final = (
+    SERVICE_NAME,
+    SERVICE_INSTANCE_ID,
+    HOST_NAME,
+    HW_ID,
+    HW_TYPE,
+    HW_VENDOR,
+    HW_MODEL,
+    K8S_POD_NAME,
+    K8S_NAMESPACE_NAME,
+    K8S_CONTAINER_NAME,
+    K8S_POD_UID,
+    NETWORK_IO_DIRECTION,
+)
+
+
+class StabilityLevel:
+    """How far a name of the project's own may change, after OpenTelemetry's own levels."""
+
+    STABLE = "stable"  # the product's contract: never renamed; its unit, kind and meaning kept
+    DEVELOPMENT = "development"  # may be renamed or dropped in a minor release, said in CHANGELOG.md
+    ALL = (STABLE, DEVELOPMENT)
+
+
+# Outside the contract: the shards' partial state (an interface between the project's own processes), the
+# processes' self-metrics (their health, which grows with their faults) and the jobs' activity context.
+_DEVELOPMENT_METRICS: Final = frozenset(
+    spec.name
+    for spec in (
+        *COLLECTOR_PARTIAL_METRICS,
+        *COLLECTOR_SELF_METRICS,
+        SOURCE_ERRORS,
+        EXPORT_FAILURES,
+        EXPORT_DURATION,
+        JOB_DRAM_ACTIVE,
+        JOB_NVLINK_THROUGHPUT,
+        JOB_PCIE_THROUGHPUT,
+    )
+)
+# Every metric name of the project's own, by its stability level (docs/reference.md shows it beside each).
+STABILITY: Final = {
+    spec.name: StabilityLevel.DEVELOPMENT if spec.name in _DEVELOPMENT_METRICS else StabilityLevel.STABLE
+    for spec in (
+        *PRODUCER_METRICS,
+        JOB_MFU,
+        SOURCE_ERRORS,
+        EXPORT_FAILURES,
+        EXPORT_DURATION,
+        *COLLECTOR_METRICS,
+        *COLLECTOR_LOSS_METRICS,
+        *COLLECTOR_PARTIAL_METRICS,
+        *COLLECTOR_SELF_METRICS,
+    )
+}

@@ -133,7 +133,7 @@ def test_the_command_prints_the_report_and_exits_zero(capsys: pytest.CaptureFixt
     assert "straggler: GPU dgx-h100-01/" in flat
     assert "clock held down by its power cap" in flat
     assert "idle allocation: 1 GPU" in flat
-    assert "example price of 2.50 USD per H100 GPU-hour" in flat
+    assert "example price of 2.50 USD per H100-SXM GPU-hour" in flat
     assert "Fleet lost" in flat
 
 
@@ -274,7 +274,7 @@ def test_long_ids_and_names_are_cut_not_wrapped(summary: FleetSummary) -> None:
     assert isinstance(file, io.StringIO)
     lines = file.getvalue().splitlines()
     assert all(len(line) <= 80 for line in lines)
-    rows = [line for line in lines if line.startswith("research-llm-p")]
+    rows = [line for line in lines if line.startswith("research-llm-")]
     assert len(rows) == 3  # the jobs table, the loss table and the tensor pipes' table, one line each
     assert all("…" in row for row in rows)
     assert rows[0].split()[-1] == "straggler"  # the flag is never the part cut

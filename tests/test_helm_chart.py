@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "examples" / "deploy" / "helm" / "otel-ofu"
 DOCKERFILE = ROOT / "examples" / "deploy" / "Dockerfile"
 BUILD_SCRIPT = ROOT / "tests" / "setup" / "build-helm.sh"
+MANIFEST = ROOT / "collector" / "otelcol" / "builder" / "manifest.yaml"
 NAMESPACE = "gpu-monitoring"
 
 CONFIGURATIONS: dict[str, list[str]] = {
@@ -33,6 +35,15 @@ CONFIGURATIONS: dict[str, list[str]] = {
     "sharded-tls-auth": [
         "--set", "collector.shards.enabled=true", "--set", "tls.enabled=true", "--set", "tls.secretName=ofu-tls",
         "--set", "auth.enabled=true", "--set", "auth.token=s3cret",
+    ],
+    "monitoring-sharded": [
+        "--set", "collector.shards.enabled=true", "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.podMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+        "--set", "grafana.dashboards.enabled=true",
+    ],
+    "monitoring": [
+        "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.podMonitor.enabled=true",
+        "--set", "metrics.prometheusRule.enabled=true", "--set", "grafana.dashboards.enabled=true",
     ],
     "existing-secret-host-proc": [
         "--set", "auth.enabled=true", "--set", "auth.existingSecret=site-token", "--set", "auth.key=bearer",
@@ -212,7 +223,7 @@ def test_the_producer_reaches_the_collector_and_mounts_the_pod_resources_socket(
         # The producer listens on loopback unless told otherwise: the declared port must be opened.
         assert env["OTEL_OFU_PROMETHEUS_HOST"] == "0.0.0.0"
     else:
-        assert "ports" not in container
+        assert "metrics" not in container_ports(daemonset)
 
 
 def test_collectors_read_their_variables_and_listen_where_their_ports_say(
@@ -291,7 +302,7 @@ def test_the_sharded_agent_routes_to_the_headless_shards(helm: str) -> None:
     exporter = agent["exporters"]["loadbalancing/otel-ofu-shards"]
     assert exporter["routing_attributes"] == ["job.id"]
     dns = exporter["resolver"]["dns"]
-    shards = resolve(documents, dns["hostname"], dns["port"])
+    shards = resolve(documents, dns["hostname"], int(dns["port"]))
     shard_service = [s for s in of_kind(documents, "Service") if s["metadata"]["name"] == dns["hostname"].split(".")[0]]
     assert shard_service[0]["spec"]["clusterIP"] == "None"  # one A record per shard
     assert env_of(pod_spec(shards)["containers"][0])["OTEL_OFU_COLLECTOR_MODE"] == "shard"
@@ -306,6 +317,135 @@ def test_the_sharded_agent_routes_to_the_headless_shards(helm: str) -> None:
     assert "merge" in {
         env_of(pod_spec(w)["containers"][0]).get("OTEL_OFU_COLLECTOR_MODE") for w in workloads(documents)
     }
+
+
+def collector_release() -> str:
+    """The OpenTelemetry Collector release the project builds and tests every shipped configuration on: the
+    version of the contrib modules its builder manifest pins (``0.161.0``), the one place that says it."""
+    manifest = yaml.safe_load(MANIFEST.read_text(encoding="utf-8"))
+    versions = {
+        entry["gomod"].split()[-1]
+        for kind in ("receivers", "exporters", "processors", "connectors", "extensions")
+        for entry in manifest.get(kind) or []
+        if "opentelemetry-collector-contrib" in entry["gomod"]
+    }
+    (version,) = versions
+    return str(version).removeprefix("v")
+
+
+def collector_configs(documents: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    """Every OpenTelemetry Collector configuration the manifests hold (ConfigMap entries with a ``service`` and
+    its pipelines), by ``<configmap>/<key>``."""
+    found = {}
+    for config_map in of_kind(documents, "ConfigMap"):
+        for key, text in (config_map.get("data") or {}).items():
+            parsed = yaml.safe_load(text) if key.endswith((".yaml", ".yml")) else None
+            if isinstance(parsed, dict) and "pipelines" in (parsed.get("service") or {}):
+                found[f"{config_map['metadata']['name']}/{key}"] = text
+    return found
+
+
+def test_the_sharded_agent_runs_the_collector_release_the_project_builds_and_tests(helm: str) -> None:
+    """The agent's loadbalancing exporter routes by ``routing_attributes: [job.id]``, which 0.115.0 did not have:
+    an agent on an older image would not start. It runs the release every shipped configuration is tested on."""
+    documents = _render(helm, "sharded-tls-auth")
+    (agent,) = [w for w in workloads(documents) if w["metadata"]["name"].endswith("-agent")]
+    (container,) = pod_spec(agent)["containers"]
+    repository, _, tag = container["image"].rpartition(":")
+    assert repository == "otel/opentelemetry-collector-contrib"
+    assert tag == collector_release()
+    assert collector_configs(documents), "the sharded render holds the agent's Collector configuration"
+
+
+def ours(documents: tuple[dict[str, Any], ...]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(workload, container) of every otel-ofu container: the producer and the collectors."""
+    return [
+        (workload, container)
+        for workload in workloads(documents)
+        for container in pod_spec(workload)["containers"]
+        if container["args"][:1] in (["run"], ["collector"])
+    ]
+
+
+def test_every_otel_ofu_container_has_a_liveness_probe_on_its_health_endpoint(
+    rendered: tuple[dict[str, Any], ...],
+) -> None:
+    """The kubelet restarts a producer whose sampling loop is stuck, or a collector whose windows stop closing:
+    the probe asks /healthz on the port the process serves it on, opened to the pod's address."""
+    found = ours(rendered)
+    assert found
+    for workload, container in found:
+        env = env_of(container)
+        prefix = "OTEL_OFU_" if container["args"] == ["run"] else "OTEL_OFU_COLLECTOR_"
+        probe = container["livenessProbe"]["httpGet"]
+        assert probe["path"] == "/healthz", workload["metadata"]["name"]
+        port = container_ports(workload)[probe["port"]]
+        assert int(env[f"{prefix}HEALTH_PORT"]) == port
+        assert env[f"{prefix}HEALTH_HOST"] == "0.0.0.0"
+        assert container["livenessProbe"]["periodSeconds"] * container["livenessProbe"]["failureThreshold"] >= 30
+
+
+@pytest.mark.parametrize("configuration", ["monitoring", "monitoring-sharded"])
+def test_the_service_monitor_scrapes_every_collector_under_the_job_the_alert_rules_name(
+    helm: str, configuration: str
+) -> None:
+    documents = _render(helm, configuration)
+    (monitor,) = of_kind(documents, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    selector = monitor["spec"]["selector"]
+    scraped = [s for s in of_kind(documents, "Service") if selects(selector["matchLabels"], s["metadata"]["labels"])]
+    expressions = selector.get("matchExpressions", [])
+    for expression in expressions:
+        assert expression["operator"] == "In"
+        scraped = [s for s in scraped if s["metadata"]["labels"].get(expression["key"]) in expression["values"]]
+    collectors = {
+        w["metadata"]["name"] for w in workloads(documents) if pod_spec(w)["containers"][0]["args"] == ["collector"]
+    }
+    backends = {service_backends(documents, s)[0]["metadata"]["name"] for s in scraped}
+    assert backends == collectors, "every collector (shards and merge tier included) and nothing else"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    for service in scraped:
+        assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}, service["metadata"]["name"]
+    rules = yaml.safe_load((ROOT / "examples" / "alerts" / "prometheus-rules.yaml").read_text())
+    jobs = set(re.findall(r'up\{job="([^"]+)"\}', yaml.safe_dump(rules)))
+    (job,) = jobs
+    assert {"targetLabel": "job", "replacement": job, "action": "replace"} in endpoint["relabelings"]
+
+
+def test_the_pod_monitor_scrapes_the_producers(helm: str) -> None:
+    documents = _render(helm, "monitoring")
+    (monitor,) = of_kind(documents, "PodMonitor")
+    (daemonset,) = of_kind(documents, "DaemonSet")
+    assert selects(monitor["spec"]["selector"]["matchLabels"], daemonset["spec"]["template"]["metadata"]["labels"])
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    for other in workloads(documents):
+        if other is not daemonset:
+            assert not selects(selector, other["spec"]["template"]["metadata"]["labels"])
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in container_ports(daemonset)
+
+
+def test_the_prometheus_rule_holds_the_shipped_alert_rules(helm: str) -> None:
+    documents = _render(helm, "monitoring")
+    (rule,) = of_kind(documents, "PrometheusRule")
+    shipped = yaml.safe_load((ROOT / "examples" / "alerts" / "prometheus-rules.yaml").read_text())
+    assert rule["spec"]["groups"] == shipped["groups"]
+
+
+def test_the_grafana_dashboard_is_a_config_map_the_grafana_sidecar_loads(helm: str) -> None:
+    documents = _render(helm, "monitoring")
+    (config_map,) = [c for c in of_kind(documents, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard")]
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (name, text) = next(iter(config_map["data"].items()))
+    assert name.endswith(".json")
+    shipped = json.loads((ROOT / "examples" / "dashboards" / "grafana.json").read_text())
+    assert json.loads(text) == shipped
+
+
+def test_monitoring_objects_are_off_by_default(helm: str) -> None:
+    """A cluster without the Prometheus Operator's CRDs must install the chart as it is."""
+    documents = _render(helm, "default")
+    assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule"} & {doc["kind"] for doc in documents}
 
 
 def dockerfile_instructions() -> Iterator[tuple[str, str]]:

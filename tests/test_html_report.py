@@ -19,7 +19,7 @@ from otel_ofu.sources.capture import CaptureWriter
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.report.html_page import build_report, write_report
-from otel_ofu_collector.report.summary import format_time, summarize
+from otel_ofu_collector.report.summary import format_time, model_name, summarize
 from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
 from otel_ofu_collector.stats.comoments import CoMoments
 from otel_ofu_collector.stats.exphist import ExpHistogram
@@ -128,8 +128,8 @@ def test_distribution_boxes_per_gpu_model_from_the_windows_histograms() -> None:
     traces = _figure_data(build_report(synthetic_reports()), "ofu-distribution")
     assert [t["type"] for t in traces] == ["box", "box"]
     boxes = {t["name"]: t for t in traces}
-    assert set(boxes) == {A100, H100}
-    h100 = boxes[H100]
+    assert set(boxes) == {model_name(A100), model_name(H100)}  # each model's one name
+    h100 = boxes[model_name(H100)]
     assert h100["lowerfence"][0] <= h100["q1"][0] <= h100["median"][0] <= h100["q3"][0] <= h100["upperfence"][0]
     # Over capacity: the smallest OFU at or below which half of the 80 GPUs sat, the 40th: 0.26.
     assert h100["median"][0] == pytest.approx(0.26, rel=0.01)
@@ -147,8 +147,8 @@ def test_distribution_uses_raw_samples_when_a_capture_gives_them() -> None:
 def test_percentiles_over_time_per_model() -> None:
     traces = _figure_data(build_report(synthetic_reports()), "ofu-percentiles")
     medians = {t["name"]: t for t in traces if t.get("name", "").endswith(" median")}
-    assert set(medians) == {f"{A100} median", f"{H100} median"}
-    a100 = medians[f"{A100} median"]["y"]
+    assert set(medians) == {f"{model_name(A100)} median", f"{model_name(H100)} median"}
+    a100 = medians[f"{model_name(A100)} median"]["y"]
     assert len(a100) == 20
     assert a100[0] > a100[-1]  # the regressing job drags its model down
 
@@ -414,3 +414,19 @@ def test_every_flag_the_detectors_define_has_a_badge_style_and_a_new_one_gets_on
     styles = flag_styles(kinds)
     assert f".flag.thermal-drift {{ background: {FLAG_PALETTE[0]}; }}" in styles
     assert f".flag.nvlink-errors {{ background: {FLAG_PALETTE[1]}; }}" in styles
+
+
+def test_each_gpu_model_has_one_name_in_the_page_the_text_report_and_top() -> None:
+    """The catalog's name (H100-SXM), in the tables and the plots alike, with the device's full name on hover;
+    the text report and top use the same one (report.summary.model_name)."""
+    page = build_report(synthetic_reports())
+    short = model_name(H100)
+    assert short == "H100-SXM"
+    boxes = {t["name"] for t in _figure_data(page, "ofu-distribution")}
+    assert short in boxes
+    medians = {t["name"] for t in _figure_data(page, "ofu-percentiles") if t.get("name", "").endswith(" median")}
+    assert f"{short} median" in medians
+    table = page[page.index('<table id="all-jobs">') :]
+    table = table[: table.index("</table>")]
+    assert f'<td title="{H100}">{short}</td>' in table
+    assert f">{H100}<" not in table

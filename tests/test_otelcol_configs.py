@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,7 @@ import pytest
 import yaml
 
 from otel_ofu import names
+from tests.test_helm_chart import collector_release
 
 OTELCOL = Path(__file__).resolve().parents[1] / "collector" / "otelcol"
 # builder/ holds the Collector Builder manifest, not a Collector configuration.
@@ -119,3 +122,42 @@ def test_merge_tier_gets_every_fleet_metric_and_nothing_loops() -> None:
     assert "otlp/merged" not in to_merge[0]["receivers"]  # merged outputs never go back to the merge tier
     assert all(spec.name.startswith(("fleet.", "job.")) for spec in names.COLLECTOR_PARTIAL_METRICS)
     assert names.FLEET_OFU.name.startswith("fleet.")
+
+
+# How the project's files name an OpenTelemetry Collector release: an image tag, otelcol-contrib's version, the
+# tested version in collector/otelcol/README.md, telemetrygen's in build.sh.
+_RELEASE = re.compile(
+    r"(?:opentelemetry-collector-contrib[:@]v?|otelcol-contrib v|otelcol-contrib:|"
+    r"Tested Collector version: \*\*v|OTELCOL_VERSION=v|tag: \"?)(\d+\.\d+\.\d+)"
+)
+
+
+def test_every_collector_release_the_project_names_is_the_one_it_builds() -> None:
+    """One Collector version across the chart, the configurations' docs and the build: the builder manifest's."""
+    root = OTELCOL.parents[1]
+    files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    named: dict[str, set[str]] = {}
+    for name in files:
+        path = root / name
+        if path.suffix not in (".md", ".yaml", ".yml", ".sh", ".tpl", ".txt") and path.name != "Dockerfile":
+            continue
+        if path.name == "Chart.yaml" or "builder" in path.parts:
+            continue
+        for found in _RELEASE.findall(path.read_text(encoding="utf-8", errors="replace")):
+            named.setdefault(found, set()).add(name)
+    release = collector_release()
+    assert release in named, "no file names the Collector release"
+    assert set(named) == {release}, {version: sorted(where) for version, where in named.items() if version != release}
+
+
+def test_the_hw_semconv_agent_is_the_agent_plus_its_copies() -> None:
+    """The opt-in agent with the conventions' hw.energy and hw.power differs from agent.yaml by its transform only."""
+    agent, variant = load(OTELCOL / "agent.yaml"), load(OTELCOL / "hw-semconv-agent.yaml")
+    transform = variant["processors"].pop("transform/hw-semconv")
+    statements = [s for group in transform["metric_statements"] for s in group["statements"]]
+    assert statements == [
+        f'copy_metric(name="hw.energy") where metric.name == "{names.GPU_ENERGY.name}"',
+        f'copy_metric(name="hw.power") where metric.name == "{names.GPU_POWER.name}"',
+    ]
+    variant["service"]["pipelines"]["metrics"]["processors"].remove("transform/hw-semconv")
+    assert variant == agent

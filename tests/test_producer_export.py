@@ -679,7 +679,7 @@ def test_run_with_nothing_listening_says_so_once_and_ends_soon_after_its_duratio
     running.start()
     running.join(timeout=6)
     assert not running.is_alive()
-    assert status == [0]
+    assert status == [1]  # a bounded run that exported nothing failed (and says so in one line, below)
     failing = [r.getMessage() for r in caplog.records if "cannot export" in r.getMessage()]
     assert failing == [
         f"cannot export to {endpoint} (grpc): nothing is listening there (connection refused): is the receiver "
@@ -709,8 +709,9 @@ def test_the_command_prints_no_raw_grpc_lines_for_a_tls_mismatch(sink: OtlpSink)
     done = subprocess.run(
         [*argv, "--export-endpoint", endpoint, "--quiet"], capture_output=True, text=True, timeout=60, env=env
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # nothing got through in its --duration
     lines = done.stderr.splitlines()
+    assert lines[-1].startswith(f"otel-ofu run: no export got through to {endpoint} in ")
     assert [line for line in lines if "cannot export" in line] == [
         line for line in lines if f"cannot export to {endpoint} (grpc): the TLS handshake failed" in line
     ]

@@ -378,3 +378,30 @@ def test_the_records_file_leaves_the_per_gpu_means_out(tmp_path: Any) -> None:
         recorder.consume_windows([window(T, jobs=[job("big", 0.4)], gpus=[gpu(0.4)])])
     (line,) = (tmp_path / "windows.jsonl").read_text().splitlines()
     assert "gpus" not in json.loads(line)  # a run's records keep jobs and flags, not every GPU of every window
+
+
+def test_top_and_report_pointed_at_a_prometheus_endpoint_say_that_is_what_they_found(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user gives the collector's --prometheus-port (9465) where its --report-feed-port (9466) belongs."""
+    from otel_ofu.cli import main
+    from otel_ofu_collector.service import CollectorOptions, CollectorService
+
+    service = CollectorService(
+        CollectorOptions(grpc_listen="127.0.0.1:0", prometheus_port=0, flush_interval_s=0.0), environ={}
+    )
+    service.start()
+    try:
+        url = f"http://127.0.0.1:{service.ports['prometheus']}"
+        update = ReportFeedPoller(url, timeout_s=5).poll()
+        assert update.problem
+        assert update.status is not None
+        assert "\n" not in update.status
+        assert "is a Prometheus /metrics endpoint, not a report feed" in update.status
+        assert "--report-feed-port" in update.status
+        assert main(["report", "--live", url, "--out", str(tmp_path / "r.html")]) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1
+        assert "is a Prometheus /metrics endpoint, not a report feed" in err
+    finally:
+        service.stop(grace=1)

@@ -197,7 +197,7 @@ def hour_of_jobs() -> FleetModel:
 
 
 def test_job_rows_sum_the_hour_and_sort_by_lost_cost() -> None:
-    rows = hour_of_jobs().jobs()
+    rows = hour_of_jobs().jobs(Sort.LOST)
     # lost cost over the hour: small 0.80; big 0.20 + (0.05 + 0.25 + 0.02) = 0.52; mid none (0)
     assert [row.job_id for row in rows] == ["small", "big", "mid"]
     small, big, mid = rows
@@ -238,9 +238,25 @@ def test_without_prices_the_table_sorts_by_lost_gpu_time() -> None:
     model.add_windows(
         [window(T, jobs=[job("a", 0.4, lost_s={"tensor": 100.0}), job("b", 0.2, lost_s={"idle": 300.0})])]
     )
-    rows = model.jobs()
+    rows = model.jobs(Sort.LOST)
     assert [row.job_id for row in rows] == ["b", "a"]
     assert [row.cost_lost for row in rows] == [None, None]
+
+
+def test_the_default_order_is_the_reports_rank_and_each_row_says_why() -> None:
+    """Flags first, in the reports' order: the idle notebook, the straggler's job, the miscount; not by lost cost
+    (which puts the notebook first too, but big, 0.52 lost, before the unpriced mid only by the money)."""
+    model = hour_of_jobs()
+    rows = model.jobs()
+    assert [row.job_id for row in rows] == ["small", "big", "mid"]
+    assert [row.rank for row in rows] == [1, 2, 3]
+    small, big, mid = rows
+    assert small.why[0].startswith("idle allocation: 2 GPUs attributed with no tensor activity for 1 window")
+    assert small.why[-1].startswith("rank 1: idle: GPUs allocated that do no tensor work")
+    assert big.why[0].startswith("straggler: GPU node-1/GPU-3 at 0.50x the median OFU of its job's other GPUs")
+    assert mid.why[0].startswith("suspected FLOP miscount")
+    assert big.model == "H100-SXM" or big.model is None  # the catalog's one name where the window says the model
+    assert [row.job_id for row in model.jobs(Sort.RANK, "idle")] == ["small"]
 
 
 def test_causes_are_those_the_windows_carry_in_the_vocabularys_order_then_by_name() -> None:
@@ -391,6 +407,14 @@ def test_loss_bar_cells_by_largest_remainder() -> None:
         for cause in ("idle", "clock", "tensor", "a", "b")
     }
     assert len(glyphs) == 5
+
+
+def test_gpu_counts_are_integers_where_whole() -> None:
+    # Seven 1g MIG slices of one H100 add up to 0.9999999999999998 in floating point: one GPU, shown as "1".
+    assert cells.gpus(sum([1 / 7] * 7)) == "1"
+    assert cells.gpus(32.000000001) == "32"
+    assert cells.gpus(8.0) == "8"
+    assert cells.gpus(2 / 7) == "0.29"
 
 
 def test_numbers_in_cells() -> None:

@@ -170,7 +170,10 @@ def test_the_demo_in_a_terminal_sorts_filters_opens_a_job_pauses_and_quits(termi
     assert "USD" in lines[0]  # the demo prices its GPUs
     assert all(len(line) <= 80 for line in lines)
     # The demo's GPUs carry engine and SM activity: the tensor cause comes split, and the legend fits 80 columns.
-    assert "sort: lost cost · lost: USD/1h · ░idle ▒clock ▚no_kernel ▞sm_idle ▙non_tensor" in screen
+    assert "sort: to act on · lost: USD/1h · ░idle ▒clock ▚no_kernel ▞sm_idle ▙non_tensor" in screen
+
+    term.keys("s")
+    screen = term.wait_for("sort by lost", lambda text: "sort: lost cost" in text and len(ids(text)) == len(DEMO_JOBS))
     lost = percent_column(screen, "lost")
     assert lost == sorted(lost, key=lambda value: value or 0.0, reverse=True)  # most lost first
 
@@ -183,13 +186,15 @@ def test_the_demo_in_a_terminal_sorts_filters_opens_a_job_pauses_and_quits(termi
     screen = term.wait_for("sort by GPUs", lambda text: "sort: GPUs" in text and len(ids(text)) == len(DEMO_JOBS))
     assert ids(screen)[0] == "job-1001"  # the only 8-GPU job
 
-    # Enter on the first row opens job-1001's GPUs; its power-capped GPU is flagged after 3 windows
+    # Enter on the first row opens job-1001's GPUs; its power-capped GPU is flagged after 3 windows (the cursor
+    # stays on the job it was on across sorts: up to the first row)
+    term.keys(*["Up"] * len(DEMO_JOBS))
     term.keys("Enter")
     screen = term.wait_for(
         "job-1001's straggler",
         lambda text: re.search(r"dgx-h100-01/3 .* power \d+%\s+yes", text) is not None,
     )
-    assert screen.splitlines()[0].startswith("job-1001 llama3-70b-pretrain  8 GPUs  OFU ")
+    assert screen.splitlines()[0].startswith("job-1001 llama3-70b-pretrain  8 H100-SXM GPUs  OFU ")
     gpus = [line for line in screen.splitlines() if line.startswith(" dgx-h100-01/")]
     assert len(gpus) == 8
     assert re.search(r"\d+/1830 ", gpus[0])  # SM clock against the H100 SXM's tensor clock
@@ -292,8 +297,7 @@ def test_a_collectors_feed_in_a_terminal_and_the_feed_going_away(
     screen = term.wait_for("job table", lambda text: set(ids(text)) == DEMO_JOBS)
     assert screen.splitlines()[0].startswith("32 GPUs  OFU p50 ")
     assert f"feed http://127.0.0.1:{port}/reports.jsonl · read " in screen
-    lost = percent_column(screen, "lost")
-    assert lost == sorted(lost, key=lambda value: value or 0.0, reverse=True)
+    assert "sort: to act on" in screen
     first_end = window_end(screen)
 
     collector.run_windows(1)  # the screen moves with the collector
@@ -335,6 +339,99 @@ def test_an_unreachable_feed_says_so_on_the_screen(terminal: Callable[..., Termi
     assert ids(screen) == []
     assert screen.splitlines()[0].startswith("0 GPUs  OFU p50 -")
     quits_at_once(term)
+
+
+def test_the_default_order_is_what_to_act_on_and_a_job_says_why(terminal: Callable[..., Terminal]) -> None:
+    """The reports' rank: the idle notebook, the straggler's job, the MoE miscount (all up from the third window),
+    then the communication-, memory- and input-bound jobs, named in the flag column instead of nothing."""
+    term = terminal(["--demo", "--speed", "30"])
+
+    def flagged(text: str) -> bool:
+        rows = {row[0]: row[-1] for row in job_rows(text)}
+        return (rows.get("job-1006"), rows.get("job-1001"), rows.get("job-1003")) == ("idle", "straggler", "miscount")
+
+    screen = term.wait_for("the three flags", flagged)
+    assert ids(screen)[:3] == ["job-1006", "job-1001", "job-1003"]
+    flags = {row[0]: row[-1] for row in job_rows(screen)}
+    assert (flags["job-1008"], flags["job-1009"], flags["job-1007"]) == ("comm-bound", "memory-bound", "input-bound")
+    assert set(ids(screen)[3:6]) == {"job-1007", "job-1008", "job-1009"}
+    term.keys("p")  # hold the order while the cursor is on the first row
+    term.wait_for("PAUSED", lambda text: "PAUSED" in text)
+    term.keys(*["Up"] * len(DEMO_JOBS))  # the cursor follows the job it is on as the order changes: to the top
+    term.keys("Enter")
+    screen = term.wait_for("job-1006's reasons", lambda text: "idle allocation" in text)
+    words = " ".join(screen.split())
+    assert "job-1006 notebook-idle 1 H100-SXM GPUs" in words
+    assert "idle allocation: 1 GPU attributed with no tensor activity for " in words
+    assert "rank 1: idle: GPUs allocated that do no tensor work: release them" in words
+    assert all(len(line) <= 80 for line in screen.splitlines())
+    quits_at_once(term)
+
+
+def test_the_help_screen_says_the_keys_and_what_each_rank_means(terminal: Callable[..., Terminal]) -> None:
+    term = terminal(["--demo", "--speed", "30"])
+    term.wait_for("job table", lambda text: set(ids(text)) == DEMO_JOBS)
+    assert "? help" in term.screen()  # the footer offers it
+    term.keys("?")
+    screen = term.wait_for("the help", lambda text: "Keys" in text and "Columns" in text)
+    words = " ".join(screen.split())
+    for said in (
+        "Enter open the job under the cursor",
+        "s next sort: to act on, lost cost, OFU, GPUs, job",
+        "q, Ctrl-C quit",
+    ):
+        assert said in words
+    assert all(len(line) <= 80 for line in screen.splitlines())
+    term.keys("End")  # the ranks are below the fold at 24 lines
+    screen = term.wait_for("the ranks", lambda text: "then the rest" in text)
+    words = " ".join(screen.split())
+    assert "idle GPUs allocated that do no tensor work: release them" in words
+    assert "then the rest by GPU-hours short of the best OFU" in words
+    term.keys("Escape")
+    term.wait_for("job table again", lambda text: set(ids(text)) == DEMO_JOBS)
+    quits_at_once(term)
+
+
+def test_names_take_the_room_of_a_wide_terminal(terminal: Callable[..., Terminal]) -> None:
+    term = terminal(["--demo", "--speed", "30"], width=160, height=30)
+    screen = term.wait_for("job table", lambda text: set(ids(text)) == DEMO_JOBS)
+    assert name_of("job-1008", screen) == "gpt-30b-tp4-exposed-allreduce"  # 29 characters, whole
+    assert "…" not in "".join(row[1] for row in job_rows(screen))
+    quits_at_once(term)
+
+
+def test_paused_and_a_fault_are_read_whole_at_80_columns(
+    terminal: Callable[..., Terminal], collector: Collector
+) -> None:
+    """A feed's status line is long (its URL, the read time, the window): PAUSED goes first, not past the cut. A
+    feed that is a Prometheus endpoint is a fault said in full, with the port to use."""
+    collector.run_windows(4)
+    port = collector.feed.bound_port
+    term = terminal(["--feed", f"http://127.0.0.1:{port}", "--refresh", "0.5"])
+    term.wait_for("job table", lambda text: set(ids(text)) == DEMO_JOBS)
+    term.keys("p")
+    screen = term.wait_for("PAUSED", lambda text: "PAUSED" in text)
+    assert all(len(line) <= 80 for line in screen.splitlines())
+    quits_at_once(term)
+
+    from otel_ofu_collector.service import CollectorOptions, CollectorService
+
+    service = CollectorService(
+        CollectorOptions(grpc_listen="127.0.0.1:0", prometheus_port=0, flush_interval_s=0.0), environ={}
+    )
+    service.start()
+    try:
+        term = terminal(["--feed", f"http://127.0.0.1:{service.ports['prometheus']}", "--refresh", "0.5"])
+        screen = term.wait_for("the fault", lambda text: "report-feed-port" in " ".join(text.split()))
+        words = " ".join(screen.split())
+        assert "is a Prometheus /metrics endpoint, not a report feed" in words
+        assert (
+            "give the collector's --report-feed-port (9466 by the port map), not its --prometheus-port (9465)" in words
+        )
+        assert all(len(line) <= 80 for line in screen.splitlines())
+        quits_at_once(term)
+    finally:
+        service.stop(grace=1)
 
 
 def test_a_setting_that_cannot_work_stops_before_the_screen(capsys: pytest.CaptureFixture[str]) -> None:

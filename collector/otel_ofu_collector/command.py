@@ -13,8 +13,9 @@ from typing import Any
 
 from opentelemetry.sdk.resources import OTELResourceDetector
 
-from otel_ofu import names
+from otel_ofu import names, ports
 from otel_ofu.cli_support import CommandOptions, address_or_off, port_number, url_or_host_port
+from otel_ofu.health import HealthEndpoint, Heartbeat, loop_bound_s
 from otel_ofu_collector.config import (
     DAY_S,
     DEFAULT_MAX_STATE_BYTES,
@@ -60,13 +61,13 @@ OTEL_RESOURCE_ATTRIBUTES for the outputs' resource. Every option below also has 
 OTEL_OFU_COLLECTOR_* variable. A number outside its option's [range] is refused before anything
 starts."""
 
-EPILOG = """\
+EPILOG = f"""\
 examples:
-  otel-ofu collector --export-endpoint http://otelcol:4317 --prometheus-port 9464
+  otel-ofu collector --export-endpoint http://otelcol:4317 --prometheus-port {ports.COLLECTOR_PROMETHEUS}
   otel-ofu collector --listen off --http-listen 0.0.0.0:4318 --window 30 --lateness 10
   otel-ofu collector --price-per-gpu-hour 'NVIDIA H100 80GB HBM3=2.5,default=2.0' --pue 1.3 \\
       --grid-intensity 0.4 --straggler-factor 1.25 --idle-windows 3
-  otel-ofu collector --spool /var/lib/otel-ofu/spool.sqlite --report-feed-port 9465
+  otel-ofu collector --spool /var/lib/otel-ofu/spool.sqlite --report-feed-port {ports.COLLECTOR_REPORT_FEED}
 
 SIGTERM or SIGINT closes the open windows, exports them and exits 0."""
 
@@ -309,6 +310,20 @@ def _output_options(options: CommandOptions) -> None:
         help="serve recent windows at /reports.jsonl on this port (for otel-ofu report --live)",
     )
     options.option(
+        "--health-port",
+        default=None,
+        type=port_number,
+        metavar="PORT",
+        help=f"serve /healthz on this port: 200 while the receivers listen and windows are flushed, 503 once "
+        f"the flush has not run for 30 s (a liveness probe's; conventionally {ports.COLLECTOR_HEALTH})",
+    )
+    options.option(
+        "--health-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address of /healthz (loopback by default; 0.0.0.0 for a probe from outside the host or pod)",
+    )
+    options.option(
         "--report-feed-host",
         default="127.0.0.1",
         metavar="HOST",
@@ -486,6 +501,7 @@ def run(args: argparse.Namespace) -> int:
     if args.listen is None and args.http_listen is None:
         args.usage_error("--listen and --http-listen are both off: the collector would receive nothing")
     feed: ReportFeed | None = None
+    health: HealthEndpoint | None = None
     try:
         if args.listen is not None:
             check_grpc_address(args.listen)
@@ -497,6 +513,9 @@ def run(args: argparse.Namespace) -> int:
                 COLLECTOR_PREFIX,
             )
         service = CollectorService(options)
+        if args.health_port is not None:
+            service.heartbeat = Heartbeat(loop_bound_s(options.flush_interval_s), "the window flush")
+            health = HealthEndpoint(service.health, port=int(args.health_port), host=args.health_host)
         if args.record_outputs:
             service.consumers.append(ReportRecorder(args.record_outputs))
         if args.report_feed_port is not None:
@@ -505,6 +524,13 @@ def run(args: argparse.Namespace) -> int:
         service.start()  # starts the consumers too, and shuts them down in stop
         if feed is not None:
             logger.info("otel-ofu collector: report feed on %s", feed.url)
+        if health is not None:
+            try:
+                health.start()
+            except OSError as error:
+                service.stop(grace=0)
+                raise OSError(f"cannot serve /healthz on {args.health_host}:{args.health_port}: {error}") from None
+            logger.info("otel-ofu collector: /healthz on %s:%d", args.health_host, health.port)
     except (ValueError, OSError) as error:
         logger.error("otel-ofu collector cannot start: %s", error)
         return 2
@@ -519,5 +545,7 @@ def run(args: argparse.Namespace) -> int:
     while not stop.wait(0.5):
         pass
     reports = service.stop(grace=float(args.shutdown_grace))
+    if health is not None:
+        health.close()
     logger.info("otel-ofu collector stopped (%d window(s) flushed on the way out)", len(reports))
     return 0

@@ -15,11 +15,14 @@ and the demo closes its windows itself, so two runs print the same numbers.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Final
 
 import attrs
 from rich.console import Console
@@ -39,7 +42,7 @@ from otel_ofu.sources.simulated import H100_SXM_NAME, SimulatedFleet
 from otel_ofu_collector.config import WINDOW, AggregatorConfig
 from otel_ofu_collector.loopback import LoopbackPipeline, MfuReports
 from otel_ofu_collector.prefixes import DEMO_PREFIX
-from otel_ofu_collector.report.summary import summarize
+from otel_ofu_collector.report.summary import model_name, summarize
 from otel_ofu_collector.report.terminal import print_lines, print_report
 from otel_ofu_collector.results import WindowReport
 
@@ -106,8 +109,36 @@ def short_duration_warning(duration_s: float, interval_s: float, window_s: float
     )
 
 
+# The report is made for 80 columns; a wider terminal gives its names room up to this, its paragraphs no more.
+MAX_REPORT_WIDTH: Final = 100
+
+
+@contextmanager
+def _quiet_collector_logs() -> Iterator[None]:
+    """The embedded collector's and producer's INFO lines ("collector ready: ...") are for a deployed process, not
+    for the demo's report: at the default level they are left out while the demo runs (--log-level DEBUG shows
+    them); the loggers' levels are put back after it (the demo may run inside a longer-lived process)."""
+    loggers = [logging.getLogger(name) for name in ("otel_ofu_collector", "otel_ofu")]
+    before = [found.level for found in loggers]
+    if logging.getLogger().getEffectiveLevel() >= logging.INFO:
+        for found in loggers:
+            found.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for found, level in zip(loggers, before, strict=True):
+            found.setLevel(level)
+
+
 def _handle(args: argparse.Namespace) -> int:
+    with _quiet_collector_logs():
+        return _report(args)
+
+
+def _report(args: argparse.Namespace) -> int:
     console = Console()
+    if console.width > MAX_REPORT_WIDTH:
+        console = Console(width=MAX_REPORT_WIDTH)
     warning = short_duration_warning(args.duration, args.interval, args.window)
     if warning:
         print(warning, file=sys.stderr)
@@ -121,7 +152,10 @@ def _handle(args: argparse.Namespace) -> int:
         observers=[unreadable],
     )
     summary = summarize(reports)
-    price = f" at an example price of {EXAMPLE_PRICE_PER_GPU_HOUR:.2f} {EXAMPLE_CURRENCY} per H100 GPU-hour"
+    price = (
+        f" at an example price of {EXAMPLE_PRICE_PER_GPU_HOUR:.2f} {EXAMPLE_CURRENCY} per "
+        f"{model_name(H100_SXM_NAME)} GPU-hour"
+    )
     print_report(summary, console, title="otel-ofu demo: fleet report", price_note=price + " (not a quote)")
     print_unreadable(unreadable, console)
     if args.html:

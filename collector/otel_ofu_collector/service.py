@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
+from otel_ofu.health import Heartbeat
 from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
@@ -36,7 +37,7 @@ from otel_ofu_collector.otlp.decode import (
     Decoder,
     DecoderStats,
 )
-from otel_ofu_collector.outputs.delivery import Delivery
+from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
 from otel_ofu_collector.outputs.recorder import ReportRecorder
@@ -146,6 +147,8 @@ class CollectorService:
     consumers: list[WindowConsumer] = attrs.field(factory=list)
     transport: Transport | None = None
     environ: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
+    # Beaten after every timer flush: what /healthz answers from (``otel_ofu.health``); None: not kept.
+    heartbeat: Heartbeat | None = None
     gate: Gate = attrs.field(init=False)
     decoder: Decoder = attrs.field(init=False)
     aggregator: Aggregator | MergeAggregator = attrs.field(init=False)
@@ -202,6 +205,11 @@ class CollectorService:
             transport = make_transport(config)
             self.transport = transport
         if transport is not None:
+            # The streams below share the one downstream: its failures are said once for all of them.
+            where = getattr(getattr(transport, "config", None), "endpoint", type(transport).__name__)
+            streams = ("window export", *(("pass-through",) if options.pass_through else ()))
+            streams += ("self-metrics",) if options.self_telemetry else ()
+            downstream = DownstreamLog(str(where), streams)
             queue: Queue = (
                 SqliteSpool(options.spool_path, options.spool_max_bytes)
                 if options.spool_path
@@ -215,6 +223,7 @@ class CollectorService:
                 max_backoff_s=options.max_backoff_s,
                 owns_transport=False,
                 max_request_bytes=options.export_max_request_bytes,
+                downstream=downstream,
             )
             self._window_export = OtlpWindowExport(
                 self.exports,
@@ -231,6 +240,7 @@ class CollectorService:
                     max_backoff_s=options.max_backoff_s,
                     owns_transport=False,
                     max_request_bytes=options.export_max_request_bytes,
+                    downstream=downstream,
                 )
             if options.self_telemetry:
                 # Its own small memory queue: the counters are cumulative, so a newer snapshot supersedes
@@ -244,6 +254,7 @@ class CollectorService:
                         max_backoff_s=options.max_backoff_s,
                         owns_transport=False,
                         max_request_bytes=options.export_max_request_bytes,
+                        downstream=downstream,
                     ),
                     self._resource_attributes(),
                     self.clock,
@@ -404,6 +415,20 @@ class CollectorService:
                 self.flush()
             except Exception:  # the timer must outlive one bad flush
                 logger.exception("window flush failed")
+            if self.heartbeat is not None:
+                self.heartbeat.beat()
+
+    def health(self) -> tuple[bool, str]:
+        """(healthy, why) for a liveness probe: the receivers are listening and the flush timer keeps flushing."""
+        if self._stopped:
+            return False, "the collector is stopping"
+        if not self._receivers:
+            return False, "no receiver is listening"
+        if self.heartbeat is None:
+            return True, "ok: listening"
+        if self._timer is None or not self._timer.is_alive():
+            return False, "the window flush timer is not running"
+        return self.heartbeat.check()
 
     def flush(self, now_ns: int | None = None, *, health: bool = True) -> list[WindowReport]:
         """Close and publish every window due at ``now_ns`` (default: the collector's clock).

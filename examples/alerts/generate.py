@@ -331,8 +331,8 @@ def prometheus_rule_tests() -> JSON:
     h100 = "NVIDIA H100 80GB HBM3"
     moe = {job: "moe-7", job_name: "moe-pretrain", model: h100, precision: "bf16"}
     dense = {job: "dense-1", job_name: "dense-pretrain", model: h100, precision: "bf16"}
-    scrape = {"job": COLLECTOR_SCRAPE_JOB, "instance": "collector-0:9464"}
-    scrape_b = {"job": COLLECTOR_SCRAPE_JOB, "instance": "collector-1:9464"}
+    scrape = {"job": COLLECTOR_SCRAPE_JOB, "instance": "collector-0:9465"}
+    scrape_b = {"job": COLLECTOR_SCRAPE_JOB, "instance": "collector-1:9465"}
 
     def flag_test(alert: str, spec: names.MetricSpec, duration_min: int, summary_of: str) -> JSON:
         # fires on the job flagged throughout; not on a 0, not on an absent flag (dense-2 reports no MFU),
@@ -373,7 +373,7 @@ def prometheus_rule_tests() -> JSON:
     # GPU-12 cleared after 6 windows: its one 0 is shown 2 windows, then the series goes stale.
     cleared_values = promtool_values(shown_by_the_endpoint([1.0] * 5 + [0.0] + [None] * (minutes - 6)))
 
-    idle_collector = {**scrape, "instance": "idle:9464"}
+    idle_collector = {**scrape, "instance": "idle:9465"}
 
     def producers_stop(value: float) -> str:
         """A series in every window up to minute 30 and in none of the 29 after, as Prometheus records it."""
@@ -531,7 +531,7 @@ def prometheus_rule_tests() -> JSON:
                     _case(
                         "OfuCollectorDown",
                         "10m",
-                        (scrape, _annotations("OfuCollectorDown", "otel-ofu collector collector-0:9464 is down")),
+                        (scrape, _annotations("OfuCollectorDown", "otel-ofu collector collector-0:9465 is down")),
                     ),
                     # collector-0 is down (OfuCollectorDown), collector-1 has GPUs: neither has "no windows"
                     _case("OfuCollectorNoWindows", "20m"),
@@ -553,7 +553,7 @@ def prometheus_rule_tests() -> JSON:
                             scrape,
                             _annotations(
                                 "OfuCollectorNoWindows",
-                                "otel-ofu collector collector-0:9464 closes no windows with GPUs",
+                                "otel-ofu collector collector-0:9465 closes no windows with GPUs",
                             ),
                         ),
                     ),
@@ -596,7 +596,7 @@ def prometheus_rule_tests() -> JSON:
                             scrape,
                             _annotations(
                                 "OfuCollectorNoWindows",
-                                "otel-ofu collector collector-0:9464 closes no windows with GPUs",
+                                "otel-ofu collector collector-0:9465 closes no windows with GPUs",
                             ),
                         ),
                     ),
@@ -622,7 +622,7 @@ def prometheus_rule_tests() -> JSON:
                             scrape,
                             _annotations(
                                 "OfuCollectorRejectingPoints",
-                                "otel-ofu collector collector-0:9464 rejects 4.762% of the points",
+                                "otel-ofu collector collector-0:9465 rejects 4.762% of the points",
                             ),
                         ),
                     ),
@@ -653,14 +653,14 @@ def prometheus_rule_tests() -> JSON:
                             scrape,
                             _annotations(
                                 "OfuCollectorRejectingPoints",
-                                "otel-ofu collector collector-0:9464 rejects 3.226% of the points",
+                                "otel-ofu collector collector-0:9465 rejects 3.226% of the points",
                             ),
                         ),
                         (
                             scrape_b,
                             _annotations(
                                 "OfuCollectorRejectingPoints",
-                                "otel-ofu collector collector-1:9464 rejects 2.439% of the points",
+                                "otel-ofu collector collector-1:9465 rejects 2.439% of the points",
                             ),
                         ),
                     ),
@@ -684,7 +684,7 @@ def prometheus_rule_tests() -> JSON:
                             {**scrape, "reason": "windows_overflow"},
                             _annotations(
                                 "OfuCollectorDroppingData",
-                                "otel-ofu collector collector-0:9464 dropped data (windows_overflow)",
+                                "otel-ofu collector collector-0:9465 dropped data (windows_overflow)",
                             ),
                         ),
                     ),
@@ -711,7 +711,7 @@ def prometheus_rule_tests() -> JSON:
                             scrape,
                             _annotations(
                                 "OfuCollectorOverloaded",
-                                "otel-ofu collector collector-0:9464 refuses requests for overload",
+                                "otel-ofu collector collector-0:9465 refuses requests for overload",
                             ),
                         ),
                     ),
@@ -945,8 +945,13 @@ def generated() -> dict[str, str]:
     }
 
 
+# The Helm chart's copy (its PrometheusRule): a chart reads only the files inside it.
+CHART_COPY = "../deploy/helm/otel-ofu/files/prometheus-rules.yaml"
+
+
 def main(argv: list[str] | None = None) -> int:
-    return write_or_check(HERE, generated(), argv, __doc__ or "")
+    files = generated()
+    return write_or_check(HERE, {**files, CHART_COPY: files["prometheus-rules.yaml"]}, argv, __doc__ or "")
 
 
 if __name__ == "__main__":

@@ -760,8 +760,13 @@ def render(content: JSON) -> str:
     return json.dumps(content, indent=2, sort_keys=False) + "\n"
 
 
+# The Helm chart's copy (its Grafana sidecar ConfigMap): a chart reads only the files inside it.
+CHART_COPY = "../deploy/helm/otel-ofu/files/grafana.json"
+
+
 def main(argv: list[str] | None = None) -> int:
-    return write_or_check(HERE, {name: render(content) for name, content in generated().items()}, argv, __doc__ or "")
+    files = {name: render(content) for name, content in generated().items()}
+    return write_or_check(HERE, {**files, CHART_COPY: files["grafana.json"]}, argv, __doc__ or "")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import Any
 
 from opentelemetry.sdk.metrics.export import MetricExporter
 
-from otel_ofu import names
+from otel_ofu import names, ports
 from otel_ofu.attribution.kubernetes_pods import DEFAULT_CA_FILE, DEFAULT_TOKEN_FILE, resolve_pods_url
 from otel_ofu.cli_support import (
     CommandOptions,
@@ -26,6 +26,7 @@ from otel_ofu.cli_support import (
 )
 from otel_ofu.clock import ScaledClock, wall_clock
 from otel_ofu.gpu_values import CalibrationTable
+from otel_ofu.health import HealthEndpoint, Heartbeat, loop_bound_s
 from otel_ofu.model import Clock, Source, SourceUnavailable
 from otel_ofu.producer.exporters import EXPORTER_KINDS, PROTOCOLS, ExporterConfigError, build_exporter
 from otel_ofu.producer.loop import Producer, Recorder, open_recorder
@@ -158,6 +159,20 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     if legacy and not os.environ.get(env_name("--prometheus-host")):
         parser.set_defaults(prometheus_host=legacy)
     export.option(
+        "--health-port",
+        metavar="PORT",
+        type=port_number,
+        help=f"serve /healthz on this port: 200 while the sampling loop reads, 503 once it has not for "
+        f"three intervals (a liveness probe's; conventionally {ports.PRODUCER_HEALTH}); default off",
+    )
+    export.option(
+        "--health-host",
+        metavar="HOST",
+        default="127.0.0.1",
+        help="address of /healthz (loopback by default, as every endpoint without TLS; 0.0.0.0 for a probe "
+        "from outside the host or pod)",
+    )
+    export.option(
         "--max-queue",
         metavar="N",
         type=positive_int,
@@ -234,6 +249,7 @@ def run_command(args: argparse.Namespace) -> int:
     source: Source | None = None
     chain: Any = None
     endpoint: PrometheusEndpoint | None = None
+    health: HealthEndpoint | None = None
     recorder: Recorder | None = None
     producer: Producer | None = None
     try:
@@ -242,6 +258,8 @@ def run_command(args: argparse.Namespace) -> int:
             _say(args, why)
             chain = _attribution(args, source)
             endpoint = _prometheus(args)
+            heart = Heartbeat(loop_bound_s(interval / speed), "the sampling loop")
+            health = _health(args, heart)
             recorder = open_recorder(args.record) if args.record else None
         except (SourceUnavailable, OSError, ValueError) as error:  # ValueError: a bad --k8s-pods-url
             print(f"otel-ofu run: {error}", file=sys.stderr)
@@ -255,7 +273,7 @@ def run_command(args: argparse.Namespace) -> int:
             clock=clock,
             calibration=calibration,
             builder=MetricsDataBuilder(placement=args.placement, base=env_resource(args.host)),
-            observers=[endpoint.update] if endpoint is not None else [],
+            observers=[heart.beat, *([endpoint.update] if endpoint is not None else [])],
             recorder=recorder,
             max_queue=args.max_queue,
             time_scale=speed,
@@ -263,11 +281,23 @@ def run_command(args: argparse.Namespace) -> int:
         target = args.exporter if args.exporter != "otlp" else f"otlp ({_describe_otlp(args)})"
         _say(args, f"exporting every {interval:g} s to {target}, placement {args.placement}")
         producer.run(args.duration)
+        worker = producer.worker
+        if args.duration is not None and worker is not None and producer.cycles and not worker.exported:
+            # A bounded run is a check (a prolog, a smoke test): one that exported nothing failed.
+            where = _describe_otlp(args).partition(" ")[2] if args.exporter == "otlp" else args.exporter
+            print(
+                f"otel-ofu run: no export got through to {where} in {producer.cycles} intervals "
+                "(the warnings above say why); exit status 1",
+                file=sys.stderr,
+            )
+            return 1
     finally:
         if producer is None:
             _close_unowned(source, exporter, recorder)
         if endpoint is not None:
             endpoint.close()
+        if health is not None:
+            health.close()
         close = getattr(chain, "close", None)
         if callable(close):
             close()
@@ -285,6 +315,20 @@ def _prometheus(args: argparse.Namespace) -> PrometheusEndpoint | None:
         ) from error
     _say(args, f"Prometheus /metrics on {args.prometheus_host}:{endpoint.port}")
     return endpoint
+
+
+def _health(args: argparse.Namespace, heart: Heartbeat) -> HealthEndpoint | None:
+    if args.health_port is None:
+        return None
+    health = HealthEndpoint(heart.check, port=args.health_port, host=args.health_host)
+    try:
+        health.start()
+    except OSError as error:
+        raise OSError(
+            f"cannot serve /healthz on {args.health_host}:{args.health_port}: {error.strerror or error}"
+        ) from error
+    _say(args, f"/healthz on {args.health_host}:{health.port}")
+    return health
 
 
 def _close_unowned(source: Source | None, exporter: MetricExporter | None, recorder: Recorder | None) -> None:

@@ -156,7 +156,7 @@ class MfuReporter:
         if provider is None:
             self._own_provider = otlp_meter_provider(export_interval_s=self.export_interval_s)
             provider = self._own_provider
-        meter = provider.get_meter(names.INSTRUMENTATION_SCOPE, __version__)
+        meter = provider.get_meter(names.INSTRUMENTATION_SCOPE, __version__, schema_url=names.SCHEMA_URL)
         meter.create_observable_gauge(
             names.JOB_MFU.name,
             callbacks=[self._observe],

@@ -24,7 +24,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_ofu import __version__, names
 from otel_ofu.mfu.values import check_mfu
 
-_SCOPE = InstrumentationScope(names.INSTRUMENTATION_SCOPE, __version__)
+_SCOPE = InstrumentationScope(names.INSTRUMENTATION_SCOPE, __version__, names.SCHEMA_URL)
 
 
 @attrs.frozen
@@ -55,7 +55,7 @@ def timed_mfu_metrics_data(points: Sequence[TimedMfu], *, service_name: str = na
         unit=names.JOB_MFU.unit,
         data=Gauge(data_points=data_points),
     )
-    resource = Resource({names.SERVICE_NAME: service_name})
+    resource = Resource({names.SERVICE_NAME: service_name}, names.SCHEMA_URL)
     return MetricsData(
         resource_metrics=[
             ResourceMetrics(resource=resource, scope_metrics=[ScopeMetrics(_SCOPE, [metric], "")], schema_url="")

@@ -56,7 +56,9 @@ __all__ = [
     "snapshot_to_metrics_data",
 ]
 
-SCOPE = InstrumentationScope(names.INSTRUMENTATION_SCOPE, otel_ofu.__version__)
+# The schema URL (on the scope and on every resource, as OTLP carries it) names the semantic conventions the
+# resources follow: hw.*, host.name, k8s.*.
+SCOPE = InstrumentationScope(names.INSTRUMENTATION_SCOPE, otel_ofu.__version__, names.SCHEMA_URL)
 _IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
 # name -> (description, unit, whether it is a cumulative sum), looked up for every metric of every export.
 _METRIC_HEADERS = {spec.name: (spec.description, spec.unit, spec.kind == "sum") for spec in names.PRODUCER_METRICS}
@@ -89,7 +91,7 @@ class _GpuResource(Resource):
     and the stock hash serialises all attributes to JSON each time."""
 
     def __init__(self, attributes: Mapping[str, AttributeValue]) -> None:
-        super().__init__(dict(attributes))
+        super().__init__(dict(attributes), names.SCHEMA_URL)
         self._hash = super().__hash__()
 
     def __hash__(self) -> int:

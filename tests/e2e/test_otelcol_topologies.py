@@ -728,8 +728,10 @@ def test_backend_gateway_serves_a_real_prometheus_and_otlphttp(
 ) -> None:
     """collector -> backend-gateway.yaml -> its prometheus exporter -> Prometheus; and -> otlphttp.
 
-    The Collector's prometheus exporter names a gauge of unit ``1`` ``<name>_ratio`` (job.ofu: job_ofu_ratio)
-    and turns resource attributes into labels (resource_to_telemetry_conversion), job.id into job_id.
+    The gateway's transform makes its exporter name the outputs as the collector's own endpoint does (job.ofu:
+    job_ofu, not the exporter's job_ofu_ratio; the percentile labelled ofu_quantile), and it turns resource
+    attributes into labels (resource_to_telemetry_conversion), job.id into job_id. tests/e2e/test_prometheus_paths.py
+    runs the dashboard's and the rules' queries against both endpoints.
     """
     parts = Parts(start_process, otelcol_binary, tmp_path)
     with OtlpSink.start() as sink:
@@ -750,15 +752,15 @@ def test_backend_gateway_serves_a_real_prometheus_and_otlphttp(
         want = {job["job_id"]: job["ofu"] for job in last["jobs"]}
 
         def prometheus_has_the_last_window() -> bool:
-            got = api.by_label("job_ofu_ratio", names.JOB_ID.replace(".", "_"))
+            got = api.by_label("job_ofu", names.JOB_ID.replace(".", "_"))
             return got == want
 
         wait_until(prometheus_has_the_last_window, "Prometheus answering the last window's job OFU")
-        gaps = api.by_label("job_ofu_mfu_gap_ratio", names.JOB_ID.replace(".", "_"))
+        gaps = api.by_label("job_ofu_mfu_gap", names.JOB_ID.replace(".", "_"))
         assert gaps == {job["job_id"]: job["gap"] for job in last["jobs"] if job["gap"] is not None}
         # fleet.ofu (an exponential histogram) is filtered out of this path; its quantile gauges are not.
         assert not api.query('{__name__=~"fleet_ofu_bucket|fleet_ofu_count"}')
-        assert api.query("fleet_ofu_quantile_ratio")
+        assert api.query('fleet_ofu_quantile{ofu_quantile="0.5"}')
 
         # Datadog's OTLP intake path (otlphttp/datadog, redirected to the sink) got them too: with the API key
         # header, and every sum and histogram as a delta (the intake takes no cumulative temporality; the

@@ -13,11 +13,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.test_helm_chart import CONFIGURATIONS, _render, collector_configs, helm_binary
 
 OTELCOL = Path(__file__).resolve().parents[2] / "collector" / "otelcol"
 CONFIGS = sorted(path for path in OTELCOL.rglob("*.yaml") if "builder" not in path.relative_to(OTELCOL).parts)
@@ -96,6 +99,30 @@ def test_the_gateways_to_datadog_validate_exactly_as_shipped(
         [str(otelcol_binary), "validate", f"--config={path}"], capture_output=True, env=env, timeout=60
     )
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-3000:]
+
+
+def test_every_collector_configuration_the_helm_chart_renders_validates(
+    otelcol_binary: Path, require: Callable[[bool, str], None], tmp_path: Path
+) -> None:
+    """The chart's own Collector configurations (the sharded agent's, rendered by the real helm in every
+    configuration the chart tests use, TLS and the bearer token included) pass the project's own build."""
+    helm = helm_binary()
+    require(helm is not None, "helm is not on PATH and could not be built (make helm needs Go)")
+    assert helm is not None
+    rendered = {
+        f"{configuration}:{name}": text
+        for configuration in sorted(CONFIGURATIONS)
+        for name, text in collector_configs(_render(helm, configuration)).items()
+    }
+    assert rendered, "no Collector configuration in any render"
+    for index, (where, text) in enumerate(sorted(rendered.items())):
+        target = tmp_path / f"chart-{index}.yaml"
+        target.write_text(text, encoding="utf-8")
+        env = {**os.environ, **{name: f"test-{name.lower()}" for name in referenced_env(text)}}
+        result = subprocess.run(
+            [str(otelcol_binary), "validate", f"--config={target}"], capture_output=True, env=env, timeout=60
+        )
+        assert result.returncode == 0, f"{where}: " + result.stderr.decode(errors="replace")[-3000:]
 
 
 def test_validate_rejects_a_broken_configuration(otelcol_binary: Path, tmp_path: Path) -> None:

@@ -140,8 +140,9 @@ def reports_to_metrics_data(
                 else Gauge(data_points)
             )
             metrics.append(Metric(spec.name, spec.description, spec.unit, values))
-    resource = Resource({**resource_attributes, names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME})
-    scope = InstrumentationScope(names.COLLECTOR_INSTRUMENTATION_SCOPE)
+    # The schema URL names the semantic conventions the resource follows (service.*, k8s.*, hw.* on GPU flags).
+    resource = Resource({**resource_attributes, names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME}, names.SCHEMA_URL)
+    scope = InstrumentationScope(names.COLLECTOR_INSTRUMENTATION_SCOPE, schema_url=names.SCHEMA_URL)
     scope_metrics = [ScopeMetrics(scope, metrics, "")] if metrics else []
     return MetricsData([ResourceMetrics(resource, scope_metrics, "")])
 

@@ -43,6 +43,57 @@ class DeliveryStats:
 
 
 @attrs.define
+class DownstreamLog:
+    """What the log says of one downstream, whichever of the streams sharing it (the window export, the
+    pass-through, the self-metrics) finds it down: once when it fails, with the streams that retry it, at most
+    once every ``remind_s`` while it stays down, and once when it answers again. Each stream's own attempts
+    go to DEBUG."""
+
+    where: str  # the endpoint, as the user gave it
+    streams: tuple[str, ...] = ()
+    remind_s: float = 300.0
+    clock: Callable[[], float] = time.monotonic
+    _down_since: float | None = None
+    _said_at: float = 0.0
+    _failures: int = 0
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def failed(self, stream: str, error: str, backoff_s: float) -> None:
+        with self._lock:
+            now = self.clock()
+            self._failures += 1
+            first = self._down_since is None
+            if first:
+                self._down_since = now
+            elif now - self._said_at < self.remind_s:
+                logger.debug("%s: downstream %s failed (%s); retrying in %.1fs", stream, self.where, error, backoff_s)
+                return
+            self._said_at = now
+            down_s, failures = now - (self._down_since or now), self._failures
+        which = ", ".join(self.streams) or stream
+        if first:
+            logger.warning(
+                "downstream %s failed (%s): %s queue and retry it with backoff, said again when it answers",
+                self.where,
+                error,
+                which,
+            )
+        else:
+            logger.warning(
+                "downstream %s still failing after %d attempts over %.0f s (%s)", self.where, failures, down_s, error
+            )
+
+    def answered(self, stream: str) -> None:
+        with self._lock:
+            if self._down_since is None:
+                return
+            down_s, failures = self.clock() - self._down_since, self._failures
+            self._down_since, self._failures = None, 0
+        logger.info("downstream %s answers again (%s first) after %d failed attempts over %.0f s",
+                    self.where, stream, failures, down_s)  # fmt: skip
+
+
+@attrs.define
 class Delivery:
     """One downstream stream of requests: a bounded queue, a sender thread, backoff between failures.
 
@@ -60,6 +111,9 @@ class Delivery:
     stats: DeliveryStats = attrs.field(factory=DeliveryStats)
     owns_transport: bool = True
     max_request_bytes: int = DEFAULT_MAX_EXPORT_BYTES
+    # Shared with the other streams to the same downstream: the log says it once for all of them. None: this
+    # stream says its own failures.
+    downstream: DownstreamLog | None = None
     _backoff_s: float = 0.0
     _failing: int = 0  # consecutive failed sends (retryable ones), for the log's own backoff
     _wake: threading.Event = attrs.field(factory=threading.Event)
@@ -126,7 +180,10 @@ class Delivery:
                 self.stats.sent += 1
                 self._backoff_s = 0.0
                 if self._failing:
-                    logger.info("%s: downstream back after %d failed attempt(s)", self.name, self._failing)
+                    if self.downstream is not None:
+                        self.downstream.answered(self.name)
+                    else:
+                        logger.info("%s: downstream back after %d failed attempt(s)", self.name, self._failing)
                     self._failing = 0
                 continue
             self.stats.last_error = outcome.error
@@ -138,7 +195,9 @@ class Delivery:
                 continue
             self._back_off(outcome.retry_after_s)
             self._failing += 1
-            if self._failing & (self._failing - 1) == 0:  # the 1st, 2nd, 4th, 8th...: the log backs off too
+            if self.downstream is not None:
+                self.downstream.failed(self.name, outcome.error, self._backoff_s)
+            elif self._failing & (self._failing - 1) == 0:  # the 1st, 2nd, 4th, 8th...: the log backs off too
                 logger.warning(
                     "%s: downstream failed (%s); retrying in %.1fs (%d failed attempt(s) in a row)",
                     self.name,

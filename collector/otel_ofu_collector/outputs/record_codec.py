@@ -41,6 +41,7 @@ from typing import Any, Final
 
 import attrs
 
+from otel_ofu import ports
 from otel_ofu_collector.detectors import DETECTORS
 from otel_ofu_collector.results import (
     FleetLoss,
@@ -63,6 +64,14 @@ FORMAT_VERSION: Final = 1
 
 class RecordFormatError(ValueError):
     """A line that is not a window record of a version this code reads."""
+
+
+class NotWindowRecords(ValueError):
+    """Text that is something else altogether (a Prometheus /metrics page), said in one line."""
+
+
+# How a Prometheus text exposition begins: what a reader pointed at a --prometheus-port gets.
+_PROMETHEUS_TEXT: Final = ("# HELP ", "# TYPE ")
 
 
 # --- encoding -----------------------------------------------------------------------------------------
@@ -421,21 +430,34 @@ class Records:
 
 
 def parse_lines(lines: Iterable[str], source: str = "records") -> Records:
-    """Every usable window of ``lines`` in time order; blank lines are ignored, bad ones counted."""
+    """Every usable window of ``lines`` in time order; blank lines are ignored, bad ones counted. Prometheus
+    text instead of records (a reader given the wrong port) is NotWindowRecords, which says so."""
     reports: list[WindowReport] = []
     bad = 0
     first_error: str | None = None
+    first_line = ""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        first_line = first_line or line
         try:
             reports.append(report_from_line(line))
         except RecordFormatError as error:
             bad += 1
             if first_error is None:
                 first_error = f"{source}:{number}: {error}"
+    if not reports and first_line.startswith(_PROMETHEUS_TEXT):
+        raise NotWindowRecords(_prometheus_said(source))
     reports.sort(key=lambda report: (report.end_ns, report.start_ns))
     return Records(tuple(reports), bad, first_error)
+
+
+def _prometheus_said(source: str) -> str:
+    what = "is a Prometheus /metrics endpoint, not a report feed" if "://" in source else "holds Prometheus metrics"
+    return (
+        f"{source} {what} (window records): give the collector's --report-feed-port ({ports.COLLECTOR_REPORT_FEED} "
+        f"by the port map), not its --prometheus-port ({ports.COLLECTOR_PROMETHEUS})"
+    )
 
 
 def load_records(path: str | Path) -> Records:

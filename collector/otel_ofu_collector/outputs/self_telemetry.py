@@ -34,10 +34,10 @@ def self_metrics_request(
 ) -> ExportMetricsServiceRequest:
     """``values`` (``CollectorService.self_metrics``: a number, or numbers by attribute value) as OTLP."""
     request = ExportMetricsServiceRequest()
-    rm = request.resource_metrics.add()
+    rm = request.resource_metrics.add(schema_url=names.SCHEMA_URL)
     for key, value in {**resource_attributes, names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME}.items():
         _attribute(rm.resource.attributes, key, str(value))
-    sm = rm.scope_metrics.add()
+    sm = rm.scope_metrics.add(schema_url=names.SCHEMA_URL)
     sm.scope.name = names.COLLECTOR_INSTRUMENTATION_SCOPE
     for name, value in values.items():
         spec = _SPECS.get(name)

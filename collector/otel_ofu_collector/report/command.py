@@ -21,6 +21,7 @@ from pathlib import Path
 
 import attrs
 
+from otel_ofu import ports
 from otel_ofu.cli_support import CommandOptions, output_path, positive_float, url_or_host_port
 from otel_ofu.gpu_samples import compute_snapshot
 from otel_ofu.model import SourceUnavailable
@@ -28,7 +29,7 @@ from otel_ofu.sources.capture import ReplaySource
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import WINDOW, AggregatorConfig
 from otel_ofu_collector.outputs.feed_client import FeedError, fetch_records
-from otel_ofu_collector.outputs.record_codec import Records, load_records
+from otel_ofu_collector.outputs.record_codec import NotWindowRecords, Records, load_records
 from otel_ofu_collector.prefixes import REPORT_PREFIX
 from otel_ofu_collector.report.summary import summarize
 from otel_ofu_collector.results import WindowReport
@@ -110,7 +111,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--live",
         metavar="URL",
         type=url_or_host_port,
-        help="a running collector's report feed, e.g. http://collector:9465",
+        help=f"a running collector's report feed, e.g. http://collector:{ports.COLLECTOR_REPORT_FEED} "
+        "(otel-ofu collector --report-feed-port)",
     )
     options.option("--out", metavar="PATH", default=DEFAULT_OUT, type=output_path, help="where to write the HTML page")
     options.option("--title", help="the page title (default: otel-ofu fleet report)")
@@ -153,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             records = load_records(target) if kind == "records" else fetch_records(target, args.timeout)
         except OSError as error:
             return _fail(f"cannot read records {target}: {error.strerror or error}")
-        except FeedError as error:
+        except (FeedError, NotWindowRecords) as error:
             return _fail(str(error))
         _note_bad(target, records)
         if not records.reports and records.bad_lines:

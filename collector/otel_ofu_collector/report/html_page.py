@@ -35,6 +35,7 @@ from otel_ofu import names
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.detectors import detector_for
 from otel_ofu_collector.report.causes import bottleneck_of
+from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
 from otel_ofu_collector.report.summary import (
     CAUSE_WORDS,
     CAUSES,
@@ -49,8 +50,10 @@ from otel_ofu_collector.report.summary import (
     FleetSummary,
     JobSummary,
     JobWindow,
+    count,
     format_time,
     hours,
+    model_name,
     money,
     percent,
     plural,
@@ -147,6 +150,11 @@ def _point(job: JobSummary) -> tuple[float, float] | None:
 
 def _model_of(attributes: Mapping[str, str]) -> str:
     return attributes.get(names.HW_MODEL) or FLEET_LABEL
+
+
+def _shown(model: str) -> str:
+    """A GPU model as every report names it (the catalog's name: H100-SXM), whatever the device string."""
+    return model_name(model) or model
 
 
 def _merge(histograms: Sequence[ExpHistogram]) -> ExpHistogram:
@@ -284,7 +292,8 @@ def _hover(job: JobSummary, pair: tuple[float, float]) -> str:
     ratio = job.mfu_over_ofu
     lines = [
         f"<b>{_label(job.name)}</b> ({_label(job.job_id)})",
-        f"{_label(job.model or 'unknown model')}, {_label(job.precision or 'unknown precision')}",
+        f"{_label(_shown(job.model) if job.model else 'unknown model')}, "
+        f"{_label(job.precision or 'unknown precision')}",
         f"OFU {pair[0]:.1%}, reported MFU {pair[1]:.1%}" + (f", MFU/OFU {ratio:.2f}" if ratio is not None else ""),
     ]
     if (r := job.correlation) is not None:
@@ -304,7 +313,7 @@ def distribution_figure(
                 figure.add_trace(
                     go.Violin(
                         y=kept,
-                        name=_label(model),
+                        name=_label(_shown(model)),
                         line={"color": _model_colour(models, model)},
                         box={"visible": True},
                         meanline={"visible": True},
@@ -323,14 +332,14 @@ def distribution_figure(
                 continue
             figure.add_trace(
                 go.Box(
-                    x=[_label(model)],
+                    x=[_label(_shown(model))],
                     q1=[stats[0.25]],
                     median=[stats[0.5]],
                     q3=[stats[0.75]],
                     lowerfence=[stats[0.05]],
                     upperfence=[stats[0.95]],
                     mean=[histogram.sum / histogram.count],
-                    name=_label(model),
+                    name=_label(_shown(model)),
                     marker={"color": _model_colour(models, model)},
                     boxpoints=False,
                     hoverinfo="y+name",
@@ -367,7 +376,7 @@ def percentiles_figure(reports: Sequence[WindowReport]) -> go.Figure | None:
             p50.append(quantiles.get(0.5))
             p75.append(quantiles.get(0.75))
             p95.append(quantiles.get(0.95))
-        name = _label(model)
+        name = _label(_shown(model))
         band = colour + "33"
         figure.add_trace(
             go.Scatter(
@@ -433,7 +442,7 @@ def timelines_figure(jobs: Sequence[JobSummary]) -> go.Figure | None:
     titles = []
     for job in jobs:
         parts = [job.name if job.name == job.job_id else f"{job.name} ({job.job_id})"]
-        parts += [part for part in (job.model, job.precision) if part]
+        parts += [part for part in (_shown(job.model) if job.model else None, job.precision) if part]
         titles.append(_label(" - ".join(parts)))
     rows = len(jobs)
     spacing = min(0.12, 0.5 / rows)
@@ -561,6 +570,9 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-sp
 .flag { display: inline-block; border-radius: 4px; padding: 1px 7px; margin: 1px 0; font-size: 12px;
         font-weight: 600; color: #fff; white-space: nowrap; }
 .ok { color: #2f7d32; }
+.rank { display: inline-block; border-radius: 4px; padding: 1px 7px; margin: 1px 0; font-size: 12px;
+        white-space: nowrap; border: 1px solid #c9ced8; }
+.rank.bottleneck { border-color: #b26a00; color: #8a4f00; font-weight: 600; }
 /* A table wider than the page scrolls inside its card: the page itself never scrolls sideways. */
 .table-scroll { overflow-x: auto; }
 td.reason { overflow-wrap: anywhere; }
@@ -718,7 +730,7 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e9:.1f} GB/s"
 
 
-def _loss_table(summary: FleetSummary) -> str:
+def _loss_table(summary: FleetSummary, ranked: Sequence[Ranked]) -> str:
     """The lost GPU-hours and their cost by cause, per job and for the fleet; beside them each job's DRAM activity
     and link traffic (what tells the causes of non_tensor apart) where its GPUs reported them."""
     causes = summary.causes or CAUSES
@@ -730,7 +742,7 @@ def _loss_table(summary: FleetSummary) -> str:
     header = "".join(f'<th class="num">{_e(cause)}</th>' for cause in causes)
     context_header = '<th class="num">DRAM</th><th class="num">NVLink</th><th class="num">PCIe</th>' if context else ""
     rows = []
-    for job in summary.jobs[:MAX_TABLE_JOBS]:
+    for job in [item.job for item in ranked][:MAX_TABLE_JOBS]:
         if job.gpu_time_s <= 0:
             continue
         lost, cost_lost = job.lost_s, job.cost_lost
@@ -800,7 +812,7 @@ def _flags_table(flags: Sequence[Flag]) -> str:
         rows.append(
             "<tr>"
             f"<td><b>{_e(job.name)}</b><br><small>{_e(job.job_id)}</small></td>"
-            f"<td>{_e(job.model or '-')}<br><small>{_e(job.precision or '')}</small></td>"
+            f"{_model_cell(job.model, below=job.precision or '')}"
             f"<td>{_flag_badge(flag.kind)}</td>"
             f'<td class="reason">{_e(flag.reason)}</td>'
             f"<td>{state}</td>"
@@ -812,30 +824,58 @@ def _flags_table(flags: Sequence[Flag]) -> str:
     )
 
 
-def _jobs_table(jobs: Sequence[JobSummary]) -> str:
+def _model_cell(model: str | None, below: str | None = None) -> str:
+    """A table cell naming a GPU model by its one name, the device's own string on hover (``below``: a small
+    second line, the precision)."""
+    extra = f"<br><small>{_e(below)}</small>" if below is not None else ""
+    if not model:
+        return f"<td>-{extra}</td>"
+    return f'<td title="{_e(model)}">{_e(_shown(model))}{extra}</td>'
+
+
+def _rank_cell(item: Ranked) -> str:
+    """The flags column: the job's flag badges, else its bottleneck, else ok / no MFU; the rank's reason on hover."""
+    badges = " ".join(_flag_badge(flag.kind) for flag in item.job.flags())
+    if not badges:
+        kind = "bottleneck" if item.tier in BOTTLENECK_TIERS.values() else "plain"
+        badges = f'<span class="rank {kind}">{_e(item.label)}</span>'
+    return f'<td title="{_e(item.why)}">{badges}</td>'
+
+
+def _rank_legend(ranked: Sequence[Ranked]) -> str:
+    items = "".join(f"<li>{_e(line)}</li>" for line in legend(ranked))
+    return f'<p class="note">{_e(RANK_RULE)}</p><ol class="note" id="rank-legend">{items}</ol>'
+
+
+def _jobs_table(ranked: Sequence[Ranked]) -> str:
     rows = []
-    for job in jobs[:MAX_TABLE_JOBS]:
-        badges = " ".join(_flag_badge(flag.kind) for flag in job.flags())
+    for item in ranked[:MAX_TABLE_JOBS]:
+        job = item.job
         rows.append(
-            "<tr>"
-            f"<td>{_e(job.name)}</td><td>{_e(job.job_id)}</td><td>{_e(job.model or '-')}</td>"
-            f'<td>{_e(job.precision or "-")}</td><td class="num">{job.gpus}</td>'
+            f'<tr data-rank="{item.rank}">'
+            f"<td>{_e(job.name)}</td><td>{_e(job.job_id)}</td>{_model_cell(job.model)}"
+            f'<td>{_e(job.precision or "-")}</td><td class="num">{count(job.gpus)}</td>'
             f'<td class="num">{job.windows}</td><td class="num">{_percent(job.mean_ofu)}</td>'
             f'<td class="num">{_percent(job.mean_mfu)}</td><td class="num">{_number(job.mfu_over_ofu)}</td>'
-            f'<td class="num">{_number(job.correlation)}</td><td>{badges or "-"}</td>'
-            "</tr>"
+            f'<td class="num">{_number(job.correlation)}</td><td class="num">{_e(hours(item.shortfall_s))}</td>'
+            f"{_rank_cell(item)}</tr>"
         )
     more = (
-        f'<p class="note">{len(jobs) - MAX_TABLE_JOBS} more jobs not listed.</p>' if len(jobs) > MAX_TABLE_JOBS else ""
+        f'<p class="note">{len(ranked) - MAX_TABLE_JOBS} more jobs not listed.</p>'
+        if len(ranked) > MAX_TABLE_JOBS
+        else ""
     )
     return (
         _scrolling(
             '<table id="all-jobs"><thead><tr><th>job</th><th>id</th><th>GPU model</th><th>precision</th>'
             '<th class="num">GPUs</th><th class="num">windows</th><th class="num">mean OFU</th>'
-            '<th class="num">mean MFU</th><th class="num">MFU/OFU</th><th class="num">r</th><th>flags</th></tr></thead>'
+            '<th class="num">mean MFU</th><th class="num">MFU/OFU</th><th class="num">r</th>'
+            '<th class="num" title="GPU-hours short of the best OFU a job on the same GPU model reached">short of best'
+            "</th><th>flags</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>"
         )
         + more
+        + _rank_legend(ranked)
     )
 
 
@@ -864,6 +904,7 @@ def build_report(
     if summary is None:
         summary = summarize(ordered)
     jobs, flags = summary.jobs, summary.flags()
+    ranked = rank(summary)
     parts = [f"<h1>{_e(title)}</h1>"]
     if generated_ns is not None:
         parts.append(f'<p class="note">Generated {_e(format_time(generated_ns))} by otel-ofu.</p>')
@@ -915,7 +956,7 @@ def build_report(
             parts.append(
                 f'<h2>Where OFU is lost</h2><p class="note">{_e(note)}</p>'
                 f'<section class="card">{_figure_html(loss, "ofu-loss")}{_bottlenecks(summary)}'
-                f"{_loss_table(summary)}</section>"
+                f"{_loss_table(summary, ranked)}</section>"
             )
         shown = _timeline_jobs(jobs)
         timelines = timelines_figure(shown)
@@ -931,7 +972,9 @@ def build_report(
                 f'<h2>Jobs over time</h2><p class="note">{_e(note)}</p>'
                 f'<section class="card">{_figure_html(timelines, "job-timelines")}</section>'
             )
-        parts.append('<h2>All jobs</h2><section class="card">' + _jobs_table(jobs) + "</section>")
+        parts.append(
+            '<h2>All jobs, most to act on first</h2><section class="card">' + _jobs_table(ranked) + "</section>"
+        )
     parts.append(
         "<footer>OFU: tensor pipe activity x SM clock / max clock, measured on the GPUs; MFU: as the training "
         "framework reports it. Percentiles from exponential histograms merged exactly across windows.</footer>"

@@ -24,7 +24,7 @@ from typing import Final
 
 import attrs
 
-from otel_ofu import names
+from otel_ofu import catalog, names
 from otel_ofu_collector.detectors import (
     DETECTORS,
     GPU_DETECTORS,
@@ -64,15 +64,30 @@ _H: Final = 3600.0
 MIN_FLEET_R_JOBS: Final = 4
 
 
+def model_name(model: str | None) -> str | None:
+    """A GPU model's one name, in every report and on every screen: the catalog's (``NVIDIA H100 80GB HBM3`` ->
+    ``H100-SXM``), else the device's name less its vendor; None where it is unknown."""
+    if not model:
+        return None
+    spec = catalog.lookup(model)
+    return spec.key if spec is not None else model.removeprefix("NVIDIA ").removeprefix("AMD ")
+
+
 def format_time(time_ns: int) -> str:
     moment = dt.datetime.fromtimestamp(time_ns / 1e9, tz=dt.UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def plural(count: float, word: str) -> str:
+def count(value: float) -> str:
+    """A count of GPU equivalents as a number: whole (within rounding: seven 1/7 MIG slices add up to
+    0.9999999999999998) as "8", a MIG slice's share as "0.29"."""
+    nearest = round(value)
+    return str(nearest) if abs(value - nearest) < 1e-6 else f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def plural(number: float, word: str) -> str:
     """``3 GPUs``, ``1 window``; a count of GPU equivalents that is not whole as ``0.29 GPUs`` (two MIG slices)."""
-    text = str(int(count)) if count == int(count) else f"{count:.2f}".rstrip("0").rstrip(".")
-    return f"{text} {word}{'' if count == 1 else 's'}"
+    return f"{count(number)} {word}{'' if number == 1 else 's'}"
 
 
 def percent(value: float | None) -> str:

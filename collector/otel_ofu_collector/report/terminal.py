@@ -18,8 +18,9 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from otel_ofu import catalog, names
+from otel_ofu import names
 from otel_ofu_collector.report.causes import bottleneck_of
+from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
 from otel_ofu_collector.report.summary import (
     COARSE_CAUSES,
     MIN_FLEET_R_JOBS,
@@ -27,16 +28,18 @@ from otel_ofu_collector.report.summary import (
     FleetSummary,
     JobSummary,
     coarse,
+    count,
     format_time,
     hours,
     hours_number,
+    model_name,
     money_number,
     percent,
     plural,
 )
 
 INDENT: Final = 2
-_NAME_WIDTH: Final = 24  # an id or name longer than this is cut even when there is room
+_NAME_WIDTH: Final = 32  # an id or name longer than this is cut even when there is room
 _MIN_NAME_WIDTH: Final = 6
 _NO_SHARE: Final = 1e-9  # a share this small is rounding, not time
 _GAP: Final = 2  # between columns: the box's separator and the cell's left padding
@@ -44,10 +47,7 @@ _GAP: Final = 2  # between columns: the box's separator and the cell's left padd
 
 def short_model(model: str | None) -> str:
     """A GPU model as the catalog names it (``NVIDIA H100 80GB HBM3`` -> ``H100-SXM``), else less its vendor."""
-    if not model:
-        return "unknown"
-    spec = catalog.lookup(model)
-    return spec.key if spec is not None else model.removeprefix("NVIDIA ")
+    return model_name(model) or "unknown"
 
 
 def _number(value: float | None) -> str:
@@ -130,11 +130,14 @@ def fleet_lines(summary: FleetSummary) -> list[str]:
     return lines
 
 
-def _verdict(job: JobSummary) -> str:
-    flags = job.flags()
-    if flags:
-        return "[red]" + "+".join(flag.kind for flag in flags)
-    return "[yellow]no MFU" if job.mean_mfu is None else "[green]ok"
+def _verdict(item: Ranked) -> str:
+    """The flags column: the job's flags, else its bottleneck (input-, comm-, memory-bound), else ok or no MFU."""
+    label = item.label
+    if item.job.flags():
+        return f"[red]{label}"
+    if item.tier in BOTTLENECK_TIERS.values():
+        return f"[yellow]{label}"
+    return f"[yellow]{label}" if label == "no MFU" else f"[green]{label}"
 
 
 def print_report(
@@ -166,12 +169,13 @@ def print_report(
         groups.add_row(
             short_model(group.attributes.get(names.HW_MODEL)),
             group.attributes.get(names.GPU_PRECISION, "unknown"),
-            str(group.gpus),
+            count(group.gpus),
             *(percent(group.quantiles.get(quantile)) for quantile in names.QUANTILES),
         )
     console.print(_fit(groups, console.width))
 
-    _heading(console, "Jobs: OFU (hardware) vs reported MFU, means over the windows with both")
+    ranked = rank(summary)
+    _heading(console, "Jobs, most to act on first: OFU (hardware) vs reported MFU")
     jobs = _table(
         ("job", "name"),
         ("name", "name"),
@@ -182,25 +186,32 @@ def print_report(
         ("r", "right"),
         ("flags", "left"),
     )
-    for job in summary.jobs:
+    for item in ranked:
+        job = item.job
         ratio = job.mfu_over_ofu
         jobs.add_row(
             job.job_id,
             job.attributes.get(names.JOB_NAME) or "-",
-            str(job.gpus),
+            count(job.gpus),
             percent(job.mean_ofu),
             percent(job.mean_mfu),
             "-" if ratio is None else f"{ratio:.2f}x",
             _number(job.correlation),
-            _verdict(job),
+            _verdict(item),
         )
     console.print(_fit(jobs, console.width))
-    print_loss(summary, console, price_note=price_note)
-    print_flags(summary, console)
+    _paragraph(console, f"OFU and MFU: means over the windows with both. {RANK_RULE}", indent=INDENT)
+    for line in legend(ranked):
+        _paragraph(console, line, indent=2 * INDENT)
+    print_loss(summary, console, price_note=price_note, ranked=ranked)
+    print_flags(summary, console, ranked=ranked)
 
 
-def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "") -> None:
-    """Per job, each cause's share of its GPU time and the GPU-hours (and cost) lost; then the fleet's."""
+def print_loss(
+    summary: FleetSummary, console: Console, *, price_note: str = "", ranked: Sequence[Ranked] | None = None
+) -> None:
+    """Per job (in rank order), each cause's share of its GPU time and the GPU-hours (and cost) lost; then the
+    fleet's."""
     currency = summary.currency or next((job.currency for job in summary.jobs if job.currency), None)
     priced = any(job.cost_lost is not None for job in summary.jobs)
     # GPU time without OFU: a column of its own where there is some
@@ -215,7 +226,7 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
         ("lost GPU-h", "right"),
         *(((f"lost {currency or 'cost'}", "right"),) if priced else ()),
     )
-    for job in summary.jobs:
+    for job in (item.job for item in (ranked if ranked is not None else rank(summary))):
         shares = job.loss_shares()
         if shares is None:
             continue
@@ -241,7 +252,7 @@ def print_loss(summary: FleetSummary, console: Console, *, price_note: str = "")
     if summary.energy_j is not None:
         line += f"; the fleet's GPUs used {summary.energy_j / 3.6e6:.1f} kWh"
     _paragraph(console, line + ".")
-    print_causes(summary, console)
+    print_causes(summary, console, ranked=ranked)
 
 
 def _rate(value: float | None) -> str:
@@ -257,10 +268,11 @@ def _has_parts(job: JobSummary) -> bool:
     return sum(shares[part] for part in TENSOR_PARTS) > _NO_SHARE
 
 
-def print_causes(summary: FleetSummary, console: Console) -> None:
+def print_causes(summary: FleetSummary, console: Console, *, ranked: Sequence[Ranked] | None = None) -> None:
     """The tensor column split by what the engine and SMs did, beside DRAM and link traffic, for the jobs whose
-    GPUs report engine and SM activity; then each job's bottleneck where one stands out."""
-    jobs = [job for job in summary.jobs if _has_parts(job)]
+    GPUs report engine and SM activity (in rank order); then each job's bottleneck where one stands out."""
+    order = ranked if ranked is not None else rank(summary)
+    jobs = [item.job for item in order if _has_parts(item.job)]
     if not jobs:
         return
     _heading(console, "Where the tensor pipes' time went: shares of GPU time, and what else was busy")
@@ -293,9 +305,10 @@ def print_causes(summary: FleetSummary, console: Console) -> None:
         _paragraph(console, f"{job.job_id} ({name}): {bottleneck.sentence}.", INDENT)
 
 
-def print_flags(summary: FleetSummary, console: Console) -> None:
-    """Each flagged job's reasons in words, one indented paragraph each."""
-    flagged = [job for job in summary.jobs if job.flagged]
+def print_flags(summary: FleetSummary, console: Console, *, ranked: Sequence[Ranked] | None = None) -> None:
+    """Each flagged job's reasons in words (in rank order), one indented paragraph each."""
+    order = ranked if ranked is not None else rank(summary)
+    flagged = [item.job for item in order if item.job.flagged]
     if not flagged:
         _heading(console, "No job flagged.")
         return

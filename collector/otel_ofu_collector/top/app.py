@@ -18,12 +18,16 @@ import queue
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Final
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
+from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, FLAG_TIERS, RANK_RULE
 from otel_ofu_collector.top import cells
 from otel_ofu_collector.top.feeds import Update, clock_time
 from otel_ofu_collector.top.model import HISTORY, NO_JOB, FleetModel, GpuRow, JobRow, Sort
@@ -36,7 +40,9 @@ _DRAIN_S: Final = 0.2
 MAX_ROWS: Final = 500
 _CLOCK_NOTE: Final = "MHz: SM clock / the clock OFU divides by (tensor clock, else board max)"
 _FLAG_STYLE: Final = "bold red"
+_BOTTLENECK_STYLE: Final = "bold yellow"
 _PROBLEM_STYLE: Final = "bold reverse"
+_PAUSED: Final = " PAUSED "  # first on the status line, so no width cuts it
 
 
 def _cell(text: str | Text, width: int, *, right: bool = False) -> Text:
@@ -58,10 +64,11 @@ def _bar(shares: Mapping[str, float], causes: Sequence[str], width: int) -> Text
     return bar
 
 
-def _flag(flags: Sequence[str]) -> Text:
-    if not flags:
-        return Text("")
-    return Text(flags[0] + (f"+{len(flags) - 1}" if len(flags) > 1 else ""), style=_FLAG_STYLE)
+def _flag(flags: Sequence[str], bottleneck: str | None = None) -> Text:
+    """The flags up (the first, +N for the others), else the job's bottleneck (input-, comm-, memory-bound)."""
+    if flags:
+        return Text(flags[0] + (f"+{len(flags) - 1}" if len(flags) > 1 else ""), style=_FLAG_STYLE)
+    return Text(bottleneck or "", style=_BOTTLENECK_STYLE)
 
 
 class _Table(DataTable[Text]):
@@ -71,22 +78,28 @@ class _Table(DataTable[Text]):
 
 
 class _Widths:
-    """The job table's columns at a terminal width: the numbers' fixed, the room left to the name first, then
-    to the sparkline (up to ``HISTORY`` windows), then to the bar."""
+    """The job table's columns at a terminal width: the numbers' fixed, the room left to the ids and names first
+    (as long as the longest), then to the sparkline (up to ``HISTORY`` windows), then to the bar (up to 30)."""
 
     COLUMNS: Final = 9
+    MAX_BAR: Final = 30
 
-    def __init__(self, total: int) -> None:
-        self.job, self.gpus, self.ofu, self.mfu, self.lost, self.flag = 8, 4, 6, 6, 8, 10
+    def __init__(self, total: int, rows: Sequence[JobRow] = ()) -> None:
+        self.job, self.gpus, self.ofu, self.mfu, self.lost, self.flag = 8, 4, 6, 6, 8, 12
         self.spark, self.bar = 6, 10
         fixed = sum((self.job, self.gpus, self.ofu, self.mfu, self.lost, self.flag, self.spark, self.bar))
         room = max(0, total - 2 - self.COLUMNS - fixed)  # 2: the scroll bar; a space of gutter before each column
-        self.name = min(24, max(6, room))
+        longest_name = max((len(row.name or "") for row in rows), default=0)
+        self.name = min(max(6, longest_name), max(6, room))
         room -= self.name
+        longest_id = max((len(row.job_id) for row in rows), default=0)
+        grow = max(0, min(longest_id - self.job, room))
+        self.job += grow
+        room -= grow
         grow = max(0, min(HISTORY - self.spark, room))
         self.spark += grow
         room -= grow
-        self.bar += max(0, min(10, room))
+        self.bar += max(0, min(self.MAX_BAR - self.bar, room))
 
 
 class JobsScreen(Screen[None]):
@@ -96,6 +109,7 @@ class JobsScreen(Screen[None]):
         Binding("s", "sort", "sort"),
         Binding("slash", "filter", "filter"),
         Binding("p", "pause", "pause"),
+        Binding("question_mark", "help", "help"),
         Binding("escape", "clear_filter", "clear", show=False),
     ]
 
@@ -146,13 +160,15 @@ class JobsScreen(Screen[None]):
         """The source and its state; a fault in full (it may take three lines) with what the screen still shows."""
         app = self.top
         newest = app.model.newest
-        line = Text(app.status or app.source_title, style=_PROBLEM_STYLE if app.problem else "dim")
+        line = Text()
+        if app.paused:  # first: whatever the width, it is seen
+            line.append(_PAUSED, style="bold reverse")
+            line.append(" ")
+        line.append(app.status or app.source_title, style=_PROBLEM_STYLE if app.problem else "dim")
         if app.problem and newest is not None:
             line.append(f" · showing the data of the window to {clock_time(newest.end_ns)}")
         elif newest is not None:
             line.append(f" · window to {clock_time(newest.end_ns)}", style="dim")
-        if app.paused:
-            line.append(" · PAUSED", style="bold")
         if not app.problem:
             line.truncate(max(1, self.size.width), overflow="ellipsis")
         self.query_one("#status", Static).update(line)
@@ -184,7 +200,7 @@ class JobsScreen(Screen[None]):
 
     def _table(self, rows: Sequence[JobRow]) -> None:
         table = self.query_one("#jobs", DataTable)
-        widths = _Widths(self.size.width)
+        widths = _Widths(self.size.width, rows)
         causes = self.top.model.causes()
         priced = any(row.cost_lost is not None for row in rows)
         selected = self._selected(table)
@@ -212,7 +228,7 @@ class JobsScreen(Screen[None]):
                 _cell(cells.percent(row.mfu), widths.mfu, right=True),
                 _cell(_bar(row.shares, causes, widths.bar), widths.bar),
                 _cell(lost if row.job_id != NO_JOB else cells.MISSING, widths.lost, right=True),
-                _cell(_flag(row.flags), widths.flag),
+                _cell(_flag(row.flags, row.bottleneck), widths.flag),
                 key=row.job_id,
             )
         if selected is not None and selected in {row.job_id for row in rows}:
@@ -249,6 +265,9 @@ class JobsScreen(Screen[None]):
     def action_pause(self) -> None:
         self.top.toggle_pause()
 
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen())
+
     def action_clear_filter(self) -> None:
         self._close_filter(keep=False)
 
@@ -268,13 +287,82 @@ class JobsScreen(Screen[None]):
         self.redraw()
 
 
+def _help_section(title: str, rows: Sequence[tuple[str, str]]) -> Table:
+    """A titled section of two columns; a long line wraps inside its own column, under its own start."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True, min_width=13)
+    grid.add_column(ratio=1)
+    for key, what in rows:
+        grid.add_row(key, what)
+    grid.title = title
+    grid.title_justify = "left"
+    grid.title_style = "bold"
+    return grid
+
+
+def help_text() -> Group:
+    """What the screen shows, what each key does and what each rank means (the reports' tiers)."""
+    keys = (
+        ("arrows, mouse", "move the cursor"),
+        ("Enter", "open the job under the cursor: its GPUs, and why it ranks where it does"),
+        ("Esc", "back (and clears a filter)"),
+        ("s", "next sort: " + ", ".join(Sort.ALL)),
+        ("/", "filter by job id, name, flag or bottleneck; Enter keeps it, Esc clears it"),
+        ("p", "pause the screen (data keeps arriving, shown when it resumes)"),
+        ("?", "this help; Esc or ? goes back"),
+        ("q, Ctrl-C", "quit"),
+    )
+    columns = (
+        ("GPUs", "GPU equivalents (a MIG slice counts as its share of its GPU)"),
+        ("OFU, recent", "the newest window's OFU, and its last windows (drawn from 0 to their top)"),
+        ("MFU", "as the job's framework reports it; - where it reports none"),
+        ("loss", "where the last hour's GPU time went, by cause (the legend under the table)"),
+        ("lost", "cost (or GPU-hours where no price is set) lost over the last hour"),
+        ("flag", "the flags up (+N: more), else the job's bottleneck"),
+    )
+    ranks = (
+        *((tier.label, tier.meaning) for tier in (*FLAG_TIERS.values(), *BOTTLENECK_TIERS.values())),
+        ("then the rest", "by GPU-hours short of the best OFU a job on the same GPU model reaches here"),
+    )
+    return Group(
+        Text("otel-ofu top: the fleet live, most to act on first", style="bold"),
+        Text(""),
+        _help_section("Keys", keys),
+        Text(""),
+        _help_section("Columns", columns),
+        Text(""),
+        _help_section(f"Ranks (sort '{Sort.RANK}', as the reports rank): {RANK_RULE}", ranks),
+    )
+
+
+class HelpScreen(Screen[None]):
+    """The keys, the columns and the ranks; Esc or ? goes back."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "back"),
+        Binding("question_mark", "back", "back", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-scroll"):
+            yield Static(help_text(), id="help")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#help-scroll", VerticalScroll).focus()
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+
 class GpusScreen(Screen[None]):
-    """One job's GPUs; Esc goes back."""
+    """One job's GPUs, and why it ranks where it does; Esc goes back."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "back", "back"),
         Binding("backspace", "back", "back", show=False),
         Binding("p", "pause", "pause"),
+        Binding("question_mark", "help", "help"),
     ]
 
     def __init__(self, job_id: str) -> None:
@@ -283,6 +371,7 @@ class GpusScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="job")
+        yield Static(id="why")
         yield DataTable(id="gpus", cursor_type="row", cell_padding=0)
         yield Static(id="note")
         yield Footer()
@@ -307,28 +396,36 @@ class GpusScreen(Screen[None]):
     def action_pause(self) -> None:
         self.top.toggle_pause()
 
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen())
+
     def redraw(self) -> None:
         app = self.top
         job = next((row for row in app.model.jobs(Sort.JOB) if row.job_id == self.job_id), None)
         gpus = app.model.gpus(self.job_id)
-        header = Text(f"{self.job_id} ", style="bold")
+        header = Text()
+        if app.paused:  # first: whatever the width, it is seen
+            header.append(_PAUSED, style="bold reverse")
+            header.append(" ")
+        header.append(f"{self.job_id} ", style="bold")
         if job is None:
             header.append("is not in the newest window")
         else:
+            what = f"{job.model} GPUs" if job.model else "GPUs"
             header.append(
-                f"{job.name or ''}  {cells.gpus(job.gpus)} GPUs  "
+                f"{job.name or ''}  {cells.gpus(job.gpus)} {what}  "
                 f"OFU {cells.percent(job.ofu)}  MFU {cells.percent(job.mfu)}  "
             )
-            if job.flags:
-                header.append_text(_flag(job.flags))
+            if job.flags or job.bottleneck:
+                header.append_text(_flag(job.flags, job.bottleneck))
                 header.append("  ")
             if job.cost_lost is not None:
                 header.append(f"lost 1h {cells.money(job.cost_lost)} {job.currency or ''}".rstrip())
             elif job.job_id != NO_JOB:
                 header.append(f"lost 1h {cells.gpu_hours(job.lost_gpu_s)} GPU-h")
-        if app.paused:
-            header.append("  PAUSED", style="bold")
         self.query_one("#job", Static).update(header)
+        why = Text("\n".join(job.why) if job is not None else "", style="italic")
+        self.query_one("#why", Static).update(why)
         self._table(gpus)
         note = _CLOCK_NOTE
         if not gpus:
@@ -378,7 +475,9 @@ class TopApp(App[None]):
     CSS = """
     #fleet, #legend, #note { height: 1; }
     #job { height: auto; max-height: 2; }
-    #status { height: auto; max-height: 3; }
+    #why { height: auto; max-height: 9; color: $text-muted; }
+    #status { height: auto; max-height: 4; }
+    #help-scroll { height: 1fr; }
     #jobs, #gpus { height: 1fr; }
     #filter { height: 3; }
     .no-color DataTable > .datatable--cursor { text-style: reverse; }
@@ -394,7 +493,7 @@ class TopApp(App[None]):
         super().__init__(ansi_color=True if self.no_colour else None)
         self.source_title = title
         self.model = FleetModel()
-        self.sort = Sort.LOST
+        self.sort = Sort.RANK
         self.filter_text = ""
         self.paused = False
         self.status: str | None = None

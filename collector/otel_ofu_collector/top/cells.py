@@ -31,9 +31,14 @@ def percent(value: float | None) -> str:
     return MISSING if value is None or not math.isfinite(value) else f"{value:.1%}"
 
 
+# A sum of MIG shares is whole up to rounding (seven 1/7 slices add to 0.9999999999999998): whole within this.
+_WHOLE: Final = 1e-6
+
+
 def gpus(count: float) -> str:
-    """A count of GPU equivalents: whole as "8", a MIG slice's share as "0.14"."""
-    return str(int(count)) if count == int(count) else f"{count:.2f}"
+    """A count of GPU equivalents: whole (within rounding) as "8", a MIG slice's share as "0.14"."""
+    nearest = round(count)
+    return str(nearest) if abs(count - nearest) < _WHOLE else f"{count:.2f}"
 
 
 def gpu_hours(seconds: float | None) -> str:

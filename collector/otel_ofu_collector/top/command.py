@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
 
+from otel_ofu import ports
 from otel_ofu.cli_support import CommandOptions, positive_float, url_or_host_port
 from otel_ofu.clock import ManualClock, wall_clock
 from otel_ofu.gpu_values import CalibrationTable
@@ -34,11 +35,14 @@ from otel_ofu_collector.top.feeds import PipelineRunner, ReportFeedPoller, Sourc
 
 DESCRIPTION = """\
 The fleet live in a terminal: GPUs, fleet OFU p50/p95, GPU-hours and cost lost in the last hour and the
-flags up; a table of jobs sorted by lost cost, with each job's OFU and its recent windows, MFU, where its
-GPU time went (ofu.loss.cause) and its flags; Enter opens a job's GPUs (OFU, SM clock against the clock OFU
-is measured against, power, throttle reason, straggler).
+flags up; a table of jobs ranked by what their owner can act on (as the reports rank them: flags, then
+bottlenecks, then GPU-hours short of the best OFU of the same GPU model), with each job's OFU and its recent
+windows, MFU, where its GPU time went (ofu.loss.cause) and its flags or bottleneck; Enter opens a job's GPUs
+(OFU, SM clock against the clock OFU is measured against, power, throttle reason, straggler) and says why it
+ranks where it does.
 
-Keys: arrows move, Enter opens a job, Esc goes back, s changes the sort, / filters by text, p pauses, q quits.
+Keys: arrows move, Enter opens a job, Esc goes back, s changes the sort, / filters by text, p pauses, ? shows
+the help, q quits.
 
 Sources (one): --feed URL reads a running collector's report feed (otel-ofu collector --report-feed-port);
 --demo runs the embedded simulated fleet live; otherwise the --source options (those of otel-ofu run and
@@ -57,7 +61,7 @@ _KEPT_LOG_LINES: Final = 200
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "top",
-        help="the fleet live in a terminal: jobs by lost cost, OFU, loss by cause, flags, a job's GPUs",
+        help="the fleet live in a terminal: jobs ranked by what to act on, OFU, loss by cause, flags, a job's GPUs",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -66,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--feed",
         metavar="URL",
         type=url_or_host_port,
-        help="a running collector's report feed, e.g. http://collector:9465 (otel-ofu collector --report-feed-port)",
+        help=f"a running collector's report feed, e.g. http://collector:{ports.COLLECTOR_REPORT_FEED} "
+        "(otel-ofu collector --report-feed-port; not its --prometheus-port)",
     )
     ours.flag("--demo", help="run the embedded simulated fleet live (no GPU, no collector needed)")
     feed = ours.group("reading a --feed")

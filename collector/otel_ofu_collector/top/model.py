@@ -4,7 +4,9 @@
   (the windows that ended within an hour of the newest), the flags up in the newest window.
 - A row per job of the newest window: its OFU with the OFU of its recent windows (the sparkline), MFU, where
   its GPU time went over the last hour by ``ofu.loss.cause`` (whatever causes the windows carry), lost
-  GPU-hours and cost, the flags up. Sorted by lost cost (lost GPU time where no price is configured).
+  GPU-hours and cost, the flags up (else the job's bottleneck). Ranked as the reports rank them
+  (``report.ranking``, over the last hour: flags, then bottlenecks, then GPU-hours short of the best OFU of
+  the same GPU model), with the reports' sentences saying why; the other sorts on a key.
 - A job's GPUs: OFU, SM clock against the clock OFU is measured against (the tensor clock where the catalog
   knows it, else the board's max), power, the throttle reason that held the clock down longest, straggler.
   From the GPUs' latest readings where the screen has them (``--demo``, ``--source``), else from the
@@ -23,6 +25,9 @@ from otel_ofu.gpu_samples import ComputedSnapshot
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.detectors import DETECTORS, GPU_DETECTORS
 from otel_ofu_collector.detectors.straggler import throttle_reason
+from otel_ofu_collector.report.causes import bottleneck_of
+from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, Ranked, rank
+from otel_ofu_collector.report.summary import model_name, summarize
 from otel_ofu_collector.results import GpuFlagReport, GpuReport, GroupReport, JobReport, WindowReport
 from otel_ofu_collector.stats.exphist import ExpHistogram
 
@@ -39,12 +44,13 @@ _STRAGGLER: Final = names.GPU_STRAGGLER.name
 class Sort:
     """The orders of the job table, in the order the sort key steps through them."""
 
+    RANK = "to act on"  # the reports' rank (report.ranking): flags, bottlenecks, then short of the model's best
     LOST = "lost cost"  # most lost first: cost where priced, else lost GPU time
     OFU = "OFU"  # lowest first
     GPUS = "GPUs"  # most first
     JOB = "job"  # by id
 
-    ALL = (LOST, OFU, GPUS, JOB)
+    ALL = (RANK, LOST, OFU, GPUS, JOB)
 
 
 @attrs.frozen
@@ -73,6 +79,10 @@ class JobRow:
     cost_lost: float | None
     currency: str | None
     flags: tuple[str, ...]  # the kinds of the flags up in the newest window (miscount, straggler, ...)
+    rank: int | None = None  # 1: the most to act on (report.ranking over the last hour); None: not ranked
+    bottleneck: str | None = None  # the job's named bottleneck over the last hour (input-bound, ...), if any
+    why: tuple[str, ...] = ()  # the reports' sentences: each flag's reason, the bottleneck, the rank
+    model: str | None = None  # the GPU model's one name (the catalog's, e.g. H100-SXM)
 
 
 @attrs.frozen
@@ -333,7 +343,7 @@ class FleetModel:
             )
         return self._causes
 
-    def jobs(self, sort: str = Sort.LOST, text: str = "") -> list[JobRow]:
+    def jobs(self, sort: str = Sort.RANK, text: str = "") -> list[JobRow]:
         """The newest window's jobs (and the GPUs no job claims), sorted, those matching ``text`` only."""
         if self._rows is None:
             self._rows = self._job_rows()
@@ -356,7 +366,11 @@ class FleetModel:
                     kind = _KIND_OF.get(flag.metric, flag.metric)
                     if kind not in kinds:
                         kinds.append(kind)
-            rows = [self._job_row(job, hour, recent, flagged.get(job.job_id, ())) for job in newest.jobs]
+            ranked = {item.job.job_id: item for item in rank(summarize(hour))}
+            rows = [
+                self._job_row(job, hour, recent, flagged.get(job.job_id, ()), ranked.get(job.job_id))
+                for job in newest.jobs
+            ]
         unclaimed = [row for row in self._readings or () if row.job_id is None]
         if unclaimed:
             rows.append(_unclaimed_row(unclaimed))
@@ -368,6 +382,7 @@ class FleetModel:
         hour: Sequence[WindowReport],
         recent: Sequence[WindowReport],
         gpu_flags: Sequence[str],  # the kinds of the GPU flags up on the job's GPUs
+        ranked: Ranked | None,
     ) -> JobRow:
         mine = [found for report in hour if (found := self._jobs[report.end_ns].get(job.job_id)) is not None]
         losses = [found.loss for found in mine if found.loss is not None]
@@ -390,6 +405,10 @@ class FleetModel:
             cost_lost=sum(sum(cost.values()) for cost in costs) if costs else None,
             currency=next((loss.currency for loss in losses if loss.currency), None),
             flags=tuple(flags),
+            rank=ranked.rank if ranked is not None else None,
+            bottleneck=ranked.tier.label if ranked is not None and ranked.tier in BOTTLENECK_TIERS.values() else None,
+            why=_why(ranked),
+            model=model_name(job.attributes.get(names.HW_MODEL)),
         )
 
     def gpus(self, job_id: str) -> tuple[GpuRow, ...]:
@@ -429,13 +448,24 @@ def _unclaimed_row(rows: Sequence[GpuRow]) -> JobRow:
     )
 
 
+def _why(ranked: Ranked | None) -> tuple[str, ...]:
+    """The reports' sentences for a job: why each flag rose, its bottleneck, and what its rank means."""
+    if ranked is None:
+        return ()
+    job = ranked.job
+    found = bottleneck_of(job)
+    return (*job.reasons(), *((found.sentence,) if found is not None else ()), f"rank {ranked.rank}: {ranked.why}")
+
+
 def _haystack(row: JobRow) -> str:
-    return " ".join((row.job_id, row.name or "", *row.flags)).lower()
+    return " ".join((row.job_id, row.name or "", *row.flags, row.bottleneck or "")).lower()
 
 
 def sort_jobs(rows: Iterable[JobRow], sort: str) -> list[JobRow]:
     """``rows`` in the order ``sort`` names (``Sort``); ties by job id."""
     by_id = sorted(rows, key=lambda row: row.job_id)
+    if sort == Sort.RANK:
+        return sorted(by_id, key=lambda row: (row.rank is None, row.rank or 0))
     if sort == Sort.LOST:
         return sorted(by_id, key=lambda row: (row.cost_lost or 0.0, row.lost_gpu_s), reverse=True)
     if sort == Sort.OFU:

@@ -63,6 +63,7 @@ app.kubernetes.io/component: {{ .component }}
   value: {{ .Values.collector.prometheusPort | quote }}
 - name: OTEL_OFU_COLLECTOR_PROMETHEUS_HOST
   value: "0.0.0.0"
+{{ include "otel-ofu.collectorHealthEnv" . }}
 - name: OTEL_OFU_COLLECTOR_WINDOW
   value: {{ .Values.collector.window | quote }}
 {{- if .Values.collector.exportEndpoint }}
@@ -98,4 +99,25 @@ app.kubernetes.io/component: {{ .component }}
   mountPath: /etc/otel-ofu/tls
   readOnly: true
 {{- end }}
+{{- end -}}
+
+{{/* The collector's /healthz, opened to the pod's address for the kubelet's probe. */}}
+{{- define "otel-ofu.collectorHealthEnv" -}}
+- name: OTEL_OFU_COLLECTOR_HEALTH_PORT
+  value: {{ .Values.collector.healthPort | quote }}
+- name: OTEL_OFU_COLLECTOR_HEALTH_HOST
+  value: "0.0.0.0"
+{{- end -}}
+
+{{/* The liveness probe of an otel-ofu container: /healthz on its port named health. A stuck loop answers 503;
+three in a row (30 s) restart the container. */}}
+{{- define "otel-ofu.livenessProbe" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: health
+  initialDelaySeconds: 10
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 3
 {{- end -}}
