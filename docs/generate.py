@@ -218,7 +218,7 @@ def render(module: ModuleType = names) -> str:
         and isinstance(e.value, str | int | float | tuple | dict)
     ]
     member_of: dict[str, list[str]] = {}
-    for group in groups:
+    for group in {e.name: e for e in groups}.values():  # a tuple built up in steps is one group, as it ends
         assert isinstance(group.value, tuple)
         for spec in group.value:
             member_of.setdefault(spec.name, []).append(group.name)

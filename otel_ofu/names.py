@@ -896,10 +896,12 @@ class StabilityLevel:
 
 
 # Outside the contract: the shards' partial state (an interface between the project's own processes), the
-# processes' self-metrics (their health, which grows with their faults) and the jobs' activity context.
+# processes' self-metrics (their health, which grows with their faults), the jobs' activity context and the mark of
+# a GPU read without OFU (new in this release: its attributes may still change).
 _DEVELOPMENT_METRICS: Final = frozenset(
     spec.name
     for spec in (
+        GPU_OFU_UNMEASURED,
         *COLLECTOR_PARTIAL_METRICS,
         *COLLECTOR_SELF_METRICS,
         SOURCE_ERRORS,
