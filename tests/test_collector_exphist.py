@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+from fractions import Fraction
 
 import attrs
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics._internal.exponential_histogram.mapping.exponent_mapping import ExponentMapping
 from opentelemetry.sdk.metrics._internal.exponential_histogram.mapping.logarithm_mapping import LogarithmMapping
@@ -282,19 +284,31 @@ def test_plain_percentile_is_numpy_linear(values: list[float], q: float) -> None
     assert percentile_of_sorted(ordered, q) == pytest.approx(float(np.percentile(values, q * 100)), abs=1e-15)
 
 
+# An exact tie: 128 of 256 fifty-sixths at 0.0, so p50 is 0.0; numpy's float running sum lands under the half
+# there and gives 0.5, hence the exact reference.
+_TIE = [(0.0, 1), (0.0, 1), (0.0, 1), (0.0, 13), (0.0, 56), (0.0, 56), (0.5, 56), (1.0, 1), (1.0, 1), (1.0, 1)]
+_TIE += [(1.0, 11), (1.0, 29), (1.0, 29)]
+
+
 @settings(max_examples=300)
 @given(
     st.lists(st.tuples(ofu_values, st.integers(min_value=1, max_value=56)), min_size=1, max_size=60),
     st.sampled_from(names.QUANTILES),
 )
-def test_capacity_percentile_is_numpys_weighted_quantile(pairs: list[tuple[float, int]], q: float) -> None:
-    # Weights in 1/56 GPU-equivalents (sevenths and eighths: MIG slices and AMD partitions) stand for capacity;
-    # numpy's weighted quantile (inverted CDF) on the same data is the reference.
-    pairs.sort()
+@example(_TIE, 0.5)
+def test_capacity_percentile_is_the_inverted_cdf_of_capacity(pairs: list[tuple[float, int]], q: float) -> None:
+    # Weights in 1/56 GPU-equivalents (sevenths and eighths: MIG slices and AMD partitions) stand for capacity; the
+    # reference is the definition (numpy's weighted quantile, method="inverted_cdf") in exact fractions. numpy on
+    # the float weights agrees everywhere but at an exact tie.
+    pairs = sorted(pairs)
     values = [value for value, _units in pairs]
     weights = [units / 56 for _value, units in pairs]
-    expected = float(np.quantile(values, q, weights=weights, method="inverted_cdf"))
+    target = Fraction(str(q)) * sum(units for _value, units in pairs)
+    running = list(itertools.accumulate(units for _value, units in pairs))
+    expected = next(value for value, reached in zip(values, running, strict=True) if reached >= target)
     assert capacity_quantile_of_sorted(values, weights, q) == expected
+    if float(np.quantile(values, q, weights=weights, method="inverted_cdf")) != expected:
+        assert target in running
 
 
 @settings(max_examples=200)
