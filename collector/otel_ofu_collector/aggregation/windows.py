@@ -350,6 +350,15 @@ class Aggregator:
         """A GPU stream's gauges over one interval (start, end]: ``values`` by metric name, ``throttle`` shares by
         reason (a reason left out reads as 0), time-weighted into every window the interval overlaps, as OFU is.
         None when taken, else why not (late, over the stream cap, an interval beyond ``stale_after_s``)."""
+        # The hot path: an interval inside the window the last point went to, of a stream with inputs there.
+        if self._last_start <= start_ns < end_ns <= self._last_end:
+            inputs = self._last_window.gpus.get(stream_key)
+            if inputs is not None:
+                if end_ns > self._watermark_ns:
+                    self._watermark_ns = end_ns
+                self._points_gpu += len(values) + len(throttle)
+                inputs.add(values, throttle, float(end_ns - start_ns))
+                return None
         if end_ns > self._watermark_ns:
             self._watermark_ns = end_ns
         if end_ns - start_ns > self._max_interval_ns:
