@@ -19,6 +19,7 @@ from otel_ofu_collector.detectors import (
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
 from otel_ofu_collector.outputs.prometheus import OutputsCollector
 from otel_ofu_collector.outputs.record_codec import report_from_line, report_to_line
+from otel_ofu_collector.report.reasons import flags_of
 from otel_ofu_collector.report.summary import summarize
 from otel_ofu_collector.results import FleetReport, JobReport, WindowReport, gauge_points
 from otel_ofu_collector.stats.comoments import CoMoments
@@ -112,7 +113,7 @@ def test_a_flag_that_cannot_be_assessed_is_absent_from_every_output() -> None:
     assert '"flops_miscount":null' in line
     assert report_from_line(line) == report
     (job,) = summarize([report]).jobs
-    assert [flag.kind for flag in job.flags()] == ["regression"]
+    assert [flag.kind for flag in flags_of(job)] == ["regression"]
 
 
 def test_the_flag_properties_read_the_flags_by_their_metric() -> None:

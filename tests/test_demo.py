@@ -16,6 +16,7 @@ from otel_ofu.cli import main
 from otel_ofu.sources.simulated import GpuFault, ProfileKind, SimulatedFleet
 from otel_ofu_collector.demo import UnreadableGpus, print_unreadable, run_demo, short_duration_warning
 from otel_ofu_collector.report.causes import Kind, bottleneck_of
+from otel_ofu_collector.report.reasons import flags_of, reasons_of
 from otel_ofu_collector.report.summary import IDLE, STRAGGLER, FleetSummary, summarize
 from otel_ofu_collector.report.terminal import print_report
 from otel_ofu_collector.results import WindowReport
@@ -54,19 +55,19 @@ def test_flags_name_the_injected_jobs_and_no_healthy_one(summary: FleetSummary) 
             ratio = job.mfu_over_ofu
             assert ratio is not None
             assert 1.7 < ratio < 2.2
-            assert any(reason.startswith("suspected FLOP miscount") for reason in job.reasons())
+            assert any(reason.startswith("suspected FLOP miscount") for reason in reasons_of(job))
         elif spec.kind == ProfileKind.REGRESSING:
             assert job.regression_windows > 0
             assert job.miscount_windows == 0
-            assert any(reason.startswith("regression: OFU fell 2.") for reason in job.reasons())
+            assert any(reason.startswith("regression: OFU fell 2.") for reason in reasons_of(job))
         elif spec.kind == ProfileKind.IDLE:
-            assert [flag.kind for flag in job.flags()] == [IDLE], job.reasons()
-            assert any(reason.startswith("idle allocation: 1 GPU") for reason in job.reasons())
+            assert [flag.kind for flag in flags_of(job)] == [IDLE], reasons_of(job)
+            assert any(reason.startswith("idle allocation: 1 GPU") for reason in reasons_of(job))
         elif any(gpu.fault for gpu in SimulatedFleet.demo(seed=7).gpus if gpu.job_id == job_id):
             # the healthy job with the power-capped GPU: flagged for that straggler only
-            assert [flag.kind for flag in job.flags()] == [STRAGGLER], job.reasons()
+            assert [flag.kind for flag in flags_of(job)] == [STRAGGLER], reasons_of(job)
         else:
-            assert not job.flagged, (job_id, spec.kind, job.reasons())
+            assert not job.flagged, (job_id, spec.kind, reasons_of(job))
 
 
 def test_the_straggler_is_the_power_capped_gpu_and_no_other(reports: list[WindowReport]) -> None:
@@ -220,7 +221,7 @@ def test_the_report_fits_80_columns_on_a_terminal_and_piped(
     start = plain.index("Flagged jobs and GPUs:")
     paragraphs = plain[start + 1 : plain.index("", start)]
     assert len([line for line in paragraphs if line.startswith("  job-")]) == sum(
-        len(job.reasons()) for job in summary.jobs
+        len(reasons_of(job)) for job in summary.jobs
     )
     assert all(line.startswith("  ") for line in paragraphs)
 

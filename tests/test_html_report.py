@@ -19,6 +19,7 @@ from otel_ofu.sources.capture import CaptureWriter
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.report.html_page import build_report, write_report
+from otel_ofu_collector.report.reasons import flags_of, reasons_of
 from otel_ofu_collector.report.summary import format_time, model_name, summarize
 from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
 from otel_ofu_collector.stats.comoments import CoMoments
@@ -182,10 +183,10 @@ def test_flagged_jobs_table_says_why_in_words() -> None:
 
 def test_flags_described_per_job() -> None:
     jobs = {job.job_id: job for job in summarize(synthetic_reports()).jobs}
-    assert jobs["job-1"].flags() == []
-    (miscount,) = jobs["job-2"].flags()
+    assert flags_of(jobs["job-1"]) == []
+    (miscount,) = flags_of(jobs["job-2"])
     assert (miscount.kind, miscount.windows, miscount.active) == ("miscount", 17, True)
-    (regression,) = jobs["job-3"].flags()
+    (regression,) = flags_of(jobs["job-3"])
     assert regression.first_ns == T0 + 11 * WINDOW
     assert "(40.0% -> 16.0%, 9 windows)" in regression.reason
 
@@ -195,7 +196,7 @@ def test_the_page_says_what_the_summary_says() -> None:
     reports = synthetic_reports()
     page = build_report(reports)
     table = page[page.index('<table id="flagged-jobs"') : page.index("</table>", page.index('id="flagged-jobs"'))]
-    reasons = [reason for job in summarize(reports).jobs for reason in job.reasons()]
+    reasons = [reason for job in summarize(reports).jobs for reason in reasons_of(job)]
     assert len(reasons) == 2
     for reason in reasons:
         assert html.escape(reason) in table

@@ -65,11 +65,11 @@ HEALTHY = _finer(0.06, 0.12, 0.41)
 def test_the_finer_causes_count_in_the_runs_shares() -> None:
     # OFU = 1 - 0.01 - 0.06 - 0.12 - 0.41 = 0.40; tensor folded = 0.06 + 0.12 + 0.41 = 0.59.
     job = _job(_loss(HEALTHY, dram=0.34, nvlink=116e9))
-    shares = job.loss_shares()
+    shares = job.loss.shares
     assert shares is not None
     assert shares["ofu"] == pytest.approx(0.40)
     assert shares[C.NON_TENSOR] == pytest.approx(0.41)
-    assert job.causes == (C.IDLE, C.CLOCK, C.NO_KERNEL, C.SM_IDLE, C.NON_TENSOR)
+    assert job.loss.causes == (C.IDLE, C.CLOCK, C.NO_KERNEL, C.SM_IDLE, C.NON_TENSOR)
 
 
 def test_every_cause_has_words_and_a_colour() -> None:
@@ -85,9 +85,9 @@ def test_context_is_weighted_by_each_windows_gpu_time() -> None:
         _loss(HEALTHY, dram=0.80, nvlink=500e9),
         _loss(HEALTHY, gpu_time_s=200.0, dram=0.0),
     )
-    assert job.dram_active == pytest.approx(0.60)
-    assert job.nvlink_bytes_per_s == pytest.approx(500e9)
-    assert job.pcie_bytes_per_s is None
+    assert job.loss.dram_active == pytest.approx(0.60)
+    assert job.loss.nvlink_bytes_per_s == pytest.approx(500e9)
+    assert job.loss.pcie_bytes_per_s is None
 
 
 def test_a_healthy_training_gets_no_bottleneck() -> None:

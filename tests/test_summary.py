@@ -8,6 +8,7 @@ import attrs
 import pytest
 
 from otel_ofu import names
+from otel_ofu_collector.report.reasons import flags_of, fleet_flags, reasons_of
 from otel_ofu_collector.report.summary import (
     MIN_FLEET_R_JOBS,
     MISCOUNT,
@@ -52,7 +53,7 @@ def test_miscount_is_sized_over_the_flagged_windows_not_the_whole_run() -> None:
     (job,) = summarize(_reports(honest + over)).jobs
     assert job.miscount_ratio == pytest.approx(3.0)
     assert job.mfu_over_ofu == pytest.approx((10 * 0.40 + 5 * 0.60) / (10 * 0.40 + 5 * 0.20))  # the run's
-    (flag,) = job.flags()
+    (flag,) = flags_of(job)
     assert (flag.kind, flag.windows, flag.first_ns, flag.active) == (MISCOUNT, 5, T0 + 10 * WINDOW, True)
     assert flag.reason == (
         f"suspected FLOP miscount: reported MFU 3.0x its OFU for 5 windows (from {format_time(T0 + 10 * WINDOW)})"
@@ -67,7 +68,7 @@ def test_regression_baseline_is_the_median_of_the_unflagged_windows_before_it() 
     (job,) = summarize(_reports(before + during + after)).jobs
     assert job.baseline_ofu == pytest.approx(0.40)
     assert job.regressed_ofu == pytest.approx(0.16)
-    (flag,) = job.flags()
+    (flag,) = flags_of(job)
     assert (flag.kind, flag.windows, flag.active) == (REGRESSION, 3, False)
     assert flag.reason == (
         f"regression: OFU fell 2.5x below its own baseline from {format_time(T0 + 5 * WINDOW)} "
@@ -78,14 +79,14 @@ def test_regression_baseline_is_the_median_of_the_unflagged_windows_before_it() 
 def test_regression_without_a_baseline_in_the_record_says_so() -> None:
     (job,) = summarize(_reports([_job(0.1, None, regression=True)] * 2)).jobs
     assert job.baseline_ofu is None
-    assert job.reasons() == [
+    assert reasons_of(job) == [
         f"regression: OFU fell below its own baseline from {format_time(T0)} (baseline not in this record)"
     ]
 
 
 def test_regression_to_zero_has_no_factor() -> None:
     (job,) = summarize(_reports([_job(0.3, None), _job(0.0, None, regression=True)])).jobs
-    (reason,) = job.reasons()
+    (reason,) = reasons_of(job)
     assert reason.startswith("regression: OFU fell to zero from its baseline from ")
     assert "(30.0% -> 0.0%, 1 window)" in reason
 
@@ -98,7 +99,7 @@ def test_means_compare_like_with_like_and_missing_values_stay_absent() -> None:
     assert job.mean_ofu == pytest.approx(0.40)
     assert job.mean_mfu == pytest.approx(0.40)
     assert job.history[1].ofu is None  # NaN is a missing value, not a number
-    assert (job.name, job.gpus, job.windows, job.flagged, job.reasons()) == ("trainer", 2, 4, False, [])
+    assert (job.name, job.gpus, job.windows, job.flagged, reasons_of(job)) == ("trainer", 2, 4, False, [])
     (no_mfu,) = summarize(_reports(jobs[:2])).jobs
     assert no_mfu.mean_ofu == pytest.approx(0.10)  # no MFU at all: over every window with OFU
     assert (no_mfu.mean_mfu, no_mfu.mfu_over_ofu) == (None, None)
@@ -108,10 +109,10 @@ def test_fleet_orders_flags_miscount_first_and_reads_reports_in_any_order() -> N
     reports = _reports([_job(0.4, 0.4), _job(0.1, 0.4, regression=True, miscount=True)])
     summary = summarize(list(reversed(reports)))
     assert (summary.windows, summary.start_ns, summary.end_ns, summary.gpus) == (2, T0, T0 + 2 * WINDOW, 2)
-    assert [flag.kind for flag in summary.flags()] == [MISCOUNT, REGRESSION]
+    assert [flag.kind for flag in fleet_flags(summary)] == [MISCOUNT, REGRESSION]
     assert (summary.peak_gpus, summary.last_width_ns, summary.fleet_jobs) == (2, WINDOW, 0)
     empty = summarize([])
-    assert (empty.windows, empty.start_ns, empty.jobs, empty.flags()) == (0, None, (), [])
+    assert (empty.windows, empty.start_ns, empty.jobs, fleet_flags(empty)) == (0, None, (), [])
     assert (empty.gpus, empty.peak_gpus, empty.last_width_ns, empty.fleet_jobs) == (0, 0, None, 0)
 
 

@@ -99,7 +99,7 @@ def judge(fleet: SimulatedFleet, jobs: Sequence[JobSummary]) -> list[Named]:
     specs = {spec.job_id: spec for spec in fleet.jobs}
     found = []
     for job in jobs:
-        shares = job.loss_shares()
+        shares = job.loss.shares
         if shares is None:
             continue
         named = causes.bottleneck_of(job)
@@ -111,8 +111,8 @@ def judge(fleet: SimulatedFleet, jobs: Sequence[JobSummary]) -> list[Named]:
                 shares[C.NO_KERNEL],
                 shares[C.SM_IDLE],
                 shares[C.NON_TENSOR],
-                job.dram_active,
-                job.nvlink_bytes_per_s,
+                job.loss.dram_active,
+                job.loss.nvlink_bytes_per_s,
             )
         )
     return found

@@ -72,20 +72,20 @@ def _gb_per_s(value: float) -> str:
 def _links(job: JobSummary) -> str:
     """The job's link traffic in words ("NVLink 637 GB/s, PCIe 0.6 GB/s"); empty where none was reported."""
     parts = []
-    if job.nvlink_bytes_per_s is not None:
-        parts.append(f"NVLink {_gb_per_s(job.nvlink_bytes_per_s)}")
-    if job.pcie_bytes_per_s is not None:
-        parts.append(f"PCIe {_gb_per_s(job.pcie_bytes_per_s)}")
+    if job.loss.nvlink_bytes_per_s is not None:
+        parts.append(f"NVLink {_gb_per_s(job.loss.nvlink_bytes_per_s)}")
+    if job.loss.pcie_bytes_per_s is not None:
+        parts.append(f"PCIe {_gb_per_s(job.loss.pcie_bytes_per_s)}")
     return ", ".join(parts)
 
 
 def _links_busy(job: JobSummary) -> bool:
-    nvlink, pcie = job.nvlink_bytes_per_s, job.pcie_bytes_per_s
+    nvlink, pcie = job.loss.nvlink_bytes_per_s, job.loss.pcie_bytes_per_s
     return (nvlink is not None and nvlink >= NVLINK_BUSY) or (pcie is not None and pcie >= PCIE_BUSY)
 
 
 def _non_tensor(job: JobSummary, share: float) -> Bottleneck | None:
-    dram = job.dram_active
+    dram = job.loss.dram_active
     links = _links(job)
     said = f"{percent(share)} of GPU time the SMs were busy off the tensor pipes"
     if dram is not None and dram >= DRAM_BUSY:
@@ -102,7 +102,7 @@ def _non_tensor(job: JobSummary, share: float) -> Bottleneck | None:
 
 
 def _no_kernel(job: JobSummary, share: float) -> Bottleneck:
-    pcie = job.pcie_bytes_per_s
+    pcie = job.loss.pcie_bytes_per_s
     context = f"; PCIe {_gb_per_s(pcie)}" if pcie is not None else ""
     return Bottleneck(
         Kind.HOST,
@@ -126,9 +126,9 @@ def _sm_idle(share: float) -> Bottleneck:
 def bottleneck_of(job: JobSummary) -> Bottleneck | None:
     """The job's biggest finer loss cause that stands out, named with its context; None where none does (or the
     job's GPUs report no engine and SM activity)."""
-    if not any(part in job.causes for part in C.TENSOR_PARTS):
+    if not any(part in job.loss.causes for part in C.TENSOR_PARTS):
         return None
-    shares = job.loss_shares()
+    shares = job.loss.shares
     if shares is None:
         return None
     for cause in sorted(C.TENSOR_PARTS, key=lambda part: -shares[part]):

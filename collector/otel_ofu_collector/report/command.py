@@ -31,6 +31,7 @@ from otel_ofu_collector.config import WINDOW, AggregatorConfig
 from otel_ofu_collector.outputs.feed_client import FeedError, fetch_records
 from otel_ofu_collector.outputs.record_codec import NotWindowRecords, Records, load_records
 from otel_ofu_collector.prefixes import REPORT_PREFIX
+from otel_ofu_collector.report.reasons import fleet_flags
 from otel_ofu_collector.report.summary import summarize
 from otel_ofu_collector.results import WindowReport
 
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(reports)
     path = write_report(args.out, reports, ofu_samples=samples, generated_ns=time.time_ns(), summary=summary, **titled)
     jobs = summary.jobs
-    flagged = sorted({flag.job.name for flag in summary.flags()})
+    flagged = sorted({flag.job.name for flag in fleet_flags(summary)})
     print(
         f"wrote {path} ({len(reports)} windows, {len(jobs)} jobs"
         + (f", flagged: {', '.join(flagged)}" if flagged else ", none flagged")

@@ -36,6 +36,7 @@ from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.detectors import detector_for
 from otel_ofu_collector.report.causes import bottleneck_of
 from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
+from otel_ofu_collector.report.reasons import Flag, flags_of, fleet_flags
 from otel_ofu_collector.report.summary import (
     CAUSE_WORDS,
     CAUSES,
@@ -46,7 +47,6 @@ from otel_ofu_collector.report.summary import (
     REGRESSION,
     STRAGGLER,
     TENSOR_PARTS,
-    Flag,
     FleetSummary,
     JobSummary,
     JobWindow,
@@ -691,12 +691,12 @@ def loss_figure(summary: FleetSummary) -> go.Figure | None:
     """Each job's GPU time split into OFU and the causes of loss (GPU-time weighted), the fleet on top."""
     rows: list[tuple[str, dict[str, float]]] = []
     causes = summary.causes or CAUSES
-    fleet_time = sum(job.gpu_time_s for job in summary.jobs)
+    fleet_time = sum(job.loss.gpu_time_s for job in summary.jobs)
     if fleet_time > 0 and summary.lost_s:
         lost = {cause: summary.lost_s.get(cause, 0.0) / fleet_time for cause in causes}
         rows.append(("the fleet", {"ofu": 1.0 - sum(lost.values()), **lost}))
     for job in summary.jobs[:MAX_TIMELINE_JOBS]:
-        shares = job.loss_shares()
+        shares = job.loss.shares
         if shares is not None:
             rows.append((job.name if job.name == job.job_id else f"{job.name} ({job.job_id})", shares))
     if not rows:
@@ -737,33 +737,34 @@ def _loss_table(summary: FleetSummary, ranked: Sequence[Ranked]) -> str:
     context = any(
         value is not None
         for job in summary.jobs
-        for value in (job.dram_active, job.nvlink_bytes_per_s, job.pcie_bytes_per_s)
+        for value in (job.loss.dram_active, job.loss.nvlink_bytes_per_s, job.loss.pcie_bytes_per_s)
     )
     header = "".join(f'<th class="num">{_e(cause)}</th>' for cause in causes)
     context_header = '<th class="num">DRAM</th><th class="num">NVLink</th><th class="num">PCIe</th>' if context else ""
     rows = []
     for job in [item.job for item in ranked][:MAX_TABLE_JOBS]:
-        if job.gpu_time_s <= 0:
+        if job.loss.gpu_time_s <= 0:
             continue
-        lost, cost_lost = job.lost_s, job.cost_lost
+        lost, cost_lost = job.loss.lost_s, job.loss.cost_lost
         cells = "".join(f'<td class="num">{_e(hours(lost[cause]))}</td>' for cause in causes)
-        cost = "-" if cost_lost is None else money(sum(cost_lost.values()), job.currency)
+        cost = "-" if cost_lost is None else money(sum(cost_lost.values()), job.loss.currency)
         beside = (
-            f'<td class="num">{_e(_percent(job.dram_active))}</td><td class="num">{_e(_rate(job.nvlink_bytes_per_s))}'
-            f'</td><td class="num">{_e(_rate(job.pcie_bytes_per_s))}</td>'
+            f'<td class="num">{_e(_percent(job.loss.dram_active))}</td>'
+            f'<td class="num">{_e(_rate(job.loss.nvlink_bytes_per_s))}</td>'
+            f'<td class="num">{_e(_rate(job.loss.pcie_bytes_per_s))}</td>'
             if context
             else ""
         )
         rows.append(
             f"<tr><td>{_e(job.name)}</td><td>{_e(job.job_id)}</td>"
-            f'<td class="num">{_e(hours(job.gpu_time_s))}</td>{cells}'
+            f'<td class="num">{_e(hours(job.loss.gpu_time_s))}</td>{cells}'
             f'<td class="num">{_e(hours(sum(lost.values())))}</td><td class="num">{_e(cost)}</td>{beside}</tr>'
         )
     if summary.lost_s:
         cells = "".join(f'<td class="num">{_e(hours(summary.lost_s.get(cause, 0.0)))}</td>' for cause in causes)
         total = summary.cost_lost_total
         cost = "-" if total is None else money(total, summary.currency)
-        gpu_time = sum(job.gpu_time_s for job in summary.jobs)
+        gpu_time = sum(job.loss.gpu_time_s for job in summary.jobs)
         rows.append(
             f'<tr class="fleet"><td><b>the fleet</b></td><td></td><td class="num">{_e(hours(gpu_time))}</td>'
             f'{cells}<td class="num"><b>{_e(hours(summary.lost_total_s))}</b></td>'
@@ -781,7 +782,7 @@ def _loss_table(summary: FleetSummary, ranked: Sequence[Ranked]) -> str:
 def _bottlenecks(summary: FleetSummary) -> str:
     """Each job's bottleneck in one sentence where one stands out (``report.causes``); nothing where no job's GPUs
     split the tensor pipes' loss."""
-    split = [job for job in summary.jobs[:MAX_TABLE_JOBS] if any(part in job.causes for part in TENSOR_PARTS)]
+    split = [job for job in summary.jobs[:MAX_TABLE_JOBS] if any(part in job.loss.causes for part in TENSOR_PARTS)]
     if not split:
         return ""
     items = []
@@ -835,7 +836,7 @@ def _model_cell(model: str | None, below: str | None = None) -> str:
 
 def _rank_cell(item: Ranked) -> str:
     """The flags column: the job's flag badges, else its bottleneck, else ok / no MFU; the rank's reason on hover."""
-    badges = " ".join(_flag_badge(flag.kind) for flag in item.job.flags())
+    badges = " ".join(_flag_badge(flag.kind) for flag in flags_of(item.job))
     if not badges:
         kind = "bottleneck" if item.tier in BOTTLENECK_TIERS.values() else "plain"
         badges = f'<span class="rank {kind}">{_e(item.label)}</span>'
@@ -903,7 +904,7 @@ def build_report(
     ordered = sorted(reports, key=lambda r: (r.end_ns, r.start_ns))
     if summary is None:
         summary = summarize(ordered)
-    jobs, flags = summary.jobs, summary.flags()
+    jobs, flags = summary.jobs, fleet_flags(summary)
     ranked = rank(summary)
     parts = [f"<h1>{_e(title)}</h1>"]
     if generated_ns is not None:

@@ -24,6 +24,7 @@ from typing import Final
 import attrs
 
 from otel_ofu_collector.report.causes import Kind, bottleneck_of
+from otel_ofu_collector.report.reasons import flags_of
 from otel_ofu_collector.report.summary import FleetSummary, JobSummary, hours
 
 
@@ -70,7 +71,7 @@ class Ranked:
     @property
     def label(self) -> str:
         """What the tables' flags column shows: the flags up over the run, else the bottleneck, else ok/no MFU."""
-        kinds = [flag.kind for flag in self.job.flags()]
+        kinds = [flag.kind for flag in flags_of(self.job)]
         if kinds:
             return "+".join(kinds)
         if self.tier in BOTTLENECK_TIERS.values():
@@ -88,7 +89,7 @@ class Ranked:
 
 def job_ofu(job: JobSummary) -> float | None:
     """The job's OFU over the record, weighted by GPU time where the windows carry it, else its mean OFU."""
-    shares = job.loss_shares()
+    shares = job.loss.shares
     return shares["ofu"] if shares is not None else job.mean_ofu
 
 
@@ -103,7 +104,7 @@ def best_by_model(jobs: Sequence[JobSummary]) -> dict[str, float]:
 
 
 def _tier(job: JobSummary) -> tuple[int, Tier | None]:
-    kinds = [flag.kind for flag in job.flags()]
+    kinds = [flag.kind for flag in flags_of(job)]
     flag_order = list(FLAG_TIERS)
     known = [flag_order.index(kind) for kind in kinds if kind in FLAG_TIERS]
     if known:
@@ -125,9 +126,9 @@ def rank(summary: FleetSummary) -> list[Ranked]:
         order, tier = _tier(job)
         ofu = job_ofu(job)
         top = best.get(job.model) if job.model else None
-        shortfall = max(0.0, top - ofu) * job.gpu_time_s if top is not None and ofu is not None else 0.0
+        shortfall = max(0.0, top - ofu) * job.loss.gpu_time_s if top is not None and ofu is not None else 0.0
         if tier is None:
-            at_best = top is None or ofu is None or shortfall <= AT_BEST_SHARE * job.gpu_time_s
+            at_best = top is None or ofu is None or shortfall <= AT_BEST_SHARE * job.loss.gpu_time_s
             tier = AT_BEST if at_best else BELOW
             order += 0 if not at_best else 1
         found.append((order, shortfall, job.job_id, tier, top, job))

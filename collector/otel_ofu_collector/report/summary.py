@@ -1,18 +1,15 @@
-"""A run's window reports condensed per job and per fleet, with each flag's reason in words.
+"""A run's window reports condensed per job and per fleet: what each job reached and where its OFU was lost.
 
-Pure: window reports in, a summary out. The one place that says why a job is flagged: the demo's terminal
-report and the HTML report both read it, so they say the same thing.
+Pure: window reports in, a summary out; the demo's terminal report, the HTML report and ``top`` all read it, so
+they say the same thing. Why a job's flags rose, in words, is ``reasons``'s.
 
-- A FLOP miscount is sized by MFU / OFU over the windows the flag was up (mean MFU over mean OFU there).
-- A regression is measured against the job's own baseline: the median OFU of its unflagged windows before
-  the first regression window, against the median OFU of the regression windows.
-- Every flag says the GPU-hours (and, where prices were configured, the cost) it accounts for: a miscount the
-  job's GPU time while it was up; a regression the GPU time its OFU fell short of its baseline
-  ((baseline - OFU) x GPU-hours); idle GPUs their idle GPU-time; a straggler its shortfall against its job's
-  median ((median - OFU) x its hours), priced at the job's mean price per GPU-hour.
-- Where OFU is lost: GPU-hours lost by cause (idle, clock, tensor; tensor split into no_kernel, sm_idle and
-  non_tensor where the GPUs report engine and SM activity) and their cost, per job and for the fleet, beside
-  the job's DRAM activity and NVLink and PCIe throughput (what tells the causes of non_tensor apart).
+- A job's OFU and MFU are means over its windows; MFU / OFU over the windows that have both.
+- A regression's baseline is the median OFU of the job's unflagged windows before the first regression window;
+  its level, the median OFU of the regression windows.
+- Where OFU is lost (``RunLoss``, a job's ``loss``): GPU-hours lost by cause (idle, clock, tensor; tensor split
+  into no_kernel, sm_idle and non_tensor where the GPUs report engine and SM activity) and their cost, per job
+  and for the fleet, beside the job's DRAM activity and NVLink and PCIe throughput (what tells the causes of
+  non_tensor apart).
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from otel_ofu import catalog, names
 from otel_ofu_collector.detectors import (
     DETECTORS,
     GPU_DETECTORS,
-    detector_for,
     flops_miscount,
     idle_gpus,
     regression,
@@ -145,7 +141,7 @@ def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _ratio(numerator: float, denominator: float) -> float | None:
+def ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 else None
 
 
@@ -177,24 +173,97 @@ class JobWindow:
 
 
 @attrs.frozen
-class Flag:
-    """A flag a job raised during the record, said in words."""
+class RunLoss:
+    """Where a job's OFU was lost over the run: its windows' ``JobLoss`` summed (GPU time, lost time and cost by
+    cause, energy) or weighted by GPU time (the context: DRAM activity, NVLink and PCIe throughput). The names are
+    ``JobLoss``'s, so ``job.loss.cost_lost`` reads the same for a run as ``window.loss.cost_lost`` for a window."""
 
-    job: JobSummary
-    kind: str  # one of FLAG_KINDS
-    reason: str
-    first_ns: int
-    windows: int
-    active: bool  # still up in the job's last window
+    windows: tuple[JobLoss, ...]  # the loss of each of the job's windows that carries one, in time order
+
+    @property
+    def gpu_time_s(self) -> float:
+        return sum(loss.gpu_time_s for loss in self.windows)
+
+    @property
+    def lost_s(self) -> dict[str, float]:
+        return _sum_causes([loss.lost_s for loss in self.windows])
+
+    @property
+    def currency(self) -> str | None:
+        return next((loss.currency for loss in self.windows if loss.currency), None)
+
+    @property
+    def cost(self) -> float | None:
+        costs = [loss.cost for loss in self.windows if loss.cost is not None]
+        return sum(costs) if costs else None
+
+    @property
+    def cost_lost(self) -> dict[str, float] | None:
+        parts = [loss.cost_lost for loss in self.windows if loss.cost_lost is not None]
+        return _sum_causes(parts) if parts else None
+
+    @property
+    def energy_j(self) -> float | None:
+        parts = [loss.energy_j for loss in self.windows if loss.energy_j is not None]
+        return sum(parts) if parts else None
+
+    @property
+    def causes(self) -> tuple[str, ...]:
+        """The causes the job's windows split its loss into, in CAUSES order."""
+        return _present(loss.lost_s for loss in self.windows)
+
+    @property
+    def shares(self) -> dict[str, float] | None:
+        """OFU (under "ofu") and each cause (every one of CAUSES, 0 where the job has none of it) as shares of the
+        run's GPU time (GPU-time weighted): they sum to 1. A window's ``JobLoss.shares`` has the causes only (its
+        OFU is the window's). None: no GPU time."""
+        total = self.gpu_time_s
+        if total <= 0:
+            return None
+        lost = self.lost_s
+        shares = {cause: lost[cause] / total for cause in CAUSES}
+        return {"ofu": 1.0 - sum(shares.values()), **shares}
+
+    def _context(self, field: Callable[[JobLoss], float | None]) -> float | None:
+        """A context value's mean over the run, weighted by each window's GPU time, over the windows that have it."""
+        pairs = [(value, loss.gpu_time_s) for loss in self.windows if (value := field(loss)) is not None]
+        if not pairs:
+            return None
+        weight = sum(seconds for _, seconds in pairs)
+        if weight <= 0:
+            return statistics.fmean(value for value, _ in pairs)
+        return sum(value * seconds for value, seconds in pairs) / weight
+
+    @property
+    def dram_active(self) -> float | None:
+        """Mean DRAM activity of the job's GPUs over the run; None: none reported it."""
+        return self._context(lambda loss: loss.dram_active)
+
+    @property
+    def nvlink_bytes_per_s(self) -> float | None:
+        """Mean NVLink bytes per second per GPU, sent and received, over the run; None: none reported it."""
+        return self._context(lambda loss: loss.nvlink_bytes_per_s)
+
+    @property
+    def pcie_bytes_per_s(self) -> float | None:
+        """Mean PCIe bytes per second per GPU, sent and received, over the run; None: none reported it."""
+        return self._context(lambda loss: loss.pcie_bytes_per_s)
 
 
 @attrs.frozen
 class JobSummary:
-    """One job over the run: its windows in time order, its latest attributes, its flags and why they rose."""
+    """One job over the run: its windows in time order, its latest attributes, what it reached and which flags
+    rose (why, in words: ``reasons``); ``loss``: where its OFU was lost over the run."""
 
     job_id: str
     attributes: Mapping[str, str]
     history: tuple[JobWindow, ...]
+    # Made once from the history (the reports read it many times over); not compared: the history says it all.
+    loss: RunLoss = attrs.field(init=False, repr=False, eq=False)
+
+    @loss.default
+    def _loss(self) -> RunLoss:
+        return RunLoss(tuple(w.loss for w in self.history if w.loss is not None))
 
     @property
     def name(self) -> str:
@@ -242,7 +311,7 @@ class JobSummary:
     @property
     def mfu_over_ofu(self) -> float | None:
         ofu, mfu = self.mean_ofu, self.mean_mfu
-        return None if ofu is None or mfu is None else _ratio(mfu, ofu)
+        return None if ofu is None or mfu is None else ratio(mfu, ofu)
 
     @property
     def correlation(self) -> float | None:
@@ -268,8 +337,8 @@ class JobSummary:
     def miscount_ratio(self) -> float | None:
         """Mean MFU over mean OFU in the windows the miscount flag was up; the run's ratio when they lack a pair."""
         pairs = [(w.ofu, w.mfu) for w in self.flagged_windows(MISCOUNT) if w.ofu is not None and w.mfu is not None]
-        ratio = _ratio(sum(p[1] for p in pairs), sum(p[0] for p in pairs)) if pairs else None
-        return ratio if ratio is not None else self.mfu_over_ofu
+        found = ratio(sum(p[1] for p in pairs), sum(p[0] for p in pairs)) if pairs else None
+        return found if found is not None else self.mfu_over_ofu
 
     @property
     def baseline_ofu(self) -> float | None:
@@ -286,201 +355,6 @@ class JobSummary:
         """Median OFU over the regression windows."""
         during = [w.ofu for w in self.flagged_windows(REGRESSION) if w.ofu is not None]
         return statistics.median(during) if during else None
-
-    def flags(self) -> list[Flag]:
-        """The flags the job raised, a FLOP miscount first; empty for a job that never was flagged."""
-        found = []
-        last = self.history[-1] if self.history else None
-        for kind in FLAG_KINDS:
-            flagged = self.flagged_windows(kind)
-            if flagged:
-                reason = self._reason(kind, flagged)
-                active = last is not None and last.flag_up(kind)
-                found.append(Flag(self, kind, reason, flagged[0].start_ns, len(flagged), active))
-        return found
-
-    # --- where the job's OFU was lost, over the run ---
-
-    @property
-    def gpu_time_s(self) -> float:
-        return sum(w.loss.gpu_time_s for w in self.history if w.loss is not None)
-
-    @property
-    def lost_s(self) -> dict[str, float]:
-        return _sum_causes([w.loss.lost_s for w in self.history if w.loss is not None])
-
-    @property
-    def currency(self) -> str | None:
-        return next((w.loss.currency for w in self.history if w.loss is not None and w.loss.currency), None)
-
-    @property
-    def cost(self) -> float | None:
-        costs = [w.loss.cost for w in self.history if w.loss is not None and w.loss.cost is not None]
-        return sum(costs) if costs else None
-
-    @property
-    def cost_lost(self) -> dict[str, float] | None:
-        parts = [w.loss.cost_lost for w in self.history if w.loss is not None and w.loss.cost_lost is not None]
-        return _sum_causes(parts) if parts else None
-
-    @property
-    def energy_j(self) -> float | None:
-        parts = [w.loss.energy_j for w in self.history if w.loss is not None and w.loss.energy_j is not None]
-        return sum(parts) if parts else None
-
-    @property
-    def causes(self) -> tuple[str, ...]:
-        """The causes the job's windows split its loss into, in CAUSES order."""
-        return _present(w.loss.lost_s for w in self.history if w.loss is not None)
-
-    def loss_shares(self) -> dict[str, float] | None:
-        """OFU and each cause (every one of CAUSES, 0 where the job has none of it) as shares of the run's GPU time
-        (GPU-time weighted): they sum to 1."""
-        total = self.gpu_time_s
-        if total <= 0:
-            return None
-        lost = self.lost_s
-        shares = {cause: lost[cause] / total for cause in CAUSES}
-        return {"ofu": 1.0 - sum(shares.values()), **shares}
-
-    def _context(self, field: Callable[[JobLoss], float | None]) -> float | None:
-        """A context value's mean over the run, weighted by each window's GPU time, over the windows that have it."""
-        pairs = [
-            (value, w.loss.gpu_time_s)
-            for w in self.history
-            if w.loss is not None and (value := field(w.loss)) is not None
-        ]
-        if not pairs:
-            return None
-        weight = sum(seconds for _, seconds in pairs)
-        if weight <= 0:
-            return statistics.fmean(value for value, _ in pairs)
-        return sum(value * seconds for value, seconds in pairs) / weight
-
-    @property
-    def dram_active(self) -> float | None:
-        """Mean DRAM activity of the job's GPUs over the run; None: none reported it."""
-        return self._context(lambda loss: loss.dram_active)
-
-    @property
-    def nvlink_bytes_per_s(self) -> float | None:
-        """Mean NVLink bytes per second per GPU, sent and received, over the run; None: none reported it."""
-        return self._context(lambda loss: loss.nvlink_bytes_per_s)
-
-    @property
-    def pcie_bytes_per_s(self) -> float | None:
-        """Mean PCIe bytes per second per GPU, sent and received, over the run; None: none reported it."""
-        return self._context(lambda loss: loss.pcie_bytes_per_s)
-
-    def _sized(self, seconds: float, windows: Sequence[JobWindow]) -> str:
-        """``X GPU-h`` and, where the windows were priced, its cost at their mean price per GPU-hour."""
-        priced = [w.loss for w in windows if w.loss is not None and w.loss.cost is not None and w.loss.gpu_time_s]
-        text = hours(seconds)
-        if priced:
-            price = sum(p.cost or 0.0 for p in priced) / sum(p.gpu_time_s for p in priced) * _H
-            text += f", {money(seconds / _H * price, priced[0].currency)}"
-        return text
-
-    def straggler_gpus(self) -> list[str]:
-        """The GPUs of the job flagged as stragglers, by hw.id (host.name/hw.id where known), in order."""
-        seen: dict[str, None] = {}
-        for w in self.history:
-            for flag in w.gpu_flags:
-                seen.setdefault(_gpu_name(flag), None)
-        return list(seen)
-
-    def reasons(self) -> list[str]:
-        """Why the job was flagged, in words; empty for a job that never was."""
-        return [flag.reason for flag in self.flags()]
-
-    def _reason(self, kind: str, flagged: list[JobWindow]) -> str:
-        if kind == MISCOUNT:
-            return self._miscount_reason(flagged)
-        if kind == REGRESSION:
-            return self._regression_reason(flagged)
-        if kind == IDLE:
-            return self._idle_reason(flagged)
-        if kind == STRAGGLER:
-            return self._straggler_reason(flagged)
-        # A flag with no sizing of its own: when and for how long it was up.
-        since = format_time(flagged[0].start_ns)
-        return f"{detector_for(kind).label}: flag up for {plural(len(flagged), 'window')} (from {since})"
-
-    def _miscount_reason(self, flagged: list[JobWindow]) -> str:
-        ratio = self.miscount_ratio
-        size = f"{ratio:.1f}x" if ratio is not None else "far above"
-        seconds = sum(w.loss.gpu_time_s for w in flagged if w.loss is not None)
-        sized = f", over {self._sized(seconds, flagged)} of GPU time" if _has_loss(flagged) else ""
-        return (
-            f"suspected FLOP miscount: reported MFU {size} its OFU for {plural(len(flagged), 'window')} "
-            f"(from {format_time(flagged[0].start_ns)}){sized}"
-        )
-
-    def _regression_reason(self, flagged: list[JobWindow]) -> str:
-        when = format_time(flagged[0].start_ns)
-        baseline, level = self.baseline_ofu, self.regressed_ofu
-        if baseline is None or level is None:
-            return f"regression: OFU fell below its own baseline from {when} (baseline not in this record)"
-        factor = _ratio(baseline, level)
-        drop = f"fell {factor:.1f}x below its own baseline" if factor is not None else "fell to zero from its baseline"
-        short = sum(
-            max(0.0, baseline - w.ofu) * w.loss.gpu_time_s for w in flagged if w.ofu is not None and w.loss is not None
-        )
-        sized = f": {self._sized(short, flagged)} lost against its baseline" if _has_loss(flagged) else ""
-        return (
-            f"regression: OFU {drop} from {when} ({percent(baseline)} -> {percent(level)}, "
-            f"{plural(len(flagged), 'window')}){sized}"
-        )
-
-    def _idle_reason(self, flagged: list[JobWindow]) -> str:
-        idle = sum(w.loss.lost_s.get(names.OfuLossCause.IDLE, 0.0) for w in flagged if w.loss is not None)
-        most = max(w.gpus for w in flagged)
-        return (
-            f"idle allocation: {plural(most, 'GPU')} attributed with no tensor activity for "
-            f"{plural(len(flagged), 'window')} (from {format_time(flagged[0].start_ns)}): "
-            f"{self._sized(idle, flagged)} idle"
-        )
-
-    def _straggler_reason(self, flagged: list[JobWindow]) -> str:
-        parts = []
-        for name in self.straggler_gpus():
-            flags = [(w, f) for w in flagged for f in w.gpu_flags if _gpu_name(f) == name]
-            if not flags:
-                continue
-            ratio = _ratio(sum(f.ofu for _, f in flags), sum(f.job_median_ofu for _, f in flags))
-            reasons = sorted(
-                {f.attributes[names.GPU_THROTTLE_REASON] for _, f in flags if names.GPU_THROTTLE_REASON in f.attributes}
-            )
-            cause = f", clock held down by {' and '.join(THROTTLE_WORDS.get(r, r) for r in reasons)}" if reasons else ""
-            short = sum(max(0.0, f.job_median_ofu - f.ofu) * (w.end_ns - w.start_ns) / 1e9 for w, f in flags)
-            size = f"{ratio:.2f}x" if ratio is not None else "far below"
-            parts.append(
-                f"GPU {name} at {size} the median OFU of its job's other GPUs for {plural(len(flags), 'window')} "
-                f"(from {format_time(flags[0][0].start_ns)}){cause}: {self._sized(short, [w for w, _ in flags])} "
-                f"short of its peers"
-            )
-        return "straggler: " + "; ".join(parts)
-
-
-THROTTLE_WORDS: Final = {
-    names.ThrottleReason.POWER: "its power cap",
-    names.ThrottleReason.THERMAL: "heat (thermal slowdown)",
-    names.ThrottleReason.HW_SLOWDOWN: "a hardware slowdown",
-    names.ThrottleReason.SYNC_BOOST: "sync boost",
-    names.ThrottleReason.APP_CLOCK: "application clocks",
-    names.ThrottleReason.OTHER: "another limit",
-}
-
-
-def _has_loss(windows: Sequence[JobWindow]) -> bool:
-    """Whether the windows carry loss figures (records written before the collector had them do not)."""
-    return any(w.loss is not None for w in windows)
-
-
-def _gpu_name(flag: GpuFlagReport) -> str:
-    host = flag.attributes.get(names.HOST_NAME)
-    gpu = flag.attributes.get(names.HW_ID, "?")
-    return f"{host}/{gpu}" if host else gpu
 
 
 @attrs.frozen
@@ -503,7 +377,7 @@ class FleetSummary:
     @property
     def causes(self) -> tuple[str, ...]:
         """The causes any job's loss was split into over the run, in CAUSES order."""
-        present = {cause for job in self.jobs for cause in job.causes}
+        present = {cause for job in self.jobs for cause in job.loss.causes}
         return tuple(cause for cause in CAUSES if cause in present)
 
     @property
@@ -517,11 +391,6 @@ class FleetSummary:
     @property
     def gpus(self) -> float:
         return sum(group.gpus for group in self.last_groups)
-
-    def flags(self) -> list[Flag]:
-        """Every flag of every job: FLOP miscounts first, then by when they rose and by job name."""
-        every = (flag for job in self.jobs for flag in job.flags())
-        return sorted(every, key=lambda f: (f.kind != MISCOUNT, f.first_ns, f.job.name))
 
 
 def _job_windows(report: WindowReport) -> Iterator[tuple[JobReport, JobWindow]]:

@@ -21,6 +21,7 @@ from rich.text import Text
 from otel_ofu import names
 from otel_ofu_collector.report.causes import bottleneck_of
 from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
+from otel_ofu_collector.report.reasons import flags_of, reasons_of
 from otel_ofu_collector.report.summary import (
     COARSE_CAUSES,
     MIN_FLEET_R_JOBS,
@@ -133,7 +134,7 @@ def fleet_lines(summary: FleetSummary) -> list[str]:
 def _verdict(item: Ranked) -> str:
     """The flags column: the job's flags, else its bottleneck (input-, comm-, memory-bound), else ok or no MFU."""
     label = item.label
-    if item.job.flags():
+    if flags_of(item.job):
         return f"[red]{label}"
     if item.tier in BOTTLENECK_TIERS.values():
         return f"[yellow]{label}"
@@ -212,8 +213,8 @@ def print_loss(
 ) -> None:
     """Per job (in rank order), each cause's share of its GPU time and the GPU-hours (and cost) lost; then the
     fleet's."""
-    currency = summary.currency or next((job.currency for job in summary.jobs if job.currency), None)
-    priced = any(job.cost_lost is not None for job in summary.jobs)
+    currency = summary.currency or next((job.loss.currency for job in summary.jobs if job.loss.currency), None)
+    priced = any(job.loss.cost_lost is not None for job in summary.jobs)
     # GPU time without OFU: a column of its own where there is some
     unmeasured = bool(summary.lost_s.get(names.OfuLossCause.UNMEASURED))
     causes = (*COARSE_CAUSES, *((names.OfuLossCause.UNMEASURED,) if unmeasured else ()))
@@ -227,17 +228,17 @@ def print_loss(
         *(((f"lost {currency or 'cost'}", "right"),) if priced else ()),
     )
     for job in (item.job for item in (ranked if ranked is not None else rank(summary))):
-        shares = job.loss_shares()
+        shares = job.loss.shares
         if shares is None:
             continue
-        cost_lost = job.cost_lost
+        cost_lost = job.loss.cost_lost
         cost_cell = ("-" if cost_lost is None else money_number(sum(cost_lost.values())),) if priced else ()
         table.add_row(
             job.job_id,
-            hours_number(job.gpu_time_s),
+            hours_number(job.loss.gpu_time_s),
             percent(shares["ofu"]),
             *(percent(value) for value in coarse(shares, unmeasured).values()),
-            hours_number(sum(job.lost_s.values())),
+            hours_number(sum(job.loss.lost_s.values())),
             *cost_cell,
         )
     console.print(_fit(table, console.width))
@@ -262,8 +263,8 @@ def _rate(value: float | None) -> str:
 def _has_parts(job: JobSummary) -> bool:
     """Whether the job's GPUs split the tensor pipes' loss and had any of it: an idle job has none, its last cause
     being the residual 1 - OFU - idle, a rounding's +-1e-16 from 0."""
-    shares = job.loss_shares()
-    if shares is None or not any(part in job.causes for part in TENSOR_PARTS):
+    shares = job.loss.shares
+    if shares is None or not any(part in job.loss.causes for part in TENSOR_PARTS):
         return False
     return sum(shares[part] for part in TENSOR_PARTS) > _NO_SHARE
 
@@ -284,15 +285,15 @@ def print_causes(summary: FleetSummary, console: Console, *, ranked: Sequence[Ra
         ("PCIe GB/s", "right"),
     )
     for job in jobs:
-        shares = job.loss_shares()
+        shares = job.loss.shares
         if shares is None:
             continue
         table.add_row(
             job.job_id,
             *(percent(shares[cause]) for cause in TENSOR_PARTS),
-            percent(job.dram_active),
-            _rate(job.nvlink_bytes_per_s),
-            _rate(job.pcie_bytes_per_s),
+            percent(job.loss.dram_active),
+            _rate(job.loss.nvlink_bytes_per_s),
+            _rate(job.loss.pcie_bytes_per_s),
         )
     console.print(_fit(table, console.width))
     found = [(job, bottleneck_of(job)) for job in jobs]
@@ -314,7 +315,7 @@ def print_flags(summary: FleetSummary, console: Console, *, ranked: Sequence[Ran
         return
     _heading(console, "Flagged jobs and GPUs:")
     for job in flagged:
-        for reason in job.reasons():
+        for reason in reasons_of(job):
             _paragraph(console, f"{job.job_id} ({job.attributes.get(names.JOB_NAME) or 'unnamed'}): {reason}", INDENT)
 
 

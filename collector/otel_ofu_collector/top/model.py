@@ -27,6 +27,7 @@ from otel_ofu_collector.detectors import DETECTORS, GPU_DETECTORS
 from otel_ofu_collector.detectors.straggler import throttle_reason
 from otel_ofu_collector.report.causes import bottleneck_of
 from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, Ranked, rank
+from otel_ofu_collector.report.reasons import reasons_of
 from otel_ofu_collector.report.summary import model_name, summarize
 from otel_ofu_collector.results import GpuFlagReport, GpuReport, GroupReport, JobReport, WindowReport
 from otel_ofu_collector.stats.exphist import ExpHistogram
@@ -454,7 +455,7 @@ def _why(ranked: Ranked | None) -> tuple[str, ...]:
         return ()
     job = ranked.job
     found = bottleneck_of(job)
-    return (*job.reasons(), *((found.sentence,) if found is not None else ()), f"rank {ranked.rank}: {ranked.why}")
+    return (*reasons_of(job), *((found.sentence,) if found is not None else ()), f"rank {ranked.rank}: {ranked.why}")
 
 
 def _haystack(row: JobRow) -> str:
