@@ -403,7 +403,8 @@ def test_report_options_have_environment_variables(
 
 
 def test_every_flag_the_detectors_define_has_a_badge_style_and_a_new_one_gets_one() -> None:
-    from otel_ofu_collector.report.html_page import FLAG_PALETTE, flag_colour, flag_styles
+    from otel_ofu_collector.report.html_page import flag_styles
+    from otel_ofu_collector.report.plots import FLAG_PALETTE, flag_colour
     from otel_ofu_collector.report.summary import FLAG_KINDS
 
     page = build_report(synthetic_reports())

@@ -19,7 +19,8 @@ from PIL import Image
 from otel_ofu import names
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.report.html_page import COLOUR_HEALTHY, COLOUR_MISCOUNT, write_report
+from otel_ofu_collector.report.html_page import write_report
+from otel_ofu_collector.report.plots import COLOUR_HEALTHY, COLOUR_MISCOUNT
 from otel_ofu_collector.report.summary import FLAG_KINDS
 from otel_ofu_collector.results import WindowReport
 

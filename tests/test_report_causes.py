@@ -14,7 +14,8 @@ from rich.console import Console
 
 from otel_ofu import names
 from otel_ofu_collector.report.causes import Kind, bottleneck_of
-from otel_ofu_collector.report.html_page import LOSS_COLOURS, build_report
+from otel_ofu_collector.report.html_page import build_report
+from otel_ofu_collector.report.plots import LOSS_COLOURS
 from otel_ofu_collector.report.summary import CAUSE_WORDS, CAUSES, JobSummary, JobWindow, summarize
 from otel_ofu_collector.report.terminal import print_report
 from otel_ofu_collector.results import FleetLoss, FleetReport, JobLoss, JobReport, WindowReport

@@ -15,7 +15,8 @@ on ``results.py`` and the statistics in ``stats/``)::
     outputs/        window consumers: otlp_export.py (+ delivery.py, transports.py, queues.py),
         |           prometheus.py, recorder.py (records file), feed_server.py (live feed);
         |           record_codec.py and feed_client.py read them back
-    report/         summary.py (windows condensed, flags in words), html_page.py, command.py (``report``)
+    report/         summary.py (windows condensed), reasons.py (flags in words), html_page.py (+ plots.py),
+                    command.py (``report``)
 
     stats/          exphist.py, quantiles.py, comoments.py: the mergeable statistics (pure, below all else)
     results.py      what a closed window holds (WindowReport, JobReport, ...): every stage passes these
