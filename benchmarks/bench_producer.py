@@ -44,12 +44,11 @@ from opentelemetry.sdk.metrics.export import MetricsData
 
 from otel_ofu.attribution.static import StaticAttributor
 from otel_ofu.clock import ManualClock
+from otel_ofu.otlp_client import Attempt, OtlpSettings
 from otel_ofu.producer.exporters import OtlpMetricExporter
 from otel_ofu.producer.loop import Producer
 from otel_ofu.producer.metrics_data import MetricsDataBuilder, env_resource
 from otel_ofu.producer.otlp_encoding import encode_request
-from otel_ofu.producer.otlp_settings import OtlpSettings
-from otel_ofu.producer.otlp_transport import Attempt
 from otel_ofu.sources.simulated import JobSpec, ProfileKind, SimGpu, SimulatedFleet
 from otel_ofu.testing import fake_nvml
 

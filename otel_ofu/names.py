@@ -96,6 +96,12 @@ JOB_MFU: Final = MetricSpec("job.mfu", "1", "gauge", "Model FLOP Utilization as 
 SOURCE_ERRORS: Final = MetricSpec("otel_ofu.source.errors", "{error}", "sum", "GPU readings skipped, by reason")
 EXPORT_FAILURES: Final = MetricSpec("otel_ofu.export.failures", "{export}", "sum", "Exports that failed")
 EXPORT_DURATION: Final = MetricSpec("otel_ofu.export.duration", "s", "gauge", "Duration of the last export")
+EXPORT_REJECTED: Final = MetricSpec(
+    "otel_ofu.export.rejected",
+    "{point}",
+    "sum",
+    "Data points the OTLP receiver refused of delivered exports (partial_success)",
+)
 
 # --- Collector outputs (resource service.name=otel-ofu-collector) -----------------------------------
 
@@ -376,6 +382,12 @@ COLLECTOR_FILES_DAMAGED: Final = MetricSpec(
     "its readable records kept), write_ahead_wal, spool_wal (WAL frames failing their checksums: what was "
     "written after them is lost)",
 )
+COLLECTOR_EXPORT_REJECTED: Final = MetricSpec(
+    "otel_ofu_collector.export.rejected",
+    "{point}",
+    "sum",
+    "Data points the downstream refused of requests it took (partial_success), by stream",
+)
 COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_POINTS_ACCEPTED,
     COLLECTOR_POINTS_REJECTED,
@@ -392,6 +404,7 @@ COLLECTOR_SELF_METRICS: Final = (
     COLLECTOR_WRITE_AHEAD_UNWRITTEN,
     COLLECTOR_WRITE_AHEAD_SKIPPED,
     COLLECTOR_FILES_DAMAGED,
+    COLLECTOR_EXPORT_REJECTED,
 )
 
 
@@ -430,6 +443,7 @@ class RejectReason:
 COLLECTOR_SELF_METRIC_KEYS: Final = {
     COLLECTOR_EXPORT_QUEUED.name: "stream",
     COLLECTOR_EXPORT_FAILURES.name: "stream",
+    COLLECTOR_EXPORT_REJECTED.name: "stream",
     COLLECTOR_EVICTED.name: "kind",
     COLLECTOR_POINTS_OVER_CAP.name: "cap",
     COLLECTOR_STATE_SIZE.name: "part",
@@ -907,6 +921,7 @@ _DEVELOPMENT_METRICS: Final = frozenset(
         SOURCE_ERRORS,
         EXPORT_FAILURES,
         EXPORT_DURATION,
+        EXPORT_REJECTED,
         JOB_DRAM_ACTIVE,
         JOB_NVLINK_THROUGHPUT,
         JOB_PCIE_THROUGHPUT,
@@ -921,6 +936,7 @@ STABILITY: Final = {
         SOURCE_ERRORS,
         EXPORT_FAILURES,
         EXPORT_DURATION,
+        EXPORT_REJECTED,
         *COLLECTOR_METRICS,
         *COLLECTOR_LOSS_METRICS,
         *COLLECTOR_PARTIAL_METRICS,

@@ -13,17 +13,11 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
+from otel_ofu.otlp_client import Attempt, ExporterConfigError, OtlpClient, OtlpSettings, configured_endpoint
+from otel_ofu.otlp_client.senders import HttpSender
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode, unused_port
 from otel_ofu_collector.outputs.delivery import Delivery
 from otel_ofu_collector.outputs.queues import MemoryQueue, SqliteSpool
-from otel_ofu_collector.outputs.transports import (
-    DownstreamConfig,
-    GrpcTransport,
-    HttpTransport,
-    SendOutcome,
-    configured_endpoint,
-    make_transport,
-)
 
 
 def payload(tag: str, padding: int = 0) -> bytes:
@@ -47,12 +41,13 @@ def sink() -> Iterator[OtlpSink]:
         yield started
 
 
-def grpc_to(endpoint: str) -> GrpcTransport:
-    return GrpcTransport(DownstreamConfig.resolve(endpoint, "grpc", {}))
+def grpc_to(endpoint: str) -> OtlpClient:
+    return OtlpClient(OtlpSettings.resolve(protocol="grpc", endpoint=endpoint, environ={}), "rejected")
 
 
 def test_outage_then_recovery_delivers_everything_in_order(sink: OtlpSink) -> None:
-    delivery = Delivery(grpc_to(sink.grpc_endpoint), initial_backoff_s=0.5, max_backoff_s=4.0)
+    # jitter() = 0.5: the backoff's random factor exactly 1.
+    delivery = Delivery(grpc_to(sink.grpc_endpoint), initial_backoff_s=0.5, max_backoff_s=4.0, jitter=lambda: 0.5)
     sink.set_mode(SinkMode.UNAVAILABLE)
     for tag in ("w1", "w2", "w3"):
         delivery.submit(payload(tag))
@@ -114,12 +109,12 @@ def test_memory_queue_bound_counts_drops() -> None:
 class ScriptedTransport:
     """A downstream whose answers are scripted, for the outcomes a loopback sink cannot produce."""
 
-    answers: list[SendOutcome]
+    answers: list[Attempt]
     sent: list[bytes] = attrs.field(factory=list)
 
-    def send(self, data: bytes) -> SendOutcome:
-        outcome = self.answers.pop(0) if self.answers else SendOutcome(True)
-        if outcome.ok:
+    def send(self, data: bytes) -> Attempt:
+        outcome = self.answers.pop(0) if self.answers else Attempt(True)
+        if outcome.delivered:
             self.sent.append(data)
         return outcome
 
@@ -129,7 +124,7 @@ class ScriptedTransport:
 
 def test_permanent_refusal_is_dropped_and_counted_and_retry_after_is_honoured() -> None:
     transport = ScriptedTransport(
-        [SendOutcome(False, retryable=False, error="INVALID_ARGUMENT"), SendOutcome(False, True, 7.0, "UNAVAILABLE")]
+        [Attempt(False, retryable=False, cause="INVALID_ARGUMENT"), Attempt(False, True, 7.0, "UNAVAILABLE")]
     )
     delivery = Delivery(transport, initial_backoff_s=0.5)
     delivery.submit(b"bad")
@@ -156,27 +151,25 @@ def test_sender_thread_retries_until_the_downstream_is_back(sink: OtlpSink) -> N
 
 
 def test_http_transport_with_gzip_and_headers(sink: OtlpSink) -> None:
-    config = DownstreamConfig.resolve(
-        None,
-        None,
-        {
+    settings = OtlpSettings.resolve(
+        environ={
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink.http_port}",
             "OTEL_EXPORTER_OTLP_HEADERS": "x-honeycomb-team=abc,x-honeycomb-dataset=fleet%20ofu",
             "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
         },
     )
-    assert config.endpoint == sink.http_endpoint
-    transport = make_transport(config)
-    assert isinstance(transport, HttpTransport)
-    assert transport.send(payload("h1")).ok
+    assert settings.endpoint == sink.http_endpoint
+    transport = OtlpClient(settings, "rejected")
+    assert isinstance(transport.sender, HttpSender)
+    assert transport.send(payload("h1")).delivered
     assert tags(sink) == ["h1"]
     received = sink.received[0]
     assert received.metadata["x-honeycomb-dataset"] == "fleet ofu"
     assert received.metadata["content-encoding"] == "gzip"
     sink.set_mode(SinkMode.UNAVAILABLE)
     outcome = transport.send(payload("h2"))
-    assert (outcome.ok, outcome.retryable) == (False, True)
+    assert (outcome.delivered, outcome.retryable) == (False, True)
 
 
 def test_downstream_config_from_the_standard_variables() -> None:
@@ -185,17 +178,18 @@ def test_downstream_config_from_the_standard_variables() -> None:
         "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "dd-api-key=k",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
     }
-    config = DownstreamConfig.resolve(None, None, env)
-    assert (config.endpoint, config.protocol, config.insecure) == ("https://otlp.example:4317", "grpc", False)
-    assert config.headers == (("dd-api-key", "k"),)
-    assert config.timeout_s == 3.0
-    metrics_only = DownstreamConfig.resolve(
-        None, "http/protobuf", {"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://x:4318/custom"}
+    settings = OtlpSettings.resolve(environ=env)
+    assert (settings.endpoint, settings.protocol, settings.tls) == ("https://otlp.example:4317", "grpc", True)
+    assert settings.headers == (("dd-api-key", "k"),)
+    assert settings.timeout_s == 3.0
+    metrics_only = OtlpSettings.resolve(
+        protocol="http/protobuf", environ={"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://x:4318/custom"}
     )
     assert metrics_only.endpoint == "http://x:4318/custom"  # used as is, per the spec
-    assert DownstreamConfig.resolve("http://y:4318", "http/protobuf", {}).endpoint == "http://y:4318/v1/metrics"
-    with pytest.raises(ValueError, match="not supported"):
-        DownstreamConfig.resolve("x", "thrift", {})
+    with_path = OtlpSettings.resolve(protocol="http/protobuf", endpoint="http://y:4318", environ={})
+    assert with_path.endpoint == "http://y:4318/v1/metrics"
+    with pytest.raises(ExporterConfigError, match="not supported"):
+        OtlpSettings.resolve(protocol="thrift", endpoint="x", environ={}, protocol_option="--export-protocol")
 
 
 def test_drop_counts_from_many_receiver_threads_add_up() -> None:
@@ -228,11 +222,11 @@ class BlockingTransport:
     release: threading.Event = attrs.field(factory=threading.Event)
     events: list[str] = attrs.field(factory=list)
 
-    def send(self, data: bytes) -> SendOutcome:
+    def send(self, data: bytes) -> Attempt:
         self.inside.set()
         self.release.wait(10)
         self.events.append("sent")
-        return SendOutcome(True)
+        return Attempt(True)
 
     def close(self) -> None:
         self.events.append("closed")
@@ -306,14 +300,14 @@ class FlakyTransport:
     done: threading.Event = attrs.field(factory=threading.Event)
     expect: int = 2
 
-    def send(self, data: bytes) -> SendOutcome:
+    def send(self, data: bytes) -> Attempt:
         if self.failures:
             self.failures -= 1
             raise RuntimeError("unforeseen")
         self.sent.append(data)
         if len(self.sent) >= self.expect:
             self.done.set()
-        return SendOutcome(True)
+        return Attempt(True)
 
     def close(self) -> None:
         return None
@@ -339,7 +333,7 @@ def test_an_unexpected_error_is_retried_with_backoff_and_the_sender_thread_survi
 
 
 def test_pump_treats_an_unexpected_error_as_retryable() -> None:
-    delivery = Delivery(FlakyTransport(), initial_backoff_s=0.5)
+    delivery = Delivery(FlakyTransport(), initial_backoff_s=0.5, jitter=lambda: 0.5)
     delivery.submit(b"w1")
     assert not delivery.pump()
     assert (delivery.backoff_s, len(delivery.queue)) == (0.5, 1)  # kept at the head, backed off

@@ -16,6 +16,7 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
+from otel_ofu.otlp_client import Attempt, OtlpClient, OtlpSettings
 from otel_ofu.testing.otlp_requests import RecordingSink, gpu_request, mfu_request, set_attribute
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from otel_ofu_collector.aggregation.windows import Aggregator
@@ -24,7 +25,6 @@ from otel_ofu_collector.otlp.decode import Decoder
 from otel_ofu_collector.otlp.encode import encode_request, reports_to_metrics_data
 from otel_ofu_collector.outputs.delivery import Delivery
 from otel_ofu_collector.outputs.split import split_request
-from otel_ofu_collector.outputs.transports import DownstreamConfig, GrpcTransport, SendOutcome
 from otel_ofu_collector.receivers.otlp_grpc import SERVICE_NAME as OTLP_SERVICE
 from otel_ofu_collector.receivers.otlp_grpc import retry_trailers
 from otel_ofu_collector.service import CollectorService
@@ -145,7 +145,7 @@ def test_split_keeps_every_point_once_under_its_resource_and_counts_a_point_that
 
 
 def test_resource_exhausted_without_retry_info_is_permanent_and_does_not_block_the_queue(sink: OtlpSink) -> None:
-    transport = GrpcTransport(DownstreamConfig.resolve(sink.grpc_endpoint, "grpc", {}))
+    transport = downstream(sink.grpc_endpoint)
     # A limit above the downstream's: the oversized request reaches it and is refused for its size.
     delivery = Delivery(transport, max_request_bytes=64 * 1024 * 1024)
     oversized = gpu_request({"GPU-1": ("x" * (5 * 1024 * 1024), 0.5)}).SerializeToString()
@@ -158,6 +158,11 @@ def test_resource_exhausted_without_retry_info_is_permanent_and_does_not_block_t
         assert len(sink.requests()) == 1
     finally:
         delivery.stop(0)
+
+
+def downstream(endpoint: str) -> OtlpClient:
+    settings = OtlpSettings.resolve(protocol="grpc", endpoint=endpoint, environ={})
+    return OtlpClient(settings, names.COLLECTOR_EXPORT_REJECTED.name)
 
 
 @pytest.fixture
@@ -180,8 +185,8 @@ def exhausted_with_retry_info() -> Iterator[str]:
 
 
 def test_resource_exhausted_with_retry_info_is_retried_after_its_delay(exhausted_with_retry_info: str) -> None:
-    outcome = GrpcTransport(DownstreamConfig.resolve(exhausted_with_retry_info, "grpc", {})).send(b"")
-    assert (outcome.ok, outcome.retryable, outcome.retry_after_s) == (False, True, 3.0)
+    outcome = downstream(exhausted_with_retry_info).send(b"")
+    assert (outcome.delivered, outcome.retryable, outcome.retry_after_s) == (False, True, 3.0)
 
 
 @pytest.mark.parametrize("length", [4096, 4097])
@@ -344,7 +349,7 @@ def test_rejected_points_are_logged_as_one_rate_limited_summary_by_reason(caplog
 
 
 def test_an_unreachable_downstream_is_logged_as_the_retries_back_off(caplog: pytest.LogCaptureFixture) -> None:
-    transport = GrpcTransport(DownstreamConfig.resolve(f"http://127.0.0.1:{unused_port()}", "grpc", {}))
+    transport = downstream(f"http://127.0.0.1:{unused_port()}")
     delivery = Delivery(transport, initial_backoff_s=0.001, max_backoff_s=0.001)
     delivery.submit(b"")
     caplog.set_level(logging.WARNING, logger="otel_ofu_collector.outputs.delivery")
@@ -361,10 +366,10 @@ class CountingDownTransport:
     attempts: int = 0
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
-    def send(self, payload: bytes) -> SendOutcome:
+    def send(self, payload: bytes) -> Attempt:
         with self.lock:
             self.attempts += 1
-        return SendOutcome(False, True, None, "UNAVAILABLE: down")
+        return Attempt(False, True, None, "UNAVAILABLE: down")
 
     def close(self) -> None:
         return None

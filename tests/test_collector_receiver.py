@@ -36,6 +36,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_ofu import bounds, names
+from otel_ofu.otlp_client import OtlpClient, OtlpSettings
 from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request, set_attribute
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu.testing.pki import Pki, make_pki
@@ -43,7 +44,6 @@ from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.decode import DecodeOutcome, Decoder
 from otel_ofu_collector.outputs.delivery import Delivery
-from otel_ofu_collector.outputs.transports import DownstreamConfig, GrpcTransport
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.base import Receiver
@@ -318,7 +318,8 @@ def test_mutual_tls_requires_a_client_certificate(pki: Pki) -> None:
 
 def test_foreign_metrics_pass_through_untouched_to_the_downstream() -> None:
     with OtlpSink.start() as downstream:
-        delivery = Delivery(GrpcTransport(DownstreamConfig.resolve(downstream.grpc_endpoint, "grpc", {})))
+        to = OtlpSettings.resolve(protocol="grpc", endpoint=downstream.grpc_endpoint, environ={})
+        delivery = Delivery(OtlpClient(to, names.COLLECTOR_EXPORT_REJECTED.name))
         sink = RecordingSink()
         decoder = Decoder(sink)
 

@@ -26,13 +26,13 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from otel_ofu import names
+from otel_ofu.otlp_client import Attempt
 from otel_ofu.testing.otlp_requests import gpu_request, mfu_request
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode
 from otel_ofu_collector import command
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import CallbackConsumer
 from otel_ofu_collector.outputs.record_codec import load_records
-from otel_ofu_collector.outputs.transports import SendOutcome
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, GrpcReceiver
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import DEFAULT_SHUTDOWN_GRACE_S, CollectorOptions, CollectorService
@@ -394,9 +394,9 @@ def test_concurrent_flushes_publish_windows_in_order() -> None:
 class RecordingTransport:
     sent: list[bytes] = attrs.field(factory=list)
 
-    def send(self, payload: bytes) -> SendOutcome:
+    def send(self, payload: bytes) -> Attempt:
         self.sent.append(payload)
-        return SendOutcome(True)
+        return Attempt(True)
 
     def close(self) -> None:
         return None
@@ -466,14 +466,14 @@ class SharedTransport:
     events: list[str] = attrs.field(factory=list)
     closed: bool = False
 
-    def send(self, payload: bytes) -> SendOutcome:
+    def send(self, payload: bytes) -> Attempt:
         self.inside.set()
         self.release.wait(10)
         if self.closed:
             raise AttributeError("'NoneType' object has no attribute 'unary_unary'")
         self.events.append("sent")
         self.sent.set()
-        return SendOutcome(True)
+        return Attempt(True)
 
     def close(self) -> None:
         self.closed = True
@@ -502,8 +502,8 @@ def test_stopping_the_window_export_leaves_pass_through_its_transport() -> None:
 
 @attrs.define
 class DownTransport:
-    def send(self, payload: bytes) -> SendOutcome:
-        return SendOutcome(False, True, None, "UNAVAILABLE: down")
+    def send(self, payload: bytes) -> Attempt:
+        return Attempt(False, True, None, "UNAVAILABLE: down")
 
     def close(self) -> None:
         return None

@@ -18,15 +18,11 @@ from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
 
 from otel_ofu import __version__
 from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
+from otel_ofu.otlp_client import ExporterConfigError, OtlpSettings, retry_after_s
+from otel_ofu.otlp_client.failures import probe
 from otel_ofu.producer import MetricsDataBuilder, compute_snapshot, env_resource
 from otel_ofu.producer.exporters import ExportHealth, OtlpMetricExporter
-from otel_ofu.producer.otlp_settings import (
-    ExporterConfigError,
-    OtlpSettings,
-    preferred_aggregation,
-    preferred_temporality,
-)
-from otel_ofu.producer.otlp_transport import probe, retry_after_s
+from otel_ofu.producer.preferences import preferred_aggregation, preferred_temporality
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode, unused_port
 from otel_ofu.testing.pki import Pki
 
@@ -281,6 +277,7 @@ def test_a_partial_success_is_said_and_counts_as_delivered(sink: OtlpSink, caplo
     otlp.shutdown()
     assert warnings_of(caplog) == [
         f"{sink.grpc_endpoint} refused 3 data point(s) of an export: sink scripted to reject 3 point(s)"
+        " (counted in otel_ofu.export.rejected; each message said once)"
     ]
 
 

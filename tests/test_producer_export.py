@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from otel_ofu import names
 from otel_ofu.gpu_values import CalibrationTable, compute
 from otel_ofu.model import GpuError, GpuIdentity, GpuReading, Snapshot
+from otel_ofu.otlp_client import OtlpSettings
 from otel_ofu.producer import MetricsDataBuilder, Producer, compute_snapshot, otlp_exporter
 from otel_ofu.producer.exporters import HTTP_PROTOBUF, OtlpMetricExporter, resolve_protocol
-from otel_ofu.producer.otlp_settings import OtlpSettings
 from otel_ofu.producer.prometheus import PROMETHEUS_NAMES, PrometheusEndpoint
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode, unused_port
 

@@ -170,6 +170,7 @@ def test_prometheus_names_follow_the_conventions() -> None:
         "otel_ofu.source.errors": "otel_ofu_source_errors",  # exposed with _total
         "otel_ofu.export.failures": "otel_ofu_export_failures",
         "otel_ofu.export.duration": "otel_ofu_export_duration_seconds",
+        "otel_ofu.export.rejected": "otel_ofu_export_rejected",  # a counter: exposed with _total
     }
 
 

@@ -12,7 +12,7 @@ on ``results.py`` and the statistics in ``stats/``)::
         |           loss.py (where OFU is lost, by cause)
     detectors/      one module per flag behind base.Detector: flops_miscount.py, regression.py,
         |           idle_gpus.py (job flags), straggler.py (a GPU flag)
-    outputs/        window consumers: otlp_export.py (+ delivery.py, transports.py, queues.py),
+    outputs/        window consumers: otlp_export.py (+ delivery.py, queues.py; otel_ofu.otlp_client sends),
         |           prometheus.py, recorder.py (records file), feed_server.py (live feed);
         |           record_codec.py and feed_client.py read them back
     report/         summary.py (windows condensed), reasons.py (flags in words), html_page.py (+ plots.py),

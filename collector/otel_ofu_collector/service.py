@@ -25,6 +25,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_ofu import names
 from otel_ofu.health import Heartbeat
+from otel_ofu.otlp_client import OtlpClient, OtlpSettings, Transport, configured_endpoint
 from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
@@ -43,7 +44,6 @@ from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
 from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.outputs.self_telemetry import SelfTelemetry
 from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
-from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.base import Receiver
@@ -201,12 +201,19 @@ class CollectorService:
             )
         transport = self.transport
         if transport is None and configured_endpoint(options.export_endpoint, self.environ) is not None:
-            config = DownstreamConfig.resolve(options.export_endpoint, options.export_protocol, self.environ)
-            transport = make_transport(config)
+            settings = OtlpSettings.resolve(
+                protocol=options.export_protocol,
+                endpoint=options.export_endpoint,
+                environ=self.environ,
+                protocol_option="--export-protocol",
+            )
+            transport = OtlpClient(
+                settings, names.COLLECTOR_EXPORT_REJECTED.name, where=f"downstream {settings.endpoint}"
+            )
             self.transport = transport
         if transport is not None:
             # The streams below share the one downstream: its failures are said once for all of them.
-            where = getattr(getattr(transport, "config", None), "endpoint", type(transport).__name__)
+            where = getattr(transport, "endpoint", type(transport).__name__)
             streams = ("window export", *(("pass-through",) if options.pass_through else ()))
             streams += ("self-metrics",) if options.self_telemetry else ()
             downstream = DownstreamLog(str(where), streams)
@@ -362,8 +369,7 @@ class CollectorService:
             self._timer.start()
         downstream = "none"
         if self.exports is not None:
-            config = getattr(self.transport, "config", None)
-            downstream = getattr(config, "endpoint", type(self.transport).__name__)
+            downstream = getattr(self.transport, "endpoint", type(self.transport).__name__)
         logger.info(
             "otel-ofu collector ready: %s (mode %s, export %s%s)",
             " ".join(parts) or "no receivers",
@@ -595,6 +601,7 @@ class CollectorService:
         dropped: dict[str, int] = {}
         queued: dict[str, int] = {}
         failures: dict[str, int] = {}
+        refused: dict[str, int] = {}
         spool_bytes: int | None = None
         for stream, delivery in (("windows", self.exports), ("pass_through", self.pass_through)):
             if delivery is not None:
@@ -603,6 +610,7 @@ class CollectorService:
                 dropped[f"{stream}_oversized"] = delivery.stats.dropped_oversized
                 queued[stream] = len(delivery.queue)
                 failures[stream] = delivery.stats.failures
+                refused[stream] = delivery.stats.rejected_points
                 if isinstance(delivery.queue, SqliteSpool):
                     spool_bytes = delivery.queue.size_bytes
                     dropped[f"{stream}_spool_failed"] = delivery.queue.unstored_dropped
@@ -631,6 +639,7 @@ class CollectorService:
             }
         if self.exports is not None:
             state[names.COLLECTOR_EXPORT_FAILURES.name] = failures
+            state[names.COLLECTOR_EXPORT_REJECTED.name] = refused
         if spool_bytes is not None:
             state[names.COLLECTOR_SPOOL_SIZE.name] = spool_bytes
         state.update(self._file_metrics())

@@ -344,7 +344,7 @@ def _close_unowned(source: Source | None, exporter: MetricExporter | None, recor
 
 def _describe_otlp(args: argparse.Namespace) -> str:
     """The protocol and endpoint the exporter really uses (its defaults and the standard variables applied)."""
-    from otel_ofu.producer.otlp_settings import OtlpSettings
+    from otel_ofu.otlp_client import OtlpSettings
 
     settings = OtlpSettings.resolve(protocol=args.protocol, endpoint=args.export_endpoint)
     return f"{settings.protocol} {settings.endpoint}"

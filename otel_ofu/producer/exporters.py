@@ -2,15 +2,18 @@
 
 ``OtlpMetricExporter`` is an SDK ``MetricExporter`` (so an SDK ``MetricReader`` drives it as well as the
 producer's own worker does) that encodes each export itself (``otlp_encoding.py``: gauge start times kept) and
-sends the bytes itself (``otlp_transport.py``), with the OTLP specification's retries: a retryable failure is
-tried again after the delay the receiver asked for (RetryInfo, Retry-After), else after an exponential
-backoff of 1, 2, 4 ... s with 20% jitter, within the export timeout; ``shutdown`` ends a wait at once.
+sends the bytes through otel-ofu's OTLP client (``otel_ofu.otlp_client``, the collector's too), with the OTLP
+specification's retries: a retryable failure is tried again after the delay the receiver asked for
+(RetryInfo, Retry-After), else after an exponential backoff of 1, 2, 4 ... s with 20% jitter, within the
+export timeout; ``shutdown`` ends a wait at once.
 
 Settings come from the options given and the standard ``OTEL_EXPORTER_OTLP_*`` variables
-(``otlp_settings.py``). Failures are said on stderr in one line with the endpoint and the likely cause: when
-exporting starts failing, again when the cause changes (at most once a minute), and once when it works again
-(``ExportHealth``); each failed export is also counted by the producer's self-metrics. Each call of
-``otlp_exporter`` builds a new exporter: one per pipeline, never shared between readers.
+(``otlp_client/settings.py``). Failures are said on stderr in one line with the endpoint and the likely cause:
+when exporting starts failing, again when the cause changes (at most once a minute), and once when it works
+again (``ExportHealth``); each failed export is also counted by the producer's self-metrics. Points the
+receiver refused of an export it took (``partial_success``) are counted in ``otel_ofu.export.rejected``
+(``count_rejected``) and each distinct message said once. Each call of ``otlp_exporter`` builds a new
+exporter: one per pipeline, never shared between readers.
 """
 
 from __future__ import annotations
@@ -31,21 +34,23 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
 )
 
-from otel_ofu.producer.otlp_encoding import OtlpEncodingError, encode_request, encode_with_intervals
-from otel_ofu.producer.otlp_settings import (
+from otel_ofu import names
+from otel_ofu.otlp_client import (
     GRPC,
     HTTP_METRICS_PATH,
     HTTP_PROTOBUF,
     PROTOCOLS,
+    Attempt,
     ExporterConfigError,
+    OtlpClient,
     OtlpSettings,
+    Sender,
     check_env_endpoint,
     http_metrics_url,
-    preferred_aggregation,
-    preferred_temporality,
     resolve_protocol,
 )
-from otel_ofu.producer.otlp_transport import Attempt, Sender, open_sender
+from otel_ofu.producer.otlp_encoding import OtlpEncodingError, encode_request, encode_with_intervals
+from otel_ofu.producer.preferences import preferred_aggregation, preferred_temporality
 
 # Re-exported for the commands and callers that encode or resolve settings alone.
 __all__ = [
@@ -69,8 +74,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 EXPORTER_KINDS = ("otlp", "console", "none")
-MAX_ATTEMPTS = 6  # as the SDK's exporters: the first try and five retries, all within the timeout
-BACKOFF_JITTER = 0.2
 CAUSE_CHANGE_EVERY_S = 60.0
 
 
@@ -136,7 +139,10 @@ class OtlpMetricExporter(MetricExporter):
         super().__init__(preferred_temporality=preferred_temporality(), preferred_aggregation=preferred_aggregation())
         self.settings = settings
         self.health = ExportHealth(f"{settings.endpoint} ({settings.protocol})")
-        self._sender = sender if sender is not None else open_sender(settings)
+        counted_in = names.EXPORT_REJECTED.name
+        self.client = OtlpClient(settings, counted_in) if sender is None else OtlpClient(settings, counted_in, sender)
+        # Told the points the receiver refused of each export it took (the producer's self-metrics).
+        self.count_rejected: Callable[[int], None] | None = None
         self._stopping = threading.Event()
         # ``wait(seconds)`` sleeps between attempts and says whether shutdown began meanwhile.
         self._wait = wait if wait is not None else self._stopping.wait
@@ -160,40 +166,24 @@ class OtlpMetricExporter(MetricExporter):
 
     def send(self, payload: bytes, timeout_s: float) -> bool:
         """Deliver one serialized request, retrying as the OTLP specification says; True when delivered."""
-        deadline = time.monotonic() + timeout_s
-        attempt: Attempt | None = None
-        for number in range(MAX_ATTEMPTS):
-            remaining = deadline - time.monotonic()
-            attempt = self._sender.send(payload, max(remaining, 0.001))
-            if attempt.delivered:
-                self._delivered(attempt)
-                return True
-            if self._stopping.is_set():
-                return False  # shut down while in flight: the loss is the shutdown's, said by the worker
-            delay = attempt.retry_after_s
-            if delay is None:
-                delay = 2**number * (1 + BACKOFF_JITTER * (2 * self._jitter() - 1))
-            if not attempt.retryable or number + 1 == MAX_ATTEMPTS or delay > deadline - time.monotonic():
-                break
-            if attempt.retry_after_s is None:
-                # Not the receiver pacing us (that is normal under load): a failure worth saying now.
-                self.health.attempt_failed(attempt.cause)
-            log.debug("export attempt %d failed (%s); retrying in %.2f s", number + 1, attempt.cause, delay)
-            if self._wait(delay):
-                return False
-        assert attempt is not None
-        self.health.export_failed(attempt.cause)
-        return False
-
-    def _delivered(self, attempt: Attempt) -> None:
+        if self._stopping.is_set():
+            return False
+        attempt = self.client.export(payload, timeout_s, self._wait, self._retrying, self._jitter)
+        if attempt is None:
+            return False  # shut down meanwhile: the loss is the shutdown's, said by the worker
+        if not attempt.delivered:
+            self.health.export_failed(attempt.cause)
+            return False
         self.health.export_delivered()
-        if attempt.rejected_points:
-            log.warning(
-                "%s refused %d data point(s) of an export: %s",
-                self.settings.endpoint,
-                attempt.rejected_points,
-                attempt.rejection or "no reason given",
-            )
+        if attempt.rejected_points and self.count_rejected is not None:
+            self.count_rejected(attempt.rejected_points)
+        return True
+
+    def _retrying(self, attempt: Attempt, delay: float) -> None:
+        if attempt.retry_after_s is None:
+            # Not the receiver pacing us (that is normal under load): a failure worth saying now.
+            self.health.attempt_failed(attempt.cause)
+        log.debug("an export attempt failed (%s); retrying in %.2f s", attempt.cause, delay)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return True  # nothing is buffered here: each export is sent when it is made
@@ -204,7 +194,7 @@ class OtlpMetricExporter(MetricExporter):
             return
         self._shut_down = True
         self._stopping.set()
-        self._sender.close()
+        self.client.close()
 
 
 def otlp_exporter(

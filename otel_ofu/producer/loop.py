@@ -99,7 +99,10 @@ class Producer:
         self.self_metrics = SelfMetrics(start_ns=self.clock())
         self.health = SourceHealth(self.source.name, self.clock)
         if self.exporter is not None:
-            health = self.exporter.health if isinstance(self.exporter, OtlpMetricExporter) else None
+            health = None
+            if isinstance(self.exporter, OtlpMetricExporter):
+                health = self.exporter.health
+                self.exporter.count_rejected = self.self_metrics.count_rejected_points
             self.worker = ExportWorker(self.exporter, self.self_metrics, max_queue=self.max_queue, health=health)
 
     def run_once(self) -> MetricsData:

@@ -4,8 +4,8 @@ Prometheus has no resources, so each GPU's identity and job attribution become l
 ``otel_ofu.prometheus_names`` with the unit as a suffix: ``gpu.clock.sm`` (``Hz``) -> ``gpu_clock_sm_hertz``,
 ``gpu.flops.achieved`` -> ``gpu_flops_achieved_per_second``, counters end in ``_total`` (``gpu.nvlink.io`` ->
 ``gpu_nvlink_io_bytes_total``); ``hw.id`` -> ``hw_id``.
-The producer's own counters (``otel_ofu.source.errors``, ``otel_ofu.export.failures``) show every reason from the
-first scrape, at 0 until it counts.
+The producer's own counters (``otel_ofu.source.errors``, ``otel_ofu.export.failures``, ``otel_ofu.export.rejected``)
+show from the first scrape (every reason), at 0 until they count.
 """
 
 from __future__ import annotations
@@ -33,7 +33,13 @@ def prometheus_name(spec: names.MetricSpec) -> str:
 
 PROMETHEUS_NAMES: Mapping[str, str] = {
     spec.name: prometheus_name(spec)
-    for spec in (*names.PRODUCER_METRICS, names.SOURCE_ERRORS, names.EXPORT_FAILURES, names.EXPORT_DURATION)
+    for spec in (
+        *names.PRODUCER_METRICS,
+        names.SOURCE_ERRORS,
+        names.EXPORT_FAILURES,
+        names.EXPORT_DURATION,
+        names.EXPORT_REJECTED,
+    )
 }
 
 
@@ -135,6 +141,10 @@ def _self_families(self_metrics: SelfMetrics | None) -> Iterator[Metric]:
         for reason, count in {**dict.fromkeys(reasons, 0), **counts}.items():
             family.add_metric([reason], count)
         yield family
+    spec = names.EXPORT_REJECTED
+    yield CounterMetricFamily(
+        PROMETHEUS_NAMES[spec.name], spec.description, value=self_metrics.rejected_points if self_metrics else 0
+    )
     duration = self_metrics.last_export_duration_s if self_metrics is not None else None
     if duration is not None:
         spec = names.EXPORT_DURATION

@@ -6,13 +6,15 @@ clients). Every request is kept with its metadata/headers. The failure mode can 
 tests exercise the real exporters: ``UNAVAILABLE`` (HTTP 503), ``EXHAUSTED`` (RESOURCE_EXHAUSTED, HTTP
 429), ``REFUSE`` (a permanent INVALID_ARGUMENT, HTTP 400) or ``HOLD`` (the handler waits until released,
 like a stalled backend), each optionally with a retry delay (gRPC RetryInfo in the standard status details
-and the ``google.rpc.retryinfo-bin`` trailer, HTTP ``Retry-After``). ``rejected_points`` makes an accepted
-request's response report a partial success. For a backend that refuses connections, point the exporter at
-``unused_port()``.
+and the ``google.rpc.retryinfo-bin`` trailer, HTTP ``Retry-After`` in seconds or as an HTTP date).
+``reject_points`` makes an accepted request's response report a partial success, ``refuse_metric`` one that
+refuses every point of a metric the request holds (as a backend that does not take a metric would). For a
+backend that refuses connections, point the exporter at ``unused_port()``.
 """
 
 from __future__ import annotations
 
+import email.utils
 import enum
 import gzip
 import socket
@@ -78,7 +80,9 @@ class OtlpSink:
     attempts: int = attrs.field(default=0, init=False)
     mode: SinkMode = attrs.field(default=SinkMode.OK, init=False)
     retry_after_s: float | None = attrs.field(default=None, init=False)
+    retry_after_date: bool = attrs.field(default=False, init=False)  # HTTP Retry-After as a date, not seconds
     rejected_points: int = attrs.field(default=0, init=False)
+    refused_metric: str | None = attrs.field(default=None, init=False)
     _cond: threading.Condition = attrs.field(factory=threading.Condition, init=False)
     _closed: bool = attrs.field(default=False, init=False)
     _grpc: grpc.Server | None = attrs.field(default=None, init=False)
@@ -106,17 +110,25 @@ class OtlpSink:
         """The full OTLP/HTTP metrics URL."""
         return f"{self.scheme}://127.0.0.1:{self.http_port}/v1/metrics"
 
-    def set_mode(self, mode: SinkMode, retry_after_s: float | None = None) -> None:
-        """Answer every request from now on as ``mode`` says, asking for ``retry_after_s`` when given."""
+    def set_mode(self, mode: SinkMode, retry_after_s: float | None = None, as_date: bool = False) -> None:
+        """Answer every request from now on as ``mode`` says, asking for ``retry_after_s`` when given (over HTTP
+        ``as_date``: ``Retry-After`` as the HTTP date that many seconds from now, whole seconds as dates are)."""
         with self._cond:
             self.mode = mode
             self.retry_after_s = retry_after_s
+            self.retry_after_date = as_date
             self._cond.notify_all()
 
     def reject_points(self, count: int) -> None:
         """Accept requests but report ``count`` of their points rejected (``partial_success``)."""
         with self._cond:
             self.rejected_points = count
+
+    def refuse_metric(self, name: str | None) -> None:
+        """Accept requests but refuse every point of the metric ``name`` they hold (``partial_success``, with
+        the message ``<name> is not accepted here``); None: refuse nothing."""
+        with self._cond:
+            self.refused_metric = name
 
     def requests(self) -> list[Any]:
         with self._cond:
@@ -178,14 +190,30 @@ class OtlpSink:
                 self._cond.wait(remaining)
             return (SinkMode.OK if self.mode is SinkMode.HOLD else self.mode), self.retry_after_s
 
-    def _response(self) -> bytes:
+    def _response(self, request: Any) -> bytes:
         with self._cond:
-            rejected = self.rejected_points
+            rejected, refused = self.rejected_points, self.refused_metric
         response = metrics_service_pb2.ExportMetricsServiceResponse()
         if rejected:
             response.partial_success.rejected_data_points = rejected
             response.partial_success.error_message = f"sink scripted to reject {rejected} point(s)"
+        elif refused is not None:
+            points = sum(
+                len(getattr(metric, metric.WhichOneof("data")).data_points)
+                for rm in request.resource_metrics
+                for sm in rm.scope_metrics
+                for metric in sm.metrics
+                if metric.name == refused and metric.WhichOneof("data")
+            )
+            if points:
+                response.partial_success.rejected_data_points = points
+                response.partial_success.error_message = f"{refused} is not accepted here"
         return response.SerializeToString()
+
+    def _retry_after(self, retry_after_s: float) -> str:
+        with self._cond:
+            as_date = self.retry_after_date
+        return email.utils.formatdate(time.time() + retry_after_s, usegmt=True) if as_date else f"{retry_after_s:g}"
 
     @staticmethod
     def _status(mode: SinkMode, retry_after_s: float | None) -> Any:
@@ -218,7 +246,7 @@ class OtlpSink:
                     context.abort_with_status(rpc_status.to_status(status))
                 metadata = {key.lower(): str(value) for key, value in context.invocation_metadata()}
                 sink._store(request, metadata, "grpc")
-                return metrics_service_pb2.ExportMetricsServiceResponse.FromString(sink._response())
+                return metrics_service_pb2.ExportMetricsServiceResponse.FromString(sink._response(request))
 
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Servicer(), server)  # type: ignore[no-untyped-call]
@@ -253,7 +281,7 @@ class OtlpSink:
                 mode, retry_after_s = sink._admit()
                 if mode in _FAILURES:
                     status = sink._status(mode, retry_after_s).SerializeToString()
-                    retry = {"Retry-After": f"{retry_after_s:g}"} if retry_after_s is not None else {}
+                    retry = {"Retry-After": sink._retry_after(retry_after_s)} if retry_after_s is not None else {}
                     self._reply(_FAILURES[mode][2], status, "application/x-protobuf", retry)
                     return
                 request = metrics_service_pb2.ExportMetricsServiceRequest()
@@ -263,7 +291,7 @@ class OtlpSink:
                     self._reply(400, b"malformed protobuf", "text/plain")
                     return
                 sink._store(request, {key.lower(): value for key, value in self.headers.items()}, "http")
-                self._reply(200, sink._response(), "application/x-protobuf")
+                self._reply(200, sink._response(request), "application/x-protobuf")
 
             def _reply(self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:
                 self.send_response(status)

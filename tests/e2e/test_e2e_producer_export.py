@@ -19,9 +19,9 @@ from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
 from otel_ofu import names
 from otel_ofu.model import GpuIdentity, GpuReading, Snapshot
+from otel_ofu.otlp_client import OtlpSettings
 from otel_ofu.producer import MetricsDataBuilder, compute_snapshot, env_resource
 from otel_ofu.producer.exporters import OtlpMetricExporter
-from otel_ofu.producer.otlp_settings import OtlpSettings
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from tests.e2e.helpers import StartProcess, attributes, port_open
 

@@ -1,14 +1,19 @@
 """Delivery of window outputs and pass-through to the downstream OTLP receiver: a queue drained by a sender.
 
 Window outputs are encoded once (``otlp.encode.encode_request``) and from then on travel as serialized
-ExportMetricsServiceRequest bytes, the same as pass-through data; a ``transports`` client sends both.
+ExportMetricsServiceRequest bytes, the same as pass-through data; otel-ofu's OTLP client
+(``otel_ofu.otlp_client``, the producer's too) sends both.
 
 A request larger than ``max_request_bytes`` is split on submit (``split.split_request``) into requests
 that fit, so one huge window or foreign request can never be refused for its size and block the queue;
 a single data point over the limit is dropped and counted. A failed send stays at the head of its
-queue and is retried with exponential backoff (honouring the receiver's RetryInfo / Retry-After); new
-submissions do not cut a backoff short. A permanent refusal (the OTLP spec's non-retryable codes) is
-dropped and counted; a full queue drops its oldest request and counts it. Nothing is dropped silently.
+queue and is retried with exponential backoff and jitter (the client's ``Backoff``: the receiver's
+RetryInfo / Retry-After when it sends one); new submissions do not cut a backoff short. A permanent refusal
+(the OTLP spec's non-retryable codes) is dropped and counted; a failure only a change of settings cures (the
+other protocol, TLS) is kept and retried, so the spool still holds the windows when the settings are fixed; a
+full queue drops its oldest request and counts it. Points the downstream refuses of a request it takes
+(``partial_success``) are counted (``rejected_points``) and said once per message by the client. Nothing is
+dropped silently.
 An error nobody foresaw (from the transport or the spool) is logged and retried the same way: the
 sender thread outlives it, so the queue never silently stops draining. Failures are logged as the
 retries back off: the 1st, 2nd, 4th, 8th... of a run of failures, and once when the downstream is back.
@@ -17,15 +22,16 @@ retries back off: the 1st, 2nd, 4th, 8th... of a run of failures, and once when 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
 
 import attrs
 
+from otel_ofu.otlp_client import Backoff, Transport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue
 from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES, split_request
-from otel_ofu_collector.outputs.transports import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,7 @@ class DeliveryStats:
     dropped_oversized: int = 0  # data points that alone exceed the request size limit
     split: int = 0  # requests split to fit the request size limit
     failures: int = 0  # sends that failed, retryable or not
+    rejected_points: int = 0  # data points the downstream refused of requests it took (partial_success)
     last_error: str = ""
 
 
@@ -107,6 +114,7 @@ class Delivery:
     name: str = "export"
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 30.0
+    jitter: Callable[[], float] = random.random  # each backoff's random factor, a draw in [0, 1)
     sleep: Callable[[float], object] | None = None  # None: wait on the wake-up event (interruptible)
     stats: DeliveryStats = attrs.field(factory=DeliveryStats)
     owns_transport: bool = True
@@ -115,6 +123,7 @@ class Delivery:
     # stream says its own failures.
     downstream: DownstreamLog | None = None
     _backoff_s: float = 0.0
+    _backoffs: int = 0  # backoffs in a row: the exponent of the next one
     _failing: int = 0  # consecutive failed sends (retryable ones), for the log's own backoff
     _wake: threading.Event = attrs.field(factory=threading.Event)
     _stopping: bool = False
@@ -171,14 +180,15 @@ class Delivery:
         while True:
             head = self.queue.peek()
             if head is None:
-                self._backoff_s = 0.0
+                self._backoff_s, self._backoffs = 0.0, 0
                 return True
             entry_id, payload = head
             outcome = self.transport.send(payload)
-            if outcome.ok:
+            if outcome.delivered:
                 self.queue.remove(entry_id)
                 self.stats.sent += 1
-                self._backoff_s = 0.0
+                self.stats.rejected_points += outcome.rejected_points
+                self._backoff_s, self._backoffs = 0.0, 0
                 if self._failing:
                     if self.downstream is not None:
                         self.downstream.answered(self.name)
@@ -186,22 +196,22 @@ class Delivery:
                         logger.info("%s: downstream back after %d failed attempt(s)", self.name, self._failing)
                     self._failing = 0
                 continue
-            self.stats.last_error = outcome.error
+            self.stats.last_error = outcome.cause
             self.stats.failures += 1
-            if not outcome.retryable:
+            if outcome.refused:
                 self.queue.remove(entry_id)
                 self.stats.dropped_rejected += 1
-                logger.error("%s: downstream refused a request permanently (%s); dropped", self.name, outcome.error)
+                logger.error("%s: downstream refused a request permanently (%s); dropped", self.name, outcome.cause)
                 continue
             self._back_off(outcome.retry_after_s)
             self._failing += 1
             if self.downstream is not None:
-                self.downstream.failed(self.name, outcome.error, self._backoff_s)
+                self.downstream.failed(self.name, outcome.cause, self._backoff_s)
             elif self._failing & (self._failing - 1) == 0:  # the 1st, 2nd, 4th, 8th...: the log backs off too
                 logger.warning(
                     "%s: downstream failed (%s); retrying in %.1fs (%d failed attempt(s) in a row)",
                     self.name,
-                    outcome.error,
+                    outcome.cause,
                     self._backoff_s,
                     self._failing,
                 )
@@ -209,10 +219,9 @@ class Delivery:
 
     def _back_off(self, retry_after_s: float | None) -> None:
         self.stats.retries += 1
-        base = self._backoff_s * 2 if self._backoff_s else self.initial_backoff_s
-        self._backoff_s = min(self.max_backoff_s, base)
-        if retry_after_s is not None:
-            self._backoff_s = min(self.max_backoff_s, max(self._backoff_s, retry_after_s))
+        self._backoffs += 1
+        backoff = Backoff(self.initial_backoff_s, self.max_backoff_s)
+        self._backoff_s = backoff.delay(self._backoffs, retry_after_s, self.jitter())
 
     @property
     def backoff_s(self) -> float:

@@ -1,52 +1,35 @@
-"""Where and how the producer's OTLP exporter sends: the options given, else the standard variables.
+"""Where and how an OTLP client sends: the options given, else the standard variables (one reading for the
+producer's exporter and the collector's downstream alike).
 
-Each setting is read as the OpenTelemetry Python SDK's OTLP metric exporters read it, the metrics-specific
-variable first (``OTEL_EXPORTER_OTLP_METRICS_*``), then the generic one (``OTEL_EXPORTER_OTLP_*``); an empty
-variable counts as unset. Endpoint: gRPC takes ``OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`` as a URL or
+Each setting is read as the OpenTelemetry Python SDK's OTLP metric exporters read it, an option first, then the
+metrics-specific variable (``OTEL_EXPORTER_OTLP_METRICS_*``), then the generic one (``OTEL_EXPORTER_OTLP_*``);
+an empty variable counts as unset. Endpoint: gRPC takes ``OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`` as a URL or
 ``HOST:PORT`` (default ``http://localhost:4317``); OTLP/HTTP uses the metrics endpoint as is and appends
 ``/v1/metrics`` to the generic one (default ``http://localhost:4318/v1/metrics``). TLS: an ``https`` URL is
 TLS and an ``http`` one plain text; gRPC to a ``HOST:PORT`` is TLS unless ``..._INSECURE=true`` (the OTLP
 specification's rule). ``..._CERTIFICATE`` is the CA to trust, ``..._CLIENT_KEY`` and
 ``..._CLIENT_CERTIFICATE`` the client's for mutual TLS. ``..._HEADERS`` (``key=value,...``, URL-encoded),
 ``..._COMPRESSION`` (``gzip``, ``deflate`` or ``none``) and ``..._TIMEOUT`` (seconds per export, retries
-included, as the Python SDK reads it; default 10). A value the exporter cannot honour is an
-``ExporterConfigError`` saying which variable and why, raised when the exporter is built, before anything
+included, as the Python SDK reads it; default 10). A value the client cannot honour is an
+``ExporterConfigError`` saying which variable and why, raised when the settings are resolved, before anything
 runs.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Mapping
 from urllib.parse import urlparse
 
 import attrs
-from opentelemetry.sdk.environment_variables import (
-    OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION,
-    OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE,
-)
-from opentelemetry.sdk.metrics import (
-    Counter,
-    Histogram,
-    ObservableCounter,
-    ObservableGauge,
-    ObservableUpDownCounter,
-    UpDownCounter,
-)
-from opentelemetry.sdk.metrics.export import AggregationTemporality
-from opentelemetry.sdk.metrics.view import (
-    Aggregation,
-    ExplicitBucketHistogramAggregation,
-    ExponentialBucketHistogramAggregation,
-)
 from opentelemetry.util.re import parse_env_headers
 
 GRPC = "grpc"
 HTTP_PROTOBUF = "http/protobuf"
 PROTOCOLS = (GRPC, HTTP_PROTOBUF)
-# The producer's option that picks the protocol, named in the errors that suggest the other protocol.
+# The producer's option that picks the protocol, named in the errors that suggest the other protocol (the
+# collector names its own: ``OtlpSettings.protocol_option``).
 PROTOCOL_OPTION = "--protocol"
 PROTOCOL_VARIABLE = "OTEL_EXPORTER_OTLP_PROTOCOL"
 HTTP_METRICS_PATH = "/v1/metrics"
@@ -55,11 +38,9 @@ DEFAULT_HTTP_ENDPOINT = "http://localhost:4318" + HTTP_METRICS_PATH
 DEFAULT_TIMEOUT_S = 10.0
 COMPRESSIONS = ("gzip", "deflate")
 
-log = logging.getLogger(__name__)
-
 
 class ExporterConfigError(ValueError):
-    """An exporter setting the producer cannot honour; the message says which and why."""
+    """An OTLP client setting that cannot be honoured; the message says which and why."""
 
 
 def _variable(environ: Mapping[str, str], name: str) -> tuple[str, str] | tuple[None, None]:
@@ -71,11 +52,14 @@ def _variable(environ: Mapping[str, str], name: str) -> tuple[str, str] | tuple[
     return None, None
 
 
-def resolve_protocol(explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
-    """``--protocol``, else ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc."""
+def resolve_protocol(
+    explicit: str | None = None, environ: Mapping[str, str] | None = None, option: str = PROTOCOL_OPTION
+) -> str:
+    """The option (``--protocol``), else ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL``, else
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``, else grpc."""
     env = os.environ if environ is None else environ
     variable, value = _variable(env, "PROTOCOL")
-    for candidate, source in ((explicit, PROTOCOL_OPTION), (value, variable)):
+    for candidate, source in ((explicit, option), (value, variable)):
         if candidate:
             chosen = candidate.strip().lower()
             if chosen not in PROTOCOLS:
@@ -103,6 +87,18 @@ def check_env_endpoint(environ: Mapping[str, str] | None = None) -> None:
         raise ExporterConfigError(f"{variable}: {error}") from None
 
 
+def configured_endpoint(endpoint: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """Where a downstream is configured, as given: ``endpoint`` (an option), else the standard
+    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT``; None when none is.
+
+    For a collector, None means no downstream at all, never a guessed localhost (that would be itself);
+    ``OtlpSettings.resolve`` turns a configured endpoint into the URL actually used.
+    """
+    if endpoint and endpoint.strip():
+        return endpoint.strip()
+    return _variable(os.environ if environ is None else environ, "ENDPOINT")[1]
+
+
 def http_metrics_url(endpoint: str) -> str:
     """A base URL (like ``OTEL_EXPORTER_OTLP_ENDPOINT``) gets ``/v1/metrics``; a URL with a path is kept."""
     if "://" not in endpoint:
@@ -115,7 +111,7 @@ def http_metrics_url(endpoint: str) -> str:
 
 @attrs.frozen
 class OtlpSettings:
-    """One exporter's resolved settings (see the module docstring for where each comes from)."""
+    """One client's resolved settings (see the module docstring for where each comes from)."""
 
     protocol: str
     # gRPC: the URL or HOST:PORT as configured; OTLP/HTTP: the full metrics URL.
@@ -127,6 +123,8 @@ class OtlpSettings:
     certificate: str | None = None
     client_key: str | None = None
     client_certificate: str | None = None
+    # The command's option that picks the protocol, named where a failure suggests the other protocol.
+    protocol_option: str = PROTOCOL_OPTION
 
     @property
     def grpc_target(self) -> str:
@@ -144,9 +142,10 @@ class OtlpSettings:
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
         environ: Mapping[str, str] | None = None,
+        protocol_option: str = PROTOCOL_OPTION,
     ) -> OtlpSettings:
         env = os.environ if environ is None else environ
-        chosen = resolve_protocol(protocol, env)
+        chosen = resolve_protocol(protocol, env, protocol_option)
         if endpoint is None:
             check_env_endpoint(env)
         url = _endpoint(chosen, endpoint, env)
@@ -160,6 +159,7 @@ class OtlpSettings:
             certificate=_variable(env, "CERTIFICATE")[1],
             client_key=_variable(env, "CLIENT_KEY")[1],
             client_certificate=_variable(env, "CLIENT_CERTIFICATE")[1],
+            protocol_option=protocol_option,
         )
 
 
@@ -217,43 +217,3 @@ def _tls(protocol: str, endpoint: str, env: Mapping[str, str]) -> bool:
     # ..._INSECURE applies only to a gRPC endpoint without a scheme (the specification's rule).
     _, insecure = _variable(env, "INSECURE")
     return insecure is None or insecure.lower() != "true"
-
-
-def preferred_temporality(environ: Mapping[str, str] | None = None) -> dict[type, AggregationTemporality]:
-    """What ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`` asks of each instrument kind, as the
-    OpenTelemetry exporters read it: ``cumulative`` (default), ``delta`` or ``lowmemory``; an unknown value is
-    cumulative, said once."""
-    env = os.environ if environ is None else environ
-    raw = env.get(OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, "").strip()
-    preference = raw.lower() or "cumulative"
-    cumulative, delta = AggregationTemporality.CUMULATIVE, AggregationTemporality.DELTA
-    chosen: dict[type, AggregationTemporality] = dict.fromkeys((Counter, UpDownCounter, Histogram), cumulative)
-    chosen |= dict.fromkeys((ObservableCounter, ObservableUpDownCounter, ObservableGauge), cumulative)
-    if preference == "delta":
-        chosen |= {Counter: delta, Histogram: delta, ObservableCounter: delta}
-    elif preference == "lowmemory":
-        chosen |= {Counter: delta, Histogram: delta}
-    elif preference != "cumulative":
-        _warn_once(OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE, raw, "cumulative")
-    return chosen
-
-
-def preferred_aggregation(environ: Mapping[str, str] | None = None) -> dict[type, Aggregation]:
-    """The histogram aggregation ``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`` asks for."""
-    env = os.environ if environ is None else environ
-    raw = env.get(OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION, "").strip()
-    if raw.lower() == "base2_exponential_bucket_histogram":
-        return {Histogram: ExponentialBucketHistogramAggregation()}
-    if raw and raw.lower() != "explicit_bucket_histogram":
-        _warn_once(OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION, raw, "explicit_bucket_histogram")
-    return {Histogram: ExplicitBucketHistogramAggregation()}
-
-
-_WARNED: set[tuple[str, str]] = set()
-
-
-def _warn_once(variable: str, value: str, instead: str) -> None:
-    """A bad variable is said once per process, however many exporters (and self-metrics) read it."""
-    if (variable, value) not in _WARNED:
-        _WARNED.add((variable, value))
-        log.warning("unknown %s %r: using %s", variable, value, instead)
