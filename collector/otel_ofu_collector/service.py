@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 from google.protobuf.message import DecodeError
@@ -30,25 +30,19 @@ from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import WindowConsumer
 from otel_ofu_collector.lifecycle import shutdown_in_reverse, start_in_order
-from otel_ofu_collector.otlp.decode import (
-    DEFAULT_MAX_ATTRIBUTE_LENGTH,
-    DEFAULT_MAX_MFU,
-    DecodeOutcome,
-    Decoder,
-    DecoderStats,
-)
+from otel_ofu_collector.options import declared as option
+from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder, DecoderStats
 from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
 from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.outputs.self_telemetry import SelfTelemetry
-from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.base import Receiver
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
-from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, BODY_MIN_RATE, HttpReceiver
+from otel_ofu_collector.receivers.otlp_http import HttpReceiver
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.write_ahead import WriteAhead
 
@@ -57,25 +51,17 @@ if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when
 
 logger = logging.getLogger(__name__)
 
-MODES = ("process", "shard", "merge")
-DEFAULT_SHUTDOWN_GRACE_S = 10.0  # the command's --shutdown-grace default too
-# --prometheus-expiration-windows: a series leaves /metrics after this many windows without it (the endpoint's
-# own default, outputs.prometheus.DEFAULT_EXPIRATION_WINDOWS, is not imported: that module loads only when on).
-DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS = 2
+DEFAULT_SHUTDOWN_GRACE_S: Final = option.SHUTDOWN_GRACE.default  # stop's, as the command's
 REJECTION_LOG_INTERVAL_S = 60.0  # at most one summary line of rejected points this often
 # How far past this run's clock the write-ahead's close time may lie (a clock stepped back between runs);
 # further, the value is damaged.
 _CLOCK_SLACK_NS = 86_400 * 1_000_000_000
 
 
-def _mode(_instance: object, _attribute: object, value: str) -> None:
-    if value not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {value!r}")
-
-
 @attrs.frozen
 class CollectorOptions:
-    """Everything ``otel-ofu collector`` can be told; the defaults are the command's defaults.
+    """Everything ``otel-ofu collector`` can be told; a field an option fills takes its default and range
+    (``OPTION.field()``, options/declared.py), the rest are the library's and the tests' own.
 
     ``export_endpoint`` None means: the standard ``OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`` if set, else no
     downstream at all (outputs go to the other window consumers and Prometheus only) - never a guessed
@@ -83,33 +69,34 @@ class CollectorOptions:
     """
 
     aggregator: AggregatorConfig = attrs.field(factory=AggregatorConfig)
-    mode: str = attrs.field(default="process", validator=_mode)  # process | shard | merge
-    grpc_listen: str | None = "0.0.0.0:4317"
-    http_listen: str | None = None
-    export_endpoint: str | None = None
-    export_protocol: str | None = None  # grpc | http/protobuf; None: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc
-    prometheus_port: int | None = None
+    mode: str = option.MODE.field()  # process | shard | merge
+    grpc_listen: str | None = option.LISTEN.field()
+    http_listen: str | None = option.HTTP_LISTEN.field()
+    export_endpoint: str | None = option.EXPORT_ENDPOINT.field()
+    # grpc | http/protobuf; None: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc
+    export_protocol: str | None = option.EXPORT_PROTOCOL.field()
+    prometheus_port: int | None = option.PROMETHEUS_PORT.field()
     # Loopback by default: the endpoint shows job names and values with neither TLS nor a token, whatever
     # the receivers require. Exposing it is a choice (--prometheus-host 0.0.0.0), as for the producer.
-    prometheus_host: str = "127.0.0.1"
-    prometheus_expiration_windows: int = DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS
-    pass_through: bool = True
-    forward_inputs: bool = False
-    spool_path: str | None = None
-    spool_max_bytes: int = 256 * 1024 * 1024
+    prometheus_host: str = option.PROMETHEUS_HOST.field()
+    prometheus_expiration_windows: int = option.PROMETHEUS_EXPIRATION_WINDOWS.field()
+    pass_through: bool = option.PASS_THROUGH.field()
+    forward_inputs: bool = option.FORWARD_INPUTS.field()
+    spool_path: str | None = option.SPOOL.field()
+    spool_max_bytes: int = option.SPOOL_MAX_BYTES.field()
     queue_max_requests: int = 1024
     pass_through_queue_max_requests: int = 1024
     tls: TlsFiles | None = None
     bearer_token: str | None = None
-    max_in_flight: int = 64
-    http_body_deadline_s: float = BODY_DEADLINE_S
-    http_body_min_rate: float = BODY_MIN_RATE  # bytes/s after the grace; 0: none
+    max_in_flight: int = option.MAX_IN_FLIGHT.field()
+    http_body_deadline_s: float = option.HTTP_BODY_DEADLINE.field()
+    http_body_min_rate: float = option.HTTP_BODY_MIN_RATE.field()  # bytes/s after the grace; 0: none
     retry_after_s: float = 1.0
     flush_interval_s: float = 1.0  # 0: no timer, the caller calls flush()
     max_request_bytes: int = MAX_REQUEST_BYTES
     # The largest request sent downstream: bigger window outputs and pass-through are split to fit.
-    export_max_request_bytes: int = DEFAULT_MAX_EXPORT_BYTES
-    max_attribute_length: int = DEFAULT_MAX_ATTRIBUTE_LENGTH
+    export_max_request_bytes: int = option.EXPORT_MAX_REQUEST_BYTES.field()
+    max_attribute_length: int = option.MAX_ATTRIBUTE_LENGTH.field()
     max_mfu: float = DEFAULT_MAX_MFU
     rejection_log_interval_s: float = REJECTION_LOG_INTERVAL_S
     # With a spool, the open windows' accepted requests are written ahead in batches this often (a kill loses
