@@ -35,8 +35,7 @@ from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decod
 from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
-from otel_ofu_collector.outputs.recorder import ReportRecorder
-from otel_ofu_collector.outputs.self_telemetry import SelfTelemetry
+from otel_ofu_collector.outputs.self_telemetry import SelfMetrics, SelfTelemetry, gathered
 from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
@@ -153,8 +152,8 @@ class CollectorService:
     _self_metrics_sent_at: float | None = attrs.field(init=False, default=None)
     _write_ahead: WriteAhead | None = attrs.field(init=False, default=None)
     _write_ahead_flushed: int = attrs.field(init=False, default=0)
-    # Write-ahead records the start's replay could not use, by reason (COLLECTOR_WRITE_AHEAD_SKIPPED).
-    _write_ahead_skipped: dict[str, int] = attrs.field(init=False, factory=lambda: {"damaged": 0, "failed": 0})
+    # The parts that count what they did, besides the decoder, the gate and the consumers (self_metrics).
+    _counting: list[SelfMetrics] = attrs.field(init=False, factory=list)
     _rejections_logged: dict[str, int] = attrs.field(init=False, factory=dict)
     _rejections_logged_at: float | None = attrs.field(init=False, default=None)
 
@@ -186,6 +185,8 @@ class CollectorService:
                 max_future_ns=None if options.max_future_skew_s is None else int(options.max_future_skew_s * 1e9),
                 max_attribute_length=options.max_attribute_length,
             )
+            self._counting.append(_WindowState(aggregator, self.decoder))
+        self._counting[:0] = [_Ingest(self.decoder), self.gate]
         transport = self.transport
         if transport is None and configured_endpoint(options.export_endpoint, self.environ) is not None:
             config = DownstreamConfig.resolve(options.export_endpoint, options.export_protocol, self.environ)
@@ -197,11 +198,8 @@ class CollectorService:
             streams = ("window export", *(("pass-through",) if options.pass_through else ()))
             streams += ("self-metrics",) if options.self_telemetry else ()
             downstream = DownstreamLog(str(where), streams)
-            queue: Queue = (
-                SqliteSpool(options.spool_path, options.spool_max_bytes)
-                if options.spool_path
-                else MemoryQueue(max_items=options.queue_max_requests)
-            )
+            spool = SqliteSpool(options.spool_path, options.spool_max_bytes) if options.spool_path else None
+            queue: Queue = spool if spool is not None else MemoryQueue(max_items=options.queue_max_requests)
             self.exports = Delivery(
                 transport,
                 queue,
@@ -212,6 +210,7 @@ class CollectorService:
                 max_request_bytes=options.export_max_request_bytes,
                 downstream=downstream,
             )
+            self._counting.append(_Sender("windows", self.exports, spool))
             self._window_export = OtlpWindowExport(
                 self.exports,
                 self._resource_attributes(),
@@ -229,6 +228,7 @@ class CollectorService:
                     max_request_bytes=options.export_max_request_bytes,
                     downstream=downstream,
                 )
+                self._counting.append(_Sender("pass_through", self.pass_through))
             if options.self_telemetry:
                 # Its own small memory queue: the counters are cumulative, so a newer snapshot supersedes
                 # a waiting one, and none belongs in the spool of window outputs.
@@ -248,7 +248,10 @@ class CollectorService:
                 )
             if options.spool_path and options.mode != "merge":
                 self._write_ahead = WriteAhead(f"{options.spool_path}.accepted", batch_s=options.write_ahead_batch_s)
+                self._counting.append(self._write_ahead)
                 self._replay()
+            if spool is not None:
+                self._counting.append(spool)
         if options.prometheus_port is not None:
             from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
 
@@ -305,8 +308,8 @@ class CollectorService:
                     logger.exception("write-ahead: replaying a record failed; it is skipped")
         accepted = self.decoder.stats.accepted
         self.decoder.stats = DecoderStats()  # this run's counters count this run's requests
-        self._write_ahead_skipped["damaged"] += damaged + unparsed
-        self._write_ahead_skipped["failed"] += failed
+        self._write_ahead.skipped["damaged"] += damaged + unparsed
+        self._write_ahead.skipped["failed"] += failed
         logger.warning(
             "replayed %d request(s) (%d point(s) of windows still open) that a previous run accepted but "
             "never closed (it was killed or crashed); %d damaged record(s) skipped, %d failed",
@@ -577,78 +580,86 @@ class CollectorService:
             logger.exception("sending the self-metrics downstream failed")
 
     def self_metrics(self) -> dict[str, Any]:
-        """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``."""
-        decoder = self.decoder.stats
-        dropped: dict[str, int] = {}
-        queued: dict[str, int] = {}
-        failures: dict[str, int] = {}
-        spool_bytes: int | None = None
-        for stream, delivery in (("windows", self.exports), ("pass_through", self.pass_through)):
-            if delivery is not None:
-                dropped[f"{stream}_overflow"] = delivery.stats.dropped_overflow
-                dropped[f"{stream}_rejected"] = delivery.stats.dropped_rejected
-                dropped[f"{stream}_oversized"] = delivery.stats.dropped_oversized
-                queued[stream] = len(delivery.queue)
-                failures[stream] = delivery.stats.failures
-                if isinstance(delivery.queue, SqliteSpool):
-                    spool_bytes = delivery.queue.size_bytes
-                    dropped[f"{stream}_spool_failed"] = delivery.queue.unstored_dropped
-        recorders = [consumer for consumer in self.consumers if isinstance(consumer, ReportRecorder)]
-        if recorders:
-            dropped["records_failed"] = sum(recorder.unrecorded for recorder in recorders)
-        state: dict[str, Any] = {}
-        if isinstance(self.aggregator, Aggregator):
-            stats = self.aggregator.stats
-            state = {
-                names.COLLECTOR_EVICTED.name: {"stream": stats.evicted_streams, "job": stats.evicted_jobs},
-                names.COLLECTOR_POINTS_OVER_CAP.name: {
-                    "max_streams": stats.rejected_stream_cap,
-                    "max_jobs": stats.rejected_job_cap,
-                    "max_state_bytes": stats.rejected_state_cap,
-                },
-                names.COLLECTOR_STATE_SIZE.name: {
-                    "windows": self.aggregator.state_bytes,
-                    "resource_cache": self.decoder.cache_bytes,
-                },
-                names.COLLECTOR_CLOSE_FAILURES.name: {
-                    **dict.fromkeys(("group", "job", "fleet"), 0),
-                    **stats.close_failures,
-                    "window": stats.windows_failed,
-                },
-            }
-        if self.exports is not None:
-            state[names.COLLECTOR_EXPORT_FAILURES.name] = failures
-        if spool_bytes is not None:
-            state[names.COLLECTOR_SPOOL_SIZE.name] = spool_bytes
-        state.update(self._file_metrics())
+        """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``: what each part
+        counted (``SelfMetrics``), a window consumer that counts something included. The queue and drop counts
+        are there without a downstream too, empty."""
+        consumers = [consumer for consumer in self.consumers if isinstance(consumer, SelfMetrics)]
+        return gathered([*self._counting, *consumers], shown=(_QUEUED, _DROPPED))
+
+
+# --- the self-metrics of the parts that do not say their own ----------------------------------------------------
+
+_QUEUED: Final = names.COLLECTOR_EXPORT_QUEUED.name
+_DROPPED: Final = names.COLLECTOR_DROPPED.name
+
+
+@attrs.frozen
+class _Ingest:
+    """What the decoder took, refused and forwarded (read through it: a replay gives it fresh stats)."""
+
+    decoder: Decoder
+
+    def self_metrics(self) -> dict[str, Any]:
+        stats = self.decoder.stats
         return {
-            names.COLLECTOR_POINTS_ACCEPTED.name: decoder.accepted,
-            names.COLLECTOR_POINTS_REJECTED.name: dict(decoder.rejected_by_reason),
-            names.COLLECTOR_REQUESTS_REFUSED.name: {
-                "overload": self.gate.refused_overload,
-                "shutdown": self.gate.refused_shutdown,
-            },
-            names.COLLECTOR_REQUESTS_FORWARDED.name: decoder.forwarded_requests,
-            names.COLLECTOR_EXPORT_QUEUED.name: queued,
-            names.COLLECTOR_DROPPED.name: dropped,
-            **state,
+            names.COLLECTOR_POINTS_ACCEPTED.name: stats.accepted,
+            names.COLLECTOR_POINTS_REJECTED.name: dict(stats.rejected_by_reason),
+            names.COLLECTOR_REQUESTS_FORWARDED.name: stats.forwarded_requests,
         }
 
-    def _file_metrics(self) -> dict[str, Any]:
-        """What the write-ahead and the spool lost to their disk and their files (absent without a spool)."""
-        found: dict[str, Any] = {}
-        damaged: dict[str, int] = {}
-        ahead = self._write_ahead
-        if ahead is not None:
-            found[names.COLLECTOR_WRITE_AHEAD_UNWRITTEN.name] = ahead.unwritten
-            found[names.COLLECTOR_WRITE_AHEAD_SKIPPED.name] = dict(self._write_ahead_skipped)
-            damaged |= {"write_ahead_unreadable": ahead.files_unreadable, "write_ahead_wal": ahead.wal_damaged}
-        spool = None if self.exports is None else self.exports.queue
-        if isinstance(spool, SqliteSpool):
-            damaged |= {"spool_unreadable": spool.files_unreadable, "spool_wal": spool.wal_damaged}
-        if damaged:
-            found[names.COLLECTOR_FILES_DAMAGED.name] = damaged
-        return found
+
+@attrs.frozen
+class _WindowState:
+    """The windows' state: evictions, points over a cap, the bytes held (the decoder's resource cache's beside
+    them) and windows or parts of them that failed to close."""
+
+    aggregator: Aggregator
+    decoder: Decoder
+
+    def self_metrics(self) -> dict[str, Any]:
+        stats = self.aggregator.stats
+        return {
+            names.COLLECTOR_EVICTED.name: {"stream": stats.evicted_streams, "job": stats.evicted_jobs},
+            names.COLLECTOR_POINTS_OVER_CAP.name: {
+                "max_streams": stats.rejected_stream_cap,
+                "max_jobs": stats.rejected_job_cap,
+                "max_state_bytes": stats.rejected_state_cap,
+            },
+            names.COLLECTOR_STATE_SIZE.name: {
+                "windows": self.aggregator.state_bytes,
+                "resource_cache": self.decoder.cache_bytes,
+            },
+            names.COLLECTOR_CLOSE_FAILURES.name: {
+                **dict.fromkeys(("group", "job", "fleet"), 0),
+                **stats.close_failures,
+                "window": stats.windows_failed,
+            },
+        }
+
+
+@attrs.frozen
+class _Sender:
+    """A sender downstream, under its stream's name: requests queued, dropped (with what its spool could not keep)
+    and failed."""
+
+    stream: str
+    delivery: Delivery
+    spool: SqliteSpool | None = None
+
+    def self_metrics(self) -> dict[str, Any]:
+        stats, stream = self.delivery.stats, self.stream
+        dropped = {
+            f"{stream}_overflow": stats.dropped_overflow,
+            f"{stream}_rejected": stats.dropped_rejected,
+            f"{stream}_oversized": stats.dropped_oversized,
+        }
+        if self.spool is not None:
+            dropped[f"{stream}_spool_failed"] = self.spool.unstored_dropped
+        return {
+            _QUEUED: {stream: len(self.delivery.queue)},
+            _DROPPED: dropped,
+            names.COLLECTOR_EXPORT_FAILURES.name: {stream: stats.failures},
+        }
 
 
 def _start_consumer(consumer: WindowConsumer) -> None:
