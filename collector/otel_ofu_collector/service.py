@@ -152,7 +152,7 @@ class CollectorService:
     _self_metrics_sent_at: float | None = attrs.field(init=False, default=None)
     _write_ahead: WriteAhead | None = attrs.field(init=False, default=None)
     _write_ahead_flushed: int = attrs.field(init=False, default=0)
-    # The parts that count what they did, besides the decoder, the gate and the consumers (self_metrics).
+    # The parts that count what they did, as they are made (self_metrics asks them, and the consumers that count).
     _counting: list[SelfMetrics] = attrs.field(init=False, factory=list)
     _rejections_logged: dict[str, int] = attrs.field(init=False, factory=dict)
     _rejections_logged_at: float | None = attrs.field(init=False, default=None)
@@ -186,7 +186,7 @@ class CollectorService:
                 max_attribute_length=options.max_attribute_length,
             )
             self._counting.append(_WindowState(aggregator, self.decoder))
-        self._counting[:0] = [_Ingest(self.decoder), self.gate]
+        self._counting += [_Ingest(self.decoder), self.gate]
         transport = self.transport
         if transport is None and configured_endpoint(options.export_endpoint, self.environ) is not None:
             config = DownstreamConfig.resolve(options.export_endpoint, options.export_protocol, self.environ)
