@@ -1,5 +1,5 @@
 """The metric and attribute reference, docs/reference.md, generated from the vocabulary ``otel_ofu.names``
-(and its table of ``otel-ofu collector`` options, from that command's own parser).
+(and its table of ``otel-ofu collector`` options, from their declarations in ``otel_ofu_collector.options``).
 
 The generator reads the vocabulary module itself, in the order it is written: every ``MetricSpec``, every
 attribute key, every value set and every hardware id declared there lands in the reference under the
@@ -13,7 +13,6 @@ the output with the committed copy fails until it is regenerated:
 
 from __future__ import annotations
 
-import argparse
 import ast
 import inspect
 import io
@@ -24,11 +23,15 @@ import tokenize
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import attrs
 
-from otel_ofu import cli, names, ports
+from otel_ofu import names, ports
+from otel_ofu.cli_support import env_name
 from otel_ofu.generated_files import write_or_check
+from otel_ofu_collector.options import SECTIONS, Option, in_section
+from otel_ofu_collector.prefixes import COLLECTOR_PREFIX
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "reference.md"
@@ -37,11 +40,6 @@ _SECTION = re.compile(r"^# -{3,}\s*(?P<title>.*?)\s*-*$")
 # An attribute key: a dotted lower-case name (``hw.id``), or one of the vocabulary's bare keys.
 _ATTRIBUTE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)+")
 _BARE_ATTRIBUTES = {names.QUANTILE, names.ERROR_REASON}
-# An option's help as cli_support writes it: the meaning, its [range] if bounded, then (env VAR; default D).
-_OPTION_HELP = re.compile(
-    r"^(?P<meaning>.*?)(?: \[(?P<range>[^\]]+)\])? \(env (?P<env>[A-Z0-9_]+)(?:; default (?P<default>.*))?\)$",
-    re.DOTALL,
-)
 
 
 @attrs.frozen
@@ -302,49 +300,48 @@ def render(module: ModuleType = names) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _command_parser(name: str) -> argparse.ArgumentParser:
-    parser = cli.build_parser()
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    found: argparse.ArgumentParser = action.choices[name]
-    return found
-
-
 def collector_options() -> list[str]:
-    """The ``otel-ofu collector`` options, one table per help group: range, default, variable, meaning."""
+    """The ``otel-ofu collector`` options, one table per section, from their declarations: range, default,
+    variable, meaning, and the key in a configuration file."""
     out = [
         "## Collector options",
         "",
-        "`otel-ofu collector`'s options as its `--help` groups them, read from the command's parser. A value"
-        " outside an option's range (both ends included; never infinite or NaN) is a one-line usage error"
-        " naming the option, exit 2, before anything starts, whether it came from the command line or from"
-        " the option's variable.",
+        "`otel-ofu collector`'s options as its `--help` groups them, read from their declarations"
+        " (`collector/otel_ofu_collector/options/declared.py`). Each is also a variable and a key in a YAML file"
+        " given with `--config FILE` (its name under its section, as the last column shows:"
+        " `windows: {window: 30}`); `--print-config` prints a run's whole configuration as such a file. A flag"
+        " wins over its variable, a variable over the file, the file over the default; a key that is no option is"
+        " refused with the closest one. A value outside an option's range (both ends included; never infinite or"
+        " NaN) is a one-line usage error naming the option, exit 2, before anything starts, whether it came from"
+        " the command line, the option's variable or the file (naming the file and the key).",
         "",
     ]
-    for group in _command_parser("collector")._action_groups:
-        rows = []
-        for action in group._group_actions:
-            if not action.option_strings or action.help in (None, argparse.SUPPRESS) or action.dest == "help":
-                continue
-            match = _OPTION_HELP.match(" ".join(str(action.help).split()))
-            assert match is not None, action.option_strings
-            flag = " / ".join(_code(f) for f in action.option_strings if f.startswith("--"))
-            if action.metavar:
-                flag = _code(f"{action.option_strings[0]} {action.metavar}")
-            elif action.choices and action.nargs != 0:
-                flag = _code(f"{action.option_strings[0]} {{{','.join(map(str, action.choices))}}}")
-            rows.append(
-                (
-                    flag,
-                    match["range"] or "",
-                    _code(match["default"]) if match["default"] else "",
-                    _code(match["env"]),
-                    match["meaning"],
-                )
+    for section in SECTIONS:
+        rows = [
+            (
+                _option_usage(option),
+                option.bound.describe() if option.bound is not None else "",
+                _code(option.shown_default) if option.shown_default is not None else "",
+                _code(env_name(option.flag, COLLECTOR_PREFIX)),
+                " ".join(option.help.split()),
+                _code(option.key),
             )
-        if rows and group.title != "options":
-            out += [f"### {group.title}", ""]
-            out += _table(("option", "range", "default", "variable", "meaning"), rows)
+            for option in in_section(section)
+        ]
+        out += [f"### {section.title}", ""]
+        out += _table(("option", "range", "default", "variable", "meaning", "in --config"), rows)
     return out
+
+
+def _option_usage(option: Option[Any]) -> str:
+    """The option as ``--help`` shows it: with its metavar, its choices, or its ``--no-`` form."""
+    if option.switch:
+        return f"{_code(option.flag)} / {_code('--no-' + option.flag[2:])}"
+    if option.metavar:
+        return _code(f"{option.flag} {option.metavar}")
+    if option.choices:
+        return _code(f"{option.flag} {{{','.join(option.choices)}}}")
+    return _code(option.flag)
 
 
 def _constant(value: object) -> str:

@@ -198,7 +198,8 @@ def export_interval_s(environ: Mapping[str, str] | None = None, default: float =
 
 
 class _FromEnv(str):
-    """A default string read from ``variable``, so a conversion error can say where the value came from."""
+    """A default string read from ``variable`` (or a configuration file's key), so a conversion error can say
+    where the value came from."""
 
     variable: str
 
@@ -206,6 +207,18 @@ class _FromEnv(str):
         self = super().__new__(cls, value)
         self.variable = variable
         return self
+
+
+def read_from(text: str, source: str) -> str:
+    """``text`` as an option's default read from ``source`` (a configuration file and key): argparse converts it
+    only when the option is not given, and a bad value's usage error names ``source`` as it names a variable."""
+    return _FromEnv(text, source)
+
+
+def default_source(action: argparse.Action) -> str | None:
+    """Where the default of an option added here was read from (its variable), or None for its declared one."""
+    default = action.default
+    return default.variable if isinstance(default, _FromEnv) else None
 
 
 def _converter(
@@ -344,7 +357,7 @@ def add_deprecated_alias(parser: Container, old: str, new: str, *, dest: str, **
 # --- suggestions for a mistyped option or choice (argparse in Python 3.11 makes none) -------------------
 
 _INVALID_CHOICE: Final = re.compile(
-    r"invalid choice: '(?P<given>[^']*)'(?: \(from [A-Z0-9_]+\))? \(choose from (?P<choices>.*)\)$"
+    r"invalid choice: '(?P<given>[^']*)'(?: \(from [^)]+\))? \(choose from (?P<choices>.*)\)$"
 )
 
 

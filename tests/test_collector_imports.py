@@ -113,3 +113,16 @@ def test_every_collector_module_imports_alone_in_a_fresh_interpreter() -> None:
     )
     result = subprocess.run([sys.executable, "-c", script, *modules], capture_output=True, text=True, check=True)
     assert result.stdout.split() == []
+
+
+def test_the_packages_map_names_every_module() -> None:
+    """The collector's ``__init__`` draws its folders and modules: each one there is named in it."""
+    doc = otel_ofu_collector.__doc__ or ""
+    missing = [
+        str(path.relative_to(ROOT))
+        for path in sorted(ROOT.rglob("*.py"))
+        if path.name != "__init__.py" and path.name not in doc
+    ]
+    folders = [path.name for path in sorted(ROOT.iterdir()) if (path / "__init__.py").exists()]
+    missing += [f"{folder}/" for folder in folders if f"{folder}/" not in doc]
+    assert not missing

@@ -1,30 +1,41 @@
 """The otel-ofu collector: OTLP in, fleet OFU per window, OFU-vs-MFU per job, flags, outputs.
 
 The folders follow the data, one stage each (receivers import the decoder, outputs the encoder; all rest
-on ``results.py`` and the statistics in ``stats/``)::
+on ``results.py`` and the statistics in ``stats/``); every module is named here::
 
     receivers/      OTLP in: otlp_grpc.py, otlp_http.py (on http_framing.py: HTTP/1.1), base.py (Ingest,
         |           the Receiver lifecycle), admission.py (in-flight gate, body budget, shutdown), auth.py
         |
-    otlp/           the codec: decode.py (requests -> points), encode.py (windows -> OTLP),
-        |           partials.py (a shard's partial window state, both ways)
-    aggregation/    windows.py (tumbling windows per process or shard), merge.py (the merge tier),
-        |           loss.py (where OFU is lost, by cause)
-    detectors/      one module per flag behind base.Detector: flops_miscount.py, regression.py,
+    otlp/           the codec: decode.py (requests -> points), encode.py (windows -> OTLP), partials.py (a
+        |           shard's partial window state, both ways); the decoder's parts: roles.py (what each metric
+        |           is for), resources.py (a Resource's identity, cached), templates.py and shapes.py (a
+        |           producer's layout read without parsing), rejections.py (why points were refused)
+    aggregation/    windows.py (which window a point goes to and when it closes), cells.py (a window's cells
+        |           and GPU inputs), streams.py (the GPUs known, admission, bounds), counters.py (counters'
+        |           deltas), coverage.py (each GPU-second once), jobs.py (jobs' state, correlation),
+        |           closing.py (a closed window's report), merge.py (the merge tier), loss.py (where OFU is lost)
+    detectors/      one module per flag behind base.py's protocols: flops_miscount.py, regression.py,
         |           idle_gpus.py (job flags), straggler.py (a GPU flag)
-    outputs/        window consumers: otlp_export.py (+ delivery.py, queues.py; otel_ofu.otlp_client sends),
-        |           prometheus.py, recorder.py (records file), feed_server.py (live feed);
+    outputs/        window consumers: otlp_export.py (+ delivery.py, queues.py, split.py; otel_ofu.otlp_client
+        |           sends), prometheus.py, recorder.py (records file), feed_server.py (live feed),
+        |           self_telemetry.py (the self-metrics: the SelfMetrics protocol, sent downstream);
         |           record_codec.py and feed_client.py read them back
-    report/         summary.py (windows condensed), reasons.py (flags in words), html_page.py (+ plots.py),
-                    command.py (``report``)
+    report/         summary.py (windows condensed), reasons.py (flags in words), causes.py (a job's bottleneck),
+        |           ranking.py (the order of jobs), html_page.py (+ plots.py), terminal.py, command.py (``report``)
+    top/            ``otel-ofu top``: model.py, cells.py, feeds.py, app.py, command.py
 
     stats/          exphist.py, quantiles.py, comoments.py: the mergeable statistics (pure, below all else)
+    options/        every option of ``otel-ofu collector`` declared once: option.py, declared.py, file.py
+                    (``--config FILE``); option_bounds.py  Bound, a number's range, checked one way
     results.py      what a closed window holds (WindowReport, JobReport, ...): every stage passes these
     consumer.py     WindowConsumer, the one interface of every output (start, consume_windows, shutdown)
     lifecycle.py    parts started in order and shut down in reverse, one failure costing no other
+    write_ahead.py  the open windows' accepted requests beside the spool, replayed after a kill
+    sqlite_files.py what the spool and the write-ahead share: a damaged file moved aside, a WAL checked
     config.py       AggregatorConfig;  prefixes.py  the commands' environment-variable prefixes
     service.py      CollectorService: receivers -> decoder -> windows -> consumers, and its lifecycle
-    command.py      ``otel-ofu collector``;  demo.py  ``otel-ofu demo``
+    command.py      ``otel-ofu collector``;  demo.py  ``otel-ofu demo`` (on loopback.py: a producer and a
+                    collector in one process over OTLP on loopback)
 
 The names below are the public surface; they load on first use, so importing one stage does not pull in
 the others (the CLI's start-up stays light).

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 import attrs
 
@@ -12,6 +11,11 @@ from otel_ofu import names
 from otel_ofu.prometheus_names import label_name
 from otel_ofu_collector.detectors import FLAG_OPTIONS, FlagOption
 from otel_ofu_collector.option_bounds import Bound, N
+from otel_ofu_collector.options import declared as option
+from otel_ofu_collector.options.declared import DAY_S as DAY_S
+from otel_ofu_collector.options.declared import DEFAULT_PRICE_KEY as DEFAULT_PRICE_KEY
+from otel_ofu_collector.options.declared import PRICE
+from otel_ofu_collector.options.declared import parse_prices as parse_prices  # re-exported: its home was here
 
 NS_PER_S = 1_000_000_000
 
@@ -21,64 +25,23 @@ NS_PER_S = 1_000_000_000
 # on a heavy-tailed fleet. The histogram is per group and window, not per GPU, so the size costs little.
 # Below that range the histogram downscales and the bound widens, by exphist.relative_error_bound.
 DEFAULT_HISTOGRAM_MAX_BUCKETS = 1280
-
-# The price-table entry that prices every GPU model without one of its own.
-DEFAULT_PRICE_KEY = "default"
-# The windows' state in bytes (streams, jobs, their identity values): room for about 500k GPU streams.
-DEFAULT_MAX_STATE_BYTES = 1024**3
-
-DAY_S: Final = 86400.0
-# The ranges of the time settings, in seconds. A window is at least a second on the command line (producers
-# report every few seconds) and at most a day; the settings object takes shorter windows (a local screen's)
-# but holds every time to the same maxima: a window of 1e30 s parses, yet no export can carry its timestamps.
-# Lateness over a day would keep a day of windows open; the horizon's correlation keeps a fixed number of
-# blocks, so a month costs no more than a day; a stream silent for a week is gone, not late.
-WINDOW: Final = Bound(float, 1.0, DAY_S, "s")
-LATENESS: Final = Bound(float, 0.0, DAY_S, "s")
-HORIZON: Final = Bound(float, 1.0, 30 * DAY_S, "s")
-STALE_AFTER: Final = Bound(float, 1.0, 7 * DAY_S, "s")
-# Facility energy over IT energy is 1 or more by definition; the least efficient data centres report about 2.5.
-PUE: Final = Bound(float, 1.0, 3.0)
-# kg CO2e per kWh: a coal-only grid emits about 1.1; more is a unit mistake (g/kWh given as kg/kWh).
-GRID_INTENSITY: Final = Bound(float, 0.0, 2.0, "kg/kWh")
-# Per GPU-hour in the configured currency: a million leaves room for currencies with small units (VND, IDR).
-PRICE: Final = Bound(float, 0.0, 1e6)
+# At least two buckets; 65,536 (a quarter of a MiB of counts per group and window) is far past any use.
+HISTOGRAM_BUCKETS: Final = Bound(int, 2, 1 << 16)
+# The settings take times down to a nanosecond (a local screen's sub-second windows), where the command line
+# takes a second; the maxima are the command line's.
+NANOSECOND_S: Final = 1e-9
+# The command raises the staleness to cover a window and its lateness, so the settings take up to all three.
+_STALE_AFTER_MAX_S: Final = sum(
+    bound.maximum for bound in (option.STALE_AFTER_RANGE, option.WINDOW_RANGE, option.LATENESS_RANGE)
+)
 
 
-def _positive(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{attribute.name} must be a positive finite number, got {value!r}")
-
-
-def _at_most(maximum: float) -> Callable[[object, attrs.Attribute[float], float], None]:
-    def check(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-        if value > maximum:
-            raise ValueError(f"{attribute.name} must be at most {maximum:g}, got {value!r}")
-
-    return check
-
-
-def _within(bound: Bound[float]) -> Callable[[object, attrs.Attribute[float], float], None]:
-    def check(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-        bound.check(attribute.name, value)
-
-    return check
-
-
-def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
-    def check(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{attribute.name} must be an integer >= {minimum}, got {value!r}")
-
-    return check
-
-
-def _as_keys(value: Iterable[str]) -> tuple[str, ...]:
+def _as_keys(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _prices(value: Mapping[str, float]) -> dict[str, float]:
-    return dict(value)
+def _prices(value: Mapping[str, float] | None) -> dict[str, float]:
+    return dict(value or {})
 
 
 def _price_table(_instance: object, attribute: attrs.Attribute[dict[str, float]], value: dict[str, float]) -> None:
@@ -94,12 +57,7 @@ def _currency(_instance: object, attribute: attrs.Attribute[str], value: str) ->
         raise ValueError(f"{attribute.name} must be a currency code such as USD or EUR, got {value!r}")
 
 
-def _optional_grid_intensity(_instance: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
-    if value is not None:
-        GRID_INTENSITY.check(attribute.name, value)
-
-
-_FLAG_OPTIONS: Final = {option.key: option for option in FLAG_OPTIONS}
+_FLAG_OPTIONS: Final = {flag.key: flag for flag in FLAG_OPTIONS}
 
 
 def _flag_settings(given: Mapping[str, float]) -> dict[str, float]:
@@ -111,33 +69,7 @@ def _flag_settings(given: Mapping[str, float]) -> dict[str, float]:
         raise ValueError(f"unknown flag setting(s) {', '.join(unknown)} (known: {', '.join(_FLAG_OPTIONS)})")
     for key, value in given.items():
         _FLAG_OPTIONS[key].bound.check(key, value)
-    return {key: given.get(key, option.default) for key, option in _FLAG_OPTIONS.items()}
-
-
-def parse_prices(text: str) -> dict[str, float]:
-    """``MODEL=PRICE[,MODEL=PRICE...]`` (price per GPU-hour; ``default`` for every other model) as a table.
-
-    Models are split at the last ``=`` of each entry, so a model name may hold anything but a comma. An empty
-    entry (``a=1,,b=2``), an entry without a model or a price, and a model given twice are refused: each is a
-    typo that would otherwise price GPUs silently at another entry's price, or not at all.
-    """
-    prices: dict[str, float] = {}
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            raise ValueError(f"an empty price entry in {text!r} (MODEL=PRICE,MODEL=PRICE,...)")
-        model, sep, raw = item.rpartition("=")
-        model = model.strip()
-        try:
-            price = float(raw)
-        except ValueError:
-            price = math.nan
-        if not sep or not model or PRICE.problem(price) is not None:
-            raise ValueError(f"price entry {item!r} is not MODEL=PRICE (a price per GPU-hour from {PRICE.describe()})")
-        if model in prices:
-            raise ValueError(f"the price of {model!r} is given twice in {text!r}")
-        prices[model] = price
-    return prices
+    return {key: given.get(key, flag.default) for key, flag in _FLAG_OPTIONS.items()}
 
 
 def _group_keys(_instance: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
@@ -164,33 +96,31 @@ class AggregatorConfig:
     open window still holds its data.
     """
 
-    window_s: float = attrs.field(default=60.0, validator=[_positive, _at_most(WINDOW.maximum)])
-    lateness_s: float = attrs.field(default=15.0, validator=_within(LATENESS))
-    horizon_s: float = attrs.field(default=DAY_S, validator=[_positive, _at_most(HORIZON.maximum)])
+    # The fields an option fills take its default and range (options/declared.py): OPTION.field().
+    window_s: float = option.WINDOW.field(minimum=NANOSECOND_S)
+    lateness_s: float = option.LATENESS.field()
+    horizon_s: float = option.HORIZON.field(minimum=NANOSECOND_S)
     # Each detector's settings by FlagOption key (detectors/*.py declare them, their defaults and bounds);
     # the ones not given take their defaults. Read them with flag(option).
     flag_settings: dict[str, float] = attrs.field(factory=dict, converter=_flag_settings, hash=False)
-    group_keys: tuple[str, ...] = attrs.field(
-        default=(names.HW_MODEL, names.GPU_PRECISION), converter=_as_keys, validator=_group_keys
-    )
-    max_streams: int = attrs.field(default=200_000, validator=_at_least(1))
-    max_jobs: int = attrs.field(default=50_000, validator=_at_least(1))
+    group_keys: tuple[str, ...] = option.GROUP_BY.field(converter=_as_keys, validator=_group_keys)
+    max_streams: int = option.MAX_STREAMS.field()
+    max_jobs: int = option.MAX_JOBS.field()
     # The windows' state in bytes (streams, jobs and the identity values they keep; see Aggregator.state_bytes):
     # new streams past it are refused, so identities far longer than real ones cannot grow the state unbounded.
-    max_state_bytes: int = attrs.field(default=DEFAULT_MAX_STATE_BYTES, validator=_at_least(1 << 20))
-    # At most the command line's maximum plus a window and its lateness: the command raises it to cover those.
-    stale_after_s: float = attrs.field(
-        default=600.0, validator=[_positive, _at_most(STALE_AFTER.maximum + WINDOW.maximum + LATENESS.maximum)]
+    max_state_bytes: int = option.MAX_STATE_BYTES.field()
+    stale_after_s: float = option.STALE_AFTER.field(minimum=NANOSECOND_S, maximum=_STALE_AFTER_MAX_S)
+    histogram_max_buckets: int = attrs.field(
+        default=DEFAULT_HISTOGRAM_MAX_BUCKETS, validator=HISTOGRAM_BUCKETS.validate
     )
-    histogram_max_buckets: int = attrs.field(default=DEFAULT_HISTOGRAM_MAX_BUCKETS, validator=_at_least(2))
-    # Price per GPU-hour by hw.model ("default": every other model); empty: no cost outputs.
-    price_per_gpu_hour: dict[str, float] = attrs.field(
-        factory=dict, converter=_prices, validator=_price_table, hash=False
+    # Price per GPU-hour by hw.model ("default": every other model); empty (or None): no cost outputs.
+    price_per_gpu_hour: dict[str, float] = option.PRICE_PER_GPU_HOUR.field(  # noqa: RUF009 - an attrs field
+        converter=_prices, validator=_price_table, hash=False
     )
-    currency: str = attrs.field(default="USD", validator=_currency)
-    pue: float = attrs.field(default=1.0, validator=_within(PUE))
+    currency: str = option.CURRENCY.field(validator=_currency)
+    pue: float = option.PUE.field()
     # kg CO2e per kWh of facility energy; None: no emissions output.
-    grid_intensity: float | None = attrs.field(default=None, validator=_optional_grid_intensity)
+    grid_intensity: float | None = option.GRID_INTENSITY.field()
     # Each GPU's own window means in WindowReport.gpus, for a live screen that opens a job (the report feed's
     # `otel-ofu top`); off by default: a 100k-GPU window would carry 100k of them.
     per_gpu_reports: bool = False
@@ -200,8 +130,6 @@ class AggregatorConfig:
     partials: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.window_ns <= 0:
-            raise ValueError(f"window_s {self.window_s!r} is below one nanosecond")
         if self.horizon_s < self.window_s:
             raise ValueError(f"horizon_s {self.horizon_s!r} is shorter than window_s {self.window_s!r}")
         if self.stale_after_s < self.window_s + self.lateness_s:

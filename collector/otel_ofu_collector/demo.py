@@ -39,8 +39,9 @@ from otel_ofu.model import Clock
 from otel_ofu.producer.loop import Observer
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.sources.simulated import H100_SXM_NAME, SimulatedFleet
-from otel_ofu_collector.config import WINDOW, AggregatorConfig
+from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.loopback import LoopbackPipeline, MfuReports
+from otel_ofu_collector.options.declared import WINDOW_RANGE
 from otel_ofu_collector.prefixes import DEMO_PREFIX
 from otel_ofu_collector.report.summary import model_name, summarize
 from otel_ofu_collector.report.terminal import print_lines, print_report
@@ -90,7 +91,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="simulated seconds between producer reads",
     )
     options.option(
-        "--window", metavar="SECONDS", type=WINDOW.parse, default=60.0, help="collector window in simulated seconds"
+        "--window",
+        metavar="SECONDS",
+        type=WINDOW_RANGE.parse,
+        default=60.0,
+        help="collector window in simulated seconds",
     )
     options.option("--seed", metavar="N", type=int, default=7, help="simulation seed")
     options.option("--html", metavar="PATH", type=output_path, help="also write the HTML fleet report to this path")

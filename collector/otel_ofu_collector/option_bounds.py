@@ -1,7 +1,8 @@
 """A numeric setting's range, checked in one place for the command line and for the settings object alike.
 
-On the command line a value outside it is argparse's one-line usage error naming the option (exit 2); in
-``AggregatorConfig`` it is a ValueError naming the field. Bounds are inclusive and finite: a window of 1e30
+On the command line (and from a variable or a configuration file) a value outside it is argparse's one-line
+usage error naming the option (exit 2); in the settings objects (``AggregatorConfig``, ``CollectorOptions``) it
+is a ValueError naming the field. Bounds are inclusive and finite: a window of 1e30
 seconds parses as a float, but no export can carry a timestamp that far away.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 
@@ -61,6 +62,10 @@ class Bound(Generic[N]):
         problem = self.problem(value)
         if problem is not None:
             raise ValueError(f"{name} {problem}")
+
+    def validate(self, _instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        """An attrs ``validator=``: ValueError, naming the field, when ``value`` is outside the range."""
+        self.check(attribute.name, value)
 
     def parse(self, text: str) -> N:
         """An argparse ``type=``: the text's value, or ArgumentTypeError saying the range."""

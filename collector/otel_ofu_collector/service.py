@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 from google.protobuf.message import DecodeError
@@ -31,24 +31,17 @@ from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import WindowConsumer
 from otel_ofu_collector.lifecycle import shutdown_in_reverse, start_in_order
-from otel_ofu_collector.otlp.decode import (
-    DEFAULT_MAX_ATTRIBUTE_LENGTH,
-    DEFAULT_MAX_MFU,
-    DecodeOutcome,
-    Decoder,
-    DecoderStats,
-)
+from otel_ofu_collector.options import declared as option
+from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder, DecoderStats
 from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
-from otel_ofu_collector.outputs.recorder import ReportRecorder
-from otel_ofu_collector.outputs.self_telemetry import SelfTelemetry
-from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
+from otel_ofu_collector.outputs.self_telemetry import SelfMetrics, SelfTelemetry, gathered
 from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.base import Receiver
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
-from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, BODY_MIN_RATE, HttpReceiver
+from otel_ofu_collector.receivers.otlp_http import HttpReceiver
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.write_ahead import WriteAhead
 
@@ -57,25 +50,17 @@ if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when
 
 logger = logging.getLogger(__name__)
 
-MODES = ("process", "shard", "merge")
-DEFAULT_SHUTDOWN_GRACE_S = 10.0  # the command's --shutdown-grace default too
-# --prometheus-expiration-windows: a series leaves /metrics after this many windows without it (the endpoint's
-# own default, outputs.prometheus.DEFAULT_EXPIRATION_WINDOWS, is not imported: that module loads only when on).
-DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS = 2
+DEFAULT_SHUTDOWN_GRACE_S: Final = option.SHUTDOWN_GRACE.default  # stop's, as the command's
 REJECTION_LOG_INTERVAL_S = 60.0  # at most one summary line of rejected points this often
 # How far past this run's clock the write-ahead's close time may lie (a clock stepped back between runs);
 # further, the value is damaged.
 _CLOCK_SLACK_NS = 86_400 * 1_000_000_000
 
 
-def _mode(_instance: object, _attribute: object, value: str) -> None:
-    if value not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {value!r}")
-
-
 @attrs.frozen
 class CollectorOptions:
-    """Everything ``otel-ofu collector`` can be told; the defaults are the command's defaults.
+    """Everything ``otel-ofu collector`` can be told; a field an option fills takes its default and range
+    (``OPTION.field()``, options/declared.py), the rest are the library's and the tests' own.
 
     ``export_endpoint`` None means: the standard ``OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT`` if set, else no
     downstream at all (outputs go to the other window consumers and Prometheus only) - never a guessed
@@ -83,33 +68,34 @@ class CollectorOptions:
     """
 
     aggregator: AggregatorConfig = attrs.field(factory=AggregatorConfig)
-    mode: str = attrs.field(default="process", validator=_mode)  # process | shard | merge
-    grpc_listen: str | None = "0.0.0.0:4317"
-    http_listen: str | None = None
-    export_endpoint: str | None = None
-    export_protocol: str | None = None  # grpc | http/protobuf; None: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc
-    prometheus_port: int | None = None
+    mode: str = option.MODE.field()  # process | shard | merge
+    grpc_listen: str | None = option.LISTEN.field()
+    http_listen: str | None = option.HTTP_LISTEN.field()
+    export_endpoint: str | None = option.EXPORT_ENDPOINT.field()
+    # grpc | http/protobuf; None: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc
+    export_protocol: str | None = option.EXPORT_PROTOCOL.field()
+    prometheus_port: int | None = option.PROMETHEUS_PORT.field()
     # Loopback by default: the endpoint shows job names and values with neither TLS nor a token, whatever
     # the receivers require. Exposing it is a choice (--prometheus-host 0.0.0.0), as for the producer.
-    prometheus_host: str = "127.0.0.1"
-    prometheus_expiration_windows: int = DEFAULT_PROMETHEUS_EXPIRATION_WINDOWS
-    pass_through: bool = True
-    forward_inputs: bool = False
-    spool_path: str | None = None
-    spool_max_bytes: int = 256 * 1024 * 1024
+    prometheus_host: str = option.PROMETHEUS_HOST.field()
+    prometheus_expiration_windows: int = option.PROMETHEUS_EXPIRATION_WINDOWS.field()
+    pass_through: bool = option.PASS_THROUGH.field()
+    forward_inputs: bool = option.FORWARD_INPUTS.field()
+    spool_path: str | None = option.SPOOL.field()
+    spool_max_bytes: int = option.SPOOL_MAX_BYTES.field()
     queue_max_requests: int = 1024
     pass_through_queue_max_requests: int = 1024
     tls: TlsFiles | None = None
     bearer_token: str | None = None
-    max_in_flight: int = 64
-    http_body_deadline_s: float = BODY_DEADLINE_S
-    http_body_min_rate: float = BODY_MIN_RATE  # bytes/s after the grace; 0: none
+    max_in_flight: int = option.MAX_IN_FLIGHT.field()
+    http_body_deadline_s: float = option.HTTP_BODY_DEADLINE.field()
+    http_body_min_rate: float = option.HTTP_BODY_MIN_RATE.field()  # bytes/s after the grace; 0: none
     retry_after_s: float = 1.0
     flush_interval_s: float = 1.0  # 0: no timer, the caller calls flush()
     max_request_bytes: int = MAX_REQUEST_BYTES
     # The largest request sent downstream: bigger window outputs and pass-through are split to fit.
-    export_max_request_bytes: int = DEFAULT_MAX_EXPORT_BYTES
-    max_attribute_length: int = DEFAULT_MAX_ATTRIBUTE_LENGTH
+    export_max_request_bytes: int = option.EXPORT_MAX_REQUEST_BYTES.field()
+    max_attribute_length: int = option.MAX_ATTRIBUTE_LENGTH.field()
     max_mfu: float = DEFAULT_MAX_MFU
     rejection_log_interval_s: float = REJECTION_LOG_INTERVAL_S
     # With a spool, the open windows' accepted requests are written ahead in batches this often (a kill loses
@@ -166,8 +152,8 @@ class CollectorService:
     _self_metrics_sent_at: float | None = attrs.field(init=False, default=None)
     _write_ahead: WriteAhead | None = attrs.field(init=False, default=None)
     _write_ahead_flushed: int = attrs.field(init=False, default=0)
-    # Write-ahead records the start's replay could not use, by reason (COLLECTOR_WRITE_AHEAD_SKIPPED).
-    _write_ahead_skipped: dict[str, int] = attrs.field(init=False, factory=lambda: {"damaged": 0, "failed": 0})
+    # The parts that count what they did, as they are made (self_metrics asks them, and the consumers that count).
+    _counting: list[SelfMetrics] = attrs.field(init=False, factory=list)
     _rejections_logged: dict[str, int] = attrs.field(init=False, factory=dict)
     _rejections_logged_at: float | None = attrs.field(init=False, default=None)
 
@@ -199,6 +185,8 @@ class CollectorService:
                 max_future_ns=None if options.max_future_skew_s is None else int(options.max_future_skew_s * 1e9),
                 max_attribute_length=options.max_attribute_length,
             )
+            self._counting.append(_WindowState(aggregator, self.decoder))
+        self._counting += [_Ingest(self.decoder), self.gate]
         transport = self.transport
         if transport is None and configured_endpoint(options.export_endpoint, self.environ) is not None:
             settings = OtlpSettings.resolve(
@@ -217,11 +205,8 @@ class CollectorService:
             streams = ("window export", *(("pass-through",) if options.pass_through else ()))
             streams += ("self-metrics",) if options.self_telemetry else ()
             downstream = DownstreamLog(str(where), streams)
-            queue: Queue = (
-                SqliteSpool(options.spool_path, options.spool_max_bytes)
-                if options.spool_path
-                else MemoryQueue(max_items=options.queue_max_requests)
-            )
+            spool = SqliteSpool(options.spool_path, options.spool_max_bytes) if options.spool_path else None
+            queue: Queue = spool if spool is not None else MemoryQueue(max_items=options.queue_max_requests)
             self.exports = Delivery(
                 transport,
                 queue,
@@ -232,6 +217,7 @@ class CollectorService:
                 max_request_bytes=options.export_max_request_bytes,
                 downstream=downstream,
             )
+            self._counting.append(_Sender("windows", self.exports, spool))
             self._window_export = OtlpWindowExport(
                 self.exports,
                 self._resource_attributes(),
@@ -249,6 +235,7 @@ class CollectorService:
                     max_request_bytes=options.export_max_request_bytes,
                     downstream=downstream,
                 )
+                self._counting.append(_Sender("pass_through", self.pass_through))
             if options.self_telemetry:
                 # Its own small memory queue: the counters are cumulative, so a newer snapshot supersedes
                 # a waiting one, and none belongs in the spool of window outputs.
@@ -268,7 +255,10 @@ class CollectorService:
                 )
             if options.spool_path and options.mode != "merge":
                 self._write_ahead = WriteAhead(f"{options.spool_path}.accepted", batch_s=options.write_ahead_batch_s)
+                self._counting.append(self._write_ahead)
                 self._replay()
+            if spool is not None:
+                self._counting.append(spool)
         if options.prometheus_port is not None:
             from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint
 
@@ -325,8 +315,8 @@ class CollectorService:
                     logger.exception("write-ahead: replaying a record failed; it is skipped")
         accepted = self.decoder.stats.accepted
         self.decoder.stats = DecoderStats()  # this run's counters count this run's requests
-        self._write_ahead_skipped["damaged"] += damaged + unparsed
-        self._write_ahead_skipped["failed"] += failed
+        self._write_ahead.skipped["damaged"] += damaged + unparsed
+        self._write_ahead.skipped["failed"] += failed
         logger.warning(
             "replayed %d request(s) (%d point(s) of windows still open) that a previous run accepted but "
             "never closed (it was killed or crashed); %d damaged record(s) skipped, %d failed",
@@ -596,81 +586,87 @@ class CollectorService:
             logger.exception("sending the self-metrics downstream failed")
 
     def self_metrics(self) -> dict[str, Any]:
-        """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``."""
-        decoder = self.decoder.stats
-        dropped: dict[str, int] = {}
-        queued: dict[str, int] = {}
-        failures: dict[str, int] = {}
-        refused: dict[str, int] = {}
-        spool_bytes: int | None = None
-        for stream, delivery in (("windows", self.exports), ("pass_through", self.pass_through)):
-            if delivery is not None:
-                dropped[f"{stream}_overflow"] = delivery.stats.dropped_overflow
-                dropped[f"{stream}_rejected"] = delivery.stats.dropped_rejected
-                dropped[f"{stream}_oversized"] = delivery.stats.dropped_oversized
-                queued[stream] = len(delivery.queue)
-                failures[stream] = delivery.stats.failures
-                refused[stream] = delivery.stats.rejected_points
-                if isinstance(delivery.queue, SqliteSpool):
-                    spool_bytes = delivery.queue.size_bytes
-                    dropped[f"{stream}_spool_failed"] = delivery.queue.unstored_dropped
-        recorders = [consumer for consumer in self.consumers if isinstance(consumer, ReportRecorder)]
-        if recorders:
-            dropped["records_failed"] = sum(recorder.unrecorded for recorder in recorders)
-        state: dict[str, Any] = {}
-        if isinstance(self.aggregator, Aggregator):
-            stats = self.aggregator.stats
-            state = {
-                names.COLLECTOR_EVICTED.name: {"stream": stats.evicted_streams, "job": stats.evicted_jobs},
-                names.COLLECTOR_POINTS_OVER_CAP.name: {
-                    "max_streams": stats.rejected_stream_cap,
-                    "max_jobs": stats.rejected_job_cap,
-                    "max_state_bytes": stats.rejected_state_cap,
-                },
-                names.COLLECTOR_STATE_SIZE.name: {
-                    "windows": self.aggregator.state_bytes,
-                    "resource_cache": self.decoder.cache_bytes,
-                },
-                names.COLLECTOR_CLOSE_FAILURES.name: {
-                    **dict.fromkeys(("group", "job", "fleet"), 0),
-                    **stats.close_failures,
-                    "window": stats.windows_failed,
-                },
-            }
-        if self.exports is not None:
-            state[names.COLLECTOR_EXPORT_FAILURES.name] = failures
-            state[names.COLLECTOR_EXPORT_REJECTED.name] = refused
-        if spool_bytes is not None:
-            state[names.COLLECTOR_SPOOL_SIZE.name] = spool_bytes
-        state.update(self._file_metrics())
+        """Counters for the Prometheus endpoint and tests, keyed by the names in ``otel_ofu.names``: what each part
+        counted (``SelfMetrics``), a window consumer that counts something included. The queue and drop counts
+        are there without a downstream too, empty."""
+        consumers = [consumer for consumer in self.consumers if isinstance(consumer, SelfMetrics)]
+        return gathered([*self._counting, *consumers], shown=(_QUEUED, _DROPPED))
+
+
+# --- the self-metrics of the parts that do not say their own ----------------------------------------------------
+
+_QUEUED: Final = names.COLLECTOR_EXPORT_QUEUED.name
+_DROPPED: Final = names.COLLECTOR_DROPPED.name
+
+
+@attrs.frozen
+class _Ingest:
+    """What the decoder took, refused and forwarded (read through it: a replay gives it fresh stats)."""
+
+    decoder: Decoder
+
+    def self_metrics(self) -> dict[str, Any]:
+        stats = self.decoder.stats
         return {
-            names.COLLECTOR_POINTS_ACCEPTED.name: decoder.accepted,
-            names.COLLECTOR_POINTS_REJECTED.name: dict(decoder.rejected_by_reason),
-            names.COLLECTOR_REQUESTS_REFUSED.name: {
-                "overload": self.gate.refused_overload,
-                "shutdown": self.gate.refused_shutdown,
-            },
-            names.COLLECTOR_REQUESTS_FORWARDED.name: decoder.forwarded_requests,
-            names.COLLECTOR_EXPORT_QUEUED.name: queued,
-            names.COLLECTOR_DROPPED.name: dropped,
-            **state,
+            names.COLLECTOR_POINTS_ACCEPTED.name: stats.accepted,
+            names.COLLECTOR_POINTS_REJECTED.name: dict(stats.rejected_by_reason),
+            names.COLLECTOR_REQUESTS_FORWARDED.name: stats.forwarded_requests,
         }
 
-    def _file_metrics(self) -> dict[str, Any]:
-        """What the write-ahead and the spool lost to their disk and their files (absent without a spool)."""
-        found: dict[str, Any] = {}
-        damaged: dict[str, int] = {}
-        ahead = self._write_ahead
-        if ahead is not None:
-            found[names.COLLECTOR_WRITE_AHEAD_UNWRITTEN.name] = ahead.unwritten
-            found[names.COLLECTOR_WRITE_AHEAD_SKIPPED.name] = dict(self._write_ahead_skipped)
-            damaged |= {"write_ahead_unreadable": ahead.files_unreadable, "write_ahead_wal": ahead.wal_damaged}
-        spool = None if self.exports is None else self.exports.queue
-        if isinstance(spool, SqliteSpool):
-            damaged |= {"spool_unreadable": spool.files_unreadable, "spool_wal": spool.wal_damaged}
-        if damaged:
-            found[names.COLLECTOR_FILES_DAMAGED.name] = damaged
-        return found
+
+@attrs.frozen
+class _WindowState:
+    """The windows' state: evictions, points over a cap, the bytes held (the decoder's resource cache's beside
+    them) and windows or parts of them that failed to close."""
+
+    aggregator: Aggregator
+    decoder: Decoder
+
+    def self_metrics(self) -> dict[str, Any]:
+        stats = self.aggregator.stats
+        return {
+            names.COLLECTOR_EVICTED.name: {"stream": stats.evicted_streams, "job": stats.evicted_jobs},
+            names.COLLECTOR_POINTS_OVER_CAP.name: {
+                "max_streams": stats.rejected_stream_cap,
+                "max_jobs": stats.rejected_job_cap,
+                "max_state_bytes": stats.rejected_state_cap,
+            },
+            names.COLLECTOR_STATE_SIZE.name: {
+                "windows": self.aggregator.state_bytes,
+                "resource_cache": self.decoder.cache_bytes,
+            },
+            names.COLLECTOR_CLOSE_FAILURES.name: {
+                **dict.fromkeys(("group", "job", "fleet"), 0),
+                **stats.close_failures,
+                "window": stats.windows_failed,
+            },
+        }
+
+
+@attrs.frozen
+class _Sender:
+    """A sender downstream, under its stream's name: requests queued, dropped (with what its spool could not keep)
+    and failed."""
+
+    stream: str
+    delivery: Delivery
+    spool: SqliteSpool | None = None
+
+    def self_metrics(self) -> dict[str, Any]:
+        stats, stream = self.delivery.stats, self.stream
+        dropped = {
+            f"{stream}_overflow": stats.dropped_overflow,
+            f"{stream}_rejected": stats.dropped_rejected,
+            f"{stream}_oversized": stats.dropped_oversized,
+        }
+        if self.spool is not None:
+            dropped[f"{stream}_spool_failed"] = self.spool.unstored_dropped
+        return {
+            _QUEUED: {stream: len(self.delivery.queue)},
+            _DROPPED: dropped,
+            names.COLLECTOR_EXPORT_FAILURES.name: {stream: stats.failures},
+            names.COLLECTOR_EXPORT_REJECTED.name: {stream: stats.rejected_points},
+        }
 
 
 def _start_consumer(consumer: WindowConsumer) -> None:

@@ -35,9 +35,11 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
+from otel_ofu import names
 from otel_ofu_collector import sqlite_files
 from otel_ofu_collector.sqlite_files import RETRY_S
 
@@ -63,6 +65,8 @@ class WriteAhead:
     damaged_records: int = attrs.field(init=False, default=0)  # records skipped by pending(): bytes changed
     files_unreadable: int = attrs.field(init=False, default=0)  # files moved aside
     wal_damaged: int = attrs.field(init=False, default=0)  # damaged WALs found
+    # Records a start's replay could not use, by why: damaged (bytes changed, unparsable) or failed (it raised).
+    skipped: dict[str, int] = attrs.field(init=False, factory=lambda: {"damaged": 0, "failed": 0})
     _db: sqlite3.Connection | None = attrs.field(init=False, default=None)
     _batch: list[tuple[int, bytes, int]] = attrs.field(init=False, factory=list)
     _batch_started: float = attrs.field(init=False, default=0.0)
@@ -175,6 +179,15 @@ class WriteAhead:
             finally:
                 if opened.db is not None:
                     opened.db.close()
+
+    def self_metrics(self) -> dict[str, Any]:
+        """What it could not write or replay, and the files found damaged (the collector's ``SelfMetrics``)."""
+        damaged = {"write_ahead_unreadable": self.files_unreadable, "write_ahead_wal": self.wal_damaged}
+        return {
+            names.COLLECTOR_WRITE_AHEAD_UNWRITTEN.name: self.unwritten,
+            names.COLLECTOR_WRITE_AHEAD_SKIPPED.name: dict(self.skipped),
+            names.COLLECTOR_FILES_DAMAGED.name: damaged,
+        }
 
     def close(self) -> None:
         with self._lock:

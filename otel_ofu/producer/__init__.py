@@ -1,4 +1,4 @@
-"""The node-side OpenTelemetry producer: snapshot -> MetricsData -> the SDK's exporters (and Prometheus)."""
+"""The node-side OpenTelemetry producer: snapshot -> MetricsData -> an exporter (its own OTLP one) and Prometheus."""
 
 from __future__ import annotations
 

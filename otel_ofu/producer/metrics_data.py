@@ -2,8 +2,9 @@
 
 The Python SDK has no MetricProducer hook, and an observable-gauge pipeline would stamp every point with
 the collection time and one resource for the whole process. Building ``MetricsData`` ourselves keeps the
-sample's own interval as the point's timestamps and gives each GPU its own Resource, while the SDK's
-exporters still do the encoding, transport and every ``OTEL_EXPORTER_OTLP_*`` variable.
+sample's own interval as the point's timestamps and gives each GPU its own Resource. The ``MetricsData`` goes
+to an SDK ``MetricExporter``: the producer's own OTLP exporter (``exporters.py``) encodes it itself (the gauges'
+start times kept), sends it itself and reads the ``OTEL_EXPORTER_OTLP_*`` variables; the console exporter prints it.
 """
 
 from __future__ import annotations

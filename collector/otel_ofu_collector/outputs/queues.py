@@ -14,10 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
+from otel_ofu import names
 from otel_ofu_collector import sqlite_files
 from otel_ofu_collector.sqlite_files import RETRY_S
 
@@ -173,6 +174,12 @@ class SqliteSpool:
         """Bytes of requests held (0 once closed)."""
         with self._lock:
             return 0 if self._left is not None else self._count()[1] + self._held_bytes
+
+    def self_metrics(self) -> dict[str, Any]:
+        """Its size, and the files found damaged (the collector's ``SelfMetrics``; what it could not keep is its
+        sender's to say, by stream)."""
+        damaged = {"spool_unreadable": self.files_unreadable, "spool_wal": self.wal_damaged}
+        return {names.COLLECTOR_SPOOL_SIZE.name: self.size_bytes, names.COLLECTOR_FILES_DAMAGED.name: damaged}
 
     def __len__(self) -> int:
         # A scrape of the self-metrics may come while the service shuts down, after the spool closed.

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import attrs
 
+from otel_ofu import names
 from otel_ofu_collector.outputs.record_codec import encode_lines
 from otel_ofu_collector.results import WindowReport
 
@@ -43,6 +44,10 @@ class ReportRecorder:
             self._file = io.FileIO(self.path, "a")  # unbuffered: a failed write leaves nothing behind to retry
         except OSError as error:
             raise OSError(f"cannot append window records to {self.path} ({error.strerror or error})") from error
+
+    def self_metrics(self) -> dict[str, dict[str, int]]:
+        """The windows a refused write left out of the file (the collector's ``SelfMetrics``)."""
+        return {names.COLLECTOR_DROPPED.name: {"records_failed": self.unrecorded}}
 
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
         # Without the windows' per-GPU means: a live screen's, too large to keep for every window of a run.

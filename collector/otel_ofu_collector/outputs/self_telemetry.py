@@ -1,6 +1,10 @@
 """The collector's self-metrics sent to its OTLP downstream, as the OpenTelemetry Collector's internal
 telemetry is: accepted and rejected points (by reason), evictions, queue depth, export failures, spool size.
 
+Each part of the collector that counts what it did says so itself: it implements ``SelfMetrics`` (one method,
+its points by metric name), and ``CollectorService`` asks each part in a list and ``gathered`` puts the answers
+together (the Prometheus endpoint shows the same mapping).
+
 ``CollectorService`` sends them with every batch of closed windows (about once per window) and once at
 shutdown, by a sender of their own on the same downstream, so they reach wherever the outputs go even
 where nobody scrapes the Prometheus endpoint. Counters are cumulative monotonic sums since the service
@@ -10,8 +14,8 @@ service.instance.id).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -21,6 +25,35 @@ from otel_ofu import names
 from otel_ofu_collector.outputs.delivery import Delivery
 
 _SPECS: Mapping[str, names.MetricSpec] = {spec.name: spec for spec in names.COLLECTOR_SELF_METRICS}
+_ORDER: Mapping[str, int] = {spec.name: index for index, spec in enumerate(names.COLLECTOR_SELF_METRICS)}
+
+# One self-metric's value: a number, or numbers by attribute value (``names.COLLECTOR_SELF_METRIC_KEYS`` names the
+# attribute; "reason" where it names none).
+SelfMetricValue: TypeAlias = int | float | Mapping[str, int | float]
+
+
+@runtime_checkable  # a window consumer may count something too (the records file: the windows it left out)
+class SelfMetrics(Protocol):
+    """A part of the collector that counts what it did: ``self_metrics`` gives its points by metric name
+    (``names.COLLECTOR_SELF_METRICS``). Parts may share a metric, each with attribute values of its own (the
+    drop counts of each stream) or adding to another's (two records files)."""
+
+    def self_metrics(self) -> Mapping[str, SelfMetricValue]: ...
+
+
+def gathered(parts: Iterable[SelfMetrics], shown: Iterable[str] = ()) -> dict[str, Any]:
+    """Every part's points in one mapping, in the vocabulary's order; where parts give the same metric (and the
+    same attribute value), their numbers add up. The ``shown`` metrics are there, empty, when no part gave them."""
+    found: dict[str, Any] = {name: {} for name in shown}
+    for part in parts:
+        for name, value in part.self_metrics().items():
+            if isinstance(value, Mapping):
+                into = found.setdefault(name, {})
+                for label, number in value.items():
+                    into[label] = into.get(label, 0) + number
+            else:
+                found[name] = found.get(name, 0) + value
+    return {name: found[name] for name in sorted(found, key=lambda name: _ORDER.get(name, len(_ORDER)))}
 
 
 def _attribute(attributes: Any, key: str, value: str) -> None:
@@ -32,7 +65,7 @@ def _attribute(attributes: Any, key: str, value: str) -> None:
 def self_metrics_request(
     values: Mapping[str, Any], resource_attributes: Mapping[str, str], start_ns: int, now_ns: int
 ) -> ExportMetricsServiceRequest:
-    """``values`` (``CollectorService.self_metrics``: a number, or numbers by attribute value) as OTLP."""
+    """``values`` (``gathered``: a number, or numbers by attribute value) as OTLP."""
     request = ExportMetricsServiceRequest()
     rm = request.resource_metrics.add(schema_url=names.SCHEMA_URL)
     for key, value in {**resource_attributes, names.SERVICE_NAME: names.COLLECTOR_SERVICE_NAME}.items():

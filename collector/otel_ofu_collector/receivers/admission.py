@@ -11,6 +11,8 @@ import threading
 
 import attrs
 
+from otel_ofu import names
+
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 
@@ -55,6 +57,11 @@ class Gate:
     @property
     def closing(self) -> bool:
         return self._closing
+
+    def self_metrics(self) -> dict[str, dict[str, int]]:
+        """The requests refused, by why (the collector's ``SelfMetrics``)."""
+        refused = {"overload": self.refused_overload, "shutdown": self.refused_shutdown}
+        return {names.COLLECTOR_REQUESTS_REFUSED.name: refused}
 
     @property
     def in_flight(self) -> int:

@@ -27,7 +27,8 @@ from otel_ofu.gpu_samples import compute_snapshot
 from otel_ofu.model import SourceUnavailable
 from otel_ofu.sources.capture import ReplaySource
 from otel_ofu_collector.aggregation.windows import Aggregator
-from otel_ofu_collector.config import WINDOW, AggregatorConfig
+from otel_ofu_collector.config import AggregatorConfig
+from otel_ofu_collector.options.declared import WINDOW_RANGE
 from otel_ofu_collector.outputs.feed_client import FeedError, fetch_records
 from otel_ofu_collector.outputs.record_codec import NotWindowRecords, Records, load_records
 from otel_ofu_collector.prefixes import REPORT_PREFIX
@@ -119,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     options.option("--title", help="the page title (default: otel-ofu fleet report)")
     options.option(
         "--window",
-        type=WINDOW.parse,
+        type=WINDOW_RANGE.parse,
         default=DEFAULT_WINDOW_S,
         metavar="SECONDS",
         help="window length when replaying a --capture",

@@ -27,8 +27,9 @@ from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.model import SourceUnavailable
 from otel_ofu.sources.factory import add_source_options, open_from_args
 from otel_ofu.sources.simulated import SimulatedFleet
-from otel_ofu_collector.config import WINDOW, AggregatorConfig
+from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.loopback import LoopbackPipeline
+from otel_ofu_collector.options.declared import WINDOW_RANGE
 from otel_ofu_collector.outputs.feed_client import FeedAccess
 from otel_ofu_collector.prefixes import TOP_PREFIX
 from otel_ofu_collector.top.feeds import PipelineRunner, ReportFeedPoller, Source, start_thread
@@ -100,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     live.option(
         "--window",
         metavar="SECONDS",
-        type=WINDOW.parse,
+        type=WINDOW_RANGE.parse,
         help=f"the windows' length (default {DEMO_WINDOW_S:g} simulated seconds with --demo, "
         f"{SOURCE_WINDOW_S:g} with --source)",
     )
