@@ -19,6 +19,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from otel_ofu import names
+from otel_ofu.control_chars import escaped
 from otel_ofu.producer.metrics_data import AttributeValue, ComputedSnapshot
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.prometheus_names import label_name, metric_name
@@ -99,7 +100,8 @@ def _spec(name: str) -> names.MetricSpec:
 
 
 def _label_values(attributes: Mapping[str, AttributeValue], labels: list[str]) -> list[str]:
-    by_label = {label_name(key): str(value) for key, value in attributes.items()}
+    # A value a page or a pod label gave: its control characters written out, never a raw ESC on /metrics.
+    by_label = {label_name(key): escaped(str(value)) for key, value in attributes.items()}
     return [by_label.get(label, "") for label in labels]  # an empty label is an absent one in Prometheus
 
 

@@ -31,9 +31,9 @@ from otel_ofu_collector.otlp.resources import (
     cache_key,
     entry_bytes,
     identity_of,
-    overlong,
     resource_views,
     stream_key,
+    unusable,
 )
 from otel_ofu_collector.otlp.shapes import Shape, read_through, shape_of, take_inputs
 from otel_ofu_collector.results import PartialWindow
@@ -249,7 +249,7 @@ class Decoder:
             identity,
             stream_key(identity),
             self.sink.profile_of(identity),
-            overlong(identity, self.max_attribute_length),
+            unusable(identity, self.max_attribute_length),
         )
         self._remember(key, found)
         return found
@@ -341,7 +341,6 @@ class _Reading:
         "decoder",
         "latest",
         "locked",
-        "overlong_words",
         "raw",
         "rejections",
         "request",
@@ -369,7 +368,6 @@ class _Reading:
         self.accepted = 0
         self.any_ours = False
         self.any_foreign = False
-        self.overlong_words = f"with an attribute value longer than {decoder.max_attribute_length} characters"
 
     def view(self, index: int) -> Any:
         """The index-th ResourceMetrics as sent; the first call parses the views (outside the lock) and locks."""
@@ -404,7 +402,7 @@ class _Reading:
                 key = cache_key(view.resource)
                 entry = cache.get(key) or decoder.entry(rm, key)
                 scopes = view.scope_metrics
-                if len(scopes) == 1 and entry.stream_key is not None and not entry.overlong:
+                if len(scopes) == 1 and entry.stream_key is not None and entry.unusable is None:
                     data = scopes[0]
                     shape = entry.shape
                     numbers = None if shape is None else shape.template.read(data)
@@ -428,7 +426,7 @@ class _Reading:
                 and entry is not None
                 and entry.builds < _MAX_SHAPE_BUILDS
                 and (entry.shape is None or shape_missed)
-                and not entry.overlong
+                and entry.unusable is None
                 and entry.stream_key is not None
             ):
                 decoder.learn_shape(rm, self.view(index), entry)
@@ -458,8 +456,8 @@ class _Reading:
                         continue
                 if entry is None:
                     entry = self.decoder.entry(rm, cache_key(self.view(index).resource))
-                if entry.overlong:
-                    self.rejections.add(R.BAD_ATTRIBUTE, f"{name} {self.overlong_words}", len(points))
+                if entry.unusable is not None:
+                    self.rejections.add(R.BAD_ATTRIBUTE, f"{name} {entry.unusable}", len(points))
                 elif role == roles.OFU:
                     self.ofu(points, entry)
                 elif role == roles.INPUT:
@@ -496,8 +494,9 @@ class _Reading:
             identity, key = self._own_identity(_OFU, point.attributes, entry)
             profile = entry.profile
             if identity is not entry.identity:
-                if overlong(identity, max_length):
-                    rejections.add(R.BAD_ATTRIBUTE, f"{_OFU} {self.overlong_words}")
+                words = unusable(identity, max_length)
+                if words is not None:
+                    rejections.add(R.BAD_ATTRIBUTE, f"{_OFU} {words}")
                     continue
                 profile = sink.profile_of(identity)
             if key is None:
@@ -547,8 +546,8 @@ class _Reading:
                 )
             else:
                 identity, key = self._own_identity(name, attributes, entry)
-            if identity is not entry.identity and overlong(identity, max_length):
-                rejections.add(R.BAD_ATTRIBUTE, f"{name} {self.overlong_words}")
+            if identity is not entry.identity and (words := unusable(identity, max_length)) is not None:
+                rejections.add(R.BAD_ATTRIBUTE, f"{name} {words}")
                 continue
             if key is None:
                 rejections.refuse(name, R.NO_IDENTITY)
@@ -582,8 +581,8 @@ class _Reading:
                 continue
             attributes = point.attributes
             identity = identity_of(attributes, entry.identity) if attributes else entry.identity
-            if identity is not entry.identity and overlong(identity, max_length):
-                rejections.add(R.BAD_ATTRIBUTE, f"{_MFU} {self.overlong_words}")
+            if identity is not entry.identity and (words := unusable(identity, max_length)) is not None:
+                rejections.add(R.BAD_ATTRIBUTE, f"{_MFU} {words}")
                 continue
             job_id = identity.get(_JOB_ID)
             if not job_id:

@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from otel_ofu import names
+from otel_ofu.control_chars import escaped
 from otel_ofu.prometheus_names import label_name, metric_name
 from otel_ofu_collector.results import OUTPUT_METRICS, WindowReport, gauge_points
 
@@ -71,7 +72,8 @@ def window_series(report: WindowReport) -> Iterator[Series]:
         yield Series(
             prometheus_name(point.spec.name),
             point.spec.description or point.spec.name,
-            tuple(sorted((output_label(key), str(value)) for key, value in point.attributes.items())),
+            # The receiver refuses control characters in identity values; written out here all the same.
+            tuple(sorted((output_label(key), escaped(str(value))) for key, value in point.attributes.items())),
             float(point.value),
             _GAUGE_ORDER.get(point.spec.name, len(_GAUGE_ORDER)),
         )

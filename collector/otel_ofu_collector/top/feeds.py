@@ -20,6 +20,7 @@ from typing import Final, Protocol
 
 import attrs
 
+from otel_ofu.control_chars import escape_controls
 from otel_ofu.gpu_samples import ComputedSnapshot
 from otel_ofu_collector.loopback import LoopbackPipeline
 from otel_ofu_collector.outputs.feed_client import FeedAccess, FeedError, feed_url, fetch_records
@@ -158,7 +159,13 @@ class PipelineRunner:
 
 
 def start_thread(source: Source, post: Post, stop: threading.Event) -> threading.Thread:
-    """Run ``source`` on a daemon thread (quitting never waits on a feed that hangs)."""
-    thread = threading.Thread(target=source.run, args=(post, stop), name="otel-ofu-top-source", daemon=True)
+    """Run ``source`` on a daemon thread (quitting never waits on a feed that hangs). Every update reaches the
+    screen with the control characters of its text written out (``control_chars``): a job id a feed or a page
+    gave cannot retitle, clear or otherwise drive the terminal."""
+
+    def post_escaped(update: Update) -> None:
+        post(escape_controls(update))
+
+    thread = threading.Thread(target=source.run, args=(post_escaped, stop), name="otel-ofu-top-source", daemon=True)
     thread.start()
     return thread
