@@ -49,6 +49,7 @@ from otel_ofu_collector.receivers.base import Receiver
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
 from otel_ofu_collector.receivers.otlp_http import BODY_DEADLINE_S, BODY_MIN_RATE, HttpReceiver
 from otel_ofu_collector.results import WindowReport
+from otel_ofu_collector.spool_lock import SpoolLock
 from otel_ofu_collector.write_ahead import WriteAhead
 
 if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when the endpoint is on
@@ -162,6 +163,8 @@ class CollectorService:
     _self_telemetry: SelfTelemetry | None = attrs.field(init=False, default=None)
     _self_metrics_sent_at: float | None = attrs.field(init=False, default=None)
     _write_ahead: WriteAhead | None = attrs.field(init=False, default=None)
+    # The lock on --spool (None without one); a test that plays a kill releases it, as the kernel would.
+    spool_lock: SpoolLock | None = attrs.field(init=False, default=None)
     _write_ahead_flushed: int = attrs.field(init=False, default=0)
     # Write-ahead records the start's replay could not use, by reason (COLLECTOR_WRITE_AHEAD_SKIPPED).
     _write_ahead_skipped: dict[str, int] = attrs.field(init=False, factory=lambda: {"damaged": 0, "failed": 0})
@@ -169,6 +172,16 @@ class CollectorService:
     _rejections_logged_at: float | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
+        # One collector per spool, taken before either of its files is opened (``spool_lock``).
+        self.spool_lock = SpoolLock.take(self.options.spool_path) if self.options.spool_path else None
+        try:
+            self._build()
+        except BaseException:
+            if self.spool_lock is not None:
+                self.spool_lock.release()
+            raise
+
+    def _build(self) -> None:
         options = self.options
         self.gate = Gate(max_in_flight=options.max_in_flight, retry_after_s=options.retry_after_s)
         if options.mode == "merge":
@@ -331,6 +344,8 @@ class CollectorService:
             if self._write_ahead is not None:
                 self._write_ahead.close()  # kept: what it holds is replayed by the next start
             self._close_transport()
+            if self.spool_lock is not None:
+                self.spool_lock.release()
             raise
         self._started_outputs = outputs
         options = self.options
@@ -476,6 +491,8 @@ class CollectorService:
         self._close_transport()  # only now: until both deliveries stopped, either may be mid-send
         # Last: until now they answered UNAVAILABLE (the gate is closed), which tells a client to retry elsewhere.
         shutdown_in_reverse(self._receivers, _stop_receiver)
+        if self.spool_lock is not None:  # the spool's files are closed
+            self.spool_lock.release()
         return reports
 
     @property
