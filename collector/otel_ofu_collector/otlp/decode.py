@@ -35,7 +35,7 @@ from otel_ofu_collector.otlp.resources import (
     stream_key,
     unusable,
 )
-from otel_ofu_collector.otlp.shapes import Shape, read_through, shape_of, take_inputs
+from otel_ofu_collector.otlp.shapes import Shape, read_through, refuse_through, shape_of, take_inputs
 from otel_ofu_collector.results import PartialWindow
 
 R = names.RejectReason
@@ -402,7 +402,7 @@ class _Reading:
                 key = cache_key(view.resource)
                 entry = cache.get(key) or decoder.entry(rm, key)
                 scopes = view.scope_metrics
-                if len(scopes) == 1 and entry.stream_key is not None and entry.unusable is None:
+                if len(scopes) == 1 and entry.unusable is None:
                     data = scopes[0]
                     shape = entry.shape
                     numbers = None if shape is None else shape.template.read(data)
@@ -414,7 +414,12 @@ class _Reading:
                                 break
                     if numbers is not None:
                         assert shape is not None
-                        self.accepted += read_through(entry, shape, numbers, self.latest, self.sink, self.rejections)
+                        if entry.stream_key is None:  # no GPU identity: every point refused, at a template's cost
+                            refuse_through(shape, numbers, self.rejections)
+                        else:
+                            self.accepted += read_through(
+                                entry, shape, numbers, self.latest, self.sink, self.rejections
+                            )
                         self.any_ours = True
                         stats.shaped_resources += 1  # under the lock, taken with the views
                         entry.shape = shape  # the Resource's layout from now, with a fresh build budget
@@ -427,7 +432,6 @@ class _Reading:
                 and entry.builds < _MAX_SHAPE_BUILDS
                 and (entry.shape is None or shape_missed)
                 and entry.unusable is None
-                and entry.stream_key is not None
             ):
                 decoder.learn_shape(rm, self.view(index), entry)
 
