@@ -31,7 +31,7 @@ from otel_ofu_collector.config import (
 from otel_ofu_collector.detectors import FLAG_OPTIONS
 from otel_ofu_collector.option_bounds import Bound
 from otel_ofu_collector.otlp.decode import DEFAULT_MAX_ATTRIBUTE_LENGTH
-from otel_ofu_collector.outputs.feed_server import ReportFeed
+from otel_ofu_collector.outputs.feed_server import DEFAULT_FEED_MAX_BYTES, ReportFeed
 from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.prefixes import COLLECTOR_PREFIX
@@ -78,6 +78,7 @@ MAX_JOBS = Bound(int, 1, 1_000_000)
 # The windows' state: at least a few thousand streams' worth, at most what one host's memory could hold.
 STATE_BYTES = Bound(int, 1 << 20, 1 << 40, "bytes")  # 1 MiB to 1 TiB
 SPOOL_BYTES = Bound(int, 1 << 20, 1 << 40, "bytes")  # 1 MiB to 1 TiB
+FEED_BYTES = Bound(int, 1 << 20, 1 << 40, "bytes")  # 1 MiB to 1 TiB
 MAX_IN_FLIGHT = Bound(int, 1, 1024)  # one gRPC worker thread each
 # At least one large data point with its resource must fit; beyond 64 MiB no OTLP receiver takes a request.
 EXPORT_BYTES = Bound(int, 64 * 1024, 64 * 1024 * 1024, "bytes")
@@ -314,6 +315,14 @@ def _output_options(options: CommandOptions) -> None:
         metavar="HOST",
         help="address of the report feed (loopback by default: it has no TLS or token; 0.0.0.0 exposes it)",
     )
+    _bounded(
+        options,
+        "--report-feed-max-bytes",
+        FEED_BYTES,
+        default=DEFAULT_FEED_MAX_BYTES,
+        metavar="BYTES",
+        help="bound of the report feed's windows in memory (apart from --max-state-bytes); its oldest are dropped",
+    )
 
 
 def _prometheus_options(options: CommandOptions) -> None:
@@ -500,7 +509,9 @@ def run(args: argparse.Namespace) -> int:
         if args.record_outputs:
             service.consumers.append(ReportRecorder(args.record_outputs))
         if args.report_feed_port is not None:
-            feed = ReportFeed(host=args.report_feed_host, port=int(args.report_feed_port))
+            feed = ReportFeed(
+                host=args.report_feed_host, port=int(args.report_feed_port), max_bytes=int(args.report_feed_max_bytes)
+            )
             service.consumers.append(feed)
         service.start()  # starts the consumers too, and shuts them down in stop
         if feed is not None:

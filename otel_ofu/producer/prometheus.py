@@ -14,12 +14,13 @@ import threading
 from collections.abc import Iterator, Mapping
 
 import attrs
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from otel_ofu import names
 from otel_ofu.control_chars import escaped
+from otel_ofu.http_endpoint import HttpEndpoint, Reply, Request
 from otel_ofu.producer.metrics_data import AttributeValue, ComputedSnapshot
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.prometheus_names import label_name, metric_name
@@ -126,7 +127,8 @@ def _self_families(self_metrics: SelfMetrics | None) -> Iterator[Metric]:
 
 @attrs.define
 class PrometheusEndpoint:
-    """``/metrics`` on ``addr:port`` (port 0 picks a free one; ``port`` says which) with its own registry.
+    """``/metrics`` on ``addr:port`` (port 0 picks a free one; ``port`` says which) with its own registry, under the
+    bounds of ``http_endpoint`` (idle and slow clients cut, connections bounded).
 
     No default port: 9400 is dcgm-exporter's and the usual choice, 9464, may be taken; the caller says.
     """
@@ -134,21 +136,25 @@ class PrometheusEndpoint:
     port: int
     addr: str = "0.0.0.0"
     collector: LatestSnapshotCollector = attrs.field(factory=LatestSnapshotCollector)
-    _server: object = attrs.field(default=None, init=False)
+    _registry: CollectorRegistry = attrs.field(init=False, factory=lambda: CollectorRegistry(auto_describe=False))
+    _server: HttpEndpoint | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.collector)
-        server, _thread = start_http_server(self.port, addr=self.addr, registry=registry)
+        self._registry.register(self.collector)
+        server = HttpEndpoint(self._reply, self.addr, self.port, name="otel-ofu-prometheus")
+        self.port = server.start()
         self._server = server
-        self.port = server.server_port
+
+    def _reply(self, request: Request) -> Reply:
+        # Every path but the favicon is the page, as prometheus-client's own server answers.
+        if request.path == "/favicon.ico":
+            return Reply.text(404, "not found\n")
+        return Reply(200, CONTENT_TYPE_LATEST, (generate_latest(self._registry),))
 
     def update(self, computed: ComputedSnapshot, self_metrics: SelfMetrics) -> None:
         self.collector.update(computed, self_metrics)
 
     def close(self) -> None:
-        server = self._server
+        server, self._server = self._server, None
         if server is not None:
-            self._server = None
-            server.shutdown()  # type: ignore[attr-defined]
-            server.server_close()  # type: ignore[attr-defined]
+            server.stop()
