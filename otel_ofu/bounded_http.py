@@ -23,7 +23,13 @@ import attrs
 
 
 class GetError(Exception):
-    """The GET as a whole failed; the message says why in one line (with its URL)."""
+    """The GET as a whole failed; the message says why in one line, with its URL (``reason``: without it).
+    ``timed_out``: the deadline passed (the server was silent or too slow), not an error it answered with."""
+
+    def __init__(self, where: str, reason: str, *, timed_out: bool = False) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.reason = reason
+        self.timed_out = timed_out
 
 
 READ_CHUNK: Final = 64 * 1024
@@ -41,6 +47,7 @@ class Cancel:
     _lock: threading.RLock = attrs.field(factory=threading.RLock, init=False)
     _sockets: list[socket.socket] = attrs.field(factory=list, init=False)
     reason: str | None = attrs.field(default=None, init=False)
+    timed_out: bool = attrs.field(default=False, init=False)  # cancelled by the deadline, not by a caller
 
     def track(self, sock: socket.socket) -> None:
         with self._lock:
@@ -49,10 +56,11 @@ class Cancel:
                 return
         _shut(sock)  # cancelled while it connected
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: str, *, timed_out: bool = False) -> None:
         with self._lock:
             if self.reason is None:
                 self.reason = reason
+                self.timed_out = timed_out
             sockets, self._sockets = self._sockets, []
         for sock in sockets:
             _shut(sock)
@@ -113,10 +121,12 @@ def get(
     try:
         port = parts.port or (443 if https else 80)
     except ValueError as error:
-        raise GetError(f"{where}: {error}") from None
+        raise GetError(where, str(error)) from None
     cancel = Cancel() if cancel is None else cancel
     connection = _Connection(host, port, timeout=deadline_s, tls=tls if https else None, cancel=cancel)
-    watchdog = threading.Timer(deadline_s, cancel.cancel, args=(f"no complete answer within {deadline_s:g} s",))
+    watchdog = threading.Timer(
+        deadline_s, cancel.cancel, args=(f"no complete answer within {deadline_s:g} s",), kwargs={"timed_out": True}
+    )
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -126,7 +136,7 @@ def get(
         limit = max_bytes if response.status == 200 else 2048
         declared = response.getheader("Content-Length", "")
         if response.status == 200 and declared.strip().isdigit() and int(declared) > max_bytes:
-            raise GetError(f"{where}: answer of {int(declared)} bytes, larger than {max_bytes}")
+            raise GetError(where, f"answer of {int(declared)} bytes, larger than {max_bytes}")
         body = bytearray()
         while len(body) <= limit:
             chunk = response.read(READ_CHUNK)
@@ -134,18 +144,20 @@ def get(
                 break
             body += chunk
         if cancel.reason is not None:  # the socket was shut down mid-body: what came is not the answer
-            raise GetError(f"{where}: {cancel.reason}")
+            raise GetError(where, cancel.reason, timed_out=cancel.timed_out)
         if len(body) > limit and response.status == 200:
-            raise GetError(f"{where}: answer larger than {max_bytes} bytes")
+            raise GetError(where, f"answer larger than {max_bytes} bytes")
         if len(body) > limit:
             del body[limit:]
+        elif response.length:  # the connection ended before the Content-Length it promised (read() says nothing)
+            raise GetError(where, f"IncompleteRead({len(body)} bytes read, {response.length} more expected)")
         return Answer(response.status, body, response.getheader("Content-Type", "") or "", response.reason or "")
     except GetError:
         raise
     except (OSError, http.client.HTTPException, ValueError) as error:
         if cancel.reason is not None:
-            raise GetError(f"{where}: {cancel.reason}") from None
-        raise GetError(f"{where}: {first_line(str(error)) or type(error).__name__}") from None
+            raise GetError(where, cancel.reason, timed_out=cancel.timed_out) from None
+        raise GetError(where, first_line(str(error)) or type(error).__name__) from None
     finally:
         watchdog.cancel()
         connection.close()
