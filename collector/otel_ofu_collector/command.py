@@ -155,7 +155,8 @@ def _receiving_options(options: CommandOptions) -> None:
         BODY_DEADLINE,
         default=BODY_DEADLINE_S,
         metavar="SECONDS",
-        help="an OTLP/HTTP body not received within this is answered 408 and its connection closed",
+        help="an OTLP/HTTP body not received within this is answered 408 and its connection closed; an OTLP/gRPC "
+        "request message, DEADLINE_EXCEEDED",
     )
     _bounded(
         options,

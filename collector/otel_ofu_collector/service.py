@@ -43,7 +43,7 @@ from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.outputs.self_telemetry import SelfTelemetry
 from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.outputs.transports import DownstreamConfig, Transport, configured_endpoint, make_transport
-from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, BodyBudget, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.base import Receiver
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
@@ -369,9 +369,22 @@ class CollectorService:
     def _listen(self) -> list[str]:
         options = self.options
         auth = BearerAuth(options.bearer_token) if options.bearer_token else None
+        # One budget for the bytes both receivers hold and inflate: many bombs at once fit in it together, whichever
+        # way they come (``admission.BodyBudget``).
+        limit = options.max_request_bytes
+        bodies = BodyBudget(max_bytes=4 * limit, max_peer_bytes=2 * limit)
         if options.grpc_listen:
             self._receivers.append(
-                GrpcReceiver(self.ingest, self.gate, options.grpc_listen, options.tls, auth, options.max_request_bytes)
+                GrpcReceiver(
+                    self.ingest,
+                    self.gate,
+                    options.grpc_listen,
+                    options.tls,
+                    auth,
+                    limit,
+                    message_deadline_s=options.http_body_deadline_s,
+                    bodies=bodies,
+                )
             )
         if options.http_listen:
             self._receivers.append(
@@ -381,9 +394,10 @@ class CollectorService:
                     options.http_listen,
                     options.tls,
                     auth,
-                    options.max_request_bytes,
+                    limit,
                     body_deadline_s=options.http_body_deadline_s,
                     body_min_rate=options.http_body_min_rate,
+                    bodies=bodies,
                 )
             )
         # A failure stops the rest from starting and stops the started again.

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 R = names.RejectReason
 _THROTTLE = names.GPU_THROTTLE.name
 _INPUTS = "loss inputs"  # how refused loss inputs are named (they are taken per GPU interval, all together)
+MAX_SHAPE_POINTS = 512
 
 
 class Planned(NamedTuple):
@@ -144,8 +145,15 @@ def shape_of(rm: Any, scope_bytes: bytes) -> Shape | None:
     as_double points with a time, no attributes but a gpu.throttle point's known reason, no field twice. The
     slots ``templates.scan`` finds are checked against the parsed points: a template never reads what the parse
     would read otherwise."""
-    scanned = templates.scan(scope_bytes)
     metrics = rm.scope_metrics[0].metrics
+    # A producer's layout holds a few dozen points; one of thousands is no layout to learn (and not worth a scan).
+    points = 0
+    for metric in metrics:
+        kind = metric.WhichOneof("data")
+        points += len(getattr(metric, kind).data_points) if kind is not None else 0
+    if points > MAX_SHAPE_POINTS:
+        return None
+    scanned = templates.scan(scope_bytes)
     if scanned is None or len(scanned) != len(metrics):
         return None
     read: list[tuple[int, str]] = []
