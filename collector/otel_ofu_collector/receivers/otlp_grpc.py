@@ -242,7 +242,7 @@ class GrpcReceiver:
     def stop(self, grace: float | None = None) -> None:
         loop, server = self._loop, self._server
         if loop is not None and server is not None:
-            asyncio.run_coroutine_threadsafe(server.stop(grace), loop).result()
+            asyncio.run_coroutine_threadsafe(self._stop(server, grace), loop).result()
             loop.call_soon_threadsafe(loop.stop)
             if self._thread is not None:
                 self._thread.join()
@@ -251,6 +251,16 @@ class GrpcReceiver:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+    @staticmethod
+    async def _stop(server: grpc.aio.Server, grace: float | None) -> None:
+        """Stop serving, then end every call still waiting (a stream whose message never came): left pending, the
+        loop's close would throw GeneratorExit into each, which grpc logs with a traceback."""
+        await server.stop(grace)
+        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def _retry_status(self, why: str) -> tuple[Any, tuple[tuple[str, bytes], ...]]:
         return retry_trailers(
