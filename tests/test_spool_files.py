@@ -146,9 +146,8 @@ def test_a_fifo_in_place_of_a_wal_does_not_hang_the_start_and_costs_only_itself(
     finally:
         _unblock(Path(f"{target}-wal"))
     try:
-        [line] = warnings_about(caplog, "not a regular file")
-        assert f"{target}-wal" in line
-        assert "moved aside" in line
+        [line] = warnings_about(caplog, "-wal")  # one line
+        assert f"{target}: its WAL is damaged: its -wal is a FIFO, not a WAL: moved aside to {target}-wal." in line
         assert not Path(f"{target}-wal").is_fifo()
         counts = service.self_metrics()[names.COLLECTOR_FILES_DAMAGED.name]
         assert counts[f"{which}_wal"] == 1

@@ -197,9 +197,10 @@ def _side_files_checked(path: str, what: str) -> str | None:
             raise OSError(
                 f"{what} {path}: its {suffix} is {kind} and cannot be moved aside: {error.strerror}"
             ) from None
-        logger.warning("%s %s: its %s is not a regular file (%s): moved aside to %s", what, path, suffix, kind, target)
-        if suffix == "-wal":
-            found = f"its -wal was {kind}, not a WAL: the transactions only a WAL held are lost"
+        if suffix == "-wal":  # said in the WAL's one line (``open_store``)
+            found = f"its -wal is {kind}, not a WAL: moved aside to {target}; the transactions only a WAL held are lost"
+        else:
+            logger.warning("%s %s: its %s is %s, not a file: moved aside to %s", what, path, suffix, kind, target)
     return found
 
 
