@@ -105,8 +105,8 @@ class ReportFeedPoller:
                 cancel=cancel,
             )
         except FeedError as error:
-            if cancel.reason is None and error.stuck:
-                self._in_flight = Cancel()  # the deadline cut that read: the next one starts afresh
+            if cancel.timed_out:  # the read's own deadline cut it, not a quit: the next read starts afresh
+                self._in_flight = Cancel()
             if error.stuck:
                 return Update(status=f"feed stuck: {error}", problem=True)
             return Update(status=f"feed unreachable: {error}", problem=True)
