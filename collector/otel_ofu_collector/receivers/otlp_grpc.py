@@ -140,6 +140,9 @@ def _peer_address(peer: str) -> str:
     return address.rsplit(":", 1)[0] if not address.startswith("[") else address[1:].split("]", 1)[0]
 
 
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"  # a zstd frame (grpc-go and the OpenTelemetry Collector can send them)
+
+
 def _compression(message: bytes) -> str | None:
     """ "gzip" or "deflate" when the message is one (by its first bytes), else None."""
     if message[:2] == b"\x1f\x8b":
@@ -342,6 +345,8 @@ class GrpcReceiver:
         try:
             request = ExportMetricsServiceRequest.FromString(raw)
         except (DecodeError, RuntimeError, ValueError) as error:
+            if raw[:4] == _ZSTD_MAGIC:
+                return _Refusal(grpc.StatusCode.UNIMPLEMENTED, "zstd compression is not supported: use gzip")
             return _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportMetricsServiceRequest: {error}")
         if self.gate.closing:
             return _Refusal(grpc.StatusCode.UNAVAILABLE, "shutdown")
