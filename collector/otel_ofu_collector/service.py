@@ -384,6 +384,7 @@ class CollectorService:
                     limit,
                     message_deadline_s=options.http_body_deadline_s,
                     bodies=bodies,
+                    inline_when=self._windows_free,
                 )
             )
         if options.http_listen:
@@ -408,6 +409,10 @@ class CollectorService:
         if self._prometheus is not None:
             parts.append(f"prometheus {self._prometheus.host}:{self._prometheus.port}")
         return parts
+
+    def _windows_free(self) -> bool:
+        """Whether an ingest now would find the windows' lock free (the gRPC receiver then skips its thread hop)."""
+        return not self.aggregator.lock.locked()
 
     @property
     def ports(self) -> dict[str, int]:
