@@ -26,8 +26,9 @@ Peers, in the same run on the same requests:
   connector computing the per-``hw.model`` exponential histogram of ``gpu.ofu`` (the same aggregate as
   ours), to a ``nop`` exporter. Run only where that binary has been built (``make otelcol``), else
   reported as not run.
-- The floor: grpcio's synchronous Python server answering every request at once (``grpc_stages.floor``),
-  built as our receiver builds it. What any receiver on grpcio's Python server costs before its handler.
+- The floor: grpcio's synchronous Python server answering every request at once (``grpc_stages.floor``), the
+  cheaper of grpcio's two Python servers (ours is the asyncio one). What any receiver on grpcio's Python server
+  costs before its handler.
 - A gateway tier: the producers' requests go to an OpenTelemetry Collector (``otlp`` receiver, ``batch``
   processor of 512 GPU reports, ``otlp`` exporter without compression on loopback) and from it to ours; the
   CPU of both processes, each apart and together, per GPU report sent (8 points, 8 GPUs per request).

@@ -3,8 +3,8 @@
 A server runs in a child process (``python -m benchmarks.grpc_stages serve KIND``); this process sends it
 the same pre-serialised requests as ``bench_collector_e2e`` (8 GPUs per request, 8 points per GPU, a fleet
 seen once before the measured requests), one in flight at a time. The child counts its own process CPU
-(``time.process_time``, every thread) over the measured requests and, in the handler thread, the thread CPU
-(``time.thread_time_ns``) of each stage of ``GrpcReceiver._export``, by wrapping the calls it makes: the gate
+(``time.process_time``, every thread) over the measured requests and the thread CPU (``time.thread_time_ns``) of
+each stage of ``GrpcReceiver._export`` and its ingest thread's ``_process``, by wrapping the calls they make: the gate
 (admission: ``Gate.enter`` + ``Gate.leave``), the protobuf parse (``ExportMetricsServiceRequest.FromString``),
 the collector's ingest (decode + aggregation) and, with a bearer token configured, the interceptor's check
 (auth). What is left of the handler is its own code and the response; what is left of the process is
@@ -13,8 +13,8 @@ thread of the pool, the context, the interceptors' plumbing). The wrappers exist
 benchmark; the collector itself carries no timer.
 
 Floors, in the same run on the same bytes: a grpcio server whose handler returns an empty response at once,
-with grpcio's synchronous server (``noop``, what the collector uses) and its asyncio server (``noop-aio``):
-the least a Python gRPC server costs per request here.
+with grpcio's synchronous server (``noop``) and its asyncio server (``noop-aio``, what the collector uses since
+its calls wait for their messages without a thread): the least a Python gRPC server costs per request here.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _serve_ours(auth: bool, totals: dict[str, int]) -> tuple[int, Callable[[], o
     _wrap(totals, Gate, "enter", "admission")
     _wrap(totals, Gate, "leave", "admission")
     _wrap(totals, BearerAuth, "allows", "auth")
-    _wrap(totals, otlp_grpc.GrpcReceiver, "_export", "handler")
+    _wrap(totals, otlp_grpc.GrpcReceiver, "_process", "handler")  # its ingest thread's part (the rest is a coroutine)
 
     class Parse:  # what the receiver parses with, timed
         FromString = staticmethod(_timed(totals, "parse", ExportMetricsServiceRequest.FromString))

@@ -89,7 +89,10 @@ def _use_h11() -> None:
                             return
                         body += event.data
                     try:
-                        self._send(refusal or self.app.respond(head, bytes(body)))
+                        if refusal is None:
+                            assert lease is not None
+                            refusal = self.app.respond(head, bytes(body), lease)
+                        self._send(refusal)
                     finally:
                         if lease is not None:
                             lease.release()

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from otel_ofu import catalog, gpu_share, names, ofu_math
+from otel_ofu import bounds, catalog, gpu_share, names, ofu_math
 from otel_ofu.model import EnergyCounter, GpuReading, IoCounter
 
 log = logging.getLogger(__name__)
@@ -185,6 +185,13 @@ def compute(
     there is no OFU and the producer says once which ``--max-sm-clock`` to add. Tensor activity 0 is OFU 0 whatever
     the clocks: no tensor work at any clock.
     """
+    power = reading.power_w
+    if power is not None and math.isfinite(power) and power > bounds.MAX_GPU_POWER_W:
+        # A board that reads 1e308 W (or a reading in mW) is not one whose other values can be believed this interval.
+        raise ofu_math.InvalidReading(
+            names.ErrorReason.INVALID_VALUE,
+            f"power {power:.6g} W is beyond what a GPU can draw ({bounds.MAX_GPU_POWER_W:g} W)",
+        )
     spec = catalog.lookup(reading.gpu.model)
     if spec is None:
         say_once(
@@ -287,7 +294,7 @@ def loss_inputs(reading: GpuReading) -> dict[str, Any]:
         if reason in _THROTTLE_REASONS and share is not None and 0.0 <= share <= 1.0
     }
     return {
-        "power_w": power if power is not None and math.isfinite(power) and power >= 0 else None,
+        "power_w": power if power is not None and 0 <= power <= bounds.MAX_GPU_POWER_W else None,
         "energy": energy if energy is not None and math.isfinite(energy.joules) and energy.joules >= 0 else None,
         "throttle": throttle,
         "nvlink_io": valid_counters(reading.nvlink_io),

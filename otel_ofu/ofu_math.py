@@ -27,6 +27,7 @@ import math
 
 import attrs
 
+from otel_ofu import bounds
 from otel_ofu.names import ErrorReason
 
 # A current clock may exceed the reported max by this fraction before the reading is rejected.
@@ -53,13 +54,17 @@ def check_fraction(name: str, value: float | None) -> float:
 
 
 def check_clock(name: str, hz: float | None) -> float:
-    """A positive, finite clock in Hz, or a typed error."""
+    """A clock in Hz that a GPU can run at (``bounds``: 1 MHz to 10 GHz, what catches a clock in the wrong unit or
+    a page's garbage, 9.2e24 Hz say), or a typed error."""
     if hz is None:
         raise InvalidReading(ErrorReason.NO_VALUE, f"{name} is missing")
     if not math.isfinite(hz):
         raise InvalidReading(ErrorReason.INVALID_VALUE, f"{name} is not finite: {hz!r}")
     if hz <= 0.0:
         raise InvalidReading(ErrorReason.INVALID_VALUE, f"{name} must be positive, got {hz!r}")
+    if not bounds.MIN_CLOCK_HZ <= hz <= bounds.MAX_CLOCK_HZ:
+        span = f"{bounds.MIN_CLOCK_HZ:g} to {bounds.MAX_CLOCK_HZ:g} Hz"
+        raise InvalidReading(ErrorReason.INVALID_VALUE, f"{name} {hz:.6g} Hz is beyond what a GPU can run at ({span})")
     return float(hz)
 
 

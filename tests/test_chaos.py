@@ -10,7 +10,10 @@ The faults, drawn from the seed: the pods server drips, stalls or is slow; the c
 write-ahead then gets a junk record and a record cut in half, and at times random bytes replace its spool
 while that holds nothing undelivered) or stopped cleanly, and started again; the
 disk fills up under it (RLIMIT_FSIZE, as ``ulimit -f``) and frees again; slow HTTP clients trickle bodies
-and headers. Nothing here asserts a time: only what was exported, how often, and what was counted.
+and headers; slow gRPC streams hold their messages back; gzip bombs over both receivers and a request of one
+GPU's 200,000 identical points; idle connections to /metrics and the report feed; and a second producer
+scraping a dcgm-exporter page that at times drips (it must still stop at SIGTERM). Nothing here asserts a time:
+only what was exported, how often, and what was counted.
 
 ``OTEL_OFU_CHAOS_SEED`` and ``OTEL_OFU_CHAOS_SECONDS`` choose another mix or a longer run; with
 ``OTEL_OFU_CHAOS_REPORT`` set, the run's measurements (what each fault cost) are written there as JSON, and
@@ -20,6 +23,8 @@ the collector's log beside it (``.log``).
 from __future__ import annotations
 
 import contextlib
+import functools
+import gzip
 import json
 import math
 import os
@@ -33,7 +38,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,6 +71,7 @@ LATENESS_S = 5.0  # room for a restart (about 1-2 s here) and the resend of what
 INTERVAL_S = 0.5
 S = 1_000_000_000
 HEALTHY_SENT = ("beside-poison", "http-job")  # the senders' healthy jobs
+ATTACKER = "127.0.0.2"  # idle connections come from another loopback address than the test's scrapes
 POISONED = "poisoned"
 
 
@@ -271,6 +279,189 @@ class SlowClients:
             thread.join(timeout=5)
 
 
+@attrs.define
+class SlowStreams:
+    """gRPC calls that open their stream and hold their message back (a client-streaming call on Export whose message
+    never comes) until closed: what a stream sending its message a byte at a time is to the server."""
+
+    port: int
+    count: int = 80  # more than the thread pool the collector once gave its calls (68)
+    channel: grpc.Channel | None = None
+    codes: Counter[str] = attrs.field(factory=Counter)
+    threads: list[threading.Thread] = attrs.field(factory=list)
+    stop: threading.Event = attrs.field(factory=threading.Event)
+
+    def open(self) -> None:
+        self.close()
+        self.stop = threading.Event()
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        call = self.channel.stream_unary(EXPORT_METHOD, None, None)
+        self.threads = [threading.Thread(target=self._hold, args=(call,), daemon=True) for _ in range(self.count)]
+        for thread in self.threads:
+            thread.start()
+
+    def _hold(self, call: Any) -> None:
+        def never() -> Iterator[bytes]:
+            self.stop.wait(60)
+            yield from ()
+
+        try:
+            call(never(), timeout=60)
+        except grpc.RpcError as error:
+            self.codes[error.code().name] += 1
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        for thread in self.threads:
+            thread.join(10)
+
+
+@functools.cache
+def _gzip_bomb() -> bytes:
+    """About 60 KB of gzip that inflates to 60 MiB of zeros (built once: the test's own CPU is not the attack)."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return b"".join(compressor.compress(b"\0" * 2**20) for _ in range(60)) + compressor.flush()
+
+
+@functools.cache
+def _duplicates() -> bytes:
+    """One GPU's 200,000 identical points of one interval, gzipped (about 15 KB); stamped once, so late after a while:
+    refused as implausible all the same, before any window is asked."""
+    request = gpu_request({"GPU-bomb": ("bomb", 0.5)}, host="node-bomb", time_ns=time.time_ns())
+    points = request.resource_metrics[0].scope_metrics[0].metrics[0].gauge.data_points
+    points.extend([points[0]] * 199_999)
+    return gzip.compress(request.SerializeToString())
+
+
+def _bombs(collector: Collector) -> Counter[str]:
+    """Eight gzip bombs over each receiver at once (over gRPC the gzip bytes as the message: the collector inflates
+    what it is sent), and one request of 200,000 identical points of one GPU: what each was answered (a bomb is never
+    taken; the duplicates are refused by reason)."""
+    answers: Counter[str] = Counter()
+    bomb = _gzip_bomb()
+
+    def over_http() -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{collector.http_port}/v1/metrics",
+            data=bomb,
+            headers={"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"},
+            method="POST",
+        )
+        try:
+            urllib.request.urlopen(request, timeout=60).close()
+            answers["http 200"] += 1
+        except urllib.error.HTTPError as error:
+            answers[f"http {error.code}"] += 1
+            error.close()
+        except OSError:
+            answers["http gone"] += 1
+
+    def over_grpc() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{collector.grpc_port}") as channel:
+            try:
+                channel.unary_unary(EXPORT_METHOD, None, None)(bomb, timeout=60)
+                answers["grpc OK"] += 1
+            except grpc.RpcError as error:
+                answers[f"grpc {error.code().name}"] += 1
+
+    threads = [threading.Thread(target=send, daemon=True) for send in [over_http] * 8 + [over_grpc] * 8]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(90)
+    # Then, the budget free again, the duplicates (sent amid the bombs they may be told to retry, as they should).
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{collector.grpc_port}") as channel:
+            reply = ExportMetricsServiceResponse.FromString(
+                channel.unary_unary(EXPORT_METHOD, None, None)(_duplicates(), timeout=60)
+            )
+        # The first 4 of the interval are the windows' (late by the second time); the rest implausible, unread.
+        answers[
+            "duplicates refused" if reply.partial_success.rejected_data_points >= 199_996 else "duplicates taken"
+        ] += 1
+    except grpc.RpcError as error:
+        answers[f"duplicates {error.code().name}"] += 1
+    return answers
+
+
+@attrs.define
+class IdleConnections:
+    """Connections to /metrics and the report feed that never send a request (from another loopback address than
+    the scraper's): the collector must close them and keep its threads and descriptors."""
+
+    ports: tuple[int, ...]
+    sockets: list[socket.socket] = attrs.field(factory=list)
+
+    def open(self, count: int) -> None:
+        for index in range(count):
+            with contextlib.suppress(OSError):
+                port = self.ports[index % len(self.ports)]
+                self.sockets.append(
+                    socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(ATTACKER, 0))
+                )
+
+    def close(self) -> None:
+        for connection in self.sockets:
+            connection.close()
+        self.sockets.clear()
+
+
+@attrs.define
+class Exporter:
+    """A dcgm-exporter on loopback serving one GPU's page (job ``exporter-job``), or, while ``dripping``, a byte of
+    it every 0.3 s for as long as the reader waits."""
+
+    dripping: bool = False
+    listener: socket.socket = attrs.field(factory=lambda: socket.create_server(("127.0.0.1", 0)))
+    stop: threading.Event = attrs.field(factory=threading.Event)
+    served: int = 0
+    dripped: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/metrics"
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        labels = (
+            'gpu="0",UUID="GPU-exporter-0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-exporter",'
+            'hpc_job="exporter-job"'
+        )
+        page = (f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels}}} 0.5\nDCGM_FI_DEV_SM_CLOCK{{{labels}}} 1830\n").encode()
+        with contextlib.suppress(OSError), connection:
+            connection.settimeout(5)
+            connection.recv(65536)
+            if not self.dripping:
+                self.served += 1
+                head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {len(page)}\r\n\r\n"
+                connection.sendall(head.encode() + page)
+                return
+            self.dripped += 1
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+            while not self.stop.wait(0.3):
+                connection.sendall(b"#")
+
+    def close(self) -> None:
+        self.stop.set()
+        self.listener.close()
+
+
 def _damage_write_ahead(path: Path, rng: random.Random) -> dict[str, int]:
     """What a kill can leave: a junk record, and one real record cut in half (both fail their CRC)."""
     if not path.exists():
@@ -310,6 +501,8 @@ class Collector:
     sink: OtlpSink
     grpc_port: int = attrs.field(factory=unused_port)
     http_port: int = attrs.field(factory=unused_port)
+    prometheus_port: int = attrs.field(factory=unused_port)
+    feed_port: int = attrs.field(factory=unused_port)
     process: CollectorProcess | None = None
     logs: list[str] = attrs.field(factory=list)
     exits: list[int] = attrs.field(factory=list)
@@ -325,7 +518,8 @@ class Collector:
             "--listen", f"127.0.0.1:{self.grpc_port}", "--http-listen", f"127.0.0.1:{self.http_port}",
             "--window", str(WINDOW_S), "--lateness", str(LATENESS_S), "--spool", str(self.spool),
             "--record-outputs", str(self.tmp / "windows.jsonl"), "--export-endpoint", self.sink.grpc_endpoint,
-            "--prometheus-port", "off", "--instance-id", "chaos", "--shutdown-grace", "10",
+            "--prometheus-port", str(self.prometheus_port), "--report-feed-port", str(self.feed_port),
+            "--instance-id", "chaos", "--shutdown-grace", "10",
         )  # fmt: skip
         self.process.wait_for("otel-ofu collector ready", timeout_s=30)
         return time.monotonic() - began
@@ -384,7 +578,7 @@ class Collector:
 @attrs.frozen
 class Event:
     at_s: float
-    kind: str  # pods | kill | restart | disk | slow
+    kind: str  # pods | kill | restart | disk | slow | exporter | streams | bomb | idle
 
 
 def schedule(rng: random.Random, seconds: float) -> list[Event]:
@@ -395,7 +589,7 @@ def schedule(rng: random.Random, seconds: float) -> list[Event]:
     at = 4.0
     calm_until = last_restart = -math.inf
     while at < seconds - 6.0:
-        kinds = ["pods", "slow", "disk"]
+        kinds = ["pods", "slow", "disk", "exporter", "streams", "bomb", "idle"]
         if at >= calm_until and at - last_restart >= 5.0:
             kinds += ["kill", "kill", "restart"]
         kind = rng.choice(kinds)
@@ -437,11 +631,24 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
             ],
             cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        exporter = Exporter()
+        exporter.start()
+        scraper = subprocess.Popen(
+            [
+                sys.executable, "-m", "otel_ofu.cli", "run", "--source", "dcgm-exporter", "--url", exporter.url,
+                "--interval", str(INTERVAL_S), "--quiet", "--export-endpoint",
+                f"http://127.0.0.1:{collector.grpc_port}", "--max-queue", "40",
+            ],
+            cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         senders = [
             Sender("poisoned-requests", _grpc_send(collector.grpc_port), _poisoned_request),
             Sender("http-requests", _http_send(collector.http_port), _http_request),
         ]
         slow = SlowClients(collector.http_port)
+        streams = SlowStreams(collector.grpc_port)
+        idle = IdleConnections((collector.prometheus_port, collector.feed_port))
+        bombs: Counter[str] = Counter()
         restarts: list[dict[str, Any]] = []
         disk_full: list[dict[str, Any]] = []
         try:
@@ -461,6 +668,15 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
                     faults[f"pods_{pods_server.fault.value}"] += 1
                 elif event.kind == "slow":
                     slow.open(bodies=rng.randrange(1, 5), headers=rng.randrange(0, 3))
+                elif event.kind == "exporter":
+                    exporter.dripping = not exporter.dripping
+                elif event.kind == "streams":
+                    streams.open()
+                elif event.kind == "bomb":
+                    bombs += _bombs(collector)
+                elif event.kind == "idle":
+                    idle.close()
+                    idle.open(200)
                 elif event.kind == "disk":
                     cpu = collector.cpu_s()
                     collector.disk(full=True)
@@ -478,21 +694,39 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
             producer.send_signal(signal.SIGTERM)
             _, producer_log = producer.communicate(timeout=30)
             measured["producer_sigterm_to_exit_s"] = round(time.monotonic() - stop_began, 2)
+            # ... and the exporter's scraper, its page dripping, as promptly.
+            exporter.dripping = True
+            time.sleep(1.5)
+            stop_began = time.monotonic()
+            scraper.send_signal(signal.SIGTERM)
+            _, scraper_log = scraper.communicate(timeout=30)
+            measured["scraper_sigterm_to_exit_s"] = round(time.monotonic() - stop_began, 2)
+            # The endpoints still answer a scraper, whatever idle connections are open.
+            with urllib.request.urlopen(f"http://127.0.0.1:{collector.prometheus_port}/metrics", timeout=10) as page:
+                assert page.status == 200
+            with urllib.request.urlopen(f"http://127.0.0.1:{collector.feed_port}/reports.jsonl", timeout=10) as feed:
+                assert feed.status == 200
             for sender in senders:
                 sender.stop.set()
             for sender in senders:
                 assert sender.thread is not None
                 sender.thread.join(timeout=30)
             slow.close()
+            streams.close()
+            idle.close()
             cpu_last = collector.cpu_s()
             assert collector.stop() == 0, "\n".join(collector.logs[-30:])
             measured["collector_cpu_s"] = round(cpu_before + cpu_last, 2)
             sink.wait_for(lambda _: False, timeout=1.0)  # what the last stop delivered has arrived
         finally:
-            if producer.poll() is None:
-                producer.kill()
-                producer.communicate()
+            for process in (producer, scraper):
+                if process.poll() is None:
+                    process.kill()
+                    process.communicate()
             slow.close()
+            streams.close()
+            idle.close()
+            exporter.close()
             for sender in senders:
                 sender.stop.set()
             if collector.process is not None:
@@ -514,6 +748,9 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
         "write_ahead_skipped_last_run": skipped,
         "write_ahead_unwritten_last_run": unwritten,
         "windows_per_job": {job: len(found) for job, found in sorted(windows.items())},
+        "bombs_answered": dict(bombs),
+        "slow_streams_ended": dict(streams.codes),
+        "exporter_pages": {"served": exporter.served, "dripped": exporter.dripped},
         "collector_log": _costs_in(log),
     }
     print(json.dumps(measured, indent=1))
@@ -525,9 +762,16 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
     assert "Traceback" not in log, log[-5000:]
     assert "Traceback" not in producer_log, producer_log[-3000:]
     assert producer.returncode == 0, producer_log[-3000:]
+    assert "Traceback" not in scraper_log, scraper_log[-3000:]
+    assert scraper.returncode == 0, scraper_log[-3000:]
+    # A bomb is never taken (refused as too large, unparseable or over the budget), the duplicates by reason.
+    assert not any(answer in bombs for answer in ("http 200", "grpc OK")), bombs
+    assert all(key.startswith(("http 4", "http 503", "grpc ", "duplicates refused")) for key in bombs), bombs
     assert collector.exits.count(0) == len(collector.exits) - faults["kill"]
     assert all(sender.dropped == 0 for sender in senders), measured["senders"]
-    healthy = {job: found for job, found in windows.items() if job != POISONED}
+    healthy = {job: found for job, found in windows.items() if job not in (POISONED, "bomb", "exporter-job")}
+    # The scraper's job misses the windows its page dripped through (no reading, never a 0): never one twice.
+    assert not [end for end, count in Counter(windows.get("exporter-job", [])).items() if count > 1]
     assert set(HEALTHY_SENT) <= set(healthy), sorted(windows)
     assert len(healthy) >= 2 + 9, sorted(windows)  # the simulated fleet's nine jobs too
     width = round(WINDOW_S * S)

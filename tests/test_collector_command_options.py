@@ -145,6 +145,7 @@ BOUNDS = [
     # The state's bytes: 1 MiB (1,048,576) to 1 TiB (1,099,511,627,776).
     ("--max-state-bytes", "1048576", ["1048575", "1099511627777"]),
     ("--spool-max-bytes", "1048576", ["1048575"]),
+    ("--report-feed-max-bytes", "1048576", ["1048575"]),
     ("--max-in-flight", "1024", ["1025", "0"]),
     ("--export-max-request-bytes", "65536", ["65535", "67108865"]),
     ("--max-attribute-length", "65536", ["65537", "0"]),

@@ -1,13 +1,13 @@
 """Reading a Resource's points through its layout's template takes exactly what reading them one by one takes.
 
 Producer-layout requests (one Resource per GPU: gpu.ofu, the loss inputs with gpu.throttle per reason and the
-gpu.energy sum, and metrics the collector only consumes) repeat over intervals, each GPU's report now and
-then spoiled in a way that either keeps its layout (a value out of range, NaN, a zero throttle share, a time in
-the future or missing, no start time, a start time of its own on one input) or changes it (a foreign metric, an
-attribute on a point, an unknown throttle reason, as_int instead of as_double, a second scope, a metric twice,
-a histogram among the consumed metrics). Two real Decoders, one reading through templates and one point by
-point, feed two real Aggregators; every request's outcome, the decoders' counts and every closed window must
-be the same, and the templates must have been used.
+gpu.energy sum, and metrics the collector only consumes) repeat over intervals, each GPU's report now and then
+spoiled in a way that either keeps its layout (a value out of range, NaN, a zero throttle share, a time in the
+future or missing, no start time, a start time of its own on one input, no hw.id on its Resource) or changes it (a
+foreign metric, an attribute on a point, an unknown throttle reason, as_int instead of as_double, a second scope, a
+metric twice, a histogram among the consumed metrics). Two real Decoders, one reading through templates and one
+point by point, feed two real Aggregators; every request's outcome, the decoders' counts and every closed window
+must be the same, and the templates must have been used.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from otel_ofu import names
 from otel_ofu.testing.otlp_requests import T0, set_attribute
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.otlp import templates
+from otel_ofu_collector.otlp import roles, templates
 from otel_ofu_collector.otlp.decode import Decoder
 from otel_ofu_collector.results import WindowReport
 
@@ -40,7 +40,17 @@ GAUGES = (
     names.GPU_POWER.name,
 )
 REASONS = sorted(names.ThrottleReason.ALL)[:3]
-KEEPS_LAYOUT = ("ofu out of range", "nan", "zero share", "future", "no time", "no start", "own start", "inf input")
+KEEPS_LAYOUT = (
+    "ofu out of range",
+    "nan",
+    "zero share",
+    "future",
+    "no time",
+    "no start",
+    "own start",
+    "inf input",
+    "no hw.id",
+)
 CHANGES_LAYOUT = ("foreign", "attribute", "unknown reason", "as_int", "two scopes", "twice", "histogram")
 
 
@@ -78,7 +88,12 @@ def _report(rng: random.Random, gpu: int, interval: int, spoil: str | None) -> m
     metrics = sm.metrics
     ofu = metrics[0].gauge.data_points[0]
     tensor = metrics[2].gauge.data_points[0]
-    if spoil == "ofu out of range":
+    if spoil == "no hw.id":  # its metrics in the usual layout: every point refused, read through the template
+        kept = [kv for kv in rm.resource.attributes if kv.key != names.HW_ID]
+        del rm.resource.attributes[:]
+        rm.resource.attributes.extend(kept)
+        tensor.as_double = rng.choice((0.5, 2.0))  # at times refused for its value first
+    elif spoil == "ofu out of range":
         ofu.as_double = 1.5
     elif spoil == "nan":
         tensor.as_double = math.nan
@@ -197,3 +212,30 @@ def test_a_template_reads_only_its_own_layout() -> None:
 )
 def test_unreadable_bytes_have_no_template(data: bytes) -> None:
     assert templates.scan(data) is None
+
+
+def test_a_resource_without_hw_id_is_refused_through_its_layouts_template() -> None:
+    """Refusing what can never be taken must cost no more than taking it (``benchmarks/bench_refusals.py``): a
+    Resource without hw.id in a known layout is refused through the template, not walked point by point."""
+    rng = random.Random(1)
+    decoder = Decoder(Aggregator(CONFIG), clock=lambda: T0 + 3 * INTERVAL, max_future_ns=60 * S)
+    learnt = ExportMetricsServiceRequest(resource_metrics=[_report(rng, 0, 0, None)])
+    decoder.decode(learnt, learnt.SerializeToString())
+    anonymous = _report(rng, 1, 1, None)
+    kept = [kv for kv in anonymous.resource.attributes if kv.key != names.HW_ID]
+    del anonymous.resource.attributes[:]
+    anonymous.resource.attributes.extend(kept)
+    request = ExportMetricsServiceRequest(resource_metrics=[anonymous])
+    for _ in range(2):  # the Resource's first report, and one it sends again
+        before = decoder.stats.shaped_resources
+        outcome = decoder.decode(request, request.SerializeToString())
+        assert decoder.stats.shaped_resources == before + 1
+        # Every point of the collector's own metrics but those it only consumes (gpu.ofu.raw): 6 gauges, 3 shares
+        # and the energy counter.
+        points = 6 + len(REASONS) + 1
+        assert (outcome.accepted, outcome.rejected) == (0, points)
+        assert f"{len(REASONS)} {names.GPU_THROTTLE.name} without hw.id" in outcome.error_message
+    # The fractions' random gauges (10 to 1010) are refused for their values first, as point by point.
+    assert decoder.stats.rejected_by_reason[names.RejectReason.NO_IDENTITY] > 0
+    assert decoder.stats.rejected_by_reason[names.RejectReason.OUT_OF_RANGE] > 0
+    assert [name for name in GAUGES if roles.ROLES[name] == roles.CONSUMED] == [names.GPU_OFU_RAW.name]

@@ -27,7 +27,7 @@ from otel_ofu.testing.otlp_requests import T0, RecordingSink, gpu_request, mfu_r
 from otel_ofu_collector.command import options_from_args
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.decode import Decoder
-from otel_ofu_collector.receivers.admission import Gate
+from otel_ofu_collector.receivers.admission import BodyLease, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, GrpcReceiver
 from otel_ofu_collector.receivers.otlp_http import HttpReceiver
@@ -194,9 +194,9 @@ def test_an_unauthenticated_grpc_request_is_refused_before_its_body_is_received(
     bodies: list[int] = []
 
     class Watched(GrpcReceiver):
-        def _export(self, raw: bytes, context: grpc.ServicerContext) -> bytes:
+        def _process(self, raw: bytes, lease: BodyLease) -> Any:
             bodies.append(len(raw))  # the whole body was received and buffered to get here
-            return super()._export(raw, context)
+            return super()._process(raw, lease)
 
     receiver = Watched(Decoder(sink).decode, Gate(), "127.0.0.1:0", auth=BearerAuth("s3cret"))
     receiver.start()

@@ -430,7 +430,10 @@ def test_after_a_kill_the_open_window_is_rebuilt_from_the_write_ahead_and_closed
     first.flush(W0 + WINDOW + 11 * S)  # window 1 closed: its outputs are in the spool
     first.ingest(gpu_request({"GPU-1": ("open", 0.5), "GPU-2": ("open", 0.7)}, time_ns=W0 + WINDOW + 20 * S))
     first.ingest(mfu_request({"open": 0.4}, time_ns=W0 + WINDOW + 20 * S))
-    # Killed here: no stop, nothing closed. (The files are as a SIGKILL leaves them: each write committed.)
+    # Killed here: no stop, nothing closed. (The files are as a SIGKILL leaves them: each write committed, and the
+    # spool's lock dropped, as the kernel drops a killed process's.)
+    assert first.spool_lock is not None
+    first.spool_lock.release()
     second = CollectorService(options(sink, **settings), environ={})
     try:
         reports = second.flush(W0 + 2 * WINDOW + 11 * S)

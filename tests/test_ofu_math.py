@@ -298,7 +298,8 @@ def test_mfu_rejects_bad_inputs(flops_per_token: float, tokens_per_second: float
 
 fractions = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 max_clocks = st.floats(min_value=100 * MHZ, max_value=3000 * MHZ, allow_nan=False)
-clock_fractions = st.floats(min_value=1e-3, max_value=1.0 + ofu_math.MAX_CLOCK_TOLERANCE, allow_nan=False)
+# Down to 1% of the max: the SM clock stays above 1 MHz, the lowest a GPU runs at (``bounds.MIN_CLOCK_HZ``).
+clock_fractions = st.floats(min_value=1e-2, max_value=1.0 + ofu_math.MAX_CLOCK_TOLERANCE, allow_nan=False)
 tensor_fractions = st.one_of(st.none(), st.floats(min_value=0.5, max_value=1.0, allow_nan=False))
 
 
@@ -392,3 +393,14 @@ def test_the_dcgm_guides_a100_run_needs_its_clock() -> None:
     assert share_of_peak == pytest.approx(0.8103, abs=1e-4)
     assert ofu_math.ofu(tpa, 1410e6, 1410e6) == pytest.approx(0.9298, abs=1e-4)
     assert ofu_math.ofu(tpa, 1228.7e6, 1410e6) == pytest.approx(share_of_peak, abs=1e-4)
+
+
+@pytest.mark.parametrize("hz", [9.2e24, 1.1e10, 999_999.0])
+def test_a_clock_no_gpu_runs_at_is_an_invalid_reading(hz: float) -> None:
+    """A page's 9.2e24 Hz, or a clock in the wrong unit (MHz read as Hz): refused, never taken into a ratio."""
+    with pytest.raises(InvalidReading) as excinfo:
+        ofu_math.check_clock("SM clock", hz)
+    assert reason_of(excinfo) == ErrorReason.INVALID_VALUE
+    assert "beyond what a GPU can run at" in str(excinfo.value)
+    assert ofu_math.check_clock("SM clock", 1e6) == 1e6
+    assert ofu_math.check_clock("SM clock", 1e10) == 1e10

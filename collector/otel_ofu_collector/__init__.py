@@ -32,6 +32,7 @@ on ``results.py`` and the statistics in ``stats/``); every module is named here:
     lifecycle.py    parts started in order and shut down in reverse, one failure costing no other
     write_ahead.py  the open windows' accepted requests beside the spool, replayed after a kill
     sqlite_files.py what the spool and the write-ahead share: a damaged file moved aside, a WAL checked
+    spool_lock.py   one collector per --spool (a lock beside it, the holder named)
     config.py       AggregatorConfig;  prefixes.py  the commands' environment-variable prefixes
     service.py      CollectorService: receivers -> decoder -> windows -> consumers, and its lifecycle
     command.py      ``otel-ofu collector``;  demo.py  ``otel-ofu demo`` (on loopback.py: a producer and a

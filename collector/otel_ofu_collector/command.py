@@ -202,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
         if args.record_outputs:
             service.consumers.append(ReportRecorder(args.record_outputs))
         if args.report_feed_port is not None:
-            feed = ReportFeed(host=args.report_feed_host, port=int(args.report_feed_port))
+            feed = ReportFeed(
+                host=args.report_feed_host, port=int(args.report_feed_port), max_bytes=int(args.report_feed_max_bytes)
+            )
             service.consumers.append(feed)
         service.start()  # starts the consumers too, and shuts them down in stop
         if feed is not None:

@@ -37,12 +37,13 @@ from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
 from otel_ofu_collector.outputs.self_telemetry import SelfMetrics, SelfTelemetry, gathered
-from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, Gate
+from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, BodyBudget, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.base import Receiver
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
 from otel_ofu_collector.receivers.otlp_http import HttpReceiver
 from otel_ofu_collector.results import WindowReport
+from otel_ofu_collector.spool_lock import SpoolLock
 from otel_ofu_collector.write_ahead import WriteAhead
 
 if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when the endpoint is on
@@ -151,6 +152,8 @@ class CollectorService:
     _self_telemetry: SelfTelemetry | None = attrs.field(init=False, default=None)
     _self_metrics_sent_at: float | None = attrs.field(init=False, default=None)
     _write_ahead: WriteAhead | None = attrs.field(init=False, default=None)
+    # The lock on --spool (None without one); a test that plays a kill releases it, as the kernel would.
+    spool_lock: SpoolLock | None = attrs.field(init=False, default=None)
     _write_ahead_flushed: int = attrs.field(init=False, default=0)
     # The parts that count what they did, as they are made (self_metrics asks them, and the consumers that count).
     _counting: list[SelfMetrics] = attrs.field(init=False, factory=list)
@@ -158,6 +161,16 @@ class CollectorService:
     _rejections_logged_at: float | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
+        # One collector per spool, taken before either of its files is opened (``spool_lock``).
+        self.spool_lock = SpoolLock.take(self.options.spool_path) if self.options.spool_path else None
+        try:
+            self._build()
+        except BaseException:
+            if self.spool_lock is not None:
+                self.spool_lock.release()
+            raise
+
+    def _build(self) -> None:
         options = self.options
         self.gate = Gate(max_in_flight=options.max_in_flight, retry_after_s=options.retry_after_s)
         if options.mode == "merge":
@@ -345,6 +358,8 @@ class CollectorService:
             if self._write_ahead is not None:
                 self._write_ahead.close()  # kept: what it holds is replayed by the next start
             self._close_transport()
+            if self.spool_lock is not None:
+                self.spool_lock.release()
             raise
         self._started_outputs = outputs
         options = self.options
@@ -371,9 +386,23 @@ class CollectorService:
     def _listen(self) -> list[str]:
         options = self.options
         auth = BearerAuth(options.bearer_token) if options.bearer_token else None
+        # One budget for the bytes both receivers hold and inflate: many bombs at once fit in it together, whichever
+        # way they come (``admission.BodyBudget``).
+        limit = options.max_request_bytes
+        bodies = BodyBudget(max_bytes=4 * limit, max_peer_bytes=2 * limit)
         if options.grpc_listen:
             self._receivers.append(
-                GrpcReceiver(self.ingest, self.gate, options.grpc_listen, options.tls, auth, options.max_request_bytes)
+                GrpcReceiver(
+                    self.ingest,
+                    self.gate,
+                    options.grpc_listen,
+                    options.tls,
+                    auth,
+                    limit,
+                    message_deadline_s=options.http_body_deadline_s,
+                    bodies=bodies,
+                    inline_when=self._windows_free,
+                )
             )
         if options.http_listen:
             self._receivers.append(
@@ -383,9 +412,10 @@ class CollectorService:
                     options.http_listen,
                     options.tls,
                     auth,
-                    options.max_request_bytes,
+                    limit,
                     body_deadline_s=options.http_body_deadline_s,
                     body_min_rate=options.http_body_min_rate,
+                    bodies=bodies,
                 )
             )
         # A failure stops the rest from starting and stops the started again.
@@ -396,6 +426,10 @@ class CollectorService:
         if self._prometheus is not None:
             parts.append(f"prometheus {self._prometheus.host}:{self._prometheus.port}")
         return parts
+
+    def _windows_free(self) -> bool:
+        """Whether an ingest now would find the windows' lock free (the gRPC receiver then skips its thread hop)."""
+        return not self.aggregator.lock.locked()
 
     @property
     def ports(self) -> dict[str, int]:
@@ -528,6 +562,8 @@ class CollectorService:
         self._close_transport()  # only now: until both deliveries stopped, either may be mid-send
         # Last: until now they answered UNAVAILABLE (the gate is closed), which tells a client to retry elsewhere.
         shutdown_in_reverse(self._receivers, _stop_receiver)
+        if self.spool_lock is not None:  # the spool's files are closed
+            self.spool_lock.release()
         return reports
 
     @property

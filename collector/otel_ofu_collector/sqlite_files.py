@@ -19,13 +19,15 @@ once, and try again at most every ``RETRY_S``.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sqlite3
+import stat
 import struct
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Final
+from typing import BinaryIO, Final
 
 import attrs
 
@@ -56,49 +58,60 @@ def wal_checksum(data: bytes, big_endian: bool, seed: tuple[int, int]) -> tuple[
 
 
 def wal_damage(data: bytes) -> str | None:
-    """What SQLite's recovery of this WAL (a ``-wal`` file's bytes) will drop that a run had committed, in
-    words; None when nothing: no WAL, or one it reads whole but for an uncommitted or older tail.
+    """``wal_damage_in`` of a WAL's bytes."""
+    return wal_damage_in(io.BytesIO(data), len(data))
+
+
+def wal_damage_in(wal: BinaryIO, size: int) -> str | None:
+    """What SQLite's recovery of this WAL (a ``-wal`` file of ``size`` bytes, open for reading) will drop that a
+    run had committed, in words; None when nothing: no WAL, or one it reads whole but for an uncommitted or
+    older tail.
 
     SQLite keeps the frames from the start that carry the header's salts and continue its checksum chain,
     up to the last commit among them. Past that a WAL may hold, legitimately, frames of a transaction never
     committed (a kill mid-write, a rollback) and frames of an older generation (other salts). Damage is a
     commit frame of this generation past the break, a frame header that belongs to no generation, or a WAL
-    that ends inside a frame (SQLite writes whole frames)."""
-    if len(data) <= _WAL_HEADER:
-        return None if not data or len(data) == _WAL_HEADER else "it ends inside its header"
-    magic, _version, page_size, _checkpoints, salt1, salt2, c1, c2 = struct.unpack(">8I", data[:_WAL_HEADER])
+    that ends inside a frame (SQLite writes whole frames).
+
+    Read a frame at a time, and past the break only each frame's header: a WAL of gigabytes (holes, say)
+    costs a page of memory and a read per frame, never its size."""
+    if size <= _WAL_HEADER:
+        return None if not size or size == _WAL_HEADER else "it ends inside its header"
+    header = wal.read(_WAL_HEADER)
+    magic, _version, page_size, _checkpoints, salt1, salt2, c1, c2 = struct.unpack(">8I", header)
     big_endian = _WAL_MAGIC.get(magic)
     if (
         big_endian is None
         or not 512 <= page_size <= 65536
         or page_size & (page_size - 1)
-        or wal_checksum(data[:24], big_endian, (0, 0)) != (c1, c2)
+        or wal_checksum(header[:24], big_endian, (0, 0)) != (c1, c2)
     ):
         return "its header is damaged: SQLite ignores every frame in it"
-    size = _FRAME_HEADER + page_size
+    frame_size = _FRAME_HEADER + page_size
     checksum = (c1, c2)
     offset = _WAL_HEADER
-    while offset + size <= len(data):
-        page, _commit, salt_1, salt_2, f1, f2 = struct.unpack(">6I", data[offset : offset + _FRAME_HEADER])
+    while offset + frame_size <= size:
+        wal.seek(offset)
+        frame = wal.read(frame_size)
+        page, _commit, salt_1, salt_2, f1, f2 = struct.unpack(">6I", frame[:_FRAME_HEADER])
         if (salt_1, salt_2) != (salt1, salt2):
             break
-        checksum = wal_checksum(
-            data[offset : offset + 8] + data[offset + _FRAME_HEADER : offset + size], big_endian, checksum
-        )
+        checksum = wal_checksum(frame[:8] + frame[_FRAME_HEADER:], big_endian, checksum)
         if checksum != (f1, f2) or page == 0:
             break
-        offset += size
-    kept = (offset - _WAL_HEADER) // size
-    for at in range(offset, len(data) - size + 1, size):
-        page, commit, salt_1, salt_2 = struct.unpack(">4I", data[at : at + 16])
+        offset += frame_size
+    kept = (offset - _WAL_HEADER) // frame_size
+    for at in range(offset, size - frame_size + 1, frame_size):
+        wal.seek(at)
+        page, commit, salt_1, salt_2 = struct.unpack(">4I", wal.read(16))
         if (salt_1, salt_2) == (salt1, salt2):
             if commit:
                 return f"frame {kept + 1} fails its checksum: SQLite drops the transactions written from there on"
         elif not 0 < (salt1 - salt_1) & _MASK <= _OLDER_GENERATIONS:
-            overwritten = (at - _WAL_HEADER) // size + 1
+            overwritten = (at - _WAL_HEADER) // frame_size + 1
             return f"frame {overwritten} is overwritten: what was written from frame {kept + 1} on is lost"
-    if (len(data) - _WAL_HEADER) % size:
-        return f"it ends inside frame {(len(data) - _WAL_HEADER) // size + 1}: its last transaction is lost"
+    if (size - _WAL_HEADER) % frame_size:
+        return f"it ends inside frame {(size - _WAL_HEADER) // frame_size + 1}: its last transaction is lost"
     return None
 
 
@@ -132,7 +145,7 @@ def open_store(path: str, what: str, tables: Mapping[str, tuple[str, Sequence[st
     definitions, the columns a damaged copy's rows are read by)}). A file it cannot use is moved aside and
     its readable rows copied into a fresh one; each finding is one log line. Raises OSError, one line, only
     when such a file cannot be moved aside."""
-    wal = _wal_damage_at(path)
+    wal = _side_files_checked(path, what) or _wal_damage_at(path)
     if wal is not None:
         logger.warning("%s %s: its WAL is damaged: %s", what, path, wal)
     try:
@@ -141,7 +154,7 @@ def open_store(path: str, what: str, tables: Mapping[str, tuple[str, Sequence[st
         reason = str(why)
     except sqlite3.Error as error:
         return Opened(None, error=str(error), wal_damage=wal)
-    moved = _move_aside(path, what, reason)
+    moved = move_aside(path, what, reason)
     try:
         db = _open(path, tables)
     except (Unusable, sqlite3.Error) as error:
@@ -154,6 +167,43 @@ def open_store(path: str, what: str, tables: Mapping[str, tuple[str, Sequence[st
     return Opened(db, moved_aside=moved, wal_damage=wal)
 
 
+def _kind(path: str) -> str | None:
+    """What is at ``path`` when it is there but not a regular file ("a FIFO", "a symbolic link", ...), else None."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
+def _side_files_checked(path: str, what: str) -> str | None:
+    """A WAL or shared-memory index that is not a regular file (a FIFO would hang the open forever, a link would
+    take SQLite's writes elsewhere) is moved aside on its own, before anything opens it: what it stands for in
+    words (the transactions only a WAL held are lost), or None when both are regular or absent."""
+    found: str | None = None
+    for suffix in _SIDE_FILES:
+        name = path + suffix
+        kind = _kind(name)
+        if kind is None:
+            continue
+        target = _aside_name(name)
+        try:
+            os.rename(name, target)
+        except OSError as error:
+            raise OSError(
+                f"{what} {path}: its {suffix} is {kind} and cannot be moved aside: {error.strerror}"
+            ) from None
+        if suffix == "-wal":  # said in the WAL's one line (``open_store``)
+            found = f"its -wal is {kind}, not a WAL: moved aside to {target}; the transactions only a WAL held are lost"
+        else:
+            logger.warning("%s %s: its %s is %s, not a file: moved aside to %s", what, path, suffix, kind, target)
+    return found
+
+
 def remove_files(path: str) -> None:
     """Delete a store's file with its WAL and shared-memory index (missing ones are fine); OSError if not."""
     for name in (path, *(path + suffix for suffix in _SIDE_FILES)):
@@ -163,17 +213,31 @@ def remove_files(path: str) -> None:
 
 def _wal_damage_at(path: str) -> str | None:
     try:
-        with open(path + "-wal", "rb") as wal:
-            return wal_damage(wal.read())
-    except OSError:  # none (the usual case after a clean stop), or not a file: then the open says why
+        # O_NONBLOCK: nothing but a regular file is here (``_side_files_checked``), and even a FIFO swapped in
+        # since cannot hang the open.
+        fd = os.open(path + "-wal", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:  # none (the usual case after a clean stop)
         return None
+    with os.fdopen(fd, "rb") as wal:
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return wal_damage_in(wal, size)
 
 
 def _open(path: str, tables: Mapping[str, tuple[str, Sequence[str]]]) -> sqlite3.Connection:
     """Open and check: Unusable when the file is not a store of ours, sqlite3.Error when the disk refuses."""
     for name in (path, *(path + suffix for suffix in _SIDE_FILES)):
-        if os.path.lexists(name) and not os.path.isfile(name):
-            raise Unusable(f"{name} is not a file")
+        kind = _kind(name)
+        if kind is not None:
+            raise Unusable(f"{name} is {kind}, not a file")
+    if os.path.exists(path):
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise Unusable("this user cannot read and write it: permission denied")
+        wal_size = os.path.getsize(path + "-wal") if os.path.exists(path + "-wal") else 0
+        if os.path.getsize(path) == 0 and wal_size > _WAL_HEADER:
+            # SQLite would read an empty database and delete the WAL on closing it: every record in it, gone.
+            raise Unusable(f"it is empty but its WAL holds {wal_size} bytes (a crash of its file system?)")
     db = connect(path)
     try:
         _check(db, tables)
@@ -206,13 +270,21 @@ def _check(db: sqlite3.Connection, tables: Mapping[str, tuple[str, Sequence[str]
         raise Unusable(f"its pages are damaged: {problems[0]}")
 
 
-def _move_aside(path: str, what: str, reason: str) -> str:
+def _aside_name(path: str) -> str:
+    """``path.damaged-<UTC time>`` (with a serial when taken): where a file that cannot be used goes."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     target = f"{path}.damaged-{stamp}"
     serial = 1
     while any(os.path.lexists(target + suffix) for suffix in ("", *_SIDE_FILES)):
         serial += 1
         target = f"{path}.damaged-{stamp}-{serial}"
+    return target
+
+
+def move_aside(path: str, what: str, reason: str) -> str:
+    """Rename ``path`` with its WAL and shared-memory index to ``_aside_name``; where it went. OSError, one line,
+    when it cannot be moved."""
+    target = _aside_name(path)
     try:
         os.rename(path, target)
         if os.path.lexists(path + "-wal"):  # the copy's own WAL: applied to a fresh file it would corrupt it
@@ -248,7 +320,9 @@ def readable_rows(path: str, table: str, columns: Sequence[str]) -> Iterator[tup
     NULL. A broken page costs only its own rows: the read seeks past it (galloping, then bisecting back to
     the first row that reads). Nothing from a file SQLite cannot read at all. One row per query: a cursor
     steps to the next row before it hands over the current one, so a broken next page would cost it."""
-    if not os.path.isfile(path):
+    if _kind(path) is not None or not os.path.exists(path) or os.path.getsize(path) == 0:
+        return  # not a file; or an empty one, whose WAL SQLite would delete on closing it
+    if any(_kind(path + suffix) is not None for suffix in _SIDE_FILES):
         return
     db = sqlite3.connect(path)
     try:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -77,12 +78,24 @@ class WriteAhead:
     _unwritten_before: int = attrs.field(init=False, default=0)  # ``unwritten`` when the disk began refusing
     _state: tuple[int, int] | None = attrs.field(init=False, default=None)  # a refused closed_through
     _stale: bool = attrs.field(init=False, default=False)  # opened only after the start: its records are old
+    # A file that was there at the start but could not be opened (locked by another program, a failing disk): its
+    # records were not replayed, so they are not this run's to delete. It is moved aside, kept, before this run
+    # writes a fresh one or at a clean stop, whichever comes first.
+    _unread: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        existed = os.path.lexists(self.path)
         with self._lock:
             if not self._open():
                 self._stale = True  # what the file holds could not be replayed at the start
+                self._unread = existed
+                if existed:
+                    logger.warning(
+                        "write-ahead %s cannot be read at the start: its records are not replayed, and it is kept "
+                        "(moved aside before this run writes its own)",
+                        self.path,
+                    )
 
     def append(self, payload: bytes, received_ns: int) -> None:
         with self._lock:
@@ -152,7 +165,10 @@ class WriteAhead:
             self._batch.clear()
             self._close_db()
             try:
-                sqlite_files.remove_files(self.path)
+                if self._unread:
+                    self._set_aside_unread()
+                else:
+                    sqlite_files.remove_files(self.path)
             except OSError as error:
                 logger.error(
                     "write-ahead %s could not be deleted at a clean stop (%s): the next start replays windows "
@@ -209,9 +225,19 @@ class WriteAhead:
             self._fail(opened.error)
         return opened.db is not None
 
+    def _set_aside_unread(self) -> None:
+        """Move the file the start could not read aside, with one line; OSError when it cannot be moved."""
+        moved = sqlite_files.move_aside(self.path, "write-ahead", "never read by this run")
+        self._unread = False
+        logger.warning(
+            "write-ahead %s was never read by this run: moved aside to %s, its records kept", self.path, moved
+        )
+
     def _write(self) -> None:
         """Write the batch and a waiting closed_through in one transaction; the caller holds the lock."""
         try:
+            if self._db is None and self._unread:
+                self._set_aside_unread()
             if self._db is None and not self._open():
                 raise sqlite3.OperationalError("the file cannot be opened")
             assert self._db is not None

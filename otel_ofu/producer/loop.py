@@ -139,10 +139,14 @@ class Producer:
             return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, str(error)),))
 
     def request_stop(self) -> None:
-        """Ask ``run`` to finish: safe from a signal handler (the lock is reentrant) and from other threads."""
+        """Ask ``run`` to finish: safe from a signal handler (the lock is reentrant) and from other threads. A source
+        that reads over the network (an exporter's page) is interrupted: a read in flight must not hold the exit."""
         with self._stop:
             self._stopping = True
             self._stop.notify_all()
+        interrupt = getattr(self.source, "interrupt", None)
+        if callable(interrupt):
+            interrupt()
 
     def _wait(self, clock_seconds: float) -> bool:
         """Wait up to ``clock_seconds`` of the producer's clock; True when a stop was requested."""

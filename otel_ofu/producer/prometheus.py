@@ -14,12 +14,14 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from otel_ofu import names
+from otel_ofu.control_chars import escaped
 from otel_ofu.gpu_samples import GpuSample, PartialSample
+from otel_ofu.http_endpoint import HttpEndpoint, Reply, Request
 from otel_ofu.model import IoCounter
 from otel_ofu.producer.metrics_data import AttributeValue, ComputedSnapshot
 from otel_ofu.producer.self_metrics import SelfMetrics
@@ -124,7 +126,8 @@ def _spec(name: str) -> names.MetricSpec:
 
 
 def _label_values(attributes: Mapping[str, AttributeValue], labels: list[str]) -> list[str]:
-    by_label = {label_name(key): str(value) for key, value in attributes.items()}
+    # A value a page or a pod label gave: its control characters written out, never a raw ESC on /metrics.
+    by_label = {label_name(key): escaped(str(value)) for key, value in attributes.items()}
     return [by_label.get(label, "") for label in labels]  # an empty label is an absent one in Prometheus
 
 
@@ -153,7 +156,8 @@ def _self_families(self_metrics: SelfMetrics | None) -> Iterator[Metric]:
 
 @attrs.define
 class PrometheusEndpoint:
-    """``/metrics`` on ``addr:port`` (port 0 picks a free one; ``port`` says which) with its own registry.
+    """``/metrics`` on ``addr:port`` (port 0 picks a free one; ``port`` says which) with its own registry, under the
+    bounds of ``http_endpoint`` (idle and slow clients cut, connections bounded).
 
     No default port: 9400 is dcgm-exporter's and the usual choice, 9464, may be taken; the caller says.
     """
@@ -161,21 +165,25 @@ class PrometheusEndpoint:
     port: int
     addr: str = "0.0.0.0"
     collector: LatestSnapshotCollector = attrs.field(factory=LatestSnapshotCollector)
-    _server: object = attrs.field(default=None, init=False)
+    _registry: CollectorRegistry = attrs.field(init=False, factory=lambda: CollectorRegistry(auto_describe=False))
+    _server: HttpEndpoint | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.collector)
-        server, _thread = start_http_server(self.port, addr=self.addr, registry=registry)
+        self._registry.register(self.collector)
+        server = HttpEndpoint(self._reply, self.addr, self.port, name="otel-ofu-prometheus")
+        self.port = server.start()
         self._server = server
-        self.port = server.server_port
+
+    def _reply(self, request: Request) -> Reply:
+        # Every path but the favicon is the page, as prometheus-client's own server answers.
+        if request.path == "/favicon.ico":
+            return Reply.text(404, "not found\n")
+        return Reply(200, CONTENT_TYPE_LATEST, (generate_latest(self._registry),))
 
     def update(self, computed: ComputedSnapshot, self_metrics: SelfMetrics) -> None:
         self.collector.update(computed, self_metrics)
 
     def close(self) -> None:
-        server = self._server
+        server, self._server = self._server, None
         if server is not None:
-            self._server = None
-            server.shutdown()  # type: ignore[attr-defined]
-            server.server_close()  # type: ignore[attr-defined]
+            server.stop()

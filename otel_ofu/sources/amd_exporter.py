@@ -181,6 +181,7 @@ class AmdExporterSource:
     _energy: throttle.EnergyTracker = attrs.field(init=False, factory=throttle.EnergyTracker)
     # GPU key -> the field its active share (TPA = MFMA x it) came from in the last read: which one was used.
     activity_basis: dict[str, str] = attrs.field(init=False, factory=dict)
+    _scrape: prometheus_text.Scrape = attrs.field(init=False, factory=prometheus_text.Scrape)
 
     def __attrs_post_init__(self) -> None:
         self._previous_ns = self.clock()
@@ -188,8 +189,12 @@ class AmdExporterSource:
             self.host_fallback = urllib.parse.urlsplit(self.url).hostname
 
     def fetch(self) -> str:
-        """The exposition text, or ScrapeError saying in one line why not."""
-        return prometheus_text.fetch(self.url, self.timeout_s)
+        """The exposition text, or ScrapeError saying in one line why not (the scrape bounded: ``prometheus_text``)."""
+        return self._scrape.fetch(self.url, self.timeout_s)
+
+    def interrupt(self) -> None:
+        """The producer is stopping: a scrape in flight ends now."""
+        self._scrape.interrupt()
 
     def read(self) -> Snapshot:
         now = self.clock()

@@ -109,6 +109,7 @@ class DcgmExporterSource:
     _energy: throttle.EnergyTracker = attrs.field(init=False, factory=throttle.EnergyTracker)
     _violations: throttle.ViolationTracker = attrs.field(init=False, factory=throttle.ViolationTracker)
     _links: io_counters.IoIntegrator = attrs.field(init=False, factory=io_counters.IoIntegrator)
+    _scrape: prometheus_text.Scrape = attrs.field(init=False, factory=prometheus_text.Scrape)
 
     def __attrs_post_init__(self) -> None:
         self._previous_ns = self.clock()
@@ -116,8 +117,12 @@ class DcgmExporterSource:
             self.host_fallback = urllib.parse.urlsplit(self.url).hostname
 
     def fetch(self) -> str:
-        """The exposition text, or ScrapeError saying in one line why not."""
-        return prometheus_text.fetch(self.url, self.timeout_s)
+        """The exposition text, or ScrapeError saying in one line why not (the scrape bounded: ``prometheus_text``)."""
+        return self._scrape.fetch(self.url, self.timeout_s)
+
+    def interrupt(self) -> None:
+        """The producer is stopping: a scrape in flight ends now."""
+        self._scrape.interrupt()
 
     def _not_dcgm_exporter(self, samples: list[prometheus_text.Sample]) -> str:
         """Why a page gave no GPU, in one line naming what it had: a wrong port or another exporter's page is

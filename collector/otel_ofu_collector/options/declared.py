@@ -18,6 +18,7 @@ from otel_ofu_collector.detectors import FLAG_OPTIONS, FlagOption
 from otel_ofu_collector.option_bounds import Bound, N
 from otel_ofu_collector.options.option import Option, Section, optional_text
 from otel_ofu_collector.otlp.decode import DEFAULT_MAX_ATTRIBUTE_LENGTH
+from otel_ofu_collector.outputs.feed_server import DEFAULT_FEED_MAX_BYTES
 from otel_ofu_collector.outputs.split import DEFAULT_MAX_EXPORT_BYTES
 from otel_ofu_collector.receivers.http_framing import BODY_DEADLINE_S, BODY_GRACE_S, BODY_MIN_RATE
 
@@ -146,7 +147,8 @@ HTTP_BODY_DEADLINE: Final = number(
     Bound(float, 0.1, 3600.0, "s"),
     BODY_DEADLINE_S,
     metavar="SECONDS",
-    help="an OTLP/HTTP body not received within this is answered 408 and its connection closed",
+    help="an OTLP/HTTP body not received within this is answered 408 and its connection closed; an OTLP/gRPC "
+    "request message, DEADLINE_EXCEEDED",
 )
 HTTP_BODY_MIN_RATE: Final = number(
     "http_body_min_rate",
@@ -327,6 +329,14 @@ REPORT_FEED_HOST: Final = Option(
     str,
     metavar="HOST",
 )
+REPORT_FEED_MAX_BYTES: Final = number(
+    "report_feed_max_bytes",
+    OUTPUTS,
+    Bound(int, 1 << 20, 1 << 40, "bytes"),  # 1 MiB to 1 TiB
+    DEFAULT_FEED_MAX_BYTES,
+    metavar="BYTES",
+    help="bound of the report feed's windows in memory (apart from --max-state-bytes); its oldest are dropped",
+)
 
 # --- the Prometheus endpoint -------------------------------------------------------------------------------
 
@@ -443,6 +453,7 @@ OPTIONS: Final[tuple[Option[Any], ...]] = (
     HEALTH_PORT,
     HEALTH_HOST,
     REPORT_FEED_HOST,
+    REPORT_FEED_MAX_BYTES,
     PROMETHEUS_PORT,
     PROMETHEUS_HOST,
     PROMETHEUS_EXPIRATION_WINDOWS,

@@ -31,11 +31,11 @@ from otel_ofu_collector.otlp.resources import (
     cache_key,
     entry_bytes,
     identity_of,
-    overlong,
     resource_views,
     stream_key,
+    unusable,
 )
-from otel_ofu_collector.otlp.shapes import Shape, read_through, shape_of, take_inputs
+from otel_ofu_collector.otlp.shapes import Shape, read_through, refuse_through, shape_of, take_inputs
 from otel_ofu_collector.results import PartialWindow
 
 R = names.RejectReason
@@ -61,6 +61,15 @@ DEFAULT_RESOURCE_CACHE_BYTES = 256 * 1024 * 1024
 _MAX_LAYOUT_LENGTHS = 256
 _MAX_LAYOUTS_PER_LENGTH = 4
 _MAX_SHAPE_BUILDS = 3  # layouts built for one Resource before it is read point by point for good
+# What one request may carry of one GPU (or job), per metric: a source reports a field once per interval, an
+# exporter's retry or a gateway may repeat one now and then, and a queue drained at once sends a backlog of
+# intervals (a day of 10 s intervals is 8,640). Past either bound the request is not a report but a bomb (one GPU
+# and 2,000,000 identical points of 138 KiB gzipped took 30 s of CPU and 3.7 GB): the rest of that metric's points
+# are refused as implausible without being read one by one.
+MAX_POINTS_PER_INTERVAL = 4
+MAX_POINTS_PER_STREAM = 10_000
+_REPEATS = "with more points of one GPU for one interval than any source sends"
+_BACKLOG = "with more intervals of one GPU in one request than any source sends"
 
 
 class PointSink(Protocol):
@@ -261,7 +270,7 @@ class Decoder:
             identity,
             stream_key(identity),
             self.sink.profile_of(identity),
-            overlong(identity, self.max_attribute_length),
+            unusable(identity, self.max_attribute_length),
         )
         self._remember(key, found)
         return found
@@ -359,7 +368,6 @@ class _Reading:
         "decoder",
         "latest",
         "locked",
-        "overlong_words",
         "raw",
         "rejections",
         "request",
@@ -387,7 +395,6 @@ class _Reading:
         self.accepted = 0
         self.any_ours = False
         self.any_foreign = False
-        self.overlong_words = f"with an attribute value longer than {decoder.max_attribute_length} characters"
 
     def view(self, index: int) -> Any:
         """The index-th ResourceMetrics as sent; the first call parses the views (outside the lock) and locks."""
@@ -422,7 +429,7 @@ class _Reading:
                 key = cache_key(view.resource)
                 entry = cache.get(key) or decoder.entry(rm, key)
                 scopes = view.scope_metrics
-                if len(scopes) == 1 and entry.stream_key is not None and not entry.overlong:
+                if len(scopes) == 1 and entry.unusable is None:
                     data = scopes[0]
                     shape = entry.shape
                     numbers = None if shape is None else shape.template.read(data)
@@ -434,7 +441,12 @@ class _Reading:
                                 break
                     if numbers is not None:
                         assert shape is not None
-                        self.accepted += read_through(entry, shape, numbers, self.latest, self.sink, self.rejections)
+                        if entry.stream_key is None:  # no GPU identity: every point refused, at a template's cost
+                            refuse_through(shape, numbers, self.rejections)
+                        else:
+                            self.accepted += read_through(
+                                entry, shape, numbers, self.latest, self.sink, self.rejections
+                            )
                         self.any_ours = True
                         stats.shaped_resources += 1  # under the lock, taken with the views
                         entry.shape = shape  # the Resource's layout from now, with a fresh build budget
@@ -446,8 +458,7 @@ class _Reading:
                 and entry is not None
                 and entry.builds < _MAX_SHAPE_BUILDS
                 and (entry.shape is None or shape_missed)
-                and not entry.overlong
-                and entry.stream_key is not None
+                and entry.unusable is None
             ):
                 decoder.learn_shape(rm, self.view(index), entry)
 
@@ -476,8 +487,8 @@ class _Reading:
                         continue
                 if entry is None:
                     entry = self.decoder.entry(rm, cache_key(self.view(index).resource))
-                if entry.overlong:
-                    self.rejections.add(R.BAD_ATTRIBUTE, f"{name} {self.overlong_words}", len(points))
+                if entry.unusable is not None:
+                    self.rejections.add(R.BAD_ATTRIBUTE, f"{name} {entry.unusable}", len(points))
                 elif role == roles.OFU:
                     self.ofu(points, entry)
                 elif role == roles.UNMEASURED:
@@ -507,7 +518,8 @@ class _Reading:
         latest = self.latest
         sink = self.sink
         max_length = self.decoder.max_attribute_length
-        for point in points:
+        plausible = _Plausible(_OFU, len(points), rejections)
+        for index, point in enumerate(points):
             # as_double reads 0.0 when unset or when the value is as_int: only then ask which.
             value = point.as_double or _number(point)
             if value is None or not 0.0 <= value <= 1.0:  # NaN fails both comparisons
@@ -516,8 +528,9 @@ class _Reading:
             identity, key = self._own_identity(_OFU, point.attributes, entry)
             profile = entry.profile
             if identity is not entry.identity:
-                if overlong(identity, max_length):
-                    rejections.add(R.BAD_ATTRIBUTE, f"{_OFU} {self.overlong_words}")
+                words = unusable(identity, max_length)
+                if words is not None:
+                    rejections.add(R.BAD_ATTRIBUTE, f"{_OFU} {words}")
                     continue
                 profile = sink.profile_of(identity)
             if key is None:
@@ -527,7 +540,10 @@ class _Reading:
             if not end_ns or end_ns > latest:
                 rejections.refuse(_OFU, R.BAD_TIME)
                 continue
-            refused = sink.add_ofu(key, value, point.start_time_unix_nano or end_ns, end_ns, identity, profile)
+            start_ns = point.start_time_unix_nano or end_ns
+            if not plausible.one_more(key, start_ns, end_ns, index):
+                break
+            refused = sink.add_ofu(key, value, start_ns, end_ns, identity, profile)
             if refused is None:
                 self.accepted += 1
             else:
@@ -536,12 +552,14 @@ class _Reading:
     def unmeasured(self, points: Any, entry: ResourceEntry) -> None:
         """``gpu.ofu.unmeasured`` points: a GPU's time without OFU (the value says nothing: the interval is what counts;
         its ``error.type`` is for people, not for the windows)."""
-        for point in points:
+        plausible = _Plausible(_UNMEASURED, len(points), self.rejections)
+        for index, point in enumerate(points):
             identity, key = self._own_identity(_UNMEASURED, point.attributes, entry)
             profile = entry.profile
             if identity is not entry.identity:
-                if overlong(identity, self.decoder.max_attribute_length):
-                    self.rejections.add(R.BAD_ATTRIBUTE, f"{_UNMEASURED} {self.overlong_words}")
+                words = unusable(identity, self.decoder.max_attribute_length)
+                if words is not None:
+                    self.rejections.add(R.BAD_ATTRIBUTE, f"{_UNMEASURED} {words}")
                     continue
                 profile = self.sink.profile_of(identity)
             if key is None:
@@ -551,7 +569,10 @@ class _Reading:
             if not end_ns or end_ns > self.latest:
                 self.rejections.refuse(_UNMEASURED, R.BAD_TIME)
                 continue
-            refused = self.sink.add_unmeasured(key, point.start_time_unix_nano or end_ns, end_ns, identity, profile)
+            start_ns = point.start_time_unix_nano or end_ns
+            if not plausible.one_more(key, start_ns, end_ns, index):
+                break
+            refused = self.sink.add_unmeasured(key, start_ns, end_ns, identity, profile)
             if refused is None:
                 self.accepted += 1
             else:
@@ -572,7 +593,8 @@ class _Reading:
         low, high = bounds.range_of(name)
         group: _Group | None = None
         group_at: tuple[str, int, int] | None = None
-        for point in points:
+        plausible = _Plausible(name, len(points), rejections)
+        for index, point in enumerate(points):
             value = point.as_double or _number(point)
             if value is None or not low <= value <= high:  # NaN fails both comparisons
                 rejections.refuse(name, (bounds.refusal(name, value) if value is not None else None) or R.OUT_OF_RANGE)
@@ -591,8 +613,8 @@ class _Reading:
                 )
             else:
                 identity, key = self._own_identity(name, attributes, entry)
-            if identity is not entry.identity and overlong(identity, max_length):
-                rejections.add(R.BAD_ATTRIBUTE, f"{name} {self.overlong_words}")
+            if identity is not entry.identity and (words := unusable(identity, max_length)) is not None:
+                rejections.add(R.BAD_ATTRIBUTE, f"{name} {words}")
                 continue
             if key is None:
                 rejections.refuse(name, R.NO_IDENTITY)
@@ -601,8 +623,10 @@ class _Reading:
             if not end_ns or end_ns > latest:
                 rejections.refuse(name, R.BAD_TIME)
                 continue
-            self.accepted += 1
             start_ns = point.start_time_unix_nano or end_ns
+            if not plausible.one_more(key, start_ns, end_ns, index, field):
+                break
+            self.accepted += 1
             at = (key, start_ns, end_ns)
             # A metric sent twice for one interval (or another identity) opens a new group: each point counts as sent.
             slot = 3 if cumulative else 2 if throttle else 1
@@ -619,15 +643,16 @@ class _Reading:
         rejections = self.rejections
         max_mfu = self.decoder.max_mfu
         max_length = self.decoder.max_attribute_length
-        for point in points:
+        plausible = _Plausible(_MFU, len(points), rejections)
+        for index, point in enumerate(points):
             value = _number(point)
             if value is None or not 0.0 <= value <= max_mfu:
                 rejections.refuse(_MFU, R.OUT_OF_RANGE)
                 continue
             attributes = point.attributes
             identity = identity_of(attributes, entry.identity) if attributes else entry.identity
-            if identity is not entry.identity and overlong(identity, max_length):
-                rejections.add(R.BAD_ATTRIBUTE, f"{_MFU} {self.overlong_words}")
+            if identity is not entry.identity and (words := unusable(identity, max_length)) is not None:
+                rejections.add(R.BAD_ATTRIBUTE, f"{_MFU} {words}")
                 continue
             job_id = identity.get(_JOB_ID)
             if not job_id:
@@ -637,11 +662,40 @@ class _Reading:
             if not time_ns or time_ns > self.latest:
                 rejections.refuse(_MFU, R.BAD_TIME)
                 continue
+            if not plausible.one_more(job_id, time_ns, time_ns, index):
+                break
             refused = self.sink.add_mfu(job_id, value, time_ns, identity)
             if refused is None:
                 self.accepted += 1
             else:
                 rejections.refuse(_MFU, refused)
+
+
+class _Plausible:
+    """Counts one metric's points of a Resource by GPU (or job) and interval as they are taken; past
+    ``MAX_POINTS_PER_INTERVAL`` for one interval or ``MAX_POINTS_PER_STREAM`` for one GPU, the rest of the metric's
+    points are refused in one count (``one_more`` is False: the caller stops reading them)."""
+
+    __slots__ = ("metric", "points", "rejections", "seen", "streams")
+
+    def __init__(self, metric: str, points: int, rejections: Rejections) -> None:
+        self.metric = metric
+        self.points = points
+        self.rejections = rejections
+        self.seen: dict[tuple[str, int, int, str], int] = {}
+        self.streams: dict[str, int] = {}
+
+    def one_more(self, key: str, start_ns: int, end_ns: int, index: int, field: str = "") -> bool:
+        at = (key, start_ns, end_ns, field)
+        repeats = self.seen.get(at, 0) + 1
+        self.seen[at] = repeats
+        intervals = self.streams.get(key, 0) + 1
+        self.streams[key] = intervals
+        if repeats <= MAX_POINTS_PER_INTERVAL and intervals <= MAX_POINTS_PER_STREAM:
+            return True
+        words = _REPEATS if repeats > MAX_POINTS_PER_INTERVAL else _BACKLOG
+        self.rejections.add(R.IMPLAUSIBLE, f"{self.metric} {words}", self.points - index)
+        return False
 
 
 def _keyed_by(attributes: Any, attribute: str, known: frozenset[str]) -> tuple[str | None, bool]:

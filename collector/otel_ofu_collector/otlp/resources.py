@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
+from otel_ofu.control_chars import has_control
 
 IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
 EMPTY: Mapping[str, str] = {}
@@ -31,14 +32,15 @@ _INLINE_KEY_BYTES = 384
 @attrs.define(slots=True)
 class ResourceEntry:
     """A Resource's cached reading: its identity, its stream key (None without hw.id), the sink's profile of it,
-    whether an identity value is over the length limit, the layout its metrics came in (an ``otlp.shapes.Shape``;
+    why its identity is refused (an identity value over the length limit or holding a control character, in words;
+    None: it is not), the layout its metrics came in (an ``otlp.shapes.Shape``;
     None: none yet, or none a template can read), and how many layouts were built for it since one was last read
     through (a Resource whose layout changes every interval is read point by point, not scanned every interval)."""
 
     identity: Mapping[str, str]
     stream_key: str | None
     profile: Any
-    overlong: bool
+    unusable: str | None
     shape: Any = None
     builds: int = 0
 
@@ -135,9 +137,16 @@ def identity_of(attributes: Any, base: Mapping[str, str]) -> Mapping[str, str]:
     return base if found is None else found
 
 
-def overlong(identity: Mapping[str, str], limit: int) -> bool:
-    """Whether any identity value is longer than ``limit`` characters."""
-    return any(len(value) > limit for value in identity.values())
+def unusable(identity: Mapping[str, str], limit: int) -> str | None:
+    """Why an identity is refused, in the words after a metric's name, or None: a value longer than ``limit``
+    characters (it would be copied into every output of its job), or one holding a control character (a terminal
+    showing it would obey it: ``control_chars``)."""
+    for value in identity.values():
+        if len(value) > limit:
+            return f"with an attribute value longer than {limit} characters"
+        if has_control(value):
+            return "with a control character in an identity attribute value"
+    return None
 
 
 def stream_key(identity: Mapping[str, str]) -> str | None:

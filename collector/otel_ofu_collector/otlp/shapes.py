@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 R = names.RejectReason
 _THROTTLE = names.GPU_THROTTLE.name
 _INPUTS = "loss inputs"  # how refused loss inputs are named (they are taken per GPU interval, all together)
+MAX_SHAPE_POINTS = 512
 
 
 class Planned(NamedTuple):
@@ -116,6 +117,7 @@ class Shape:
     values: Callable[[tuple[Any, ...]], tuple[Any, ...]] = attrs.field(init=False)
     lows: tuple[float, ...] = attrs.field(init=False)
     highs: tuple[float, ...] = attrs.field(init=False)
+    per_metric: tuple[tuple[str, int], ...] = attrs.field(init=False)  # (metric, its points), in the plan's order
 
     def __attrs_post_init__(self) -> None:
         set_ = object.__setattr__  # a frozen class's derived fields, set once here
@@ -123,6 +125,10 @@ class Shape:
         set_(self, "values", operator.itemgetter(*(p.value_index for p in plan)))
         set_(self, "lows", tuple(p.low for p in plan))
         set_(self, "highs", tuple(p.high for p in plan))
+        counts: dict[str, int] = {}
+        for planned in self.plan:
+            counts[planned.metric] = counts.get(planned.metric, 0) + 1
+        set_(self, "per_metric", tuple(counts.items()))
 
 
 def _getter(indices: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
@@ -139,8 +145,15 @@ def shape_of(rm: Any, scope_bytes: bytes) -> Shape | None:
     as_double points with a time, no attributes but a gpu.throttle point's known reason, no field twice. The
     slots ``templates.scan`` finds are checked against the parsed points: a template never reads what the parse
     would read otherwise."""
-    scanned = templates.scan(scope_bytes)
     metrics = rm.scope_metrics[0].metrics
+    # A producer's layout holds a few dozen points; one of thousands is no layout to learn (and not worth a scan).
+    points = 0
+    for metric in metrics:
+        kind = metric.WhichOneof("data")
+        points += len(getattr(metric, kind).data_points) if kind is not None else 0
+    if points > MAX_SHAPE_POINTS:
+        return None
+    scanned = templates.scan(scope_bytes)
     if scanned is None or len(scanned) != len(metrics):
         return None
     read: list[tuple[int, str]] = []
@@ -265,6 +278,24 @@ def read_through(
             group = groups[(start_ns, end_ns)] = ({}, {}, {})
         (group[2] if cumulative else group[1] if throttle else group[0])[field] = value
     return accepted + _into_sink(entry, ofu, groups, sink, rejections)
+
+
+def refuse_through(shape: Shape, numbers: tuple[Any, ...], rejections: Rejections) -> None:
+    """A Resource without a GPU identity (no hw.id) read through a shape: every point refused, each for the first
+    thing point by point finds wrong with it (its value's bounds, then its identity), at the cost of a template read
+    rather than a walk of the Resource: a sender of what can never be taken costs no more than one that is taken.
+    (Point by point a missing identity comes before the time, so no time is read here.)"""
+    shape_values = shape.values(numbers)
+    if all(map(operator.le, shape.lows, shape_values)) and all(map(operator.le, shape_values, shape.highs)):
+        for metric, count in shape.per_metric:
+            rejections.refuse(metric, R.NO_IDENTITY, count)
+        return
+    for planned in shape.plan:
+        value = numbers[planned.value_index]
+        if not planned.low <= value <= planned.high:  # NaN fails both comparisons
+            rejections.refuse(planned.metric, bounds.refusal(planned.metric, value) or R.OUT_OF_RANGE)
+        else:
+            rejections.refuse(planned.metric, R.NO_IDENTITY)
 
 
 def _by_part(

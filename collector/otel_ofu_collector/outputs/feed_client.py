@@ -3,28 +3,34 @@
 A feed behind TLS and a bearer token (a TLS-terminating proxy or an ingress in front of the collector) is read
 with ``FeedAccess``: the CA to trust, a client certificate for mTLS, the token sent as
 ``Authorization: Bearer``. ``since_ns`` asks only for the windows that ended after it, so a poller fetches each
-window once.
+window once. A read is bounded in time and bytes and can be cut short (``fetch_records``).
 """
 
 from __future__ import annotations
 
-import http.client
 import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Final
 
 import attrs
 
-from otel_ofu_collector.outputs.feed_server import FEED_PATH
+from otel_ofu import bounded_http
+from otel_ofu_collector.outputs.feed_server import DEFAULT_FEED_MAX_BYTES, FEED_PATH
 from otel_ofu_collector.outputs.record_codec import Records, parse_lines
 
 _WHY: Final = {401: " (the bearer token is missing or wrong)", 403: " (the bearer token is not allowed)"}
+# The most of a feed read at once: the largest feed the collector holds by default and room beside it. A feed that
+# never ends (or a port that is not a feed) is cut here rather than read into memory.
+MAX_FEED_BYTES: Final = DEFAULT_FEED_MAX_BYTES + 64 * 1024 * 1024
 
 
 class FeedError(RuntimeError):
-    """A report feed that could not be read; the message says why in one line."""
+    """A report feed that could not be read; the message says why in one line. ``stuck``: the feed answered too
+    slowly or not at all within the read's deadline (dripping, stalled), not with an error."""
+
+    def __init__(self, message: str, *, stuck: bool = False) -> None:
+        super().__init__(message)
+        self.stuck = stuck
 
 
 @attrs.frozen
@@ -65,23 +71,31 @@ def feed_url(url: str, since_ns: int | None = None) -> str:
 
 
 def fetch_records(
-    url: str, timeout: float = 10.0, *, since_ns: int | None = None, access: FeedAccess | None = None
+    url: str,
+    timeout: float = 10.0,
+    *,
+    since_ns: int | None = None,
+    access: FeedAccess | None = None,
+    max_bytes: int = MAX_FEED_BYTES,
+    cancel: bounded_http.Cancel | None = None,
 ) -> Records:
     """The windows a running collector's feed holds (those that ended after ``since_ns``); FeedError when it
-    cannot be read."""
+    cannot be read. The read is bounded (``bounded_http``): the whole answer within ``timeout`` (a feed that drips
+    is cut there, ``stuck``), at most ``max_bytes`` of it (one that never ends is cut there), and ``cancel`` ends
+    it at once (a screen quitting)."""
     target = feed_url(url, since_ns)
     where = feed_url(url)  # what the messages name: the feed, not this read's query
     access = access or FeedAccess()
-    request = urllib.request.Request(target, headers=access.headers())
     context = access.context() if target.startswith("https:") else None
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-            text = response.read().decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as error:
-        raise FeedError(f"report feed {where} answered HTTP {error.code}{_WHY.get(error.code, '')}") from None
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise FeedError(f"cannot read report feed {where}: {reason}") from None
-    except http.client.HTTPException as error:  # a connection dropped mid-answer, or no HTTP server there
-        raise FeedError(f"cannot read report feed {where}: {type(error).__name__} {error}".rstrip()) from None
+        answer = bounded_http.get(
+            target, headers=access.headers(), deadline_s=timeout, max_bytes=max_bytes, tls=context, cancel=cancel
+        )
+    except bounded_http.GetError as error:
+        if error.timed_out:
+            raise FeedError(f"report feed {where} sent no complete answer within {timeout:g} s", stuck=True) from None
+        raise FeedError(f"cannot read report feed {where}: {error.reason}") from None
+    if answer.status != 200:
+        raise FeedError(f"report feed {where} answered HTTP {answer.status}{_WHY.get(answer.status, '')}")
+    text = bytes(answer.body).decode("utf-8", errors="replace")
     return parse_lines(text.splitlines(), where)

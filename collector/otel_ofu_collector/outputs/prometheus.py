@@ -23,15 +23,17 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from http.server import ThreadingHTTPServer
 from typing import Any, Final
 
 import attrs
-from prometheus_client import CollectorRegistry, MetricsHandler
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from otel_ofu import names
+from otel_ofu.control_chars import escaped
+from otel_ofu.http_endpoint import HttpEndpoint, Reply, Request
 from otel_ofu.prometheus_names import label_name, metric_name
 from otel_ofu_collector.results import OUTPUT_METRICS, WindowReport, gauge_points
 
@@ -49,9 +51,8 @@ def prometheus_name(name: str) -> str:
 
 
 DEFAULT_EXPIRATION_WINDOWS: Final = 2  # --prometheus-expiration-windows
-# The receivers' listen backlog (receivers/otlp_http.py, as gRPC's): a burst of scrapes (several Prometheus
-# replicas, a federation) waits to be accepted instead of being reset at socketserver's default of 5.
-LISTEN_BACKLOG: Final = 4096
+# A value as prometheus-client writes it (Go's float format: "+Inf", "NaN", "1.5e+06"), so the page reads the same.
+_float_text: Callable[[float], str] = floatToGoString
 
 _GAUGE_ORDER: Mapping[str, int] = {spec.name: index for index, spec in enumerate(OUTPUT_METRICS)}
 
@@ -63,17 +64,27 @@ class Series:
     labels: tuple[tuple[str, str], ...]
     value: float
     order: int  # the metric's place in the contract: families are shown in that order
+    label_text: str = ""  # ``{key="value",...}`` as the exposition writes it ("" without labels)
+
+
+def _label_value(value: str) -> str:
+    """A label value as the text format escapes it (the backslash, the double quote, the newline)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def window_series(report: WindowReport) -> Iterator[Series]:
     """One closed window's gauge outputs (no histograms, no partial state) as Prometheus series."""
     for point in gauge_points(report):
+        # The receiver refuses control characters in identity values; written out here all the same.
+        labels = tuple(sorted((output_label(key), escaped(str(value))) for key, value in point.attributes.items()))
+        text = ",".join(f'{key}="{_label_value(value)}"' for key, value in labels)
         yield Series(
             prometheus_name(point.spec.name),
             point.spec.description or point.spec.name,
-            tuple(sorted((output_label(key), str(value)) for key, value in point.attributes.items())),
+            labels,
             float(point.value),
             _GAUGE_ORDER.get(point.spec.name, len(_GAUGE_ORDER)),
+            f"{{{text}}}" if text else "",
         )
 
 
@@ -92,6 +103,12 @@ class OutputsCollector(Collector):
     _shown: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Series, int]] = attrs.field(factory=dict, init=False)
     _newest_end_ns: int | None = attrs.field(default=None, init=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
+    # The windows' part of the page, rendered at the first scrape after the windows changed and served from memory
+    # until they change again: at 50,000 jobs it is tens of MB, which prometheus-client took seconds to write per
+    # scrape (9.6 s, near Prometheus's 10 s timeout). ``renders`` counts the renderings.
+    _page: bytes | None = attrs.field(default=None, init=False)
+    _version: int = attrs.field(default=0, init=False)
+    renders: int = attrs.field(default=0, init=False)
 
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
         """Take the windows' values (oldest first; a window older than a series' newest one does not replace it),
@@ -108,6 +125,8 @@ class OutputsCollector(Collector):
                     if known is None or known[1] <= end:
                         refreshed += known is None or known[1] < end
                         shown[key] = (item, end)
+                self._version += 1
+                self._page = None
                 if self._newest_end_ns is None or end > self._newest_end_ns:
                     self._newest_end_ns = end
                     if len(shown) > refreshed:  # else every series is in this window: none to expire
@@ -115,6 +134,35 @@ class OutputsCollector(Collector):
                         oldest_kept = end - (self.expiration_windows - 1) * (end - report.start_ns)
                         shown = {key: item for key, item in shown.items() if item[1] >= oldest_kept}
                         self._shown = shown
+
+    def page(self) -> bytes:
+        """The windows' series in the text format (the self-metrics are apart: ``self_metrics_page``)."""
+        with self._lock:
+            if self._page is not None:
+                return self._page
+            version = self._version
+            series = [item for item, _end in self._shown.values()]
+        families: dict[str, list[Series]] = {}
+        for item in series:
+            families.setdefault(item.name, []).append(item)
+        lines: list[str] = []
+        for name in sorted(families, key=lambda found: families[found][0].order):
+            members = families[name]
+            description = members[0].description.replace("\\", "\\\\").replace("\n", "\\n")
+            lines.append(f"# HELP {name} {description}\n# TYPE {name} gauge\n")
+            lines.extend(f"{name}{item.label_text} {_float_text(item.value)}\n" for item in members)
+        page = "".join(lines).encode()
+        with self._lock:
+            if self._version == version:
+                self._page = page
+            self.renders += 1
+        return page
+
+    def self_metrics_page(self) -> bytes:
+        """The collector's own counters in the text format (small: written per scrape, always current)."""
+        if self.self_metrics is None:
+            return b""
+        return generate_latest(_Families(list(_self_metric_families(self.self_metrics()))))
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         with self._lock:
@@ -160,54 +208,55 @@ def _self_metric_families(values: Mapping[str, Any]) -> Iterable[GaugeMetricFami
         yield family
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG  # socketserver's default is 5
+@attrs.frozen
+class _Families:
+    """Metric families as prometheus-client's writer takes them (anything with ``collect``)."""
+
+    families: list[GaugeMetricFamily | CounterMetricFamily]
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        return iter(self.families)
 
 
 @attrs.define
 class PrometheusEndpoint:
-    """Serves ``/metrics`` from a private registry on ``host:port`` (port 0: a free one, ``port`` once started).
+    """Serves ``/metrics`` on ``host:port`` (port 0: a free one, ``port`` once started) under the bounds of
+    ``http_endpoint``: the windows' page from memory, the self-metrics written per scrape.
 
     A window consumer: the endpoint shows the series of the last ``expiration_windows`` windows.
     """
 
     self_metrics: Callable[[], Mapping[str, Any]] | None = None
     collector: OutputsCollector = attrs.field(init=False)
-    registry: CollectorRegistry = attrs.field(init=False, factory=lambda: CollectorRegistry(auto_describe=False))
     host: str = "0.0.0.0"
     port: int = 0
     expiration_windows: int = attrs.field(default=DEFAULT_EXPIRATION_WINDOWS, validator=_positive)
-    _server: ThreadingHTTPServer | None = attrs.field(default=None, init=False)
-    _thread: threading.Thread | None = attrs.field(default=None, init=False)
+    _server: HttpEndpoint | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.collector = OutputsCollector(self.self_metrics, self.expiration_windows)
-        self.registry.register(self.collector)
 
     def start(self) -> None:
         """Bind and serve; OSError (one line, naming the address) when the port cannot be had."""
         host, port = self.host, self.port
+        server = HttpEndpoint(self._reply, host, port, name="otel-ofu-prometheus")
         try:
-            server = _Server((host, port), MetricsHandler.factory(self.registry))
+            self.port = server.start()
         except OSError as error:
             address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             raise OSError(f"cannot serve Prometheus metrics on {address} ({error.strerror or error})") from error
-        thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="otel-ofu-prometheus", daemon=True
-        )
-        thread.start()
-        self._server, self._thread = server, thread
-        self.port = int(server.server_address[1])
+        self._server = server
+
+    def _reply(self, request: Request) -> Reply:
+        # Every path but the favicon is the page, as prometheus-client's own server answers.
+        if request.path == "/favicon.ico":
+            return Reply.text(404, "not found\n")
+        return Reply(200, CONTENT_TYPE_LATEST, (self.collector.page(), self.collector.self_metrics_page()))
 
     def consume_windows(self, windows: Sequence[WindowReport]) -> None:
         self.collector.consume_windows(windows)
 
     def shutdown(self) -> None:
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
+        server, self._server = self._server, None
         if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join()
+            server.stop()

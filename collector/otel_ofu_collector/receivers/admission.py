@@ -8,6 +8,7 @@ HTTP 503) with a retry delay, never RESOURCE_EXHAUSTED: the client should come b
 from __future__ import annotations
 
 import threading
+import zlib
 
 import attrs
 
@@ -76,24 +77,43 @@ class Gate:
 
 @attrs.define
 class BodyBudget:
-    """The bytes OTLP/HTTP bodies hold while they are received and processed, before and inside the gate:
-    counted as they arrive (never as declared), in all and per peer (the client's address).
+    """The bytes request bodies hold while they are received, inflated and processed, before and inside the gate:
+    counted as they arrive (never as declared), in all and per peer (the client's address). Both receivers share
+    one: a body inflated (gzip, deflate) is counted at its inflated size too, so many small bombs at once inflate
+    within this budget together, not each within the receive limit.
 
     A declared length reserves nothing: a client declaring 64 MiB and sending a byte a second holds a byte
     a second, and the minimum rate cuts it off (``http_framing``). A peer holds at most ``max_peer_bytes``,
-    so one client, however many connections it opens, leaves the rest of ``max_bytes`` to the others. A body
-    that would pass either bound is refused (503, retryable) and its bytes given back. ``max_readers``
-    optionally bounds the bodies being received at once (None: their number is not bounded, their bytes are).
+    so one client, however many connections it opens, leaves the rest of ``max_bytes`` to the others (the
+    receivers give a peer twice the receive limit: one body of it and what that body inflates to). And what a
+    peer holds beyond its first ``small_bytes`` comes out of the budget less ``reserve_bytes``: a few addresses
+    each holding a real 64 MiB body can fill at most that, and the reserve stays for every other peer's requests
+    (a producer's are tens of KB), which would otherwise all be 503 until the big bodies are done. A body that
+    would pass a bound is refused (503, retryable) and its bytes given back. ``max_readers`` optionally bounds the
+    bodies being received at once (None: their number is not bounded, their bytes are).
     """
 
     max_bytes: int = 4 * MAX_REQUEST_BYTES
     max_peer_bytes: int = MAX_REQUEST_BYTES
     max_readers: int | None = None
+    small_bytes: int = 4 * 1024 * 1024
+    reserve_bytes: int = attrs.field(default=attrs.Factory(lambda self: self.max_bytes // 4, takes_self=True))
     _readers: int = 0
     _bytes: int = 0
+    _large: int = 0  # what peers hold beyond their small_bytes, together
     _peers: dict[str, int] = attrs.field(factory=dict)  # bytes held per peer, while it holds any or reads
     _peer_readers: dict[str, int] = attrs.field(factory=dict)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def _fits(self, held: int, size: int) -> int | None:
+        """The large part after ``size`` more bytes of a peer holding ``held``, or None when that passes a bound.
+        The caller holds the lock."""
+        if held + size > self.max_peer_bytes or self._bytes + size > self.max_bytes:
+            return None
+        grown = max(0, held + size - self.small_bytes) - max(0, held - self.small_bytes)
+        if grown and self._large + grown > self.max_bytes - self.reserve_bytes:
+            return None
+        return self._large + grown
 
     def open(self, peer: str, declared: int | None = None) -> BodyLease | None:
         """A lease for one body from ``peer``, or None when it cannot be had now: the readers' bound, or a
@@ -103,9 +123,7 @@ class BodyBudget:
             if self.max_readers is not None and self._readers >= self.max_readers:
                 return None
             held = self._peers.get(peer, 0)
-            if declared is not None and (
-                held + declared > self.max_peer_bytes or self._bytes + declared > self.max_bytes
-            ):
+            if declared is not None and self._fits(held, declared) is None:
                 return None
             self._readers += 1
             self._peer_readers[peer] = self._peer_readers.get(peer, 0) + 1
@@ -115,17 +133,21 @@ class BodyBudget:
     def _take(self, peer: str, size: int) -> bool:
         with self._lock:
             held = self._peers[peer]
-            if held + size > self.max_peer_bytes or self._bytes + size > self.max_bytes:
+            large = self._fits(held, size)
+            if large is None:
                 return False
             self._peers[peer] = held + size
             self._bytes += size
+            self._large = large
             return True
 
     def _give(self, peer: str, size: int) -> None:
         with self._lock:
-            self._readers -= 1
+            held = self._peers[peer]
+            self._large -= max(0, held - self.small_bytes) - max(0, held - size - self.small_bytes)
             self._bytes -= size
-            self._peers[peer] -= size
+            self._peers[peer] = held - size
+            self._readers -= 1
             readers = self._peer_readers[peer] - 1
             if readers:
                 self._peer_readers[peer] = readers
@@ -145,7 +167,8 @@ class BodyBudget:
 
 @attrs.define
 class BodyLease:
-    """One body's share of a ``BodyBudget``: ``take`` as its bytes arrive, ``release`` once (after its answer)."""
+    """One body's share of a ``BodyBudget``: ``take`` as its bytes arrive (or inflate), ``release`` once (after
+    its answer)."""
 
     budget: BodyBudget
     peer: str
@@ -163,3 +186,38 @@ class BodyLease:
         if not self._released:
             self._released = True
             self.budget._give(self.peer, self.held)
+
+
+class TooLarge(Exception):
+    """A body that inflates past the receive limit."""
+
+
+class OverBudget(Exception):
+    """A body whose inflated bytes do not fit in the budget now (retryable)."""
+
+
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+_INFLATE_PIECE = 1024 * 1024
+
+
+def inflate(data: bytes, *, gzip: bool, limit: int, lease: BodyLease) -> bytes:
+    """``data`` inflated (gzip, or zlib's deflate), at most ``limit`` bytes, each piece counted in ``lease`` as it
+    comes: a bomb costs the budget what it inflates to, a piece at a time, and is cut at the limit (TooLarge) or
+    when the budget is full (OverBudget), never inflated whole first. zlib.error or EOFError: not such data."""
+    inflater = zlib.decompressobj(_GZIP_WBITS if gzip else zlib.MAX_WBITS)
+    out = bytearray()
+    pending = data
+    while True:
+        piece = inflater.decompress(pending, _INFLATE_PIECE)
+        pending = inflater.unconsumed_tail
+        if piece:
+            if len(out) + len(piece) > limit:
+                raise TooLarge
+            if not lease.take(len(piece)):
+                raise OverBudget
+            out += piece
+        if inflater.eof or (not piece and not pending):
+            break
+    if not inflater.eof:
+        raise EOFError("compressed data ends early")
+    return bytes(out)  # a copy for a moment, as long as a memcpy takes

@@ -24,12 +24,21 @@ class BearerAuth:
 
 
 def bearer_auth(token: str | None = None, token_file: str | None = None) -> BearerAuth | None:
-    """The configured token, from the option or the first line of a file; None when auth is off."""
+    """The configured token, from the option (or its variable) or a file; None when neither is given (auth off).
+
+    A token that is given but empty or blank is a ValueError, never auth off: a secret mounted empty, or a variable
+    set to spaces, would otherwise open the receivers to anyone without a word."""
     if token_file:
         token = Path(token_file).read_text(encoding="utf-8").strip()
-    if not token:
+        if not token:
+            raise ValueError(f"--bearer-token-file {token_file} is empty: refusing to start with authentication off")
+    if token is None:
         return None
-    return BearerAuth(token)
+    if not token.strip():
+        raise ValueError(
+            "the bearer token is empty (--bearer-token or its variable): refusing to start with authentication off"
+        )
+    return BearerAuth(token.strip())
 
 
 @attrs.frozen

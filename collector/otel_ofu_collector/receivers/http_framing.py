@@ -18,9 +18,10 @@ Time: the head must arrive within ``header_deadline_s`` of its first byte; a bod
 no silence longer than ``read_timeout_s`` anywhere. A body cut off is answered 408.
 
 Memory: a body's bytes are counted in a ``BodyBudget`` as they arrive (never as declared), per peer, and
-held until its answer is written; a body that would pass the budget is answered 503 and its bytes given
-back. A body refused before it is read (the app's refusals, the budget) is read and discarded when small,
-so the connection stays usable, and not read at all when large (the connection then closes).
+held until its answer is written (its inflated bytes with them: the app takes those from the same lease); a
+body that would pass the budget is answered 503 and its bytes given back. A body refused before it is read (the
+app's refusals, the budget) is read and discarded when small, so the connection stays usable, and not read at all
+when large (the connection then closes).
 
 Why not h11 (a well-kept HTTP/1.1 parser): measured with the same OTLP app on the same 2-core machine
 (``benchmarks/http_receiver_cost.py``, producer-sized requests, 9 interleaved rounds, medians), the server
@@ -114,8 +115,9 @@ class HttpApp(Protocol):
         """Before the body is read: a refusal (401, 404, ...), or None to receive the body."""
         ...
 
-    def respond(self, head: RequestHead, body: bytes) -> Response:
-        """The answer to a request whose body is in."""
+    def respond(self, head: RequestHead, body: bytes, lease: BodyLease) -> Response:
+        """The answer to a request whose body is in; ``lease`` holds its bytes in the body budget until the answer
+        is written, and takes whatever else the request holds meanwhile (its body inflated)."""
         ...
 
     def refuse(self, head: RequestHead | None, status: HTTPStatus, message: str) -> Response:
@@ -349,7 +351,7 @@ class _Connection:
             except _Refused as refused:
                 self._send(self.app.refuse(head, refused.status, refused.message), close=True)
                 return False
-            response = self.app.respond(head, body)
+            response = self.app.respond(head, body, lease)
             return self._send(response, close=close) and not close
         finally:
             lease.release()

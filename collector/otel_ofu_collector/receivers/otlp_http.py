@@ -31,7 +31,15 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from otel_ofu_collector.receivers.admission import MAX_REQUEST_BYTES, BodyBudget, Gate
+from otel_ofu_collector.receivers.admission import (
+    MAX_REQUEST_BYTES,
+    BodyBudget,
+    BodyLease,
+    Gate,
+    OverBudget,
+    TooLarge,
+    inflate,
+)
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.base import LISTEN_BACKLOG, Ingest
 from otel_ofu_collector.receivers.http_framing import (
@@ -73,19 +81,6 @@ def grpc_code(status: HTTPStatus) -> int:
     return int(_GRPC_CODES.get(status, grpc.StatusCode.UNKNOWN).value[0])
 
 
-class _TooLarge(Exception):
-    pass
-
-
-def _gunzip(body: bytes, limit: int) -> bytes:
-    """Decompress at most ``limit`` bytes, so a small gzip bomb cannot inflate into gigabytes."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = inflater.decompress(body, limit + 1)
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise _TooLarge
-    return out
-
-
 @attrs.define
 class HttpReceiver:
     """Serves ``POST /v1/metrics`` on ``host:port`` (port 0 picks one; ``port`` tells which after ``start``)."""
@@ -102,10 +97,11 @@ class HttpReceiver:
     # A body not complete this long after its headers is answered 408 however steadily it drips.
     body_deadline_s: float = BODY_DEADLINE_S
     header_deadline_s: float = HEADER_DEADLINE_S
-    # The bytes of bodies being received and processed (default: 4 x max_request_bytes, one of those per peer).
+    # The bytes of bodies being received, inflated and processed (default: 4 x max_request_bytes, two per peer); the
+    # service gives both receivers one.
     bodies: BodyBudget = attrs.field(
         default=attrs.Factory(
-            lambda self: BodyBudget(max_bytes=4 * self.max_request_bytes, max_peer_bytes=self.max_request_bytes),
+            lambda self: BodyBudget(max_bytes=4 * self.max_request_bytes, max_peer_bytes=2 * self.max_request_bytes),
             takes_self=True,
         )
     )
@@ -185,7 +181,7 @@ class _OtlpApp:
             logger.info("OTLP/HTTP client %s: %s (%d)", head.peer if head else "?", message, status)
         return _error(status, message, head is not None and _is_json(head), headers)
 
-    def respond(self, head: RequestHead, body: bytes) -> Response:
+    def respond(self, head: RequestHead, body: bytes, lease: BodyLease) -> Response:
         """The body is in: only now does the request take a gate slot, so a slow sender never holds one."""
         owner = self.owner
         as_json = _is_json(head)
@@ -193,27 +189,30 @@ class _OtlpApp:
         if why is not None:
             return _error(HTTPStatus.SERVICE_UNAVAILABLE, f"collector {why}, retry later", as_json, self._retry())
         try:
-            return self._export(head, body, as_json)
+            return self._export(head, body, as_json, lease)
         finally:
             owner.gate.leave()
 
     def _retry(self) -> tuple[tuple[str, str], ...]:
         return (("Retry-After", str(max(1, math.ceil(self.owner.gate.retry_after_s)))),)
 
-    def _export(self, head: RequestHead, body: bytes, as_json: bool) -> Response:
+    def _export(self, head: RequestHead, body: bytes, as_json: bool, lease: BodyLease) -> Response:
         owner = self.owner
         encoding = (head.get("content-encoding") or "identity").strip().lower()
         try:
-            if encoding == "gzip":
-                body = _gunzip(body, owner.max_request_bytes)
+            if encoding in ("gzip", "deflate"):  # inflated in the body budget (``admission.inflate``)
+                body = inflate(body, gzip=encoding == "gzip", limit=owner.max_request_bytes, lease=lease)
             elif encoding not in ("identity", ""):
                 return _error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Encoding {encoding} not supported", as_json)
-        except _TooLarge:
+        except TooLarge:
             return _error(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body inflates past {owner.max_request_bytes} bytes", as_json
             )
+        except OverBudget:
+            owner.gate.count_refusal("overload")
+            return _error(HTTPStatus.SERVICE_UNAVAILABLE, _INFLATING, as_json, self._retry())
         except (zlib.error, EOFError) as error:
-            return _error(HTTPStatus.BAD_REQUEST, f"bad gzip body: {error}", as_json)
+            return _error(HTTPStatus.BAD_REQUEST, f"bad {encoding} body: {error}", as_json)
         try:
             if as_json:
                 request = json_format.Parse(body, ExportMetricsServiceRequest(), ignore_unknown_fields=True)
@@ -238,6 +237,7 @@ class _OtlpApp:
 
 
 _ALLOW_POST = (("Allow", "POST"),)
+_INFLATING = "overloaded (request bodies being inflated), retry later"
 _BEARER = (("WWW-Authenticate", "Bearer"),)
 
 

@@ -23,6 +23,7 @@ import attrs
 
 from otel_ofu import ports
 from otel_ofu.cli_support import CommandOptions, output_path, positive_float, url_or_host_port
+from otel_ofu.control_chars import escaped
 from otel_ofu.gpu_samples import compute_snapshot
 from otel_ofu.model import SourceUnavailable
 from otel_ofu.sources.capture import ReplaySource
@@ -187,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     flagged = sorted({flag.job.name for flag in fleet_flags(summary)})
     print(
         f"wrote {path} ({len(reports)} windows, {len(jobs)} jobs"
-        + (f", flagged: {', '.join(flagged)}" if flagged else ", none flagged")
+        + (f", flagged: {escaped(', '.join(flagged))}" if flagged else ", none flagged")  # names as a feed said
         + ")"
     )
     return 0

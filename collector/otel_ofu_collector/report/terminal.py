@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_ofu import names
+from otel_ofu.control_chars import escape_controls, escaped
 from otel_ofu_collector.report.causes import bottleneck_of
 from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
 from otel_ofu_collector.report.reasons import flags_of, reasons_of
@@ -145,8 +146,10 @@ def print_report(
     summary: FleetSummary, console: Console, *, title: str = "otel-ofu fleet report", price_note: str = ""
 ) -> None:
     """The whole report; a record without windows says so in one line. ``price_note`` follows the fleet's
-    lost cost (where the prices came from)."""
-    console.rule(f"[bold]{title}")
+    lost cost (where the prices came from). Every name and id in it (what producers and feeds said) is printed
+    with its control characters written out (``control_chars``): a job id cannot retitle or clear the terminal."""
+    summary = escape_controls(summary)
+    console.rule(f"[bold]{escaped(title)}")
     if not summary.windows:
         console.print("No closed windows: nothing to report yet.")
         return

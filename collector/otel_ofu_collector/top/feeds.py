@@ -20,9 +20,11 @@ from typing import Final, Protocol
 
 import attrs
 
+from otel_ofu.bounded_http import Cancel
+from otel_ofu.control_chars import escape_controls
 from otel_ofu.gpu_samples import ComputedSnapshot
 from otel_ofu_collector.loopback import LoopbackPipeline
-from otel_ofu_collector.outputs.feed_client import FeedAccess, FeedError, feed_url, fetch_records
+from otel_ofu_collector.outputs.feed_client import MAX_FEED_BYTES, FeedAccess, FeedError, feed_url, fetch_records
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.top.model import GpuRow, rows_of_snapshot
 
@@ -69,14 +71,20 @@ def _one_line(error: BaseException) -> str:
 
 @attrs.define
 class ReportFeedPoller:
-    """Polls a collector's report feed; the first read takes every window the feed holds."""
+    """Polls a collector's report feed; the first read takes every window the feed holds.
+
+    Each read is bounded (``feed_client.fetch_records``): a feed that drips or stalls is said to be stuck once its
+    read's ``timeout_s`` has passed, one that never ends is cut at ``max_bytes``, and stopping (q) cuts a read in
+    flight at once, so the screen never waits on the feed to quit."""
 
     url: str
     refresh_s: float = 2.0
     timeout_s: float = 5.0
     access: FeedAccess = attrs.field(factory=FeedAccess)
     clock: Callable[[], int] = time.time_ns
+    max_bytes: int = MAX_FEED_BYTES
     _since_ns: int | None = attrs.field(init=False, default=None)
+    _in_flight: Cancel = attrs.field(init=False, factory=Cancel)
 
     @property
     def title(self) -> str:
@@ -84,9 +92,23 @@ class ReportFeedPoller:
 
     def poll(self) -> Update:
         """One read of the feed, as an update (a fault is a status, never an exception)."""
+        cancel = self._in_flight
+        if cancel.reason is not None:
+            return Update(status="stopped", problem=True)
         try:
-            records = fetch_records(self.url, self.timeout_s, since_ns=self._since_ns, access=self.access)
+            records = fetch_records(
+                self.url,
+                self.timeout_s,
+                since_ns=self._since_ns,
+                access=self.access,
+                max_bytes=self.max_bytes,
+                cancel=cancel,
+            )
         except FeedError as error:
+            if cancel.timed_out:  # the read's own deadline cut it, not a quit: the next read starts afresh
+                self._in_flight = Cancel()
+            if error.stuck:
+                return Update(status=f"feed stuck: {error}", problem=True)
             return Update(status=f"feed unreachable: {error}", problem=True)
         except Exception as error:  # whatever else: one line on the screen, the poller goes on
             logger.debug("report feed read failed", exc_info=True)
@@ -99,9 +121,18 @@ class ReportFeedPoller:
         return Update(windows=records.reports, status=status)
 
     def run(self, post: Post, stop: threading.Event) -> None:
+        watcher = threading.Thread(target=self._cut_on, args=(stop,), name="otel-ofu-top-quit", daemon=True)
+        watcher.start()
         while not stop.is_set():
-            post(self.poll())
+            update = self.poll()
+            if not stop.is_set():
+                post(update)
             stop.wait(self.refresh_s)
+
+    def _cut_on(self, stop: threading.Event) -> None:
+        """Quitting cuts the read in flight (a feed that drips must not hold the exit)."""
+        stop.wait()
+        self._in_flight.cancel("top is quitting")
 
 
 @attrs.define
@@ -158,7 +189,13 @@ class PipelineRunner:
 
 
 def start_thread(source: Source, post: Post, stop: threading.Event) -> threading.Thread:
-    """Run ``source`` on a daemon thread (quitting never waits on a feed that hangs)."""
-    thread = threading.Thread(target=source.run, args=(post, stop), name="otel-ofu-top-source", daemon=True)
+    """Run ``source`` on a daemon thread (quitting never waits on a feed that hangs). Every update reaches the
+    screen with the control characters of its text written out (``control_chars``): a job id a feed or a page
+    gave cannot retitle, clear or otherwise drive the terminal."""
+
+    def post_escaped(update: Update) -> None:
+        post(escape_controls(update))
+
+    thread = threading.Thread(target=source.run, args=(post_escaped, stop), name="otel-ofu-top-source", daemon=True)
     thread.start()
     return thread
