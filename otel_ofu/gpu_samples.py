@@ -13,12 +13,11 @@ Per reading:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 
 import attrs
 
-from otel_ofu import names, ofu_math
+from otel_ofu import bounds, names, ofu_math
 from otel_ofu.attribution.hints import HintsAttributor
 from otel_ofu.gpu_values import CalibrationTable, GpuValues, compute, loss_inputs, say_once
 from otel_ofu.model import EnergyCounter, GpuError, GpuIdentity, GpuReading, IoCounter, Snapshot
@@ -110,7 +109,7 @@ def known_values(reading: GpuReading) -> dict[str, float]:
         except ofu_math.InvalidReading:
             continue
     power = reading.power_w
-    if power is not None and math.isfinite(power) and power >= 0:
+    if power is not None and 0 <= power <= bounds.MAX_GPU_POWER_W:  # NaN fails both
         known[names.GPU_POWER.name] = power  # the board draws power whether or not its OFU can be had
     return known
 

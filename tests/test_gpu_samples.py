@@ -88,6 +88,14 @@ def test_a_gpu_without_ofu_keeps_its_valid_values_and_one_error() -> None:
     assert computed.partial[0].known[names.GPU_CLOCK_SM.name] == 1980 * MHZ
 
 
+@pytest.mark.parametrize(("watts", "kept"), [(1e308, False), (5001.0, False), (-1.0, False), (700.0, True)])
+def test_a_gpu_without_ofu_keeps_only_a_power_a_board_can_draw(watts: float, kept: bool) -> None:
+    # An AMD page's 1e308 W on a GPU whose OFU cannot be had: the bound the computed samples have (5 kW) holds here
+    # too, so the partial sample carries no power rather than an impossible one.
+    (partial,) = compute_snapshot(Snapshot((reading(tensor_active=None, power_w=watts),))).partial
+    assert partial.known.get(names.GPU_POWER.name) == (watts if kept else None)
+
+
 def test_keep_values_keeps_a_reading_that_holds_anything() -> None:
     partial = reading(tensor_active=None)
     error = GpuError(names.ErrorReason.NO_VALUE, "no TPA", gpu=HINTED)
