@@ -151,7 +151,7 @@ def _no_max_clock(model: str, known: bool) -> ofu_math.InvalidReading:
 
 
 def _valid_clock(hz: float | None) -> float | None:
-    return hz if hz is not None and math.isfinite(hz) and hz > 0.0 else None
+    return hz if hz is not None and bounds.MIN_CLOCK_HZ <= hz <= bounds.MAX_CLOCK_HZ else None  # NaN fails both
 
 
 def _peak(reading: GpuReading, spec: catalog.GpuSpec | None, precision: str | None) -> float | None:
@@ -185,6 +185,9 @@ def compute(
     there is no OFU and the producer says once which ``--max-sm-clock`` to add. Tensor activity 0 is OFU 0 whatever
     the clocks: no tensor work at any clock.
     """
+    if reading.sm_clock_hz is not None and reading.sm_clock_hz > bounds.MAX_CLOCK_HZ:
+        # 9.2e24 Hz is garbage even on an idle GPU (whose OFU needs no clock): the reading is not believed either.
+        ofu_math.check_clock("SM clock", reading.sm_clock_hz)
     power = reading.power_w
     if power is not None and math.isfinite(power) and power > bounds.MAX_GPU_POWER_W:
         # A board that reads 1e308 W (or a reading in mW) is not one whose other values can be believed this interval.
