@@ -24,12 +24,14 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
+from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.health import Heartbeat
 from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import WindowConsumer
 from otel_ofu_collector.lifecycle import shutdown_in_reverse, start_in_order
+from otel_ofu_collector.otlp.dcgm_series import DcgmSeries, Translation
 from otel_ofu_collector.otlp.decode import (
     DEFAULT_MAX_ATTRIBUTE_LENGTH,
     DEFAULT_MAX_MFU,
@@ -125,6 +127,9 @@ class CollectorOptions:
     # of one shard's window from a second copy). Unique per replica; a stable pod name is ideal.
     instance_id: str = attrs.field(factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     max_future_skew_s: float | None = 300.0  # reject points stamped further ahead of the clock; None: off
+    # dcgm-exporter scrapes (from an OpenTelemetry Collector's Prometheus receiver) read as the producer reads a page
+    # (``otlp.dcgm_series``), with the producer's calibration factors (``--calibration``).
+    calibration: CalibrationTable = attrs.field(factory=CalibrationTable)
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 30.0
 
@@ -151,6 +156,8 @@ class CollectorService:
     heartbeat: Heartbeat | None = None
     gate: Gate = attrs.field(init=False)
     decoder: Decoder = attrs.field(init=False)
+    # In front of the decoder: dcgm-exporter scrapes into the producer's per-GPU requests (None in merge mode).
+    dcgm_series: DcgmSeries | None = attrs.field(init=False, default=None)
     aggregator: Aggregator | MergeAggregator = attrs.field(init=False)
     exports: Delivery | None = attrs.field(init=False, default=None)
     pass_through: Delivery | None = attrs.field(init=False, default=None)
@@ -198,6 +205,9 @@ class CollectorService:
                 clock=self.clock,
                 max_future_ns=None if options.max_future_skew_s is None else int(options.max_future_skew_s * 1e9),
                 max_attribute_length=options.max_attribute_length,
+            )
+            self.dcgm_series = DcgmSeries(
+                calibration=options.calibration, stale_after_s=options.aggregator.stale_after_s
             )
         transport = self.transport
         if transport is None and configured_endpoint(options.export_endpoint, self.environ) is not None:
@@ -276,12 +286,34 @@ class CollectorService:
 
     def ingest(self, request: ExportMetricsServiceRequest, raw: bytes | None = None) -> DecodeOutcome:
         """What both receivers call per request (tests and the demo may call it directly)."""
+        # The one seam in front of the decoder: a dcgm-exporter scrape gains its GPUs as the producer sends them.
+        translated = self.dcgm_series.translate(request, raw) if self.dcgm_series is not None else None
+        if translated is not None:
+            request, raw = translated.request, translated.raw
         outcome = self.decoder.decode(request, raw)
+        if translated is not None and translated.refusals:
+            outcome = self._refused_scrapes(outcome, translated)
         if outcome.accepted and self._write_ahead is not None:
             self._write_ahead.append(raw if raw is not None else request.SerializeToString(), self.clock())
         if outcome.forward is not None and self.pass_through is not None:
             self.pass_through.submit(outcome.forward)
         return outcome
+
+    def _refused_scrapes(self, outcome: DecodeOutcome, translated: Translation) -> DecodeOutcome:
+        """The outcome with the scrapes the stage refused counted as the decoder counts its refusals (and said in
+        ``partial_success``)."""
+        refused = sum(refusal.points for refusal in translated.refusals)
+        stats = self.decoder.stats
+        with self.decoder.lock:
+            stats.rejected += refused
+            for refusal in translated.refusals:
+                stats.rejected_by_reason[refusal.code] = stats.rejected_by_reason.get(refusal.code, 0) + refusal.points
+                stats.rejected_by_message[refusal.message] = (
+                    stats.rejected_by_message.get(refusal.message, 0) + refusal.points
+                )
+        words = "; ".join(f"{refusal.points} {refusal.message}" for refusal in translated.refusals)
+        message = "; ".join(part for part in (outcome.error_message, f"refused {words}") if part)
+        return attrs.evolve(outcome, rejected=outcome.rejected + refused, error_message=message)
 
     def _replay(self) -> None:
         """Rebuild the open windows a killed run left in the write-ahead (see ``write_ahead``). A record
