@@ -32,6 +32,7 @@ from otel_ofu_collector.otlp.dcgm_series import DcgmSeries
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 from tests.exporter_server import ExporterServer, Ticks, serving
 from tests.prometheus_receiver import add_scrape, scrape_request
+from tests.test_collector_command_options import built, usage_error
 
 S = 1_000_000_000
 T0 = 1_000_000_000_000 + 20 * S  # the producer's first read with Ticks (built at +10 s, read at +20 s)
@@ -272,3 +273,12 @@ def test_the_collector_aggregates_the_translated_gpus(page: str) -> None:
     assert group.ofu_max == pytest.approx(0.5 * 1755 / 1830)
     assert group.ofu_min == pytest.approx(0.25)
     assert group.gpus == pytest.approx(1.5)
+
+
+def test_the_collector_takes_the_producers_calibration_option(capsys: pytest.CaptureFixture[str]) -> None:
+    options = built("--calibration", "model:H100-SXM=0.9")
+    assert options.calibration.factor("NVIDIA H100 80GB HBM3", None) == 0.9
+    assert built().calibration.factor("NVIDIA H100 80GB HBM3", None) == 1.0
+    line = usage_error(["--calibration", "model:H100-SXM=1.5"], capsys)
+    assert "--calibration" in line
+    assert "(0, 1]" in line

@@ -15,6 +15,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector
 
 from otel_ofu import names, ports
 from otel_ofu.cli_support import CommandOptions, address_or_off, port_number, url_or_host_port
+from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.health import HealthEndpoint, Heartbeat, loop_bound_s
 from otel_ofu_collector.config import (
     DAY_S,
@@ -112,6 +113,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _window_options(options.group("windows"))
     _flag_options(options.group("flags (each detector's own settings)"))
     _loss_options(options.group("loss & cost"))
+    _dcgm_series_options(options.group("dcgm-exporter scrapes (from an OpenTelemetry Collector's Prometheus receiver)"))
     _output_options(options.group("outputs"))
     _prometheus_options(options.group("Prometheus endpoint (the outputs and the collector's self-telemetry)"))
     _state_options(options.group("state & durability"))
@@ -266,6 +268,25 @@ def _loss_options(options: CommandOptions) -> None:
         default=None,
         metavar="KG_PER_KWH",
         help="grid carbon intensity in kg CO2e per kWh; job.emissions is absent without it",
+    )
+
+
+def _calibration(text: str) -> CalibrationTable:
+    try:
+        return CalibrationTable.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _dcgm_series_options(options: CommandOptions) -> None:
+    """The producer's own settings for the GPUs the collector reads from dcgm-exporter scrapes."""
+    options.option(
+        "--calibration",
+        metavar="SPEC",
+        default=None,
+        type=_calibration,
+        help="tile-quantization factors for the GPUs read from dcgm-exporter scrapes, as otel-ofu run takes them: "
+        "job:ID=F,model:KEY=F (e.g. model:H100-SXM=0.93)",
     )
 
 
@@ -462,6 +483,7 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
         http_body_min_rate=float(args.http_body_min_rate),
         export_max_request_bytes=int(args.export_max_request_bytes),
         max_attribute_length=int(args.max_attribute_length),
+        calibration=args.calibration or CalibrationTable(),
     )
 
 
