@@ -71,6 +71,8 @@ def add_scrape(
                 point.start_time_unix_nano = start_ns or time_ns
             point.as_double = sample.value
             for key, value in sample.labels.items():
+                if not value:
+                    continue  # Prometheus drops a label with an empty value (pod="" is no label)
                 attribute = point.attributes.add()
                 attribute.key = key
                 attribute.value.string_value = value

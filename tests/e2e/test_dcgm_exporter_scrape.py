@@ -1,0 +1,145 @@
+"""No new agent where dcgm-exporter runs: the project's OpenTelemetry Collector build, with the shipped
+collector/otelcol/dcgm-exporter.yaml, scrapes a dcgm-exporter page served on 127.0.0.1 and sends the scrapes to a
+real ``otel-ofu collector`` process, which exports each GPU's OFU equal to what the producer (``otel-ofu snapshot
+--source dcgm-exporter``) reads from the same page.
+
+The page is tests/data/dcgm_exporter_h100_node_written.prom (worked by hand in tests/test_collector_dcgm_series.py):
+GPU 0 at 0.5 x 1755 / 1830, GPU 1 at 0.25, GPU 2 without tensor activity (no OFU, its time unmeasured). The shipped
+file runs with only addresses and timing changed: the targets file names the loopback page, the exporter points at
+the collector's port, the scrape runs every second.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from otel_ofu import names
+from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
+from tests.collector_helpers import CollectorProcess
+from tests.e2e.helpers import StartProcess, attributes, port_open
+from tests.exporter_server import ExporterServer, serving
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "collector" / "otelcol" / "dcgm-exporter.yaml"
+PAGE = REPO / "tests" / "data" / "dcgm_exporter_h100_node_written.prom"
+GPU0 = "GPU-927d7444-b45a-7c49-8402-5e686e46a026"
+GPU1 = "GPU-3f1c2a9e-5d47-4b6e-9a0c-7e2b8d1f6a53"
+GPU2 = "GPU-b83e0f27-9c1d-4a5b-8e6f-0d2c4a7b9e18"
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def exporter() -> Iterator[ExporterServer]:
+    with serving() as server:
+        yield server
+
+
+def producer_snapshot(url: str) -> dict[str, dict[str, Any]]:
+    """What the producer reads from the page: ``otel-ofu snapshot --source dcgm-exporter``, by hw.id."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "otel_ofu.cli",
+            "snapshot",
+            "--source",
+            "dcgm-exporter",
+            "--url",
+            url,
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return {line[names.HW_ID]: line for line in lines}
+
+
+def forwarded(sink: OtlpSink, metric: str) -> dict[str, float]:
+    """The latest value of a per-GPU metric the collector forwarded, by hw.id."""
+    found: dict[str, float] = {}
+    for rm, _sm, data in sink.metrics(metric):
+        hw_id = attributes(rm.resource.attributes).get(names.HW_ID)
+        for point in data.gauge.data_points:
+            found[str(hw_id)] = point.as_double
+    return found
+
+
+def test_the_collector_build_scrapes_dcgm_exporter_and_the_collector_gives_the_producers_ofu(
+    otelcol_binary: Path, start_process: StartProcess, exporter: ExporterServer, tmp_path: Path
+) -> None:
+    url = exporter.serve(PAGE.read_text())
+    reference = producer_snapshot(url)
+    assert names.GPU_OFU.name not in reference[GPU2]  # the producer's own reading of the page: no OFU there
+    with OtlpSink.start() as sink:
+        collector = CollectorProcess.start(
+            "--listen",
+            "127.0.0.1:0",
+            "--export-endpoint",
+            sink.grpc_endpoint,
+            "--forward-inputs",  # the GPUs' own gpu.ofu downstream, to compare with the producer's
+            "--window",
+            "5",
+            "--lateness",
+            "1",
+        )
+        try:
+            port = collector.grpc_port
+            targets = tmp_path / "targets"
+            targets.mkdir()
+            (targets / "page.json").write_text(json.dumps([{"targets": [url.split("/")[2]]}]))
+            config = yaml.safe_load(SHIPPED.read_text())
+            config["receivers"]["prometheus"]["config"]["scrape_configs"][0]["scrape_interval"] = "1s"
+            config["receivers"]["prometheus"]["config"]["scrape_configs"][0]["scrape_timeout"] = "1s"
+            config["exporters"]["otlp/otel-ofu-collector"]["endpoint"] = f"127.0.0.1:{port}"
+            telemetry = unused_port()
+            config["service"]["telemetry"] = {
+                "metrics": {
+                    "readers": [{"pull": {"exporter": {"prometheus": {"host": "127.0.0.1", "port": telemetry}}}}]
+                }
+            }
+            path = tmp_path / "dcgm-exporter.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            with pytest.MonkeyPatch.context() as env:
+                env.setenv("DCGM_EXPORTER_TARGETS_DIR", str(targets))
+                env.setenv("OTEL_OFU_COLLECTOR_BEARER_TOKEN", "unused")
+                start_process([str(otelcol_binary), "--config", str(path)], "otelcol", lambda: port_open(telemetry))
+            # Two scrapes of the target at least: the first has no interval, the second covers the time since.
+            assert sink.wait_for(lambda s: len([1 for _ in s.metrics(names.GPU_OFU.name)]) >= 4, timeout=WAIT_S), (
+                "\n".join(collector.lines)
+            )
+            ofu = forwarded(sink, names.GPU_OFU.name)
+            raw = forwarded(sink, names.GPU_OFU_RAW.name)
+            assert ofu == {gpu: reference[gpu][names.GPU_OFU.name] for gpu in (GPU0, GPU1)}
+            assert raw == {gpu: reference[gpu][names.GPU_OFU_RAW.name] for gpu in (GPU0, GPU1)}
+            assert ofu[GPU0] == pytest.approx(0.5 * 1755 / 1830, rel=1e-12)  # the hand-worked value
+            unmeasured = {
+                str(attributes(rm.resource.attributes)[names.HW_ID])
+                for rm, _sm, _m in sink.metrics(names.GPU_OFU_UNMEASURED.name)
+            }
+            assert unmeasured == {GPU2}
+            # The windows closed by the collector: its fleet outputs count the page's H100s.
+            assert sink.wait_for(lambda s: any(s.metrics(names.FLEET_GPUS.name)), timeout=WAIT_S)
+            models = {
+                attributes(point.attributes).get(names.HW_MODEL)
+                for _rm, _sm, metric in sink.metrics(names.FLEET_GPUS.name)
+                for point in metric.gauge.data_points
+            }
+            assert "NVIDIA H100 80GB HBM3" in models
+            # The scrapes themselves pass through untouched (not ours).
+            assert any(sink.metrics("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"))
+        finally:
+            assert collector.terminate() == 0
+        assert not [line for line in collector.lines if "rejected" in line and "dcgm-exporter" in line]
