@@ -12,9 +12,10 @@ the collector's port, the scrape runs every second.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from tests.collector_helpers import CollectorProcess
 from tests.e2e.helpers import StartProcess, attributes, port_open
 from tests.exporter_server import ExporterServer, serving
+from tests.test_helm_chart import helm_binary
+from tests.test_helm_dcgm_scraper import CONFIGURATIONS as CHART_CONFIGURATIONS
+from tests.test_helm_dcgm_scraper import render, scraper
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "collector" / "otelcol" / "dcgm-exporter.yaml"
@@ -143,3 +147,22 @@ def test_the_collector_build_scrapes_dcgm_exporter_and_the_collector_gives_the_p
         finally:
             assert collector.terminate() == 0
         assert not [line for line in collector.lines if "rejected" in line and "dcgm-exporter" in line]
+
+
+@pytest.mark.parametrize("configuration", sorted(CHART_CONFIGURATIONS))
+def test_the_charts_scraper_configuration_validates(
+    otelcol_binary: Path, configuration: str, tmp_path: Path, require: Callable[[bool, str], None]
+) -> None:
+    """The Collector configuration the chart's scrape mode renders (Kubernetes service discovery of the dcgm-exporter
+    Service's endpoints) passes otelcol-ofu's own ``validate``."""
+    binary = helm_binary()
+    require(binary is not None, "helm is not on PATH and could not be built (make helm needs Go)")
+    assert binary is not None
+    _, config = scraper(render(binary, configuration))
+    path = tmp_path / "dcgm-exporter.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    env = {**os.environ, "OTEL_OFU_COLLECTOR_BEARER_TOKEN": "test-token"}
+    done = subprocess.run(
+        [str(otelcol_binary), "validate", "--config", str(path)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
