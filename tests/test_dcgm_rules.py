@@ -281,3 +281,8 @@ def test_a_wrong_expectation_fails(promtool: str, tmp_path: Path) -> None:
               "promql_expr_test": [samples_case(dcgm_rules.OFU, [(gpu0, 0.5)])]}]  # fmt: skip
     result = promtool_test(promtool, tmp_path, tests)
     assert result.returncode != 0
+
+
+def test_the_printed_file_is_the_rules_as_yaml_reads_them() -> None:
+    """The command writes its YAML itself (the runtime has no YAML library): a YAML parser reads back the rules."""
+    assert yaml.safe_load(rules_text()) == dcgm_rules.rule_groups()

@@ -943,7 +943,7 @@ def generated() -> dict[str, str]:
         "prometheus-rules.test.yaml": _yaml(prometheus_rule_tests()),
         "datadog-monitors.json": _json(datadog_monitors()),
         "honeycomb-triggers.json": _json(honeycomb_triggers()),
-        # For a Prometheus that scrapes dcgm-exporter itself: OFU per GPU and alerts on it (`otel-ofu prometheus-rules`).
+        # For a Prometheus that scrapes dcgm-exporter itself: OFU per GPU, alerts on it (otel-ofu prometheus-rules).
         "dcgm-exporter-rules.yaml": rules_yaml(),
     }
 
