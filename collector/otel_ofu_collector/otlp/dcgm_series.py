@@ -32,7 +32,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import attrs
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource as PbResource
 from opentelemetry.sdk.resources import Resource
 
 from otel_ofu import names
@@ -91,17 +95,68 @@ class _Target:
     last_ns: int = 0  # the newest scrape time translated, for the staleness sweep
 
 
-def _labels(point: Any) -> dict[str, str]:
+def _scrape_view_class() -> type[Message]:
+    """ExportMetricsServiceRequest read down to its number data points, each point's attributes left as their
+    encodings (``repeated bytes``: a message and a bytes field share the wire format), so that a GPU's label set is
+    decoded once per request, not once per series. Field numbers are OTLP's; proto2, so that ``as_double`` and
+    ``as_int`` (a oneof in OTLP) say which is set. What is not declared (exemplars, histograms, ...) stays unread."""
+    field = descriptor_pb2.FieldDescriptorProto
+    package = "otel_ofu_collector.scrape_view"
+    proto = descriptor_pb2.FileDescriptorProto(name="otel_ofu_collector/scrape_view.proto", package=package)
+    proto.syntax = "proto2"
+
+    def message(name: str, *fields: tuple[str, int, int, str | None, bool]) -> None:
+        added = proto.message_type.add(name=name)
+        for field_name, number, kind, type_name, repeated in fields:
+            entry = added.field.add(name=field_name, number=number, type=kind)
+            entry.label = field.LABEL_REPEATED if repeated else field.LABEL_OPTIONAL
+            if type_name is not None:
+                entry.type_name = f".{package}.{type_name}"
+
+    message(
+        "Point",
+        ("time_unix_nano", 3, field.TYPE_FIXED64, None, False),
+        ("as_double", 4, field.TYPE_DOUBLE, None, False),
+        ("as_int", 6, field.TYPE_SFIXED64, None, False),
+        ("attributes", 7, field.TYPE_BYTES, None, True),
+        ("flags", 8, field.TYPE_UINT32, None, False),
+    )
+    message("Points", ("data_points", 1, field.TYPE_MESSAGE, "Point", True))
+    message(
+        "Metric",
+        ("name", 1, field.TYPE_STRING, None, False),
+        ("gauge", 5, field.TYPE_MESSAGE, "Points", False),
+        ("sum", 7, field.TYPE_MESSAGE, "Points", False),
+    )
+    message("ScopeMetrics", ("metrics", 2, field.TYPE_MESSAGE, "Metric", True))
+    message(
+        "ResourceMetrics",
+        ("resource", 1, field.TYPE_BYTES, None, False),
+        ("scope_metrics", 2, field.TYPE_MESSAGE, "ScopeMetrics", True),
+    )
+    message("Request", ("resource_metrics", 1, field.TYPE_MESSAGE, "ResourceMetrics", True))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.Request"))
+
+
+_ScrapeView: Any = _scrape_view_class()
+
+
+def _labels(encoded: tuple[bytes, ...]) -> dict[str, str]:
     """A point's attributes as the series' labels (the receiver writes every label as a string)."""
-    return {kv.key: kv.value.string_value for kv in point.attributes}
+    labels = {}
+    for item in encoded:
+        kv = KeyValue.FromString(item)
+        labels[kv.key] = kv.value.string_value
+    return labels
 
 
 def _value(point: Any) -> float | None:
-    kind = point.WhichOneof("value")
-    if kind == "as_double":
+    if point.HasField("as_double"):
         value: float = point.as_double
         return value
-    if kind == "as_int":
+    if point.HasField("as_int"):
         return float(point.as_int)
     return None
 
@@ -119,41 +174,46 @@ def _target_key(resource: Any) -> tuple[str, ...]:
 
 
 def scrapes(rm: Any) -> dict[int, list[Sample]] | None:
-    """A ResourceMetrics' points as the page(s) they were scraped from: samples by scrape time, in the page's order;
-    None when the Resource carries no dcgm-exporter metric (then it is not a dcgm-exporter scrape at all).
+    """A ResourceMetrics' points (of the bytes view, ``_ScrapeView``) as the page(s) they were scraped from: samples by
+    scrape time; None when the Resource carries no dcgm-exporter metric (then it is not a dcgm-exporter scrape).
 
-    Every gauge and sum point counts, not only the fields OFU reads: any series with a GPU's UUID makes the GPU known,
-    as on the producer's side. A counter's name loses a ``_total`` suffix as the producer's page parser drops the one
-    prometheus-client adds, so a name reads the same both ways (dcgm-exporter's own ``..._TOTAL`` names keep theirs)."""
-    if not any(
-        metric.name.startswith(_DCGM_PREFIX) for sm in rm.scope_metrics for metric in sm.metrics
-    ):  # the common case for every other Resource: one look at each metric's name
-        return None
+    Every series of a GPU makes the GPU known, as on the producer's side, but only the fields the producer reads carry
+    a value there (``names.DCGM_EXPORTER_FIELDS``): a series of another metric is kept only when its label set is new
+    to the request, which is all the page reader can learn from it. A counter's name loses a ``_total`` suffix as the
+    producer's page parser drops the one prometheus-client adds (dcgm-exporter's own ``..._TOTAL`` names keep theirs).
+    """
+    if not any(metric.name.startswith(_DCGM_PREFIX) for sm in rm.scope_metrics for metric in sm.metrics):
+        return None  # the common case for every other Resource: one look at each metric's name
     pages: dict[int, list[Sample]] = {}
+    label_sets: dict[tuple[bytes, ...], dict[str, str]] = {}
+    read = names.DCGM_EXPORTER_FIELDS
     for sm in rm.scope_metrics:
         for metric in sm.metrics:
-            kind = metric.WhichOneof("data")
-            if kind not in ("gauge", "sum"):
+            if metric.HasField("gauge"):
+                points = metric.gauge.data_points
+            elif metric.HasField("sum"):
+                points = metric.sum.data_points
+            else:
                 continue  # histograms and summaries: dcgm-exporter prints none, and no reading is one
             name = metric.name.removesuffix("_total")
-            for point in getattr(metric, kind).data_points:
+            wanted = name in read
+            for point in points:
+                encoded = tuple(point.attributes)
+                labels = label_sets.get(encoded)
+                if labels is None:
+                    labels = label_sets[encoded] = _labels(encoded)
+                elif not wanted:
+                    continue  # a GPU this request has shown already, in a metric the reader does not read
                 value = _value(point)
                 if value is None or point.flags & _NO_RECORDED_VALUE:
                     continue  # a staleness marker says the series is gone: not a reading
-                pages.setdefault(point.time_unix_nano, []).append(Sample(name, _labels(point), value))
+                pages.setdefault(point.time_unix_nano, []).append(Sample(name, labels, value))
     return pages
 
 
-def carries_dcgm_series(request: ExportMetricsServiceRequest, raw: bytes | None) -> bool:
-    """Whether the request may hold a dcgm-exporter scrape: a search of its bytes, or of its names without them."""
-    if raw is not None:
-        return _DCGM_MARK in raw
-    return any(
-        metric.name.startswith(_DCGM_PREFIX)
-        for rm in request.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-    )
+def carries_dcgm_series(raw: bytes) -> bool:
+    """Whether a request may hold a dcgm-exporter scrape: one search of its bytes."""
+    return _DCGM_MARK in raw
 
 
 @attrs.define
@@ -193,18 +253,20 @@ class DcgmSeries:
     def translate(self, request: ExportMetricsServiceRequest, raw: bytes | None) -> Translation | None:
         """``request`` with the GPUs of every dcgm-exporter scrape in it appended (``request`` itself is extended);
         None when it holds none (a producer's request: nothing to do, nothing copied)."""
-        if not carries_dcgm_series(request, raw):
+        before = raw if raw is not None else request.SerializeToString()
+        if not carries_dcgm_series(before):
             return None
         # Scrapes by target, so that a target's scrapes are read oldest first however the request orders them (a
         # batch of several scrapes), and one scrape sent as several ResourceMetrics is one page.
         targets: dict[tuple[str, ...], tuple[Any, dict[int, list[Sample]]]] = {}
-        for rm in request.resource_metrics:
+        for rm in _ScrapeView.FromString(before).resource_metrics:
             pages = scrapes(rm)
             if pages is None:
                 continue
-            key = _target_key(rm.resource)
+            resource = PbResource.FromString(rm.resource)
+            key = _target_key(resource)
             if key not in targets:
-                targets[key] = (rm.resource, pages)
+                targets[key] = (resource, pages)
                 continue
             merged = targets[key][1]
             for time_ns, samples in pages.items():
@@ -220,7 +282,6 @@ class DcgmSeries:
                     encoded.append(part)
                     gpus += count
             self._sweep()
-        before = raw if raw is not None else request.SerializeToString()
         if not encoded:
             return Translation(request, before, 0, tuple(refusals))
         appended = b"".join(encoded)
