@@ -28,10 +28,10 @@ from otel_ofu.producer.metrics_data import MetricsDataBuilder
 from otel_ofu.producer.otlp_encoding import encode_request
 from otel_ofu.sources.dcgm_exporter import DcgmExporterSource
 from otel_ofu.testing.otlp_requests import gpu_request
+from otel_ofu.testing.prometheus_receiver import add_scrape, scrape_request
 from otel_ofu_collector.otlp.dcgm_series import DcgmSeries
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 from tests.exporter_server import ExporterServer, Ticks, serving
-from otel_ofu.testing.prometheus_receiver import add_scrape, scrape_request
 from tests.test_collector_command_options import built, usage_error
 
 S = 1_000_000_000
