@@ -21,14 +21,18 @@ import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.sdk.resources import Resource
 
-from otel_ofu import names
+from otel_ofu import cli, names
+from otel_ofu.attribution.kubernetes_pods import cluster_pods_url
 from otel_ofu.gpu_samples import compute_snapshot
 from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.producer.metrics_data import MetricsDataBuilder
 from otel_ofu.producer.otlp_encoding import encode_request
 from otel_ofu.sources.dcgm_exporter import DcgmExporterSource
+from otel_ofu.testing.fake_kubernetes import FakeApiServer, owner, serve
+from otel_ofu.testing.fake_kubernetes import pod as fake_pod
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu.testing.prometheus_receiver import add_scrape, scrape_request
+from otel_ofu_collector.command import dcgm_attribution
 from otel_ofu_collector.otlp.dcgm_series import DcgmSeries
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 from tests.exporter_server import ExporterServer, Ticks, serving
@@ -282,3 +286,40 @@ def test_the_collector_takes_the_producers_calibration_option(capsys: pytest.Cap
     line = usage_error(["--calibration", "model:H100-SXM=1.5"], capsys)
     assert "--calibration" in line
     assert "(0, 1]" in line
+
+
+# --- jobs: the producer's Kubernetes workload rules, where the collector can read the cluster's pods ------------------
+
+
+def test_the_clusters_pod_list_url() -> None:
+    assert cluster_pods_url(None) is None
+    assert cluster_pods_url("off") is None
+    assert cluster_pods_url("https://10.0.0.1:6443") == "https://10.0.0.1:6443/api/v1/pods"  # no node's selector
+    assert cluster_pods_url("https://10.0.0.1:6443/api/v1/pods") == "https://10.0.0.1:6443/api/v1/pods"
+
+
+def test_a_gpus_pod_names_its_job_by_the_producers_workload_rules(page: str) -> None:
+    """GPU 0 and 1 of the page are held by pod llm-train/pretrain-7b-worker-0, a worker of the PyTorchJob pretrain-7b:
+    with the cluster's pods, their job is llm-train/pretrain-7b (the producer's job.id: <namespace>/<workload>)."""
+    worker = fake_pod(
+        "pretrain-7b-worker-0",
+        "llm-train",
+        labels={"training.kubeflow.org/job-name": "pretrain-7b", "training.kubeflow.org/replica-type": "worker"},
+        owners=[owner("kubeflow.org/v1", "PyTorchJob", "pretrain-7b", "uid-pretrain-7b")],
+    )
+    with serve(FakeApiServer(pods=[worker])) as api:
+        args = cli.build_parser().parse_args(["collector", "--k8s-pods-url", api.url])
+        chain = dcgm_attribution(args)
+        assert chain is not None
+        try:
+            stage = DcgmSeries(attribution=chain.attribute)
+            _, found = translate_two_scrapes(page, stage)
+        finally:
+            chain.close()
+    assert ("/api/v1/pods", None) in [(path.split("?")[0], auth) for path, auth in api.requests]  # every node's pods
+    for gpu in (GPU0, GPU1):
+        resource = found[gpu]["resource"]
+        assert resource[names.JOB_ID] == "llm-train/pretrain-7b"
+        assert resource[names.JOB_NAME] == "pretrain-7b"
+    assert names.JOB_ID not in found[GPU2]["resource"]  # no pod holds it
+    assert dcgm_attribution(cli.build_parser().parse_args(["collector"])) is None  # off by default: pod labels only

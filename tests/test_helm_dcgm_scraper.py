@@ -31,7 +31,13 @@ SECURED = [*SCRAPE, "--set", "tls.enabled=true", "--set", "tls.secretName=ofu-tl
            "--set", "auth.token=s3cret"]  # fmt: skip
 OWN_CHART = [*SCRAPE, "--set", "dcgmExporter.scrape.namespace=monitoring", "--set",
              "dcgmExporter.scrape.service=dcgm-exporter", "--set", "dcgmExporter.scrape.portName=metrics"]  # fmt: skip
-CONFIGURATIONS = {"scrape": SCRAPE, "scrape-tls-auth": SECURED, "scrape-own-chart": OWN_CHART}
+LABELS_ONLY = [*SCRAPE, "--set", "dcgmExporter.scrape.podsUrl=off"]
+CONFIGURATIONS = {
+    "scrape": SCRAPE,
+    "scrape-tls-auth": SECURED,
+    "scrape-own-chart": OWN_CHART,
+    "scrape-pod-labels-only": LABELS_ONLY,
+}
 
 
 @functools.cache
@@ -61,7 +67,6 @@ def test_the_scrape_mode_lints(helm: str, configuration: str) -> None:  # noqa: 
 def test_no_daemonset_of_ours_and_one_scraper_into_the_collector(helm: str, configuration: str) -> None:  # noqa: F811
     documents = render(helm, configuration)
     assert not of_kind(documents, "DaemonSet")
-    assert not of_kind(documents, "ClusterRole")  # the producer's pod reader: no producer, no role
     deployment, config = scraper(documents)
     # One scraper, never two at once: a second would scrape every exporter again and count each GPU's time twice.
     assert deployment["spec"]["replicas"] == 1
@@ -113,6 +118,31 @@ def test_the_scrapers_role_reads_the_exporters_namespace_only(helm: str) -> None
         ("", "services"): {"get", "list", "watch"},
         ("", "pods"): {"get", "list", "watch"},
     }
+
+
+@pytest.mark.parametrize(("configuration", "pods_url"), [("scrape", "auto"), ("scrape-pod-labels-only", "off")])
+def test_the_collector_reads_the_clusters_pods_for_the_jobs_where_asked(
+    helm: str,  # noqa: F811
+    configuration: str,
+    pods_url: str,
+) -> None:
+    """The collector names each GPU's job from the pod dcgm-exporter labels it with, by the producer's workload rules,
+    from the cluster's pods (``--k8s-pods-url auto``): it runs as the account the pod-reader ClusterRole is bound to.
+    With ``podsUrl: off``, the pod labels alone, and no ClusterRole."""
+    documents = render(helm, configuration)
+    (collector,) = [w for w in workloads(documents) if pod_spec(w)["containers"][0]["args"] == ["collector"]]
+    assert env_of(pod_spec(collector)["containers"][0])["OTEL_OFU_COLLECTOR_K8S_PODS_URL"] == pods_url
+    roles = of_kind(documents, "ClusterRole")
+    if pods_url == "off":
+        assert not roles
+        return
+    (role,) = roles
+    (binding,) = of_kind(documents, "ClusterRoleBinding")
+    account = pod_spec(collector)["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    pods = role["rules"][0]
+    assert (pods["resources"], set(pods["verbs"])) == (["pods"], {"get", "list"})
 
 
 def test_the_scraper_sends_the_token_and_trusts_the_collectors_ca(helm: str) -> None:  # noqa: F811

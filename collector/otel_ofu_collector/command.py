@@ -14,6 +14,8 @@ from typing import Any
 from opentelemetry.sdk.resources import OTELResourceDetector
 
 from otel_ofu import names, ports
+from otel_ofu.attribution import AttributionChain, build_chain
+from otel_ofu.attribution.kubernetes_pods import cluster_pods_url
 from otel_ofu.cli_support import CommandOptions, address_or_off, port_number, url_or_host_port
 from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.health import HealthEndpoint, Heartbeat, loop_bound_s
@@ -288,6 +290,26 @@ def _dcgm_series_options(options: CommandOptions) -> None:
         help="tile-quantization factors for the GPUs read from dcgm-exporter scrapes, as otel-ofu run takes them: "
         "job:ID=F,model:KEY=F (e.g. model:H100-SXM=0.93)",
     )
+    options.option(
+        "--k8s-pods-url",
+        metavar="URL",
+        default=None,
+        help="the cluster's pods (auto: the in-cluster API server's /api/v1/pods; off: none), read for the job of "
+        "each pod dcgm-exporter labels a GPU with, by the producer's workload rules (needs list pods cluster-wide)",
+    )
+    options.option(
+        "--k8s-job-label", metavar="KEY", default=None, help="pod label naming the job, before the standard ones"
+    )
+
+
+def dcgm_attribution(args: argparse.Namespace) -> AttributionChain | None:
+    """The producer's attribution chain for the GPUs of dcgm-exporter scrapes, with the cluster's pod list when
+    ``--k8s-pods-url`` asks for it (its refresher started; the caller closes it); None without one: the pod labels
+    alone, as the producer reads them without one."""
+    url = cluster_pods_url(args.k8s_pods_url)
+    if url is None:
+        return None
+    return build_chain(k8s_pods_url=url, k8s_job_label=args.k8s_job_label)  # the producer's order of links
 
 
 def _output_options(options: CommandOptions) -> None:
@@ -524,6 +546,7 @@ def run(args: argparse.Namespace) -> int:
         args.usage_error("--listen and --http-listen are both off: the collector would receive nothing")
     feed: ReportFeed | None = None
     health: HealthEndpoint | None = None
+    attribution: AttributionChain | None = None
     try:
         if args.listen is not None:
             check_grpc_address(args.listen)
@@ -535,6 +558,9 @@ def run(args: argparse.Namespace) -> int:
                 COLLECTOR_PREFIX,
             )
         service = CollectorService(options)
+        attribution = dcgm_attribution(args)
+        if attribution is not None and service.dcgm_series is not None:
+            service.dcgm_series.attribution = attribution.attribute
         if args.health_port is not None:
             service.heartbeat = Heartbeat(loop_bound_s(options.flush_interval_s), "the window flush")
             health = HealthEndpoint(service.health, port=int(args.health_port), host=args.health_host)
@@ -554,6 +580,8 @@ def run(args: argparse.Namespace) -> int:
                 raise OSError(f"cannot serve /healthz on {args.health_host}:{args.health_port}: {error}") from None
             logger.info("otel-ofu collector: /healthz on %s:%d", args.health_host, health.port)
     except (ValueError, OSError) as error:
+        if attribution is not None:
+            attribution.close()
         logger.error("otel-ofu collector cannot start: %s", error)
         return 2
     stop = threading.Event()
@@ -569,5 +597,7 @@ def run(args: argparse.Namespace) -> int:
     reports = service.stop(grace=float(args.shutdown_grace))
     if health is not None:
         health.close()
+    if attribution is not None:
+        attribution.close()
     logger.info("otel-ofu collector stopped (%d window(s) flushed on the way out)", len(reports))
     return 0

@@ -1,5 +1,6 @@
 """One scrape of a Prometheus page as the OpenTelemetry Collector's Prometheus receiver (v0.161.0) sends it over OTLP,
-for the collector's tests that need no Collector binary (tests/e2e runs the real receiver on the same pages).
+for the collector's tests and benchmarks that run no Collector binary (tests/e2e runs the real receiver on the same
+pages).
 
 As the receiver builds it (receiver/prometheusreceiver/internal: prom_to_otlp.go ``CreateResource``, transaction.go,
 metricfamily.go): one ResourceMetrics per scrape target, its Resource ``service.name`` (the scrape job),
