@@ -37,6 +37,7 @@ from otel_ofu_collector.otlp.dcgm_series import DcgmSeries
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 from tests.exporter_server import ExporterServer, Ticks, serving
 from tests.test_collector_command_options import built, usage_error
+from tests.test_collector_write_ahead import spooled
 
 S = 1_000_000_000
 T0 = 1_000_000_000_000 + 20 * S  # the producer's first read with Ticks (built at +10 s, read at +20 s)
@@ -323,3 +324,19 @@ def test_a_gpus_pod_names_its_job_by_the_producers_workload_rules(page: str) -> 
         assert resource[names.JOB_NAME] == "pretrain-7b"
     assert names.JOB_ID not in found[GPU2]["resource"]  # no pod holds it
     assert dcgm_attribution(cli.build_parser().parse_args(["collector"])) is None  # off by default: pod labels only
+
+
+def test_a_restart_replays_the_gpus_read_from_scrapes(page: str, tmp_path: Path) -> None:
+    """With a spool, what the write-ahead keeps of a scrape is the request the decoder read, the GPUs' requests
+    appended: a collector started on it after a kill rebuilds the open window from it, without the scrapes' pages."""
+    spool = tmp_path / "spool.sqlite"
+    killed = CollectorService(spooled(spool), clock=lambda: T0 + 30 * S)
+    for k in range(4):
+        assert killed.ingest(scrape_request(page, time_ns=T0 + k * 10 * S)).rejected == 0
+    # Never stopped: its write-ahead holds the accepted requests of the open window.
+    restarted = CollectorService(spooled(spool), clock=lambda: T0 + 30 * S)
+    (window,) = [report for report in restarted.aggregator.close_all() if report.start_ns == T0]
+    (group,) = window.groups
+    assert group.ofu_max == pytest.approx(0.5 * 1755 / 1830)
+    assert group.ofu_min == pytest.approx(0.25)
+    assert group.gpus == pytest.approx(1.5)  # as the killed one had it: each GPU's time once
