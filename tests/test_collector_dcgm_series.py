@@ -13,6 +13,7 @@ file prints them), worked from the catalog's H100 SXM clocks (tensor clock 1830 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from otel_ofu.testing.prometheus_receiver import add_scrape, scrape_request
 from otel_ofu_collector.command import dcgm_attribution
 from otel_ofu_collector.otlp.dcgm_series import DcgmSeries
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-from tests.exporter_server import ExporterServer, Ticks, serving
+from tests.exporter_server import ExporterServer, serving
 from tests.test_collector_command_options import built, usage_error
 from tests.test_collector_write_ahead import spooled
 
@@ -163,20 +164,41 @@ def test_every_field_name_generation_gives_the_same_ofu(shared_fixtures: Path, g
     assert value(found[GPU0], names.GPU_ENGINE_ACTIVE.name) == 0.9
 
 
-def test_the_request_is_the_producers_own_for_the_same_page(page: str, exporter: ExporterServer) -> None:
-    """One implementation: the producer reading the page from a dcgm-exporter on loopback and the collector reading
-    the same page from the receiver's OTLP send the same bytes for the same interval."""
+PAGES = (
+    "dcgm_exporter_h100_node_written.prom",
+    "dcgm_exporter_h100_generation_3x.prom",
+    "dcgm_exporter_h100_generation_49.prom",
+    "dcgm_exporter_h100_generation_410.prom",
+    "dcgm_exporter_a30_mig_issue68.prom",
+    "dcgm_exporter_h100_mig_k8s_issue512.prom",
+    "dcgm_exporter_titanv_issue58.prom",
+    "dcgm_exporter_h100_digitalocean_docs.prom",
+)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_the_request_is_the_producers_own_for_the_same_page(
+    name: str, shared_fixtures: Path, exporter: ExporterServer
+) -> None:
+    """One implementation: the producer reading a page from a dcgm-exporter on loopback and the collector reading the
+    same page from the receiver's OTLP send the same bytes for the same interval (the second: 10 s after the first,
+    the energy counter gone further where the page has one). The producer is opened at its first read, so that its
+    first interval is as empty as a target's first scrape (the link counters integrate their rates from there)."""
+    page = (shared_fixtures / name).read_text()
+    later = re.sub(r"(ENERGY\w*\{[^}]*\}) (\d+(?:\.\d+)?)", lambda m: f"{m[1]} {float(m[2]) * 1.0001!r}", page)
     base = Resource({names.SERVICE_NAME: names.PRODUCER_SERVICE_NAME})
-    source = DcgmExporterSource(exporter.serve(page), clock=Ticks())  # reads at T0, T0 + 10 s
+    times = iter((T0, T0, T0 + 10 * S))  # opened, first read, second read
+    source = DcgmExporterSource(exporter.serve(page), clock=lambda: next(times))
     builder = MetricsDataBuilder(base=base)
     try:
         source.read()
+        exporter.serve(later)
         produced = encode_request(builder.build(compute_snapshot(source.read())))
     finally:
         source.close()
     stage = DcgmSeries()
     stage.translate(scrape_request(page, time_ns=T0), None)
-    translated = stage.translate(scrape_request(page, time_ns=T0 + 10 * S), None)
+    translated = stage.translate(scrape_request(later, time_ns=T0 + 10 * S), None)
     assert translated is not None
     ours = ExportMetricsServiceRequest()
     ours.resource_metrics.extend(
