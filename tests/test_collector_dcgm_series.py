@@ -362,3 +362,23 @@ def test_a_restart_replays_the_gpus_read_from_scrapes(page: str, tmp_path: Path)
     assert group.ofu_max == pytest.approx(0.5 * 1755 / 1830)
     assert group.ofu_min == pytest.approx(0.25)
     assert group.gpus == pytest.approx(1.5)  # as the killed one had it: each GPU's time once
+
+
+class _BrokenBuilder(MetricsDataBuilder):
+    def build(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a defect")
+
+
+def test_a_defect_in_the_stage_costs_the_scrapes_their_gpus_never_the_request(
+    page: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = CollectorService(CollectorOptions(grpc_listen=None, flush_interval_s=0, self_telemetry=False))
+    assert service.dcgm_series is not None
+    service.dcgm_series.builder = _BrokenBuilder()
+    for k in range(2):
+        request = gpu_request({"GPU-producer": 0.5}, time_ns=T0 + k * 10 * S)  # a producer's GPU beside the scrape
+        request.MergeFrom(scrape_request(page, time_ns=T0 + k * 10 * S))
+        outcome = service.ingest(request)
+        assert outcome.accepted == 1  # the producer's gpu.ofu
+        assert outcome.rejected == 0
+    assert len([r for r in caplog.records if "reading dcgm-exporter scrapes failed" in r.getMessage()]) == 1

@@ -26,6 +26,7 @@ the target's previous one (sent twice, or out of order) is refused whole, and sa
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ from otel_ofu.sources.dcgm_exporter import ExporterPages, entries_of
 from otel_ofu.sources.prometheus_text import Sample
 
 R = names.RejectReason
+log = logging.getLogger(__name__)
 
 # Every dcgm-exporter metric name starts so; a request without these bytes has no dcgm-exporter series (one C-level
 # search of the request's bytes: the producers' requests pay nothing more for this stage).
@@ -238,6 +240,7 @@ class DcgmSeries:
     _targets: OrderedDict[tuple[str, ...], _Target] = attrs.field(init=False, factory=OrderedDict)
     _newest_ns: int = attrs.field(init=False, default=0)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _failed: bool = attrs.field(init=False, default=False)  # a defect said once
 
     def __attrs_post_init__(self) -> None:
         if self.max_targets < 1:
@@ -252,10 +255,20 @@ class DcgmSeries:
 
     def translate(self, request: ExportMetricsServiceRequest, raw: bytes | None) -> Translation | None:
         """``request`` with the GPUs of every dcgm-exporter scrape in it appended (``request`` itself is extended);
-        None when it holds none (a producer's request: nothing to do, nothing copied)."""
+        None when it holds none (a producer's request: nothing to do, nothing copied). A defect here costs the scrapes
+        their GPUs, never the request: it is logged (once) and the request goes to the decoder as it came."""
         before = raw if raw is not None else request.SerializeToString()
         if not carries_dcgm_series(before):
             return None
+        try:
+            return self._translate(request, before)
+        except Exception:
+            if not self._failed:
+                self._failed = True
+                log.exception("reading dcgm-exporter scrapes failed; the request goes on without their GPUs")
+            return None
+
+    def _translate(self, request: ExportMetricsServiceRequest, before: bytes) -> Translation | None:
         # Scrapes by target, so that a target's scrapes are read oldest first however the request orders them (a
         # batch of several scrapes), and one scrape sent as several ResourceMetrics is one page.
         targets: dict[tuple[str, ...], tuple[Any, dict[int, list[Sample]]]] = {}
