@@ -252,6 +252,7 @@ BENCHMARKS: dict[str, Callable[[], Runner]] = {
     "producer": _adapted("benchmarks.bench_producer", "producer"),
     "collector": _adapted("benchmarks.bench_collector", "collector"),
     "collector_e2e": _module_runner("benchmarks.bench_collector_e2e"),
+    "dcgm_scrape": _module_runner("benchmarks.bench_dcgm_scrape"),
     "refusals": _module_runner("benchmarks.bench_refusals"),
     "percentiles": _module_runner("benchmarks.bench_percentiles"),
     "clock_sampling": _module_runner("benchmarks.studies.clock_sampling"),

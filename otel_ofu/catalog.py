@@ -433,3 +433,9 @@ def lookup(device_name: str) -> GpuSpec | None:
         if pattern.search(device_name):
             return spec
     return None
+
+
+def name_patterns() -> tuple[tuple[str, GpuSpec], ...]:
+    """The device-name patterns ``lookup`` tries, in its order (the first that matches anywhere in the name wins, case
+    ignored), as regular-expression source: what Prometheus rules match ``modelName`` with (``otel_ofu.dcgm_rules``)."""
+    return tuple((pattern.pattern, spec) for pattern, spec in _PATTERNS)

@@ -53,6 +53,11 @@ class CalibrationTable:
             (by_job if scope == "job" else by_model)[key] = factor
         return cls(by_job=by_job, by_model=by_model)
 
+    def __str__(self) -> str:
+        """The table as ``parse`` reads it (``--print-config`` writes it so)."""
+        entries = [f"job:{key}={factor!r}" for key, factor in self.by_job.items()]
+        return ",".join(entries + [f"model:{key}={factor!r}" for key, factor in self.by_model.items()])
+
 
 @attrs.frozen
 class GpuValues:

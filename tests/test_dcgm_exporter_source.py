@@ -51,8 +51,11 @@ def with_metric(line: str, metric: str, value: str) -> str:
 def test_every_fixture_parses_and_incomplete_gpus_are_errors_not_zeros(
     exporter: ExporterServer, shared_fixtures: Path
 ) -> None:
-    # The published pages (the generation pages written for tests/test_dcgm_generations.py are not among them).
-    files = sorted(path for path in shared_fixtures.glob("dcgm_exporter_*.prom") if "_generation_" not in path.name)
+    # The published pages (the pages written for tests, the generation pages and the node page, are not among them).
+    written = ("_generation_", "_written")
+    files = sorted(
+        path for path in shared_fixtures.glob("dcgm_exporter_*.prom") if not any(part in path.name for part in written)
+    )
     assert len(files) == 4
     for path in files:
         snapshot = read_once(exporter.serve(path.read_text(), f"/{path.stem}"))

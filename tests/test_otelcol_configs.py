@@ -27,7 +27,13 @@ def load(path: Path) -> dict[str, Any]:
 
 def test_the_expected_configurations_ship() -> None:
     shipped = {path.relative_to(OTELCOL).as_posix() for path in CONFIGS}
-    assert {"agent.yaml", "backend-gateway.yaml", "sharded/agent.yaml", "sharded/gateway.yaml"} <= shipped
+    assert {
+        "agent.yaml",
+        "backend-gateway.yaml",
+        "dcgm-exporter.yaml",
+        "sharded/agent.yaml",
+        "sharded/gateway.yaml",
+    } <= shipped
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda path: path.relative_to(OTELCOL).as_posix())

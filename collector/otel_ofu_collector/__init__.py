@@ -9,7 +9,8 @@ on ``results.py`` and the statistics in ``stats/``); every module is named here:
     otlp/           the codec: decode.py (requests -> points), encode.py (windows -> OTLP), partials.py (a
         |           shard's partial window state, both ways); the decoder's parts: roles.py (what each metric
         |           is for), resources.py (a Resource's identity, cached), templates.py and shapes.py (a
-        |           producer's layout read without parsing), rejections.py (why points were refused)
+        |           producer's layout read without parsing), rejections.py (why points were refused),
+        |           dcgm_series.py (dcgm-exporter scrapes in front of the decoder: their GPUs as a producer sends them)
     aggregation/    windows.py (which window a point goes to and when it closes), cells.py (a window's cells
         |           and GPU inputs), streams.py (the GPUs known, admission, bounds), counters.py (counters'
         |           deltas), coverage.py (each GPU-second once), jobs.py (jobs' state, correlation),

@@ -14,7 +14,10 @@ from typing import Any
 from opentelemetry.sdk.resources import OTELResourceDetector
 
 from otel_ofu import names, ports
+from otel_ofu.attribution import AttributionChain, build_chain
+from otel_ofu.attribution.kubernetes_pods import cluster_pods_url
 from otel_ofu.cli_support import CommandOptions
+from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.health import HealthEndpoint, Heartbeat, loop_bound_s
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.detectors import FLAG_OPTIONS
@@ -128,11 +131,22 @@ def options_from_args(args: argparse.Namespace) -> CollectorOptions:
     return CollectorOptions(
         **settings_from(CollectorOptions, values),
         **extra,
+        calibration=values["calibration"] or CalibrationTable(),
         resource_attributes=resource,
         aggregator=aggregator,
         tls=tls,
         bearer_token=auth.token if auth else None,
     )
+
+
+def dcgm_attribution(args: argparse.Namespace) -> AttributionChain | None:
+    """The producer's attribution chain for the GPUs of dcgm-exporter scrapes, with the cluster's pod list when
+    ``--k8s-pods-url`` asks for it (its refresher started; the caller closes it); None without one: the pod labels
+    alone, as the producer reads them without one."""
+    url = cluster_pods_url(args.k8s_pods_url)
+    if url is None:
+        return None
+    return build_chain(k8s_pods_url=url, k8s_job_label=args.k8s_job_label)  # the producer's order of links
 
 
 def _token_on_command_line() -> bool:
@@ -185,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         args.usage_error("--listen and --http-listen are both off: the collector would receive nothing")
     feed: ReportFeed | None = None
     health: HealthEndpoint | None = None
+    attribution: AttributionChain | None = None
     try:
         if args.listen is not None:
             check_grpc_address(args.listen)
@@ -196,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
                 COLLECTOR_PREFIX,
             )
         service = CollectorService(options)
+        attribution = dcgm_attribution(args)
+        if attribution is not None and service.dcgm_series is not None:
+            service.dcgm_series.attribution = attribution.attribute
         if args.health_port is not None:
             service.heartbeat = Heartbeat(loop_bound_s(options.flush_interval_s), "the window flush")
             health = HealthEndpoint(service.health, port=int(args.health_port), host=args.health_host)
@@ -217,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
                 raise OSError(f"cannot serve /healthz on {args.health_host}:{args.health_port}: {error}") from None
             logger.info("otel-ofu collector: /healthz on %s:%d", args.health_host, health.port)
     except (ValueError, OSError) as error:
+        if attribution is not None:
+            attribution.close()
         logger.error("otel-ofu collector cannot start: %s", error)
         return 2
     stop = threading.Event()
@@ -232,5 +252,7 @@ def run(args: argparse.Namespace) -> int:
     reports = service.stop(grace=float(args.shutdown_grace))
     if health is not None:
         health.close()
+    if attribution is not None:
+        attribution.close()
     logger.info("otel-ofu collector stopped (%d window(s) flushed on the way out)", len(reports))
     return 0

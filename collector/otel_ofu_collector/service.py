@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
 from otel_ofu import names
+from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu.health import Heartbeat
 from otel_ofu.otlp_client import OtlpClient, OtlpSettings, Transport, configured_endpoint
 from otel_ofu_collector.aggregation.merge import MergeAggregator
@@ -32,6 +33,7 @@ from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.consumer import WindowConsumer
 from otel_ofu_collector.lifecycle import shutdown_in_reverse, start_in_order
 from otel_ofu_collector.options import declared as option
+from otel_ofu_collector.otlp.dcgm_series import DcgmSeries, Translation
 from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder, DecoderStats
 from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
@@ -112,6 +114,9 @@ class CollectorOptions:
     # of one shard's window from a second copy). Unique per replica; a stable pod name is ideal.
     instance_id: str = attrs.field(factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     max_future_skew_s: float | None = 300.0  # reject points stamped further ahead of the clock; None: off
+    # dcgm-exporter scrapes (from an OpenTelemetry Collector's Prometheus receiver) read as the producer reads a page
+    # (``otlp.dcgm_series``), with the producer's calibration factors (``--calibration``).
+    calibration: CalibrationTable = attrs.field(factory=CalibrationTable)
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 30.0
 
@@ -138,6 +143,8 @@ class CollectorService:
     heartbeat: Heartbeat | None = None
     gate: Gate = attrs.field(init=False)
     decoder: Decoder = attrs.field(init=False)
+    # In front of the decoder: dcgm-exporter scrapes into the producer's per-GPU requests (None in merge mode).
+    dcgm_series: DcgmSeries | None = attrs.field(init=False, default=None)
     aggregator: Aggregator | MergeAggregator = attrs.field(init=False)
     exports: Delivery | None = attrs.field(init=False, default=None)
     pass_through: Delivery | None = attrs.field(init=False, default=None)
@@ -197,6 +204,9 @@ class CollectorService:
                 clock=self.clock,
                 max_future_ns=None if options.max_future_skew_s is None else int(options.max_future_skew_s * 1e9),
                 max_attribute_length=options.max_attribute_length,
+            )
+            self.dcgm_series = DcgmSeries(
+                calibration=options.calibration, stale_after_s=options.aggregator.stale_after_s
             )
             self._counting.append(_WindowState(aggregator, self.decoder))
         self._counting += [_Ingest(self.decoder), self.gate]
@@ -286,12 +296,34 @@ class CollectorService:
 
     def ingest(self, request: ExportMetricsServiceRequest, raw: bytes | None = None) -> DecodeOutcome:
         """What both receivers call per request (tests and the demo may call it directly)."""
+        # The one seam in front of the decoder: a dcgm-exporter scrape gains its GPUs as the producer sends them.
+        translated = self.dcgm_series.translate(request, raw) if self.dcgm_series is not None else None
+        if translated is not None:
+            request, raw = translated.request, translated.raw
         outcome = self.decoder.decode(request, raw)
+        if translated is not None and translated.refusals:
+            outcome = self._refused_scrapes(outcome, translated)
         if outcome.accepted and self._write_ahead is not None:
             self._write_ahead.append(raw if raw is not None else request.SerializeToString(), self.clock())
         if outcome.forward is not None and self.pass_through is not None:
             self.pass_through.submit(outcome.forward)
         return outcome
+
+    def _refused_scrapes(self, outcome: DecodeOutcome, translated: Translation) -> DecodeOutcome:
+        """The outcome with the scrapes the stage refused counted as the decoder counts its refusals (and said in
+        ``partial_success``)."""
+        refused = sum(refusal.points for refusal in translated.refusals)
+        stats = self.decoder.stats
+        with self.decoder.lock:
+            stats.rejected += refused
+            for refusal in translated.refusals:
+                stats.rejected_by_reason[refusal.code] = stats.rejected_by_reason.get(refusal.code, 0) + refusal.points
+                stats.rejected_by_message[refusal.message] = (
+                    stats.rejected_by_message.get(refusal.message, 0) + refusal.points
+                )
+        words = "; ".join(f"{refusal.points} {refusal.message}" for refusal in translated.refusals)
+        message = "; ".join(part for part in (outcome.error_message, f"refused {words}") if part)
+        return attrs.evolve(outcome, rejected=outcome.rejected + refused, error_message=message)
 
     def _replay(self) -> None:
         """Rebuild the open windows a killed run left in the write-ahead (see ``write_ahead``). A record

@@ -29,9 +29,11 @@ GOBIN="$PWD/$OUT/tools" go install -trimpath -ldflags='-s -w' \
     "go.opentelemetry.io/collector/cmd/builder@$OTELCOL_VERSION"
 GOBIN="$PWD/$OUT/tools" go install -trimpath -ldflags='-s -w' \
     "github.com/open-telemetry/opentelemetry-collector-contrib/cmd/telemetrygen@$OTELCOL_VERSION"
-cp "$OUT/tools/telemetrygen" "$OUT/telemetrygen"
+# Each binary replaced by a rename: one that a running Collector or test holds open is not "Text file busy".
+install_binary() { cp "$1" "$2.new" && mv -f "$2.new" "$2"; }
+install_binary "$OUT/tools/telemetrygen" "$OUT/telemetrygen"
 # The builder compiles with -trimpath and -ldflags='-s -w' by default (smaller binary, less to link).
 "$OUT/tools/builder" --config "$MANIFEST"
-cp "$OUT/src/otelcol-ofu" "$OUT/otelcol-ofu"
+install_binary "$OUT/src/otelcol-ofu" "$OUT/otelcol-ofu"
 echo "$want" > "$STAMP"
 echo "otelcol: built $OUT/otelcol-ofu and $OUT/telemetrygen in $(( $(date +%s) - start ))s"

@@ -27,6 +27,7 @@ import attrs
 import yaml
 
 from otel_ofu import names
+from otel_ofu.commands.prometheus_rules import rules_yaml
 from otel_ofu.generated_files import write_or_check
 from otel_ofu.prometheus_names import label_name, metric_name
 
@@ -942,6 +943,8 @@ def generated() -> dict[str, str]:
         "prometheus-rules.test.yaml": _yaml(prometheus_rule_tests()),
         "datadog-monitors.json": _json(datadog_monitors()),
         "honeycomb-triggers.json": _json(honeycomb_triggers()),
+        # For a Prometheus that scrapes dcgm-exporter itself: OFU per GPU, alerts on it (otel-ofu prometheus-rules).
+        "dcgm-exporter-rules.yaml": rules_yaml(),
     }
 
 

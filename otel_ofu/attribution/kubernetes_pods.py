@@ -188,6 +188,16 @@ def resolve_pods_url(value: str | None) -> str | None:
     return value.strip()
 
 
+def cluster_pods_url(value: str | None) -> str | None:
+    """The URL that lists every pod of the cluster (no node's field selector), for a reader of many nodes' GPUs (the
+    collector reading dcgm-exporter scrapes): None or ``off`` is off, ``auto`` the in-cluster API server's
+    ``/api/v1/pods``, an API server base URL gains it, a URL ending in ``/pods`` is taken as given."""
+    resolved = resolve_pods_url(value)
+    if resolved is None or urllib.parse.urlsplit(resolved).path.rstrip("/").endswith("/pods"):
+        return resolved
+    return f"{resolved.rstrip('/')}/api/v1/pods"
+
+
 class _HttpStatusError(AttributionError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)

@@ -4,6 +4,9 @@ dcgm-exporter publishes DCGM's own interval averages, so a reading covers ``[pre
 scrape]``. Both generations of its labels are accepted (``Hostname``/``hostname``, ``UUID``/``uuid``,
 ``pod``/``pod_name`` ...). A scrape that fails is an error of that scrape only: nothing from an
 earlier scrape is ever re-emitted in its place.
+
+``ExporterPages`` reads the parsed pages (no I/O): this source scrapes into it, and the collector feeds it the pages
+an OpenTelemetry Collector's Prometheus receiver scraped, so a page gives the same readings either way.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def _int(text: str | None) -> int | None:
 
 
 @attrs.define
-class _Entry:
+class PageEntry:
     """What one scrape says about one GPU or MIG instance."""
 
     labels: dict[str, str]
@@ -74,21 +77,21 @@ class _Entry:
         return self.got.values
 
 
-def parse_exposition(text: str) -> dict[tuple[str, str | None], _Entry]:
+def parse_exposition(text: str) -> dict[tuple[str, str | None], PageEntry]:
     """Entries keyed by (UUID, MIG instance id) from exposition text; ScrapeError when it is not parseable."""
     return entries_of(prometheus_text.parse_samples(text))
 
 
-def entries_of(samples: list[prometheus_text.Sample]) -> dict[tuple[str, str | None], _Entry]:
+def entries_of(samples: list[prometheus_text.Sample]) -> dict[tuple[str, str | None], PageEntry]:
     """Entries keyed by (UUID, MIG instance id) from a page's samples."""
-    entries: dict[tuple[str, str | None], _Entry] = {}
+    entries: dict[tuple[str, str | None], PageEntry] = {}
     for sample in samples:
         labels = sample.labels
         uuid = _label(labels, UUID_LABELS)
         if uuid is None:
             continue  # not a GPU series; without a UUID it has no identity to report under
         # Any GPU series makes the GPU known, so one without our fields is reported, not lost.
-        entry = entries.setdefault((uuid, _label(labels, (MIG_ID_LABEL,))), _Entry(dict(labels)))
+        entry = entries.setdefault((uuid, _label(labels, (MIG_ID_LABEL,))), PageEntry(dict(labels)))
         field_id = names.DCGM_EXPORTER_FIELDS.get(sample.name)
         if field_id is not None:
             entry.got.add(field_id, sample.value)
@@ -96,58 +99,27 @@ def entries_of(samples: list[prometheus_text.Sample]) -> dict[tuple[str, str | N
 
 
 @attrs.define
-class DcgmExporterSource:
-    """Scrapes one dcgm-exporter endpoint per read."""
+class ExporterPages:
+    """One dcgm-exporter's pages, one after the other, as snapshots: everything the source does with a page once it
+    is parsed, and the state kept between pages (the previous page's time, the counters' last values). No I/O:
+    ``DcgmExporterSource`` feeds it the pages it scrapes, and the collector (``otel_ofu_collector.otlp.dcgm_series``)
+    the pages an OpenTelemetry Collector's Prometheus receiver scraped, so both read a page with this one code.
 
-    url: str = attrs.field(converter=normalize_url)
-    timeout_s: float = 5.0
+    ``previous_ns`` None: the first page's interval is unknown, and its readings start where they end (a point in
+    time, whose interval the collector's windows infer)."""
+
     host_fallback: str | None = None
-    clock: Clock = time.time_ns
-    name: str = "dcgm-exporter"
-    _previous_ns: int = attrs.field(init=False, default=0)
+    previous_ns: int | None = None
     _cycles: CycleTracker = attrs.field(init=False, factory=CycleTracker)
     _energy: throttle.EnergyTracker = attrs.field(init=False, factory=throttle.EnergyTracker)
     _violations: throttle.ViolationTracker = attrs.field(init=False, factory=throttle.ViolationTracker)
     _links: io_counters.IoIntegrator = attrs.field(init=False, factory=io_counters.IoIntegrator)
-    _scrape: prometheus_text.Scrape = attrs.field(init=False, factory=prometheus_text.Scrape)
 
-    def __attrs_post_init__(self) -> None:
-        self._previous_ns = self.clock()
-        if self.host_fallback is None:
-            self.host_fallback = urllib.parse.urlsplit(self.url).hostname
-
-    def fetch(self) -> str:
-        """The exposition text, or ScrapeError saying in one line why not (the scrape bounded: ``prometheus_text``)."""
-        return self._scrape.fetch(self.url, self.timeout_s)
-
-    def interrupt(self) -> None:
-        """The producer is stopping: a scrape in flight ends now."""
-        self._scrape.interrupt()
-
-    def _not_dcgm_exporter(self, samples: list[prometheus_text.Sample]) -> str:
-        """Why a page gave no GPU, in one line naming what it had: a wrong port or another exporter's page is
-        otherwise an empty read that looks like a node without GPUs."""
-        dcgm = [sample for sample in samples if sample.name.startswith("DCGM_")]
-        if dcgm:
-            return (
-                f"{self.url}: {len(dcgm)} DCGM series but none with a GPU UUID label ({' or '.join(UUID_LABELS)}), "
-                f"so no GPU to report them under; {page_summary(samples)}"
-            )
-        return (
-            f"{self.url}: no dcgm-exporter metric on the page (no DCGM_FI_* series); {page_summary(samples)}. "
-            "Is this dcgm-exporter's /metrics (port 9400 by default)?"
-        )
-
-    def read(self) -> Snapshot:
-        now = self.clock()
-        start, self._previous_ns = self._previous_ns, now
-        try:
-            samples = prometheus_text.parse_samples(self.fetch())
-        except ScrapeError as error:
-            return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, str(error)),))
-        entries = entries_of(samples)
-        if not entries:
-            return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, self._not_dcgm_exporter(samples)),))
+    def snapshot(self, entries: Mapping[tuple[str, str | None], PageEntry], now: int) -> Snapshot:
+        """The readings (and errors) of one page's entries (``entries_of``), read at ``now``; the interval runs
+        from the previous page."""
+        start = now if self.previous_ns is None else self.previous_ns
+        self.previous_ns = now
         parents = {uuid: entry for (uuid, mig_id), entry in entries.items() if mig_id is None}
         has_instances = {uuid for (uuid, mig_id) in entries if mig_id is not None}
         results: list[GpuReading | GpuError] = []
@@ -187,7 +159,7 @@ class DcgmExporterSource:
         )
 
     @staticmethod
-    def _share(entry: _Entry) -> float | None:
+    def _share(entry: PageEntry) -> float | None:
         """A MIG instance's share of its board (1 for a whole GPU), said once when the slice count is assumed;
         None for an instance whose profile cannot be read (its power is left out, not counted whole per instance)."""
         if _label(entry.labels, (MIG_ID_LABEL,)) is None:
@@ -204,7 +176,7 @@ class DcgmExporterSource:
         return gpu_share.gpu_share(model, profile)
 
     def _reading(
-        self, uuid: str, entry: _Entry, start: int, now: int, board_share: float | None = 1.0
+        self, uuid: str, entry: PageEntry, start: int, now: int, board_share: float | None = 1.0
     ) -> tuple[GpuReading | GpuError, ...]:
         """The GPU's reading, and beside it the error when it gives no OFU (what it did give is kept)."""
         identity = self._identity(uuid, entry.labels)
@@ -283,6 +255,60 @@ class DcgmExporterSource:
         sampled = throttle.bitmask_shares([] if bitmask is None else [int(bitmask)])
         result["throttle"] = throttle.merge_shares(shares, sampled)
         return result
+
+
+@attrs.define
+class DcgmExporterSource:
+    """Scrapes one dcgm-exporter endpoint per read."""
+
+    url: str = attrs.field(converter=normalize_url)
+    timeout_s: float = 5.0
+    host_fallback: str | None = None
+    clock: Clock = time.time_ns
+    name: str = "dcgm-exporter"
+    _pages: ExporterPages = attrs.field(init=False)
+    _scrape: prometheus_text.Scrape = attrs.field(init=False, factory=prometheus_text.Scrape)
+
+    def __attrs_post_init__(self) -> None:
+        if self.host_fallback is None:
+            self.host_fallback = urllib.parse.urlsplit(self.url).hostname
+        # The first read covers the time since the source was opened.
+        self._pages = ExporterPages(self.host_fallback, previous_ns=self.clock())
+
+    def fetch(self) -> str:
+        """The exposition text, or ScrapeError saying in one line why not (the scrape bounded: ``prometheus_text``)."""
+        return self._scrape.fetch(self.url, self.timeout_s)
+
+    def interrupt(self) -> None:
+        """The producer is stopping: a scrape in flight ends now."""
+        self._scrape.interrupt()
+
+    def _not_dcgm_exporter(self, samples: list[prometheus_text.Sample]) -> str:
+        """Why a page gave no GPU, in one line naming what it had: a wrong port or another exporter's page is
+        otherwise an empty read that looks like a node without GPUs."""
+        dcgm = [sample for sample in samples if sample.name.startswith("DCGM_")]
+        if dcgm:
+            return (
+                f"{self.url}: {len(dcgm)} DCGM series but none with a GPU UUID label ({' or '.join(UUID_LABELS)}), "
+                f"so no GPU to report them under; {page_summary(samples)}"
+            )
+        return (
+            f"{self.url}: no dcgm-exporter metric on the page (no DCGM_FI_* series); {page_summary(samples)}. "
+            "Is this dcgm-exporter's /metrics (port 9400 by default)?"
+        )
+
+    def read(self) -> Snapshot:
+        now = self.clock()
+        try:
+            samples = prometheus_text.parse_samples(self.fetch())
+        except ScrapeError as error:
+            self._pages.previous_ns = now  # a failed scrape ends the interval too: nothing is re-emitted later
+            return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, str(error)),))
+        entries = entries_of(samples)
+        if not entries:
+            self._pages.previous_ns = now
+            return Snapshot(errors=(GpuError(names.ErrorReason.SCRAPE, self._not_dcgm_exporter(samples)),))
+        return self._pages.snapshot(entries, now)
 
     def close(self) -> None:
         """Nothing to release: every scrape opens and closes its own connection."""

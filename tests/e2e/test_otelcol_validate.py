@@ -50,7 +50,7 @@ def swap_missing_exporters(config: dict[str, Any], built: set[str], endpoint: st
 def test_otelcol_ofu_builds_the_components_the_tests_and_configurations_need(
     otelcol_components: dict[str, set[str]],
 ) -> None:
-    assert {"otlp"} <= otelcol_components["receivers"]
+    assert {"otlp", "prometheus"} <= otelcol_components["receivers"]
     assert {"otlp", "otlphttp", "debug", "loadbalancing", "prometheus"} <= otelcol_components["exporters"]
     assert {"batch", "memory_limiter", "filter", "transform", "cumulativetodelta"} <= otelcol_components["processors"]
     assert {"signaltometrics"} <= otelcol_components["connectors"]

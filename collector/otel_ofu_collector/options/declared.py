@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from otel_ofu import names, ports
 from otel_ofu.cli_support import address_or_off, parse_bool, port_number, url_or_host_port
+from otel_ofu.gpu_values import CalibrationTable
 from otel_ofu_collector.detectors import FLAG_OPTIONS, FlagOption
 from otel_ofu_collector.option_bounds import Bound, N
 from otel_ofu_collector.options.option import Option, Section, optional_text
@@ -35,10 +36,11 @@ TLS: Final = Section("tls", "TLS and auth")
 WINDOWS: Final = Section("windows", "windows")
 FLAGS: Final = Section("flags", "flags (each detector's own settings)")
 COST: Final = Section("cost", "loss & cost")
+DCGM: Final = Section("dcgm", "dcgm-exporter scrapes (from an OpenTelemetry Collector's Prometheus receiver)")
 OUTPUTS: Final = Section("outputs", "outputs")
 PROMETHEUS: Final = Section("prometheus", "Prometheus endpoint (the outputs and the collector's self-telemetry)")
 STATE: Final = Section("state", "state & durability")
-SECTIONS: Final = (RECEIVING, TLS, WINDOWS, FLAGS, COST, OUTPUTS, PROMETHEUS, STATE)
+SECTIONS: Final = (RECEIVING, TLS, WINDOWS, FLAGS, COST, DCGM, OUTPUTS, PROMETHEUS, STATE)
 
 
 def number(name: str, section: Section, bound: Bound[N], default: N, *, metavar: str, help: str) -> Option[N]:
@@ -256,6 +258,36 @@ GRID_INTENSITY: Final = Option(
     bound=_KG_PER_KWH,
 )
 
+# --- dcgm-exporter scrapes: the producer's own settings for the GPUs read from them ---------------------------
+
+
+def calibration(text: str) -> CalibrationTable | None:
+    try:
+        return CalibrationTable.parse(text) if text.strip() else None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+CALIBRATION: Final = Option(
+    "calibration",
+    DCGM,
+    None,
+    "tile-quantization factors for the GPUs read from dcgm-exporter scrapes, as otel-ofu run takes them: "
+    "job:ID=F,model:KEY=F (e.g. model:H100-SXM=0.93)",
+    calibration,
+    metavar="SPEC",
+)
+K8S_PODS_URL: Final = text(
+    "k8s_pods_url",
+    DCGM,
+    metavar="URL",
+    help="the cluster's pods (auto: the in-cluster API server's /api/v1/pods; off: none), read for the job of "
+    "each pod dcgm-exporter labels a GPU with, by the producer's workload rules (needs list pods cluster-wide)",
+)
+K8S_JOB_LABEL: Final = text(
+    "k8s_job_label", DCGM, metavar="KEY", help="pod label naming the job, before the standard ones"
+)
+
 # --- outputs -----------------------------------------------------------------------------------------------
 
 EXPORT_ENDPOINT: Final = Option(
@@ -442,6 +474,9 @@ OPTIONS: Final[tuple[Option[Any], ...]] = (
     CURRENCY,
     PUE,
     GRID_INTENSITY,
+    CALIBRATION,
+    K8S_PODS_URL,
+    K8S_JOB_LABEL,
     EXPORT_ENDPOINT,
     EXPORT_PROTOCOL,
     EXPORT_MAX_REQUEST_BYTES,
