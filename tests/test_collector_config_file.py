@@ -250,6 +250,15 @@ def test_print_config_says_off_for_a_listener_turned_off(capsys: pytest.CaptureF
     assert shown["receiving"]["http_listen"] == "127.0.0.1:0"
 
 
+def test_print_config_writes_a_calibration_table_as_its_flag_takes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shown = yaml.safe_load(printed(["--calibration", "job:train-7=0.5,model:H100-SXM=0.93"], capsys))
+    assert shown["dcgm"]["calibration"] == "job:train-7=0.5,model:H100-SXM=0.93"
+    again = config_file(tmp_path, yaml.safe_dump(shown))
+    assert yaml.safe_load(printed(["--config", again], capsys)) == shown
+
+
 # --- one declaration: the help, the reference -------------------------------------------------------------
 
 

@@ -135,4 +135,6 @@ def _as_yaml(option: Option[Any], value: Any) -> Any:
         return "off"  # a listener turned off: an empty value would read back as its default
     if isinstance(value, tuple):
         return list(value)
+    if not isinstance(value, str | int | float | list | dict | None):
+        return as_text(value)  # a parsed table (a calibration): written as its flag takes it
     return value
