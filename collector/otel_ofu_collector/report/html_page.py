@@ -33,7 +33,7 @@ from plotly.subplots import make_subplots
 
 from otel_ofu import names
 from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
-from otel_ofu_collector.detectors import detector_for
+from otel_ofu_collector.detectors import detector_for, hang
 from otel_ofu_collector.report.causes import bottleneck_of
 from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
 from otel_ofu_collector.report.summary import (
@@ -82,6 +82,7 @@ FLAG_COLOURS: Final = {
     REGRESSION: "#e8700c",  # COLOUR_REGRESSION darkened: white text on it stays readable
     STRAGGLER: COLOUR_STRAGGLER,
     IDLE: "#6f6f6f",
+    hang.DETECTOR.kind: "#8b0000",  # dark red: a hung job holds every GPU it has and does nothing
 }
 FLAG_PALETTE: Final = ("#8c564b", "#1f6f8b", "#b5338a", "#5b7d1e", "#6a51a3")
 SHADE_ALPHA: Final = 0.18
