@@ -19,6 +19,7 @@ MAX_SERIES = 8
 # timer's rounding is allowed a little slack.
 _MAX_RATE = 1.01
 _SLACK_S = 1.0
+_FIRST_MAX_S = 86400.0
 
 Readings = dict[tuple[str, int], tuple[int, float]]
 
@@ -41,7 +42,10 @@ def delta(
         if value < last_value:
             return names.RejectReason.IMPLAUSIBLE
         since, seconds = last_ns, value - last_value
-    if seconds > (time_ns - since) / 1e9 * _MAX_RATE + _SLACK_S:
+    # A series' first reading may hold a load timed before its reporter started (a job loads, then reports): it is
+    # bound by a day only. A later delta cannot exceed the time between its readings.
+    limit = _FIRST_MAX_S if previous is None else (time_ns - since) / 1e9 * _MAX_RATE + _SLACK_S
+    if seconds > limit:
         return names.RejectReason.IMPLAUSIBLE
     if previous is None and len(readings) >= MAX_SERIES:
         del readings[min(readings, key=lambda found: readings[found][0])]
