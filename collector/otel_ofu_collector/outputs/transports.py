@@ -159,6 +159,7 @@ class GrpcTransport:
     config: DownstreamConfig
     _channel: grpc.Channel | None = None
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
+    method: str = attrs.field(default=EXPORT_METHOD, kw_only=True)  # the OTLP service's Export (logs: the flag events)
 
     def _call(self) -> Callable[..., bytes]:
         with self._lock:
@@ -176,7 +177,7 @@ class GrpcTransport:
                     self._channel = grpc.secure_channel(target, credentials, compression=compression)
             channel = self._channel
         # No serializers: the payload is already a serialized ExportMetricsServiceRequest.
-        call: Callable[..., bytes] = channel.unary_unary(EXPORT_METHOD, None, None)
+        call: Callable[..., bytes] = channel.unary_unary(self.method, None, None)
         return call
 
     def send(self, payload: bytes) -> SendOutcome:
