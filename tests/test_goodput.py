@@ -40,10 +40,17 @@ INPUT_STALLED = {"ofu": 0.0, "tensor": 0.0, "engine": 0.3, "sm": 0.02, "dram": 0
 
 @attrs.define
 class Fleet:
-    """Points as the producer and the training side send them, fed to any number of aggregators."""
+    """Points as the producer and the training side send them, fed to any number of aggregators. Times are given in
+    seconds of a 60 s window; ``scale`` ns make one of them (a faster clock for a test through a real process) from
+    ``t0``."""
 
     points: list[tuple[int, str, tuple[object, ...]]] = attrs.field(factory=list)  # (time, method, args)
+    scale: int = S
+    t0: int = T0
     _links: dict[str, float] = attrs.field(factory=dict)  # a GPU's NVLink counter, bytes each way
+
+    def at(self, t_s: float) -> int:
+        return self.t0 + round(t_s * self.scale)
 
     def gpu(self, job: str, gpu: int, start_s: float, end_s: float, means: Mapping[str, float]) -> None:
         """One GPU of ``job`` over (start, end], every 10 s, doing ``means``."""
@@ -57,7 +64,7 @@ class Fleet:
         }
         t = start_s
         while t < end_s:
-            start, end = T0 + round(t * S), T0 + round((t + 10) * S)
+            start, end = self.at(t), self.at(t + 10)
             values = {
                 names.GPU_TENSOR_ACTIVE.name: means["tensor"],
                 names.GPU_ENGINE_ACTIVE.name: means["engine"],
@@ -66,10 +73,10 @@ class Fleet:
             }
             self.points.append((end, "add_ofu", (key, means["ofu"], start, end, identity)))
             self.points.append((end, "add_gpu_inputs", (key, start, end, identity, values, {})))
-            self._links[key] = self._links.get(key, 0.0) + means["nvlink"] * 10
+            self._links[key] = self._links.get(key, 0.0) + means["nvlink"] * (end - start) / S  # bytes/s as given
             link = self._links[key]
             counters = {f"{names.GPU_NVLINK_IO.name}|{d}": link for d in names.IoDirection.ALL}
-            self.points.append((end, "add_gpu_counters", (key, T0, end, identity, counters)))
+            self.points.append((end, "add_gpu_counters", (key, self.t0, end, identity, counters)))
             t += 10
 
     def job(self, job: str, windows: Sequence[Mapping[str, float]], gpus: int = 4) -> None:
@@ -79,12 +86,12 @@ class Fleet:
                 self.gpu(job, gpu, index * 60, index * 60 + 60, means)
 
     def step(self, job: str, at_s: float, step: int) -> None:
-        args: tuple[object, ...] = (job, float(step), T0 + round(at_s * S), {})
-        self.points.append((T0 + round(at_s * S), "add_step", args))
+        args: tuple[object, ...] = (job, float(step), self.at(at_s), {})
+        self.points.append((self.at(at_s), "add_step", args))
 
     def checkpoint(self, job: str, operation: str, series_start_s: float, at_s: float, seconds: float) -> None:
-        at = T0 + round(at_s * S)
-        args: tuple[object, ...] = (job, operation, T0 + round(series_start_s * S), at, seconds, {})
+        at = self.at(at_s)
+        args: tuple[object, ...] = (job, operation, self.at(series_start_s), at, seconds * self.scale / S, {})
         self.points.append((at, "add_checkpoint", args))
 
     def run(self, aggregator: Aggregator | None = None, until_s: float = 300.0) -> list[WindowReport]:
@@ -180,11 +187,11 @@ def test_a_job_without_engine_and_sm_activity_has_no_hang_verdict() -> None:
 # --- progress: startup, a restart's rework and recovery, checkpoints --------------------------------------------------
 
 
-def restarted_job() -> Fleet:
+def restarted_job(fleet: Fleet | None = None) -> Fleet:
     """4 healthy GPUs for 5 windows (0-300 s). Steps: 1 at 30 s, then one every 10 s to 13 at 150 s; a checkpoint at
     step 7 (90 s); the job dies after 150 s and its GPUs stay allocated; it resumes from step 7, which its reporter says
     at 210 s, then 8 at 220 s ... 15 at 290 s."""
-    fleet = Fleet()
+    fleet = fleet if fleet is not None else Fleet()
     fleet.job("restarted", [HEALTHY] * 5)
     for step in range(1, 14):
         fleet.step("restarted", 20 + 10 * step, step)
@@ -302,3 +309,21 @@ def test_goodput_and_hang_through_the_merge_tier_equal_one_collector() -> None:
     fleet_single = [r.fleet.goodput.goodput if r.fleet.goodput else None for r in single]
     fleet_merged = [r.fleet.goodput.goodput if r.fleet.goodput else None for r in together]
     assert fleet_merged == pytest.approx(fleet_single)
+
+
+def test_a_relaunch_is_recovery_not_a_regression() -> None:
+    """7 healthy windows (steps every 10 s: a baseline of OFU 0.40 from window 2 on, window 1 being its startup), the
+    job dies at 420 s (window 8 idle), and comes back in window 9 at a quarter of its OFU (0.10, under half its
+    baseline) as its reporter says it resumed at step 30 (it had reached 41). Window 9 books the recovery, and the
+    regression flag keeps its value (0, as in windows 7 and 8) where a slower job's would rise: a relaunch is recovery,
+    which goodput counts, not a regression."""
+    fleet = Fleet()
+    slow = {**HEALTHY, "ofu": 0.10, "tensor": 0.11}
+    fleet.job("relaunched", [HEALTHY] * 7 + [IDLE] + [slow])
+    for step in range(1, 42):
+        fleet.step("relaunched", 10 * step, step)
+    fleet.step("relaunched", 510, 30)
+    windows = job_windows(fleet.run(until_s=540), "relaunched")
+    assert [w.flag(names.JOB_OFU_REGRESSION) for w in windows][6:] == [0, 0, 0]
+    assert badput(windows[8])[G.RECOVERY] > 0.0
+    assert badput(windows[8])[G.REWORK] > 0.0

@@ -50,6 +50,7 @@ def open_places(cap: int) -> int:
 # What ``max_state_bytes`` counts per job besides its id: its flags and horizon; and, once it reported a step, its
 # progress marks (``goodput.Progress``: three columns of MAX_MARKS doubles).
 JOB_STATE_BYTES = 4096
+_STARTUP, _RECOVERY = names.GoodputCause.STARTUP, names.GoodputCause.RECOVERY
 PROGRESS_STATE_BYTES = 3 * 8 * 128
 _HORIZON_BLOCKS = 48
 
@@ -184,12 +185,14 @@ class JobLedger:
         values = JobWindowValues(
             start, end, measured_ofu, mfu, window.gpus, window.idle_gpus, window.stalled_gpus, window.moving_gpus
         )
+        goodput = self._goodput(job, start, end, window, values.all_stalled)
+        if goodput is not None and (goodput.badput_s.get(_STARTUP) or goodput.badput_s.get(_RECOVERY)):
+            values = attrs.evolve(values, restarting=True)
         flags = {name: flag.assess(values) for name, flag in job.flags.items()}
         changes = _changes(job.last_flags, flags)
         job.last_flags = flags
         job.horizon.prune(end - config.horizon_ns)
         gpu_time = window.sums.gpu_time_s if window.sums is not None else 0.0
-        goodput = self._goodput(job, start, end, window, values.all_stalled)
         return JobReport(
             job_id=job_id,
             attributes=job.attributes,

@@ -75,6 +75,9 @@ class JobWindowValues:
     # the GPU equivalents judged moving; the rest could not be judged (no engine or SM activity).
     stalled_gpus: Mapping[str, float] = attrs.field(factory=dict)
     moving_gpus: float = 0.0
+    # The job's progress (job.step) showed it starting or back from a restart in this window: its startup or its
+    # recovery was booked (``aggregation.goodput``).
+    restarting: bool = False
 
     @property
     def all_idle(self) -> bool:
