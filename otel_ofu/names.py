@@ -971,6 +971,7 @@ class GoodputBasis:
 EVENT_FLAG: Final = "otel_ofu.flag"  # the flag's metric name (job.hang, gpu.straggler, ...)
 EVENT_FLAG_KIND: Final = "otel_ofu.flag.kind"  # its short name in the reports (hang, straggler, miscount, ...)
 EVENT_FLAG_VALUE: Final = "otel_ofu.flag.value"  # its value in the window (1 or 0; idle GPU equivalents)
+EVENT_FLAG_STATE: Final = "otel_ofu.flag.state"  # raised or cleared: what event_name says, for routing on attributes
 EVENT_PEER_OFU: Final = "otel_ofu.peer_ofu"  # a straggler's: the median OFU of its job's other GPUs
 
 
@@ -979,6 +980,16 @@ class FlagEventName:
 
     RAISED = "otel_ofu.flag.raised"  # the flag rose in the window (severity WARN; ERROR for a hang)
     CLEARED = "otel_ofu.flag.cleared"  # it fell (severity INFO)
+
+    ALL = (RAISED, CLEARED)
+
+
+class FlagState:
+    """Values of ``otel_ofu.flag.state`` on a flag event: the same as its ``event_name``, as an attribute (what the
+    OpenTelemetry Collector's filter and routing processors and the backends' event views match on most simply)."""
+
+    RAISED = "raised"
+    CLEARED = "cleared"
 
     ALL = (RAISED, CLEARED)
 

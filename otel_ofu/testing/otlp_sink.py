@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 import grpc
-from google.protobuf import any_pb2, duration_pb2
+from google.protobuf import any_pb2, duration_pb2, json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[import-untyped]
 from grpc_status import rpc_status
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
@@ -291,13 +291,20 @@ class OtlpSink:
                     if logs
                     else metrics_service_pb2.ExportMetricsServiceRequest()
                 )
+                json_body = "json" in (self.headers.get("Content-Type") or "").lower()
                 try:
-                    request.ParseFromString(body)
+                    if json_body:  # OTLP/JSON (an otlphttp exporter with encoding: json)
+                        json_format.Parse(body.decode("utf-8"), request, ignore_unknown_fields=True)
+                    else:
+                        request.ParseFromString(body)
                 except Exception:
-                    self._reply(400, b"malformed protobuf", "text/plain")
+                    self._reply(400, b"malformed request", "text/plain")
                     return
                 sink._store(request, {key.lower(): value for key, value in self.headers.items()}, "http")
                 answer = logs_service_pb2.ExportLogsServiceResponse().SerializeToString() if logs else sink._response()
+                if json_body:
+                    self._reply(200, b"{}", "application/json")
+                    return
                 self._reply(200, answer, "application/x-protobuf")
 
             def _reply(self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:

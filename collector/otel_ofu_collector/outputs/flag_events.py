@@ -10,14 +10,15 @@ rises in a window (``JobReport.flag_changes``, ``GpuFlagReport.raised``) or fall
   with nothing moving (...)``);
 * the job's identity (``job.id``, ``job.name``), the GPU's for a GPU flag (``host.name``, ``hw.id``, and the flag's
   own labels such as ``gpu.throttle.reason``), the flag (``otel_ofu.flag``, ``otel_ofu.flag.kind``,
-  ``otel_ofu.flag.value``) and its figures under the names of the metrics they are values of (``job.ofu``, ``job.mfu``,
-  ``job.gpus``, ``job.badput`` with its ``goodput.cause``, ``gpu.ofu`` and ``otel_ofu.peer_ofu``).
+  ``otel_ofu.flag.value``, ``otel_ofu.flag.state``) and its figures under the names of the metrics they are values
+  of (``job.ofu``, ``job.mfu``, ``job.gpus``, ``job.badput`` with its ``goodput.cause``, ``gpu.ofu`` and
+  ``otel_ofu.peer_ofu``).
 
 The OpenTelemetry Collector routes them like any logs: to Datadog's or Honeycomb's event intake, a webhook, a
-controller (``examples/events``). A shard sends its GPU flags' events only: its merge tier closes the jobs and sends
-theirs. The records go through a ``Delivery`` of their own on the downstream's logs endpoint (``events_transport``:
-the same endpoint over gRPC, ``/v1/logs`` beside ``/v1/metrics`` over HTTP, or ``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT``),
-queued, retried and counted as the window export is.
+controller (``examples/events/otelcol-flag-events.yaml``). A shard sends its GPU flags' events only: its merge tier
+closes the jobs and sends theirs. The records go through a ``Delivery`` of their own on the downstream's logs endpoint
+(``events_transport``: the same endpoint over gRPC, ``/v1/logs`` beside ``/v1/metrics`` over HTTP, or
+``OTEL_EXPORTER_OTLP_LOGS_ENDPOINT``), queued, retried and counted as the window export is.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def flag_events(
                     names.EVENT_FLAG: metric,
                     names.EVENT_FLAG_KIND: _KINDS.get(metric, metric),
                     names.EVENT_FLAG_VALUE: job.flags.get(metric) or 0,
+                    names.EVENT_FLAG_STATE: names.FlagState.RAISED if raised else names.FlagState.CLEARED,
                     **_job_figures(job, metric),
                 }
                 event = names.FlagEventName.RAISED if raised else names.FlagEventName.CLEARED
@@ -129,6 +131,7 @@ def flag_events(
                 names.EVENT_FLAG: flag.metric,
                 names.EVENT_FLAG_KIND: _KINDS.get(flag.metric, flag.metric),
                 names.EVENT_FLAG_VALUE: flag.value,
+                names.EVENT_FLAG_STATE: names.FlagState.RAISED if flag.raised else names.FlagState.CLEARED,
                 names.GPU_OFU.name: flag.ofu,
                 names.EVENT_PEER_OFU: flag.job_median_ofu,
             }
