@@ -30,6 +30,7 @@ from otel_ofu_collector.detectors import (
     GPU_DETECTORS,
     detector_for,
     flops_miscount,
+    hang,
     idle_gpus,
     regression,
     straggler,
@@ -40,6 +41,7 @@ MISCOUNT: Final = flops_miscount.DETECTOR.kind
 REGRESSION: Final = regression.DETECTOR.kind
 IDLE: Final = idle_gpus.DETECTOR.kind
 STRAGGLER: Final = straggler.GPU_DETECTOR.kind
+HANG: Final = hang.DETECTOR.kind
 # Every flag, in the vocabulary's order: the job flags, then the GPU flags (shown on their job).
 FLAG_KINDS: Final = tuple(d.kind for d in DETECTORS) + tuple(d.kind for d in GPU_DETECTORS)
 C: Final = names.OfuLossCause
@@ -402,6 +404,8 @@ class JobSummary:
             return self._idle_reason(flagged)
         if kind == STRAGGLER:
             return self._straggler_reason(flagged)
+        if kind == HANG:
+            return self._hang_reason(flagged)
         # A flag with no sizing of its own: when and for how long it was up.
         since = format_time(flagged[0].start_ns)
         return f"{detector_for(kind).label}: flag up for {plural(len(flagged), 'window')} (from {since})"
@@ -439,6 +443,15 @@ class JobSummary:
             f"idle allocation: {plural(most, 'GPU')} attributed with no tensor activity for "
             f"{plural(len(flagged), 'window')} (from {format_time(flagged[0].start_ns)}): "
             f"{self._sized(idle, flagged)} idle"
+        )
+
+    def _hang_reason(self, flagged: list[JobWindow]) -> str:
+        held = sum(w.loss.gpu_time_s for w in flagged if w.loss is not None)
+        sized = f": {self._sized(held, flagged)} held with nothing moving" if _has_loss(flagged) else ""
+        return (
+            f"hang: every one of its {plural(max(w.gpus for w in flagged), 'GPU')} ran kernels with nothing moving "
+            f"(no tensor, memory or link traffic) for {plural(len(flagged), 'window')} "
+            f"(from {format_time(flagged[0].start_ns)}){sized}"
         )
 
     def _straggler_reason(self, flagged: list[JobWindow]) -> str:
