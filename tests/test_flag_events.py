@@ -113,3 +113,24 @@ def test_no_events_without_a_downstream_nor_when_turned_off() -> None:
     with OtlpSink.start() as sink:
         service = CollectorService(collector_options(sink, flag_events=False), environ={})
         assert service.events is None
+
+
+def test_the_shipped_routing_matches_on_the_vocabularys_names() -> None:
+    """examples/events/otelcol-flag-events.yaml filters on the events' attributes by name: a renamed key would route
+    nothing, silently; the end-to-end test (tests/e2e/test_goodput_e2e.py) runs it in the real Collector."""
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "events" / "otelcol-flag-events.yaml"
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    conditions = [
+        condition
+        for processor in config["processors"].values()
+        if processor
+        for condition in processor.get("logs", {}).get("log_record", [])
+    ]
+    assert f'attributes["{names.EVENT_FLAG}"] == nil' in conditions
+    assert f'attributes["{names.EVENT_FLAG}"] != "{names.JOB_HANG.name}"' in conditions
+    assert f'attributes["{names.EVENT_FLAG_STATE}"] != "{names.FlagState.RAISED}"' in conditions
+    assert {name.split("/")[0] for name in config["service"]["pipelines"]} == {"metrics", "logs"}

@@ -152,10 +152,10 @@ class JobsScreen(Screen[None]):
         text.append(f"  lost 1h {cells.gpu_hours(fleet.lost_gpu_s)} GPU-h")
         if fleet.cost_lost is not None:
             text.append(f" {cells.money(fleet.cost_lost)} {fleet.currency or ''}".rstrip())
-        if fleet.goodput is not None:
-            text.append(f"  goodput {cells.percent(fleet.goodput)}")
         text.append("  ")
         text.append(f"{fleet.flags_up} flags up", style=_FLAG_STYLE if fleet.flags_up else "")
+        if fleet.goodput is not None:  # last: at 80 columns the flags come first
+            text.append(f"  goodput {cells.percent(fleet.goodput)}")
         self.query_one("#fleet", Static).update(text)
 
     def _status_line(self) -> None:
