@@ -134,3 +134,30 @@ def test_the_shipped_routing_matches_on_the_vocabularys_names() -> None:
     assert f'attributes["{names.EVENT_FLAG}"] != "{names.JOB_HANG.name}"' in conditions
     assert f'attributes["{names.EVENT_FLAG_STATE}"] != "{names.FlagState.RAISED}"' in conditions
     assert {name.split("/")[0] for name in config["service"]["pipelines"]} == {"metrics", "logs"}
+
+
+def test_a_downstream_without_logs_is_said_once_and_the_events_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """A Collector with metrics pipelines only answers UNIMPLEMENTED: the first refusal is the delivery's (dropped,
+    counted), then one warning, and the later events are dropped without a call, counted."""
+    from otel_ofu_collector.outputs.flag_events import EventsTransport
+    from otel_ofu_collector.outputs.transports import SendOutcome
+
+    class NoLogs:
+        calls = 0
+
+        def send(self, payload: bytes) -> SendOutcome:
+            self.calls += 1
+            return SendOutcome(False, False, None, "UNIMPLEMENTED: unknown service LogsService")
+
+        def close(self) -> None:
+            return None
+
+    inner = NoLogs()
+    transport = EventsTransport(inner, "http://gateway:4317")
+    assert not transport.send(b"1").ok
+    assert transport.send(b"2").ok
+    assert transport.send(b"3").ok
+    assert inner.calls == 1
+    assert transport.unsupported == 2
+    warnings = [r.getMessage() for r in caplog.records if "takes no OTLP logs" in r.getMessage()]
+    assert len(warnings) == 1

@@ -38,7 +38,7 @@ from otel_ofu_collector.otlp.decode import (
     DecoderStats,
 )
 from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
-from otel_ofu_collector.outputs.flag_events import OtlpEventExport, events_transport
+from otel_ofu_collector.outputs.flag_events import EventsTransport, OtlpEventExport, events_transport
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
 from otel_ofu_collector.outputs.recorder import ReportRecorder
@@ -639,6 +639,8 @@ class CollectorService:
                 if isinstance(delivery.queue, SqliteSpool):
                     spool_bytes = delivery.queue.size_bytes
                     dropped[f"{stream}_spool_failed"] = delivery.queue.unstored_dropped
+        if isinstance(self.event_transport, EventsTransport):  # a downstream without logs: the events dropped there
+            dropped["events_rejected"] = dropped.get("events_rejected", 0) + self.event_transport.unsupported
         recorders = [consumer for consumer in self.consumers if isinstance(consumer, ReportRecorder)]
         if recorders:
             dropped["records_failed"] = sum(recorder.unrecorded for recorder in recorders)

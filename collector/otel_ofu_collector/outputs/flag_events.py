@@ -37,7 +37,13 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from otel_ofu import names
 from otel_ofu_collector.detectors import DETECTORS, GPU_DETECTORS
 from otel_ofu_collector.outputs.delivery import Delivery
-from otel_ofu_collector.outputs.transports import DownstreamConfig, GrpcTransport, HttpTransport, Transport
+from otel_ofu_collector.outputs.transports import (
+    DownstreamConfig,
+    GrpcTransport,
+    HttpTransport,
+    SendOutcome,
+    Transport,
+)
 from otel_ofu_collector.results import GpuFlagReport, JobReport, WindowReport
 
 logger = logging.getLogger(__name__)
@@ -202,12 +208,49 @@ def logs_endpoint(config: DownstreamConfig, environ: Mapping[str, str]) -> str:
     return endpoint.rstrip("/") + "/v1/logs"
 
 
-def events_transport(config: DownstreamConfig, environ: Mapping[str, str]) -> Transport:
+def events_transport(config: DownstreamConfig, environ: Mapping[str, str]) -> EventsTransport:
     """The downstream's logs client, as the window export's client is its metrics one."""
     logs = attrs.evolve(config, endpoint=logs_endpoint(config, environ))
-    if config.protocol == "grpc":
-        return GrpcTransport(logs, method=LOGS_EXPORT_METHOD)
-    return HttpTransport(logs)
+    inner: Transport = (
+        GrpcTransport(logs, method=LOGS_EXPORT_METHOD) if config.protocol == "grpc" else HttpTransport(logs)
+    )
+    return EventsTransport(inner, logs.endpoint)
+
+
+# How a receiver without a logs pipeline answers: the OpenTelemetry Collector's OTLP receiver registers only the
+# services of its pipelines (gRPC UNIMPLEMENTED), an HTTP route that is not there (404).
+_NO_LOGS: Final = ("UNIMPLEMENTED", "HTTP 404")
+
+
+@attrs.define
+class EventsTransport:
+    """The logs client, which says once when the downstream takes no logs (a Collector with metrics pipelines only:
+    the shipped agent and gateways) rather than an error per flag change: the first such refusal goes to the
+    delivery as it is (dropped, counted, said), the later ones are dropped here and counted in ``unsupported``
+    (the service adds them to ``otel_ofu_collector.dropped{reason="events_rejected"}``)."""
+
+    inner: Transport
+    where: str
+    unsupported: int = 0
+    _refused: bool = False
+
+    def send(self, payload: bytes) -> SendOutcome:
+        if self._refused:
+            self.unsupported += 1
+            return SendOutcome(True)
+        outcome = self.inner.send(payload)
+        if not outcome.ok and not outcome.retryable and outcome.error.startswith(_NO_LOGS):
+            self._refused = True
+            logger.warning(
+                "downstream %s takes no OTLP logs (%s): the flag events are dropped and counted from now on; give it a "
+                "logs pipeline to route them (examples/events/otelcol-flag-events.yaml), and restart",
+                self.where,
+                outcome.error,
+            )
+        return outcome
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 @attrs.frozen
@@ -240,6 +283,7 @@ class OtlpEventExport:
 
 __all__ = [
     "LOGS_EXPORT_METHOD",
+    "EventsTransport",
     "FlagEvent",
     "OtlpEventExport",
     "Sentences",
