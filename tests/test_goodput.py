@@ -87,12 +87,12 @@ class Fleet:
 
     def step(self, job: str, at_s: float, step: int) -> None:
         args: tuple[object, ...] = (job, float(step), self.at(at_s), {})
-        self.points.append((self.at(at_s), "add_step", args))
+        self.points.append((self.at(at_s), "add_progress", args))
 
     def checkpoint(self, job: str, operation: str, series_start_s: float, at_s: float, seconds: float) -> None:
         at = self.at(at_s)
-        args: tuple[object, ...] = (job, operation, self.at(series_start_s), at, seconds * self.scale / S, {})
-        self.points.append((at, "add_checkpoint", args))
+        args: tuple[object, ...] = (job, seconds * self.scale / S, at, {}, operation, self.at(series_start_s))
+        self.points.append((at, "add_progress", args))
 
     def run(self, aggregator: Aggregator | None = None, until_s: float = 300.0) -> list[WindowReport]:
         """Every point into ``aggregator`` in time order, the windows closed as a collector's flush would."""
@@ -234,10 +234,10 @@ def test_checkpoint_time_is_badput_over_the_jobs_gpus() -> None:
 def test_a_checkpoint_reading_that_goes_back_is_refused() -> None:
     aggregator = Aggregator(CONFIG)
     save = names.CheckpointOperation.SAVE
-    assert aggregator.add_checkpoint("j", save, T0, T0 + 30 * S, 10.0, {}) is None
-    assert aggregator.add_checkpoint("j", save, T0, T0 + 40 * S, 4.0, {}) == names.RejectReason.IMPLAUSIBLE
+    assert aggregator.add_progress("j", 10.0, T0 + 30 * S, {}, save, T0) is None
+    assert aggregator.add_progress("j", 4.0, T0 + 40 * S, {}, save, T0) == names.RejectReason.IMPLAUSIBLE
     # more checkpoint seconds than passed since the last reading: a unit mistake
-    assert aggregator.add_checkpoint("j", save, T0, T0 + 50 * S, 100.0, {}) == names.RejectReason.IMPLAUSIBLE
+    assert aggregator.add_progress("j", 100.0, T0 + 50 * S, {}, save, T0) == names.RejectReason.IMPLAUSIBLE
 
 
 def test_counter_badput_takes_each_second_once_by_precedence() -> None:

@@ -127,14 +127,19 @@ class RecordingSink:
         self.mfu.append((job_id, value, time_ns, dict(identity)))
         return None
 
-    def add_step(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None:
-        self.steps.append((job_id, value, time_ns))
-        return None
-
-    def add_checkpoint(
-        self, job_id: str, operation: str, series_start_ns: int, time_ns: int, value: float, identity: Mapping[str, str]
+    def add_progress(
+        self,
+        job_id: str,
+        value: float,
+        time_ns: int,
+        identity: Mapping[str, str],
+        operation: str | None = None,
+        series_start_ns: int = 0,
     ) -> str | None:
-        self.checkpoints.append((job_id, operation, series_start_ns, time_ns, value))
+        if operation is None:
+            self.steps.append((job_id, value, time_ns))
+        else:
+            self.checkpoints.append((job_id, operation, series_start_ns, time_ns, value))
         return None
 
     def add_gpu_inputs(

@@ -78,8 +78,8 @@ def requests_of(points: Sequence[tuple[int, str, tuple[Any, ...]]]) -> list[Expo
                 point = metric.sum.data_points.add(as_double=value, start_time_unix_nano=series_start)
                 point.time_unix_nano = end
                 set_attribute(point.attributes, names.NETWORK_IO_DIRECTION, direction)
-        elif method == "add_step":
-            job_id, step, when, _identity = args
+        elif method == "add_progress":
+            job_id, step, when, _identity = args  # a step point: the cases send no checkpoint time
             request = by_time.setdefault(at, ExportMetricsServiceRequest())
             metric = request.resource_metrics.add().scope_metrics.add().metrics.add(name=names.JOB_STEP.name)
             point = metric.gauge.data_points.add(as_int=int(step), time_unix_nano=when)

@@ -345,32 +345,21 @@ class Aggregator:
         self._points_mfu += 1
         return None
 
-    def add_step(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None:
-        """One ``job.step`` point (the last step the job completed at ``time_ns``): None when taken, else why not (late,
-        over the job cap, more points for the job in the window than ``MAX_STEP_POINTS``)."""
-        if time_ns > self._watermark_ns:
-            self._watermark_ns = time_ns
-        window = self._open_window(time_ns)
-        if window is None:
-            return R.LATE
-        if self._ledger.admit(job_id, time_ns) is None:
-            return R.MAX_JOBS
-        points = window.steps.get(job_id)
-        if points is None:
-            points = window.steps[job_id] = {}
-        elif len(points) >= MAX_STEP_POINTS and time_ns not in points:
-            return R.MAX_STATE
-        points[time_ns] = value
-        self._points_progress += 1
-        return None
-
-    def add_checkpoint(
-        self, job_id: str, operation: str, series_start_ns: int, time_ns: int, value: float, identity: Mapping[str, str]
+    def add_progress(
+        self,
+        job_id: str,
+        value: float,
+        time_ns: int,
+        identity: Mapping[str, str],
+        operation: str | None = None,
+        series_start_ns: int = 0,
     ) -> str | None:
-        """One ``job.checkpoint.time`` reading: the seconds the job spent on ``operation`` (save, load) since its series
-        began at ``series_start_ns``, read at ``time_ns``. Its delta since the series' previous reading is split over
-        the windows of the time between them, in proportion (``checkpoints.delta``). None when taken, else why not
-        (late, over the job cap, more seconds than the time they came in, a reading that went back)."""
+        """A job's progress at ``time_ns``: without ``operation`` a ``job.step`` point (the last step it completed);
+        with one a ``job.checkpoint.time`` reading, the seconds it spent on ``operation`` (save, load) since its series
+        began at ``series_start_ns``, whose delta since the series' previous reading is split over the windows of the
+        time between them, in proportion (``checkpoints.delta``). None when taken, else why not (late, over the job cap,
+        more step points for the job in the window than ``MAX_STEP_POINTS``, checkpoint seconds beyond the time they
+        came in or going back)."""
         if time_ns > self._watermark_ns:
             self._watermark_ns = time_ns
         found = self._window_of(time_ns)
@@ -379,6 +368,16 @@ class Aggregator:
         job = self._ledger.admit(job_id, time_ns)
         if job is None:
             return R.MAX_JOBS
+        start_of_window, window = found
+        if operation is None:
+            points = window.steps.get(job_id)
+            if points is None:
+                points = window.steps[job_id] = {}
+            elif len(points) >= MAX_STEP_POINTS and time_ns not in points:
+                return R.MAX_STATE
+            points[time_ns] = value
+            self._points_progress += 1
+            return None
         first_open = series_start_ns > 0 and not self._is_late(window_start(series_start_ns + 1, self._window_ns))
         delta = checkpoints.delta(job.checkpoints, operation, series_start_ns, time_ns, value, first_open)
         if isinstance(delta, str):
@@ -387,7 +386,6 @@ class Aggregator:
         self._points_progress += 1
         if seconds <= 0.0:
             return None
-        start_of_window, window = found
         parts = [(window, since, time_ns, 0.0)] if since >= start_of_window else self._parts(since, time_ns, *found)
         covered = float(time_ns - since)
         for part_window, low, high, carried in parts:
@@ -556,7 +554,15 @@ class Aggregator:
         if self._flushed_ns is None or now_ns > self._flushed_ns:
             self._flushed_ns = now_ns
         reports = self._close_through(self._flushed_ns - self._lateness_ns)
-        self._evict(min(self._watermark_ns, self._flushed_ns))
+        # Eviction by event time, never past the flush: a scan per window is enough, staleness is many windows.
+        now = min(self._watermark_ns, self._flushed_ns)
+        if self._last_eviction_ns is None or now >= self._last_eviction_ns + self._window_ns:
+            self._last_eviction_ns = now
+            cutoff = now - self.config.stale_after_ns
+            in_use = (cell.profile for window in self._windows.values() for cell in window.cells.values())
+            self._table.evict(cutoff, in_use)
+            self._counters.evict(cutoff)
+            self._ledger.evict(now)
         return reports
 
     def close_all(self, now_ns: int | None = None) -> list[WindowReport]:
@@ -619,16 +625,6 @@ class Aggregator:
         if last is not None and window_end - last < self.config.stale_after_ns:
             return True
         return self._ledger.spans(window_end)
-
-    def _evict(self, now_ns: int) -> None:
-        if self._last_eviction_ns is not None and now_ns < self._last_eviction_ns + self._window_ns:
-            return  # a scan per window is enough; staleness is measured in many windows
-        self._last_eviction_ns = now_ns
-        cutoff = now_ns - self.config.stale_after_ns
-        in_use = (cell.profile for window in self._windows.values() for cell in window.cells.values())
-        self._table.evict(cutoff, in_use)
-        self._counters.evict(cutoff)
-        self._ledger.evict(now_ns)
 
 
 def _inputs_of(window: Window, stream_key: str, identity: Mapping[str, str]) -> GpuInputs:

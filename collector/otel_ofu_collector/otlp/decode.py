@@ -92,14 +92,17 @@ class PointSink(Protocol):
 
     def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None: ...
 
-    def add_step(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None:
-        """A ``job.step`` point: the last step the job completed at ``time_ns``."""
-        ...
-
-    def add_checkpoint(
-        self, job_id: str, operation: str, series_start_ns: int, time_ns: int, value: float, identity: Mapping[str, str]
+    def add_progress(
+        self,
+        job_id: str,
+        value: float,
+        time_ns: int,
+        identity: Mapping[str, str],
+        operation: str | None = None,
+        series_start_ns: int = 0,
     ) -> str | None:
-        """A ``job.checkpoint.time`` reading: seconds spent on ``operation`` since ``series_start_ns`` (cumulative)."""
+        """A job's progress: a ``job.step`` point (``operation`` None: the last step it completed at ``time_ns``), or a
+        ``job.checkpoint.time`` reading (seconds spent on ``operation`` since ``series_start_ns``, cumulative)."""
         ...
 
     def add_gpu_inputs(
@@ -686,14 +689,14 @@ class _Reading:
                 rejections.refuse(name, R.BAD_TIME)
                 continue
             if step:
-                refused = self.sink.add_step(job_id, value, time_ns, identity)
+                refused = self.sink.add_progress(job_id, value, time_ns, identity)
             else:
                 operation = next((kv.value.string_value for kv in attributes if kv.key == _OPERATION), None)
                 if operation not in names.CheckpointOperation.ALL:
                     rejections.add(R.BAD_ATTRIBUTE, f"{name} without a known {_OPERATION}")
                     continue
                 start_ns = point.start_time_unix_nano
-                refused = self.sink.add_checkpoint(job_id, operation, start_ns, time_ns, value, identity)
+                refused = self.sink.add_progress(job_id, value, time_ns, identity, operation, start_ns)
             if refused is None:
                 self.accepted += 1
             else:
