@@ -260,6 +260,7 @@ BENCHMARKS: dict[str, Callable[[], Runner]] = {
     "clock_domains": _module_runner("benchmarks.studies.clock_domains"),
     "detection": _module_runner("benchmarks.studies.detection"),
     "bottlenecks": _module_runner("benchmarks.studies.bottlenecks"),
+    "hang": _module_runner("benchmarks.studies.hang"),
     "accounting": _module_runner("benchmarks.studies.accounting"),
 }
 

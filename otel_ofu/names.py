@@ -302,6 +302,11 @@ class PartialField:
     GPUS = "gpus"  # GPU equivalents that gave OFU
     IDLE_GPU = "idle_gpu."  # + stream key: its share of a GPU
     MODEL = "model."  # + hw.model of the job's GPUs
+    STALLED_GPU = "stalled_gpu."  # + stream key: its share of a GPU, running kernels with nothing moving
+    MOVING_GPUS = "moving_gpus"  # GPU equivalents judged not stalled
+    IDLE_S = "idle_s"  # GPU-seconds of its idle GPUs that were not stalled
+    CHECKPOINT_S = "checkpoint_s"  # seconds of the window its framework reported saving or loading checkpoints
+    STEP = "step."  # + a job.step point's time in ns: the step
 
 
 # --- Collector self-metrics (Prometheus endpoint, the OTLP downstream, CollectorService.self_metrics) --
@@ -877,6 +882,132 @@ AMD_ENERGY_UNIT_J: Final = 1e-6  # joules per unit of gpu_energy_consumed
 # Values the exporter's own filter treats as "not applicable" (max of the unsigned widths, and of int32): no value.
 AMD_NOT_APPLICABLE: Final = (0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
 
+# --- Goodput and resilience -----------------------------------------------------------------------------
+# Where every allocated GPU-second went: progress from the training side (job.step, checkpoint time), a hang flag
+# from the counters, and the GPU time that made no progress (badput) by cause. docs/design.md defines each term
+# against Google's ML Productivity Goodput and Meta's ETTR.
+
+# Training side, beside job.mfu (the MFU reporter and the log follower send them, with job.id, from one process of
+# the job): its progress, and the time its framework said it spent saving and loading checkpoints.
+JOB_STEP: Final = MetricSpec(
+    "job.step", "{step}", "gauge", "The last training step the job completed (the one it resumed from, at a restart)"
+)
+JOB_CHECKPOINT_TIME: Final = MetricSpec(
+    "job.checkpoint.time",
+    "s",
+    "sum",
+    "Seconds the job spent saving and loading checkpoints since its reporter started (cumulative), by "
+    "checkpoint.operation",
+)
+CHECKPOINT_OPERATION: Final = "checkpoint.operation"  # on job.checkpoint.time: save or load
+
+
+class CheckpointOperation:
+    """Values of ``checkpoint.operation`` on ``job.checkpoint.time``."""
+
+    SAVE = "save"
+    LOAD = "load"
+
+    ALL = (SAVE, LOAD)
+
+
+TRAINING_METRICS: Final = (JOB_STEP, JOB_CHECKPOINT_TIME)  # the training side's, beside JOB_MFU
+
+# Collector outputs per job and window (job.badput a delta: the GPU-seconds booked in that window) and the fleet's.
+# job.goodput is over the job so far; fleet.goodput over the --horizon. Both carry goodput.basis.
+JOB_HANG: Final = MetricSpec(
+    "job.hang",
+    "1",
+    "gauge",
+    "1 while every GPU of the job runs kernels with nothing moving (no tensor, DRAM or link traffic) for the hang "
+    "windows, else 0",
+)
+JOB_BADPUT: Final = MetricSpec(
+    "job.badput", "s", "sum", "GPU-seconds of the job that made no progress, booked in the window, by goodput.cause"
+)
+JOB_GOODPUT: Final = MetricSpec(
+    "job.goodput", "1", "gauge", "Productive GPU time / allocated GPU time of the job so far, on goodput.basis"
+)
+JOB_GOODPUT_FLOPS: Final = MetricSpec(
+    "job.goodput.flops",
+    "1",
+    "gauge",
+    "Useful FLOPs of the job's productive time / the peak FLOPs of its allocated GPU time, so far (OFU x goodput)",
+)
+FLEET_BADPUT: Final = MetricSpec(
+    "fleet.badput", "s", "sum", "GPU-seconds of the fleet's jobs that made no progress, booked in the window, by cause"
+)
+FLEET_GOODPUT: Final = MetricSpec(
+    "fleet.goodput", "1", "gauge", "Productive GPU time / allocated GPU time of the fleet's jobs over the horizon"
+)
+COLLECTOR_GOODPUT_METRICS: Final = (JOB_HANG, JOB_BADPUT, JOB_GOODPUT, JOB_GOODPUT_FLOPS, FLEET_BADPUT, FLEET_GOODPUT)
+
+GOODPUT_CAUSE: Final = "goodput.cause"  # on job.badput and fleet.badput: why the time made no progress
+
+
+class GoodputCause:
+    """Values of ``goodput.cause`` on ``job.badput``: why allocated GPU time made no progress.
+
+    Each GPU-second is booked once, in this order of precedence within a window: ``hang`` (the whole job's time in a
+    window all its GPUs were stalled), ``checkpoint``, then ``idle``; what is left is productive until progress says
+    otherwise: ``startup``, ``recovery`` and ``rework`` move productive time already counted to badput in the window
+    the step points show it (``otel_ofu_collector.aggregation.goodput``).
+    """
+
+    IDLE = "idle"  # GPUs with no tensor activity all window and not hung: their whole time
+    HANG = "hang"  # every GPU of the job ran kernels with nothing moving all window (from its first such window)
+    CHECKPOINT = "checkpoint"  # the checkpoint save and load seconds its framework reported x the job's GPUs
+    STARTUP = "startup"  # from the job's first GPU report to its first job.step point
+    RECOVERY = "recovery"  # from the last progress before a restart to the step point the job resumed from
+    REWORK = "rework"  # steps done again after a restart: the productive GPU time they took the first time
+
+    ALL = (IDLE, HANG, CHECKPOINT, STARTUP, RECOVERY, REWORK)
+    PROGRESS = (STARTUP, RECOVERY, REWORK)  # known only from job.step
+
+
+GOODPUT_BASIS: Final = "goodput.basis"  # on the goodput outputs: counters, or progress too
+
+
+class GoodputBasis:
+    """Values of ``goodput.basis``: what a goodput was computed from."""
+
+    COUNTERS = "counters"  # no job.step from the job: idle, hang and checkpoint time only; the rest counts productive
+    PROGRESS = "progress"  # the job reported job.step: startup, recovery and rework counted too
+    MIXED = "mixed"  # fleet.goodput over jobs of both
+
+    ALL = (COUNTERS, PROGRESS, MIXED)
+
+
+# Flag events: each flag's rise and fall is also an OTLP log record, sent to the collector's downstream beside the
+# window's metrics. Its event_name says which; its body is the sentence the reports write; its attributes are the job's
+# (and the GPU's) identity, these keys, and the flag's figures under the names of the metrics they are values of
+# (job.ofu, job.mfu, job.gpus, job.badput with goodput.cause, gpu.ofu).
+EVENT_FLAG: Final = "otel_ofu.flag"  # the flag's metric name (job.hang, gpu.straggler, ...)
+EVENT_FLAG_KIND: Final = "otel_ofu.flag.kind"  # its short name in the reports (hang, straggler, miscount, ...)
+EVENT_FLAG_VALUE: Final = "otel_ofu.flag.value"  # its value in the window (1 or 0; idle GPU equivalents)
+EVENT_FLAG_STATE: Final = "otel_ofu.flag.state"  # raised or cleared: what event_name says, for routing on attributes
+EVENT_PEER_OFU: Final = "otel_ofu.peer_ofu"  # a straggler's: the median OFU of its job's other GPUs
+
+
+class FlagEventName:
+    """Values of a flag event's ``event_name`` (the OTLP log record's field)."""
+
+    RAISED = "otel_ofu.flag.raised"  # the flag rose in the window (severity WARN; ERROR for a hang)
+    CLEARED = "otel_ofu.flag.cleared"  # it fell (severity INFO)
+
+    ALL = (RAISED, CLEARED)
+
+
+class FlagState:
+    """Values of ``otel_ofu.flag.state`` on a flag event: the same as its ``event_name``, as an attribute (what the
+    OpenTelemetry Collector's filter and routing processors and the backends' event views match on most simply)."""
+
+    RAISED = "raised"
+    CLEARED = "cleared"
+
+    ALL = (RAISED, CLEARED)
+
+
 # --- Conventions and stability ------------------------------------------------------------------------
 # The OpenTelemetry semantic conventions the telemetry follows, and how far each name of the project's own may
 # change. docs/design.md says why the contract's names stay gpu.*, job.*, fleet.* beside the conventions' hw.*.
@@ -925,6 +1056,8 @@ _DEVELOPMENT_METRICS: Final = frozenset(
         JOB_DRAM_ACTIVE,
         JOB_NVLINK_THROUGHPUT,
         JOB_PCIE_THROUGHPUT,
+        *TRAINING_METRICS,
+        *COLLECTOR_GOODPUT_METRICS,
     )
 )
 # Every metric name of the project's own, by its stability level (docs/reference.md shows it beside each).
@@ -941,5 +1074,7 @@ STABILITY: Final = {
         *COLLECTOR_LOSS_METRICS,
         *COLLECTOR_PARTIAL_METRICS,
         *COLLECTOR_SELF_METRICS,
+        *TRAINING_METRICS,
+        *COLLECTOR_GOODPUT_METRICS,
     )
 }

@@ -27,7 +27,7 @@ ALERTS = EXAMPLES / "alerts"
 
 generate = load_generator("alerts")
 
-OUTPUT_SPECS = (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS)
+OUTPUT_SPECS = (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS, *names.COLLECTOR_GOODPUT_METRICS)
 METRIC_NAMES = {spec.name for spec in OUTPUT_SPECS}
 ALERT_NAMES = {alert.name for alert in generate.ALERTS}
 
@@ -327,7 +327,7 @@ def test_honeycomb_shape_check_catches_a_broken_trigger(change: Callable[[dict[s
 
 
 def test_every_backend_covers_the_job_flags() -> None:
-    flags = {"OfuFlopsMiscount", "OfuRegression", "OfuStragglerGpu", "OfuIdleGpus", "OfuHighLostCost"}
+    flags = {"OfuFlopsMiscount", "OfuRegression", "OfuStragglerGpu", "OfuIdleGpus", "OfuJobHang", "OfuHighLostCost"}
     for file_name in ("datadog-monitors.json", "honeycomb-triggers.json"):
         alerts = {item["name"].removeprefix("otel-ofu: ") for item in json.loads((ALERTS / file_name).read_text())}
         assert flags <= alerts, file_name

@@ -1,7 +1,7 @@
 """Chaos: the producer and the collector, as real processes, under a seeded random mix of faults for a bounded
 time, and every healthy job's windows reach the downstream exactly once.
 
-The fleet: ``otel-ofu run`` on the simulated fleet (4 hosts x 8 GPUs, nine jobs) over OTLP/gRPC, looking its
+The fleet: ``otel-ofu run`` on the simulated fleet (5 hosts x 8 GPUs, eleven jobs) over OTLP/gRPC, looking its
 pods up through a fake kubelet and pods server (the simulated GPUs name their jobs themselves, a hint that
 comes first in the chain: the pods server's faults meet the lookup thread while sampling goes on); a sender
 over OTLP/HTTP for one more job; and a sender whose every request holds a healthy GPU beside poisoned ones
@@ -773,7 +773,7 @@ def test_every_healthy_jobs_windows_are_exported_exactly_once_under_a_seeded_mix
     # The scraper's job misses the windows its page dripped through (no reading, never a 0): never one twice.
     assert not [end for end, count in Counter(windows.get("exporter-job", [])).items() if count > 1]
     assert set(HEALTHY_SENT) <= set(healthy), sorted(windows)
-    assert len(healthy) >= 2 + 9, sorted(windows)  # the simulated fleet's nine jobs too
+    assert len(healthy) >= 2 + 11, sorted(windows)  # the simulated fleet's eleven jobs too
     width = round(WINDOW_S * S)
     least = int(SECONDS / WINDOW_S) - 4
     # What the docs say a clean restart costs: the window the stop falls in is exported early with what it

@@ -54,6 +54,11 @@ def test_every_detector_setting_is_declared_once_with_the_defaults_the_docs_name
         "--idle-windows": 3,
         "--straggler-factor": 1.25,
         "--straggler-windows": 3,
+        "--hang-windows": 3,
+        "--hang-engine-active": 0.5,
+        "--hang-sm-active": 0.25,
+        "--hang-activity": 0.01,
+        "--hang-link-throughput": 1e9,
     }
     # The settings object and the command line take the same defaults from the declarations.
     assert AggregatorConfig().flag_settings == {option.key: option.default for option in FLAG_OPTIONS}
@@ -165,6 +170,12 @@ BOUNDS = [
     ("--idle-windows", "1", ["0", "10001"]),
     ("--straggler-factor", "100", ["100.01", "0.8"]),
     ("--straggler-windows", "10000", ["10001", "0"]),
+    # The hang's: a run of windows, three fractions, a link throughput up to 10 TB/s.
+    ("--hang-windows", "1", ["0", "10001"]),
+    ("--hang-engine-active", "1", ["1.01", "-0.01"]),
+    ("--hang-sm-active", "0", ["-0.01", "1.5"]),
+    ("--hang-activity", "0.5", ["2", "-1"]),
+    ("--hang-link-throughput", "0", ["-1", "1e14"]),
 ]
 
 

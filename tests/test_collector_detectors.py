@@ -28,8 +28,13 @@ S = 1_000_000_000
 
 
 def test_every_flag_module_is_found_in_the_order_of_the_vocabulary() -> None:
-    assert [d.metric for d in DETECTORS] == [names.JOB_FLOPS_MISCOUNT, names.JOB_OFU_REGRESSION, names.JOB_GPUS_IDLE]
-    assert [d.record_key for d in DETECTORS] == ["flops_miscount", "regression", "gpus_idle"]
+    assert [d.metric for d in DETECTORS] == [
+        names.JOB_FLOPS_MISCOUNT,
+        names.JOB_OFU_REGRESSION,
+        names.JOB_GPUS_IDLE,
+        names.JOB_HANG,
+    ]
+    assert [d.record_key for d in DETECTORS] == ["flops_miscount", "regression", "gpus_idle", "hang"]
     assert [d.metric for d in GPU_DETECTORS] == [names.GPU_STRAGGLER]
     every: tuple[Detector | GpuDetector, ...] = (*DETECTORS, *GPU_DETECTORS)
     assert len({d.kind for d in every}) == len(every)
@@ -45,6 +50,7 @@ def test_the_windows_run_every_detector_for_every_job() -> None:
         names.JOB_FLOPS_MISCOUNT.name: None,
         names.JOB_OFU_REGRESSION.name: None,
         names.JOB_GPUS_IDLE.name: 0,
+        names.JOB_HANG.name: 0,  # its tensor pipes at work: judged moving
     }
 
 
@@ -93,6 +99,7 @@ def test_a_flag_that_cannot_be_assessed_is_absent_from_every_output() -> None:
             names.JOB_FLOPS_MISCOUNT.name: NOT_ASSESSABLE,
             names.JOB_OFU_REGRESSION.name: 1,
             names.JOB_GPUS_IDLE.name: NOT_ASSESSABLE,
+            names.JOB_HANG.name: NOT_ASSESSABLE,
         }
     )
     shown = {point.spec for point in gauge_points(report)}

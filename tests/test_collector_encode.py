@@ -60,7 +60,8 @@ def test_outputs_follow_the_contract() -> None:
     assert resource_metrics.resource.attributes[names.SERVICE_NAME] == names.COLLECTOR_SERVICE_NAME
     assert resource_metrics.scope_metrics[0].scope.name == names.COLLECTOR_INSTRUMENTATION_SCOPE
     metrics = _metrics(data)
-    assert set(metrics) <= {spec.name for spec in (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS)}
+    outputs = (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS, *names.COLLECTOR_GOODPUT_METRICS)
+    assert set(metrics) <= {spec.name for spec in outputs}
     histogram = metrics[names.FLEET_OFU.name]
     assert isinstance(histogram, ExponentialHistogram)
     assert histogram.aggregation_temporality == AggregationTemporality.DELTA

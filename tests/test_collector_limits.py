@@ -320,7 +320,7 @@ def test_the_self_metrics_reach_the_downstream_under_the_collectors_resource(sin
             point.attributes[0].value.string_value: point.as_int
             for point in metrics[names.COLLECTOR_EXPORT_QUEUED.name].gauge.data_points
         }
-        assert set(queued) == {"windows", "pass_through"}
+        assert set(queued) == {"windows", "pass_through", "events"}
     finally:
         service.stop(0)
 

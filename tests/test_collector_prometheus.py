@@ -254,7 +254,7 @@ def test_every_reason_counter_starts_at_zero_and_counts_from_there() -> None:
         assert _by_reason(first, "otel_ofu_collector_requests_refused_total") == {"overload": 0.0, "shutdown": 0.0}
         drops = ("overflow", "rejected", "oversized")
         assert _by_reason(first, "otel_ofu_collector_dropped_total") == {
-            f"{stream}_{drop}": 0.0 for stream in ("windows", "pass_through") for drop in drops
+            f"{stream}_{drop}": 0.0 for stream in ("windows", "pass_through", "events") for drop in drops
         }
         # One bad point (OFU 1.5, outside [0, 1]) is one rejection: the total over reasons goes from 0 to 1.
         assert service.ingest(gpu_request({"GPU-1": 1.5}, time_ns=W0 + SECOND)).rejected == 1

@@ -21,7 +21,13 @@ generate = load_generator("dashboards")
 
 METRIC_NAMES = {
     spec.name
-    for spec in (*names.PRODUCER_METRICS, *names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS, names.JOB_MFU)
+    for spec in (
+        *names.PRODUCER_METRICS,
+        *names.COLLECTOR_METRICS,
+        *names.COLLECTOR_LOSS_METRICS,
+        *names.COLLECTOR_GOODPUT_METRICS,
+        names.JOB_MFU,
+    )
 }
 
 
@@ -227,7 +233,7 @@ def test_every_grafana_panel_has_a_unit_and_ofu_reads_as_a_percentage() -> None:
 def test_grafana_tables_are_instant_queries_and_the_dashboard_refreshes() -> None:
     dashboard = _grafana()
     tables = [panel for panel in dashboard["panels"] if panel["type"] == "table"]
-    assert len(tables) == 3  # flagged jobs, straggler GPUs, idle GPUs
+    assert len(tables) == 4  # flagged jobs, straggler GPUs, idle GPUs, hung jobs
     for panel in tables:
         for target in panel["targets"]:
             # One row per series at its latest value, not every sample of the time range.

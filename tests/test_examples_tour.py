@@ -1,7 +1,7 @@
 """The tour of examples/README.md end to end: run as written, top to bottom (the last tests here), and its
 first stop in detail: the simulated fleet and the example training loop meet in the collector.
 
-    otel-ofu run --source sim ----------- gpu.* (32 GPUs, jobs job-1001..1009) --+
+    otel-ofu run --source sim ----------- gpu.* (40 GPUs, jobs job-1001..1011) --+
                                                                                  +--OTLP gRPC--> CollectorService
     python examples/train_with_mfu.py --job-id job-1001 ---------- job.mfu ------+
 
@@ -200,9 +200,9 @@ def test_training_mfu_joins_the_simulated_fleet_ofu_in_the_collector(
         assert jobs[job_id].status == STATUS_NO_MFU, job_id
     assert jobs["job-1006"].ofu == 0.0  # the allocated but idle GPU: a measured zero, not a missing value
     # Every simulated GPU observed (the histograms count GPUs), less the flaky one when an outage of it happens to
-    # cover the window; their GPU equivalents at most the 32 GPUs.
-    assert sum(group.histogram.count for group in window.groups) in (31, 32)
-    assert 0 < sum(group.gpus for group in window.groups) <= 32
+    # cover the window; their GPU equivalents at most the 40 GPUs.
+    assert sum(group.histogram.count for group in window.groups) in (39, 40)
+    assert 0 < sum(group.gpus for group in window.groups) <= 40
 
 
 def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path, require: Callable[[bool, str], None]) -> None:

@@ -87,8 +87,8 @@ def test_the_log_names_the_variable_endpoint_or_the_sdk_default(monkeypatch: pyt
 
 def test_a_line_without_an_mfu_is_a_junk_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     log = tmp_path / "train.log"
-    # 5 lines: one MFU, one refused MFU (above the plausibility bound), two lines without an MFU and one
-    # binary line. Junk: 2 without an MFU + 1 unreadable = 3.
+    # 5 lines: one MFU (its line names step 120 too), one refused MFU (above the plausibility bound), a line with a
+    # step and no MFU, one with neither and one binary line. Junk: 1 with neither + 1 unreadable = 2.
     log.write_bytes(
         b"starting the run\n" + MFU_LINE.encode() + b"\nMFU 900%\nstep 2 | loss 2.9 | 1.01 s/step\n\x00\x01\x02\n"
     )
@@ -97,7 +97,8 @@ def test_a_line_without_an_mfu_is_a_junk_line(tmp_path: Path, caplog: pytest.Log
                     "--export-endpoint", sink.grpc_endpoint]) == 0  # fmt: skip
     (stopped,) = [record.getMessage() for record in caplog.records if record.getMessage().startswith("stopped")]
     assert stopped.startswith(
-        "stopped: 5 lines, 1 MFU values, 1 rejected, 3 junk lines skipped (2 without an MFU, 1 unreadable)"
+        "stopped: 5 lines, 1 MFU values, 2 progress lines, 1 rejected, 2 junk lines skipped "
+        "(1 without an MFU or progress, 1 unreadable)"
     )
 
 

@@ -188,7 +188,7 @@ def test_the_collector_counts_a_partial_refusal_of_its_window_export(
         counted = service.self_metrics()[names.COLLECTOR_EXPORT_REJECTED.name]
     finally:
         service.stop(grace=2)
-    assert counted == {"windows": 6}
+    assert counted == {"windows": 6, "events": 0}  # the flag events refused nothing
     refusals = [line for line in warnings_of(caplog) if "refused" in line]
     assert refusals == [
         f"downstream {sink.http_endpoint if protocol != 'grpc' else endpoint} refused 3 data point(s) of an"

@@ -260,7 +260,7 @@ def test_every_command_runs_from_the_clean_install(
 
     snapshot = run(venv, "snapshot", "--source", "sim", "--format", "json", cwd=tmp_path)
     assert snapshot.returncode == 0, snapshot.stderr
-    assert len([json.loads(line) for line in snapshot.stdout.splitlines()]) == 32
+    assert len([json.loads(line) for line in snapshot.stdout.splitlines()]) == 40
 
     port = unused_port()
     records = tmp_path / "windows.jsonl"

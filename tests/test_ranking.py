@@ -137,15 +137,16 @@ def report_lines(summary: FleetSummary) -> list[str]:
 
 
 def test_the_demo_report_ranks_its_jobs_and_names_the_bound_ones(demo_summary: FleetSummary) -> None:
-    """The demo as its user reads it: idle notebook, regression, straggler, miscount; then the communication-,
-    memory- and input-bound jobs by their GPU-hours short of llama3-70b's 44.8% (the best H100 job); then the two
-    healthy jobs likewise (the mixed-precision job at ~34.8% on 2 GPU-h is 0.20 GPU-h short, mistral at ~37.6% on
-    1.46 GPU-h 0.10)."""
+    """The demo as its user reads it: the hung job, idle notebook, regression, straggler, miscount; then the
+    communication-, memory- and input-bound jobs by their GPU-hours short of llama3-70b's 44.8% (the best H100 job);
+    then the unflagged jobs likewise (the restarting job at ~33.7% on 2 GPU-h 0.22 GPU-h short, the mixed-precision
+    job at ~34.8% on 2 GPU-h 0.20, mistral at ~37.6% on 1.46 GPU-h 0.10)."""
     lines = report_lines(demo_summary)
     start = next(i for i, line in enumerate(lines) if line.startswith("Jobs"))
     rows = [line.split() for line in lines[start:] if re.match(r"job-\d+ ", line)][: len(demo_summary.jobs)]
     order = [row[0] for row in rows]
     assert order == [
+        "job-1010",  # hang
         "job-1006",  # idle
         "job-1004",  # regression
         "job-1001",  # straggler
@@ -153,6 +154,7 @@ def test_the_demo_report_ranks_its_jobs_and_names_the_bound_ones(demo_summary: F
         "job-1008",  # communication-bound, (0.448 - 0.195) x 2.00 = 0.51 GPU-h short
         "job-1009",  # memory-bound, (0.448 - 0.160) x 1.00 = 0.29
         "job-1007",  # input-bound, (0.448 - 0.281) x 1.00 = 0.17
+        "job-1011",  # the restarting job at ~33.7% on 2 GPU-h: 0.22 GPU-h short
         "job-1005",
         "job-1002",
     ]

@@ -164,14 +164,14 @@ def test_read_after_close_is_an_error() -> None:
 
 def test_demo_fleet_layout(demo: tuple[SimulatedFleet, list[Snapshot]]) -> None:
     fleet, _ = demo
-    assert len(fleet.gpus) == 32
-    hosts = ("dgx-h100-01", "dgx-h100-02", "dgx-h100-03", "dgx-h100-04")
+    assert len(fleet.gpus) == 40
+    hosts = ("dgx-h100-01", "dgx-h100-02", "dgx-h100-03", "dgx-h100-04", "dgx-h100-05")
     assert Counter(gpu.host for gpu in fleet.gpus) == dict.fromkeys(hosts, 8)
     assert all(gpu.model == "NVIDIA H100 80GB HBM3" and gpu.max_clock_mhz == 1980 for gpu in fleet.gpus)
     assert all(UUID.match(gpu.uuid) for gpu in fleet.gpus)
     assert sorted(key for job in fleet.jobs for key in job.gpu_keys) == sorted(gpu.key for gpu in fleet.gpus)
     assert Counter(job.kind for job in fleet.jobs) == {
-        ProfileKind.DENSE: 5,  # two healthy, three with a bottleneck
+        ProfileKind.DENSE: 7,  # two healthy, three with a bottleneck, one that hangs, one that restarts
         ProfileKind.MOE: 1,
         ProfileKind.REGRESSING: 1,
         ProfileKind.MIXED: 1,
@@ -189,6 +189,11 @@ def test_demo_fleet_layout(demo: tuple[SimulatedFleet, list[Snapshot]]) -> None:
         "job-1008": Bottleneck.COMMUNICATION,
         "job-1009": Bottleneck.MEMORY,
     }
+    hung = [job for job in fleet.jobs if job.has_hang]
+    assert [job.job_id for job in hung] == ["job-1010"]
+    assert hung[0].hang_at_s == pytest.approx(0.5 * DURATION_S)
+    restarting = [job for job in fleet.jobs if job.training is not None and job.training.crash_at_s is not None]
+    assert [job.job_id for job in restarting] == ["job-1011"]
 
 
 def test_readings_carry_the_attribution_the_simulation_knows(demo: tuple[SimulatedFleet, list[Snapshot]]) -> None:
@@ -241,7 +246,8 @@ def test_moe_framework_reports_about_twice_its_ofu(demo: tuple[SimulatedFleet, l
 @pytest.mark.parametrize("kind", [ProfileKind.DENSE, ProfileKind.MIXED, ProfileKind.REGRESSING])
 def test_healthy_frameworks_report_close_to_ofu(demo: tuple[SimulatedFleet, list[Snapshot]], kind: str) -> None:
     fleet, _ = demo
-    for job in (job for job in fleet.jobs if job.kind == kind):
+    # The jobs that train to a plan (they start, save, hang or restart) report no MFU while they do not train.
+    for job in (job for job in fleet.jobs if job.kind == kind and fleet.timeline(job.job_id) is None):
         for start_s in range(0, int(DURATION_S), 60):
             start, end = window(fleet, start_s, start_s + 60)
             ofu, mfu = fleet.truth_ofu(job.job_id, start, end), fleet.reported_mfu(job.job_id, start, end)
@@ -268,7 +274,7 @@ def test_regressing_job_drops_about_2_5x_after_its_regression(demo: tuple[Simula
     assert mfu_before / mfu_after == pytest.approx(2.5, rel=0.1)
     # Nobody else regresses.
     for other in fleet.jobs:
-        if other.kind in (ProfileKind.DENSE, ProfileKind.MOE):
+        if other.kind in (ProfileKind.DENSE, ProfileKind.MOE) and fleet.timeline(other.job_id) is None:
             early = fleet.truth_ofu(other.job_id, *window(fleet, 0, job.regression_at_s))
             late = fleet.truth_ofu(other.job_id, *window(fleet, job.regression_at_s, DURATION_S))
             assert early is not None

@@ -36,7 +36,7 @@ JOB_ROW = re.compile(r"^ (job-\d+)\s")
 _SGR = re.compile(r"\x1b\[([0-9;]*)m")
 WINDOW_S = 60
 # The demo fleet's jobs (otel_ofu.sources.simulated: SimulatedFleet.demo)
-DEMO_JOBS = {f"job-{1001 + i}" for i in range(9)}
+DEMO_JOBS = {f"job-{1001 + i}" for i in range(11)}
 
 
 @attrs.define
@@ -165,7 +165,7 @@ def test_the_demo_in_a_terminal_sorts_filters_opens_a_job_pauses_and_quits(termi
     fleet_time, window_end = status_times(screen)
     assert 0 <= (seconds(fleet_time) - seconds(window_end)) % 86400 < WINDOW_S, screen
     lines = screen.splitlines()
-    assert lines[0].startswith("32 GPUs  OFU p50 ")
+    assert lines[0].startswith("40 GPUs  OFU p50 ")
     assert " GPU-h " in lines[0]
     assert "USD" in lines[0]  # the demo prices its GPUs
     assert all(len(line) <= 80 for line in lines)
@@ -295,7 +295,7 @@ def test_a_collectors_feed_in_a_terminal_and_the_feed_going_away(
     port = collector.feed.bound_port
     term = terminal(["--feed", f"http://127.0.0.1:{port}", "--refresh", "0.5"])
     screen = term.wait_for("job table", lambda text: set(ids(text)) == DEMO_JOBS)
-    assert screen.splitlines()[0].startswith("32 GPUs  OFU p50 ")
+    assert screen.splitlines()[0].startswith("40 GPUs  OFU p50 ")
     assert f"feed http://127.0.0.1:{port}/reports.jsonl · read " in screen
     assert "sort: to act on" in screen
     first_end = window_end(screen)
@@ -354,7 +354,9 @@ def test_the_default_order_is_what_to_act_on_and_a_job_says_why(terminal: Callab
     assert ids(screen)[:3] == ["job-1006", "job-1001", "job-1003"]
     flags = {row[0]: row[-1] for row in job_rows(screen)}
     assert (flags["job-1008"], flags["job-1009"], flags["job-1007"]) == ("comm-bound", "memory-bound", "input-bound")
-    assert set(ids(screen)[3:6]) == {"job-1007", "job-1008", "job-1009"}
+    # The bottlenecks next (the restarting job-1011, whose startup and checkpoint saves leave its engine idle, may be
+    # named host side among them early in its run).
+    assert {"job-1007", "job-1008", "job-1009"} <= set(ids(screen)[3:7])
     term.keys("p")  # hold the order while the cursor is on the first row
     term.wait_for("PAUSED", lambda text: "PAUSED" in text)
     term.keys(*["Up"] * len(DEMO_JOBS))  # the cursor follows the job it is on as the order changes: to the top

@@ -14,14 +14,17 @@ on ``results.py`` and the statistics in ``stats/``); every module is named here:
     aggregation/    windows.py (which window a point goes to and when it closes), cells.py (a window's cells
         |           and GPU inputs), streams.py (the GPUs known, admission, bounds), counters.py (counters'
         |           deltas), coverage.py (each GPU-second once), jobs.py (jobs' state, correlation),
-        |           closing.py (a closed window's report), merge.py (the merge tier), loss.py (where OFU is lost)
+        |           closing.py (a closed window's report), merge.py (the merge tier), loss.py (where OFU is lost),
+        |           goodput.py (where a job's GPU time went), checkpoints.py (a job's progress marks)
     detectors/      one module per flag behind base.py's protocols: flops_miscount.py, regression.py,
-        |           idle_gpus.py (job flags), straggler.py (a GPU flag)
+        |           idle_gpus.py, hang.py (job flags), straggler.py (a GPU flag)
     outputs/        window consumers: otlp_export.py (+ delivery.py, queues.py, split.py; otel_ofu.otlp_client
         |           sends), prometheus.py, recorder.py (records file), feed_server.py (live feed),
-        |           self_telemetry.py (the self-metrics: the SelfMetrics protocol, sent downstream);
+        |           self_telemetry.py (the self-metrics: the SelfMetrics protocol, sent downstream),
+        |           flag_events.py (each flag's rise and fall as an OTLP log record);
         |           record_codec.py and feed_client.py read them back
     report/         summary.py (windows condensed), reasons.py (flags in words), causes.py (a job's bottleneck),
+        |           goodput.py (goodput per job and fleet), flag_words.py (the flag events' sentences),
         |           ranking.py (the order of jobs), html_page.py (+ plots.py), terminal.py, command.py (``report``)
     top/            ``otel-ofu top``: model.py, cells.py, feeds.py, app.py, command.py
 

@@ -1,14 +1,15 @@
 """``otel-ofu demo``: the embedded default, end to end on loopback.
 
-A simulated fleet (4 hosts x 8 H100s, nine jobs: two healthy dense trainings, an MoE job whose framework
+A simulated fleet (5 hosts x 8 H100s, eleven jobs: two healthy dense trainings, an MoE job whose framework
 over-counts FLOPs ~2x, a job that regresses 2.5x mid-run, a mixed-precision job, an allocated but idle
-GPU, an input-bound, a communication-bound and a memory-bound training, plus a GPU that fails now and then
-and a power-capped straggler GPU inside a healthy job) runs through
-the real producer, the real OTLP/gRPC transport and the real collector; each job's framework reports its
-MFU over OTLP too. Simulated time runs as fast as the machine allows, so half an hour of fleet time takes
-seconds. It ends with the fleet report: percentiles, each job's OFU against its reported MFU,
-correlations, where OFU is lost (GPU-hours and cost by cause, at an example price), and which jobs and
-GPUs are flagged and why. One seed, one report: the simulation is keyed by offsets from the fleet's start
+GPU, an input-bound, a communication-bound and a memory-bound training, a job that hangs in a collective and
+one that crashes and restarts from its last checkpoint, plus a GPU that fails now and then and a power-capped
+straggler GPU inside a healthy job) runs through the real producer, the real OTLP/gRPC transport and the real
+collector; each job's framework reports its MFU (and two of them their steps and checkpoint time) over OTLP too.
+Simulated time runs as fast as the machine allows, so half an hour of fleet time takes seconds. It ends with the
+fleet report: percentiles, each job's OFU against its reported MFU, correlations, where OFU is lost (GPU-hours
+and cost by cause, at an example price), where its GPU time went (goodput), and which jobs and GPUs are flagged
+and why. One seed, one report: the simulation is keyed by offsets from the fleet's start
 and the demo closes its windows itself, so two runs print the same numbers.
 """
 
@@ -34,31 +35,33 @@ from otel_ofu.attribution import build_chain
 from otel_ofu.cli_support import CommandOptions, output_path, positive_float
 from otel_ofu.clock import ManualClock
 from otel_ofu.gpu_samples import ComputedSnapshot
-from otel_ofu.mfu.timed import TimedMfu
+from otel_ofu.mfu.timed import TimedCheckpoints, TimedMfu, TimedStep
 from otel_ofu.model import Clock
 from otel_ofu.producer.loop import Observer
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.sources.simulated import H100_SXM_NAME, SimulatedFleet
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.loopback import LoopbackPipeline, MfuReports
+from otel_ofu_collector.loopback import LoopbackPipeline, MfuReports, ProgressReports
 from otel_ofu_collector.options.declared import WINDOW_RANGE
 from otel_ofu_collector.prefixes import DEMO_PREFIX
+from otel_ofu_collector.report.goodput import goodput_summary
 from otel_ofu_collector.report.summary import model_name, summarize
-from otel_ofu_collector.report.terminal import print_lines, print_report
+from otel_ofu_collector.report.terminal import print_goodput, print_lines, print_report
 from otel_ofu_collector.results import WindowReport
 
 DESCRIPTION = """\
 The embedded default, end to end on loopback.
 
-A simulated fleet (4 hosts x 8 H100s, nine jobs: two healthy dense trainings, an MoE job whose framework
+A simulated fleet (5 hosts x 8 H100s, eleven jobs: two healthy dense trainings, an MoE job whose framework
 over-counts FLOPs ~2x, a job that regresses 2.5x mid-run, a mixed-precision job, an allocated but idle
-GPU, an input-bound, a communication-bound and a memory-bound training, plus a GPU that fails now and then
-and a power-capped straggler GPU inside a healthy job) runs through
-the real producer, the real OTLP/gRPC transport and the real collector; each job's framework reports its
-MFU over OTLP too. Simulated time runs as fast as the machine allows, so half an hour of fleet time takes
-seconds. It ends with the fleet report: percentiles, each job's OFU against its reported MFU,
-correlations, where OFU is lost (GPU-hours and cost by cause, at an example price of 2.50 USD per H100
-GPU-hour), and which jobs and GPUs are flagged and why."""
+GPU, an input-bound, a communication-bound and a memory-bound training, a job that hangs in a collective and
+one that crashes and restarts from its last checkpoint, plus a GPU that fails now and then and a power-capped
+straggler GPU inside a healthy job) runs through the real producer, the real OTLP/gRPC transport and the real
+collector; each job's framework reports its MFU (and two of them their steps and checkpoint time) over OTLP too.
+Simulated time runs as fast as the machine allows, so half an hour of fleet time takes seconds. It ends with the
+fleet report: percentiles, each job's OFU against its reported MFU, correlations, where OFU is lost (GPU-hours
+and cost by cause, at an example price of 2.50 USD per H100 GPU-hour), where its GPU time went (goodput), and
+which jobs and GPUs are flagged and why."""
 
 
 # The demo prices its GPUs to show the cost outputs: an example, not a quote.
@@ -162,6 +165,7 @@ def _report(args: argparse.Namespace) -> int:
         f"{model_name(H100_SXM_NAME)} GPU-hour"
     )
     print_report(summary, console, title="otel-ofu demo: fleet report", price_note=price + " (not a quote)")
+    print_goodput(goodput_summary(reports), console)
     print_unreadable(unreadable, console)
     if args.html:
         from otel_ofu_collector.report.html_page import write_report
@@ -185,6 +189,25 @@ def frameworks_mfu(fleet: SimulatedFleet) -> MfuReports:
     return reports
 
 
+def frameworks_progress(fleet: SimulatedFleet) -> ProgressReports:
+    """What each simulated job's framework reports of its progress at a moment: its last step and the checkpoint
+    seconds of its current process (the jobs that train to a plan)."""
+
+    def reports(time_ns: int) -> tuple[list[TimedStep], list[TimedCheckpoints]]:
+        steps: list[TimedStep] = []
+        checkpoints: list[TimedCheckpoints] = []
+        for job in fleet.jobs:
+            step = fleet.reported_step(job.job_id, time_ns)
+            if step is not None:
+                steps.append(TimedStep(job.job_id, step, time_ns))
+            found = fleet.reported_checkpoints(job.job_id, time_ns)
+            if found is not None and found[1]:
+                checkpoints.append(TimedCheckpoints(job.job_id, found[0], time_ns, found[1]))
+        return steps, checkpoints
+
+    return reports
+
+
 def demo_pipeline(
     fleet: SimulatedFleet, clock: Clock, *, interval_s: float, window_s: float, observers: Sequence[Observer] = ()
 ) -> LoopbackPipeline:
@@ -201,6 +224,7 @@ def demo_pipeline(
         interval_s=interval_s,
         attribution=build_chain(clock=clock).attribute,
         mfu=frameworks_mfu(fleet),
+        progress=frameworks_progress(fleet),
         observers=observers,
     )
 

@@ -4,7 +4,7 @@
 same fleet through it live (``--demo``), or one node's own source (``--source``), so a screen shows what the
 collector would close without a collector deployed. The caller owns the clock: it moves the clock across an
 interval (a ``ManualClock``) or waits for it (the wall clock), then calls ``step``, which reads the source,
-exports the GPUs' points and the frameworks' MFU over OTLP and closes the windows due.
+exports the GPUs' points and the frameworks' MFU and progress over OTLP and closes the windows due.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
 from otel_ofu.gpu_samples import Attribution, ComputedSnapshot
 from otel_ofu.gpu_values import CalibrationTable
-from otel_ofu.mfu.timed import TimedMfu, timed_mfu_metrics_data
+from otel_ofu.mfu.timed import (
+    TimedCheckpoints,
+    TimedMfu,
+    TimedStep,
+    timed_mfu_metrics_data,
+    timed_progress_metrics_data,
+)
 from otel_ofu.model import Clock, Source
 from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.producer.loop import Observer, Producer
@@ -28,6 +34,8 @@ from otel_ofu_collector.service import CollectorOptions, CollectorService
 
 # The frameworks' MFU over one interval (start_ns, end_ns): what the training jobs would report.
 MfuReports = Callable[[int, int], Sequence[TimedMfu]]
+# The frameworks' progress at the end of an interval: their last steps and their checkpoint seconds so far.
+ProgressReports = Callable[[int], tuple[Sequence[TimedStep], Sequence[TimedCheckpoints]]]
 
 
 def _checked(result: MetricExportResult, what: str) -> None:
@@ -58,6 +66,7 @@ class LoopbackPipeline:
     attribution: Attribution | None = None
     calibration: CalibrationTable = attrs.field(factory=CalibrationTable)
     mfu: MfuReports | None = None
+    progress: ProgressReports | None = None
     consumers: Sequence[WindowConsumer] = ()  # more outputs of the collector (a report feed, say)
     observers: Sequence[Observer] = ()  # more observers of the producer's cycles (the demo's unreadable GPUs)
     _closed: list[WindowReport] = attrs.field(init=False, factory=list)
@@ -107,6 +116,9 @@ class LoopbackPipeline:
         points = self.mfu(start_ns, end_ns) if self.mfu is not None else ()
         if points:
             _checked(mfu_exporter.export(timed_mfu_metrics_data(points)), "MFU")
+        steps, checkpoints = self.progress(end_ns) if self.progress is not None else ((), ())
+        if steps or checkpoints:
+            _checked(mfu_exporter.export(timed_progress_metrics_data(steps, checkpoints)), "progress")
         self._service.flush(end_ns)
         computed = self._computed.pop() if self._computed else ComputedSnapshot()
         self._computed.clear()

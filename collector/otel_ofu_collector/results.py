@@ -127,6 +127,7 @@ class JobSums:
 
 
 _NO_IDLE: Final[Mapping[str, float]] = {}
+_NO_STEPS: Final[Mapping[int, float]] = {}
 
 
 @attrs.frozen
@@ -139,7 +140,12 @@ class JobWindow:
     ``mfu``: (sum, count) of its ``job.mfu`` points. ``gpus``: GPU equivalents that gave OFU (each once, whatever
     time), ``idle_gpus`` those with no tensor activity by stream key (what the idle flag counts). ``attributes``:
     job.name, hw.model, gpu.precision as its MFU points and then its GPUs' newest points say; ``models``: its GPUs'
-    models (where there are several, no one model names the job's outputs: its cost is theirs together)."""
+    models (where there are several, no one model names the job's outputs: its cost is theirs together).
+
+    Goodput's inputs (``aggregation.goodput``): ``stalled_gpus`` by stream key (running kernels with nothing moving,
+    ``detectors.hang.stalled``) and ``moving_gpus`` (GPU equivalents judged not stalled); ``idle_s``, the GPU-seconds
+    of its idle GPUs that were not stalled; ``checkpoint_s``, the seconds of the window its framework reported saving
+    or loading checkpoints; ``steps``, its ``job.step`` points by time (ns)."""
 
     sums: JobSums | None = None
     point_ofu: tuple[float, float] = (0.0, 0.0)
@@ -148,10 +154,16 @@ class JobWindow:
     idle_gpus: Mapping[str, float] = _NO_IDLE
     attributes: Mapping[str, str] = attrs.field(factory=dict)
     models: frozenset[str] = frozenset()
+    stalled_gpus: Mapping[str, float] = _NO_IDLE
+    moving_gpus: float = 0.0
+    idle_s: float = 0.0
+    checkpoint_s: float = 0.0
+    steps: Mapping[int, float] = _NO_STEPS
 
     def merge(self, other: JobWindow) -> JobWindow:
         """Both parts (the job on two shards in one window): the sums add, the GPUs are each on one side, the
-        attributes are the later part's over the earlier's."""
+        attributes are the later part's over the earlier's, the step points are both parts' (one point sent to both
+        counts once)."""
         if self.sums is None or other.sums is None:
             sums = other.sums if self.sums is None else self.sums
         else:
@@ -164,6 +176,11 @@ class JobWindow:
             idle_gpus={**self.idle_gpus, **other.idle_gpus},
             attributes={**self.attributes, **other.attributes},
             models=self.models | other.models,
+            stalled_gpus={**self.stalled_gpus, **other.stalled_gpus},
+            moving_gpus=self.moving_gpus + other.moving_gpus,
+            idle_s=self.idle_s + other.idle_s,
+            checkpoint_s=self.checkpoint_s + other.checkpoint_s,
+            steps={**self.steps, **other.steps},
         )
 
 
@@ -230,6 +247,7 @@ class GpuFlagReport:
     value: int
     ofu: float
     job_median_ofu: float  # the median OFU of the job's other GPUs (the GPU's peers) in the window
+    raised: bool = False  # the flag rose on this GPU in this window (its value 0 is always the fall)
 
 
 _NO_THROTTLE: Final[Mapping[str, float]] = {}
@@ -254,6 +272,32 @@ class GpuReport:
 
 
 @attrs.frozen
+class JobGoodput:
+    """Where a job's allocated GPU time went (``aggregation.goodput``). ``badput_s``: the GPU-seconds booked in this
+    window by ``goodput.cause`` (a progress cause only on the progress basis); ``goodput`` and ``goodput_flops``: over
+    the job so far (productive GPU time, and the useful FLOPs of it, over its allocated GPU time and that time's peak);
+    ``basis``: ``names.GoodputBasis``."""
+
+    badput_s: Mapping[str, float]
+    goodput: float
+    goodput_flops: float
+    basis: str
+
+
+@attrs.frozen
+class FleetGoodput:
+    """The fleet's: ``badput_s`` booked in this window by cause, summed over its jobs; ``goodput`` over the horizon;
+    ``basis``: ``names.GoodputBasis`` of the window's jobs (``mixed`` where some reported progress and some not)."""
+
+    badput_s: Mapping[str, float]
+    goodput: float
+    basis: str
+
+
+_NO_CHANGES: Final[Mapping[str, bool]] = {}
+
+
+@attrs.frozen
 class JobReport:
     job_id: str
     attributes: Mapping[str, str]  # job.name, hw.model, gpu.precision where known
@@ -266,6 +310,9 @@ class JobReport:
     status: str  # STATUS_OK | STATUS_NO_MFU | STATUS_NO_OFU
     gpus: float  # GPU equivalents
     loss: JobLoss | None = None  # None: the job had no GPU in the window
+    goodput: JobGoodput | None = None  # None: the job has had no GPU time yet
+    # The flags that rose (True) or fell (False) in this window, by metric name: what the flag events say.
+    flag_changes: Mapping[str, bool] = _NO_CHANGES
 
     def flag(self, metric: names.MetricSpec) -> float | None:
         """The verdict of the flag exported as ``metric``; None when absent."""
@@ -288,6 +335,7 @@ class FleetReport:
     comoments: CoMoments
     abs_diff_sum: float
     loss: FleetLoss = FleetLoss()
+    goodput: FleetGoodput | None = None  # None: no job had GPU time in the horizon
 
 
 @attrs.frozen
@@ -326,8 +374,8 @@ class PartialWindow:
     jobs: Mapping[str, JobWindow] = attrs.field(factory=dict)
 
 
-# Every window output in the contract's order: the OFU outputs, then where OFU is lost.
-OUTPUT_METRICS: Final = (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS)
+# Every window output in the contract's order: the OFU outputs, where OFU is lost, then goodput.
+OUTPUT_METRICS: Final = (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS, *names.COLLECTOR_GOODPUT_METRICS)
 _COLLECTOR_METRICS: Final = {spec.name: spec for spec in OUTPUT_METRICS}
 
 
@@ -371,6 +419,8 @@ def gauge_points(report: WindowReport) -> Iterator[GaugePoint]:
             yield GaugePoint(names.JOB_GPUS, job_attributes, job.gpus)
         if job.loss is not None:
             yield from _job_loss_points(job_attributes, job.loss)
+        if job.goodput is not None:
+            yield from _job_goodput_points(job_attributes, job.goodput)
     for flag in report.gpu_flags:
         yield GaugePoint(_COLLECTOR_METRICS[flag.metric], {names.JOB_ID: flag.job_id, **flag.attributes}, flag.value)
     fleet = report.fleet
@@ -386,6 +436,25 @@ def gauge_points(report: WindowReport) -> Iterator[GaugePoint]:
         yield GaugePoint(names.FLEET_ENERGY, {}, loss.energy_j)
     if loss.cost_lost is not None:
         yield from _by_cause(cost_spec(names.FLEET_COST_LOST, loss.currency), {}, loss.cost_lost)
+    if fleet.goodput is not None:
+        basis = {names.GOODPUT_BASIS: fleet.goodput.basis}
+        yield from _by_goodput_cause(names.FLEET_BADPUT, basis, fleet.goodput.badput_s)
+        yield GaugePoint(names.FLEET_GOODPUT, basis, fleet.goodput.goodput)
+
+
+def _by_goodput_cause(
+    spec: names.MetricSpec, attributes: Mapping[str, str | float | int], values: Mapping[str, float]
+) -> Iterator[GaugePoint]:
+    for cause in names.GoodputCause.ALL:
+        if cause in values:
+            yield GaugePoint(spec, {**attributes, names.GOODPUT_CAUSE: cause}, values[cause])
+
+
+def _job_goodput_points(attributes: Mapping[str, str | float | int], goodput: JobGoodput) -> Iterator[GaugePoint]:
+    based = {**attributes, names.GOODPUT_BASIS: goodput.basis}
+    yield from _by_goodput_cause(names.JOB_BADPUT, based, goodput.badput_s)
+    yield GaugePoint(names.JOB_GOODPUT, based, goodput.goodput)
+    yield GaugePoint(names.JOB_GOODPUT_FLOPS, based, goodput.goodput_flops)
 
 
 def _by_cause(

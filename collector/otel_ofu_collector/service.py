@@ -36,6 +36,7 @@ from otel_ofu_collector.options import declared as option
 from otel_ofu_collector.otlp.dcgm_series import DcgmSeries, Translation
 from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder, DecoderStats
 from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
+from otel_ofu_collector.outputs.flag_events import EventsTransport, OtlpEventExport, events_transport
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
 from otel_ofu_collector.outputs.queues import MemoryQueue, Queue, SqliteSpool
 from otel_ofu_collector.outputs.self_telemetry import SelfMetrics, SelfTelemetry, gathered
@@ -44,6 +45,7 @@ from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.base import Receiver
 from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
 from otel_ofu_collector.receivers.otlp_http import HttpReceiver
+from otel_ofu_collector.report import flag_words
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.spool_lock import SpoolLock
 from otel_ofu_collector.write_ahead import WriteAhead
@@ -107,6 +109,8 @@ class CollectorOptions:
     # The self-metrics go downstream with every batch of closed windows (as the OpenTelemetry Collector's
     # internal telemetry does), not only to the Prometheus endpoint.
     self_telemetry: bool = True
+    # Each flag's rise and fall as an OTLP log record to the downstream's logs endpoint (outputs.flag_events).
+    flag_events: bool = option.FLAG_EVENTS.field()
     # The outputs' resource beyond service.name and service.instance.id (which stay ours): where this
     # collector runs, from OTEL_RESOURCE_ATTRIBUTES (k8s.*, deployment.environment, ...).
     resource_attributes: Mapping[str, str] = attrs.field(factory=dict)
@@ -138,6 +142,8 @@ class CollectorService:
     # The records file, the live feed, a test's list: given before start, which starts them.
     consumers: list[WindowConsumer] = attrs.field(factory=list)
     transport: Transport | None = None
+    # The flag events' client (logs); None: derived from the downstream's configuration (tests inject fakes).
+    event_transport: Transport | None = None
     environ: Mapping[str, str] = attrs.field(factory=lambda: dict(os.environ))
     # Beaten after every timer flush: what /healthz answers from (``otel_ofu.health``); None: not kept.
     heartbeat: Heartbeat | None = None
@@ -149,6 +155,8 @@ class CollectorService:
     exports: Delivery | None = attrs.field(init=False, default=None)
     pass_through: Delivery | None = attrs.field(init=False, default=None)
     _window_export: OtlpWindowExport | None = attrs.field(init=False, default=None)
+    events: Delivery | None = attrs.field(init=False, default=None)  # the flag events' sender
+    _event_export: OtlpEventExport | None = attrs.field(init=False, default=None)
     _receivers: list[Receiver] = attrs.field(init=False, factory=list)
     _prometheus: PrometheusEndpoint | None = attrs.field(init=False, default=None)
     _started_outputs: list[WindowConsumer] = attrs.field(init=False, factory=list)  # to shut down, in reverse
@@ -222,11 +230,14 @@ class CollectorService:
                 settings, names.COLLECTOR_EXPORT_REJECTED.name, where=f"downstream {settings.endpoint}"
             )
             self.transport = transport
+            if options.flag_events and self.event_transport is None:
+                self.event_transport = events_transport(settings, self.environ)
         if transport is not None:
             # The streams below share the one downstream: its failures are said once for all of them.
             where = getattr(transport, "endpoint", type(transport).__name__)
             streams = ("window export", *(("pass-through",) if options.pass_through else ()))
             streams += ("self-metrics",) if options.self_telemetry else ()
+            streams += ("flag events",) if options.flag_events and self.event_transport is not None else ()
             downstream = DownstreamLog(str(where), streams)
             spool = SqliteSpool(options.spool_path, options.spool_max_bytes) if options.spool_path else None
             queue: Queue = spool if spool is not None else MemoryQueue(max_items=options.queue_max_requests)
@@ -247,6 +258,27 @@ class CollectorService:
                 include_partials=options.include_partials,
                 started_ns=self.clock(),
             )
+            if options.flag_events and self.event_transport is not None:
+                # A transport of its own (the logs service), closed by its delivery; the same downstream's log.
+                self.events = Delivery(
+                    self.event_transport,
+                    MemoryQueue(max_items=options.queue_max_requests),
+                    name="flag events",
+                    initial_backoff_s=options.initial_backoff_s,
+                    max_backoff_s=options.max_backoff_s,
+                    max_request_bytes=options.export_max_request_bytes,
+                    downstream=downstream,
+                )
+                self._counting.append(_Sender("events", self.events))
+                if isinstance(self.event_transport, EventsTransport):  # what a downstream without logs dropped
+                    self._counting.append(self.event_transport)
+                self._event_export = OtlpEventExport(
+                    self.events,
+                    self._resource_attributes(),
+                    flag_words.SENTENCES,
+                    self.clock,
+                    job_flags=not options.include_partials,
+                )
             if options.pass_through:
                 self.pass_through = Delivery(
                     transport,
@@ -604,8 +636,9 @@ class CollectorService:
         return None if self._self_telemetry is None else self._self_telemetry.delivery
 
     def _deliveries(self) -> list[Delivery]:
-        """The senders on the shared transport: window outputs first, then pass-through, then self-metrics."""
-        found = (self.exports, self.pass_through, self.telemetry)
+        """The senders to the downstream: window outputs first, then pass-through, then self-metrics (on the shared
+        transport), then the flag events (on a logs transport of their own)."""
+        found = (self.exports, self.pass_through, self.telemetry, self.events)
         return [delivery for delivery in found if delivery is not None]
 
     def _close_transport(self) -> None:
@@ -642,6 +675,8 @@ class CollectorService:
             outputs.append(self._prometheus)
         if self._window_export is not None:
             outputs.append(self._window_export)
+        if self._event_export is not None:
+            outputs.append(self._event_export)
         return outputs
 
     def _send_self_metrics(self) -> None:

@@ -111,6 +111,16 @@ ALERTS: tuple[Alert, ...] = (
         "allocated and paid for, but idle.",
     ),
     Alert(
+        "OfuJobHang",
+        "critical",
+        "Job is hung: its GPUs run kernels and nothing moves",
+        f"Job {JOB} is hung: its GPUs run kernels and nothing moves",
+        "Every GPU of the job has run kernels with no tensor, memory or link traffic for the collector's "
+        "--hang-windows windows (a collective that never completes, a deadlock): it holds its GPUs and makes no "
+        "progress. Its time counts as hang badput; restart it from its last checkpoint (the collector's flag events "
+        "can trigger that).",
+    ),
+    Alert(
         "OfuFleetLow",
         "info",
         "Median OFU of a GPU model is low",
@@ -203,6 +213,8 @@ def _prometheus_exprs() -> dict[str, tuple[str, str | None]]:
             "15m",
         ),
         "OfuIdleGpus": (f"{_prom(names.JOB_GPUS_IDLE)} > 0", "30m"),
+        # The flag has waited its windows already: 5 minutes more only rides out a scrape or two.
+        "OfuJobHang": (f"{_prom(names.JOB_HANG)} == 1", "5m"),
         "OfuFleetLow": (
             f'{_prom(names.FLEET_OFU_QUANTILE)}{{{names.PROMETHEUS_QUANTILE_LABEL}="0.5"}} < {FLEET_OFU_MEDIAN_LOW}',
             "1h",
@@ -414,6 +426,7 @@ def prometheus_rule_tests() -> JSON:
                 "Job {job} reports more FLOPs than its GPUs execute",
             ),
             flag_test("OfuRegression", names.JOB_OFU_REGRESSION, 10, "Job {job} runs below its own OFU baseline"),
+            flag_test("OfuJobHang", names.JOB_HANG, 5, "Job {job} is hung: its GPUs run kernels and nothing moves"),
             {
                 "interval": "1m",
                 "input_series": [
@@ -810,6 +823,13 @@ def datadog_monitors() -> list[JSON]:
             priority=3,
         ),
         _dd_monitor(
+            BY_NAME["OfuJobHang"],
+            f"min(last_5m):max:{names.JOB_HANG.name}{{*}}{by(job)} >= 1",
+            1,
+            job,
+            priority=1,
+        ),
+        _dd_monitor(
             BY_NAME["OfuFleetLow"],
             f"max(last_1h):avg:{names.FLEET_OFU_QUANTILE.name}{{{names.QUANTILE}:0.5}}{by(group)} "
             f"< {FLEET_OFU_MEDIAN_LOW}",
@@ -895,6 +915,7 @@ def honeycomb_triggers() -> list[JSON]:
             breakdowns=STRAGGLER_GPU,  # not by throttle reason: one that alternates would split the straggler
         ),
         _hc_flag_held(BY_NAME["OfuIdleGpus"], names.JOB_GPUS_IDLE, time_range=1800, frequency=900, breakdowns=job),
+        _hc_flag_held(BY_NAME["OfuJobHang"], names.JOB_HANG, time_range=300, frequency=300, breakdowns=job),
         _hc_trigger(
             BY_NAME["OfuFleetLow"],
             {"op": "MAX", "column": names.FLEET_OFU_QUANTILE.name},

@@ -270,8 +270,34 @@ def datadog_dashboard() -> JSON:
                 }
             },
             *_dd_loss_widgets(),
+            *_dd_goodput_widgets(),
         ],
     }
+
+
+def _dd_goodput_widgets() -> list[JSON]:
+    """Where the allocated GPU time went: goodput per job and for the fleet, badput by cause, hung jobs."""
+    cause, job = names.GOODPUT_CAUSE, names.JOB_ID
+    return [
+        _dd_timeseries(
+            "Per job: goodput (productive / allocated GPU time, over the job so far)",
+            [_dd_query("q", f"avg:{names.JOB_GOODPUT.name}{_dd_scope()} by {{{job}}}")],
+            [{"formula": "q", "alias": "goodput"}],
+        ),
+        _dd_query_value("Fleet goodput over the horizon", f"avg:{names.FLEET_GOODPUT.name}{{*}}"),
+        _dd_timeseries(
+            "Fleet GPU-hours without progress, by cause (idle, hang, checkpoint, startup, recovery, rework)",
+            [_dd_query("q", f"sum:{names.FLEET_BADPUT.name}{{*}} by {{{cause}}}.as_count()")],
+            [{"formula": f"q / {SECONDS_PER_HOUR}", "alias": "GPU-hours without progress"}],
+            display_type="bars",
+        ),
+        _dd_toplist(
+            "Hung jobs (every GPU running kernels with nothing moving)",
+            f"max:{names.JOB_HANG.name}{_dd_scope()} by {{{job}}}",
+            "hang flag",
+            aggregator="max",
+        ),
+    ]
 
 
 # --- Honeycomb ----------------------------------------------------------------------------------------
@@ -341,6 +367,44 @@ def honeycomb_queries() -> dict[str, JSON]:
             "time_range": 3600,
         },
         **_honeycomb_loss_queries(),
+        **_honeycomb_goodput_queries(),
+    }
+
+
+def _honeycomb_goodput_queries() -> dict[str, JSON]:
+    """Where the allocated GPU time went: goodput, badput by cause, hung jobs."""
+    cause, job = names.GOODPUT_CAUSE, names.JOB_ID
+    return {
+        "job-goodput": {
+            "calculations": [
+                {"op": "MIN", "column": names.JOB_GOODPUT.name},
+                {"op": "MIN", "column": names.JOB_GOODPUT_FLOPS.name},
+            ],
+            "filters": [{"column": names.JOB_GOODPUT.name, "op": "exists"}],
+            "breakdowns": [job, names.GOODPUT_BASIS],
+            "orders": [{"op": "MIN", "column": names.JOB_GOODPUT.name, "order": "ascending"}],
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+            "granularity": 300,
+        },
+        "fleet-gpu-hours-without-progress-by-cause": {
+            "calculated_fields": [
+                {"name": "gpu_hours_badput", "expression": f"DIV(${names.FLEET_BADPUT.name}, {SECONDS_PER_HOUR})"}
+            ],
+            "calculations": [
+                {"op": "SUM", "column": "gpu_hours_badput"},
+                {"op": "AVG", "column": names.FLEET_GOODPUT.name},
+            ],
+            "filters": [{"column": names.FLEET_BADPUT.name, "op": "exists"}],
+            "breakdowns": [cause],
+            "time_range": HONEYCOMB_TIME_RANGE_S,
+            "granularity": 3600,
+        },
+        "hung-jobs": {
+            "calculations": [{"op": "MAX", "column": names.JOB_HANG.name}],
+            "filters": [{"column": names.JOB_HANG.name, "op": "=", "value": 1}],
+            "breakdowns": [job, names.JOB_NAME],
+            "time_range": 3600,
+        },
     }
 
 
@@ -572,6 +636,7 @@ def grafana_dashboard() -> JSON:
     # filtering on those would empty the panel whenever a model is chosen.
     per_gpu = _grafana_selector(names.JOB_ID, names.HOST_NAME)
     tensor_parts = f'{cause}=~"{"|".join(names.OfuLossCause.TENSOR_PARTS)}"'
+    goodput_cause = label_name(names.GOODPUT_CAUSE)
 
     def series(spec: names.MetricSpec, selector: str = per_job) -> str:
         return f"{prometheus_name(spec.name)}{selector}"
@@ -727,6 +792,41 @@ def grafana_dashboard() -> JSON:
                 _override("B", BYTES_PER_S_UNIT, right_axis=True),
                 _override("C", BYTES_PER_S_UNIT, right_axis=True),
             ],
+        ),
+        # Where the allocated GPU time went.
+        _grafana_panel(
+            17,
+            "Per job: goodput (productive / allocated GPU time, so far) and its FLOP view",
+            [
+                (series(names.JOB_GOODPUT), f"goodput {{{{{job}}}}}"),
+                (series(names.JOB_GOODPUT_FLOPS), f"FLOPs {{{{{job}}}}}"),
+            ],
+            unit=OFU_UNIT,
+        ),
+        _grafana_panel(
+            18,
+            "Fleet GPU-hours without progress per window, by cause",
+            [
+                (
+                    f"sum by ({goodput_cause}) ({prometheus_name(names.FLEET_BADPUT.name)}) / {SECONDS_PER_HOUR}",
+                    f"{{{{{goodput_cause}}}}}",
+                )
+            ],
+            unit=GPU_HOURS_UNIT,
+        ),
+        _grafana_panel(
+            19,
+            "Fleet goodput over the horizon",
+            [(prometheus_name(names.FLEET_GOODPUT.name), "goodput")],
+            kind="stat",
+            unit=OFU_UNIT,
+        ),
+        _grafana_panel(
+            20,
+            "Hung jobs (every GPU running kernels with nothing moving)",
+            [(f"{series(names.JOB_HANG)} == 1", f"{{{{{job}}}}}")],
+            kind="table",
+            unit=COUNT_UNIT,  # the flag's value: 1 while up
         ),
     ]
     return {

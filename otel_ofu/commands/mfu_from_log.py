@@ -1,7 +1,9 @@
-"""``otel-ofu mfu-from-log``: tail a training log and export the MFU it prints as ``job.mfu``.
+"""``otel-ofu mfu-from-log``: tail a training log and export the MFU it prints as ``job.mfu``, its progress as
+``job.step`` and the checkpoint time it logs as ``job.checkpoint.time``.
 
 For frameworks that log their MFU but cannot host the reporter library: the line
-``[rank0] step 120 | ... | MFU 32.5% | ...`` becomes a ``job.mfu`` point of 0.325 with ``job.id``.
+``[rank0] step 120 | ... | MFU 32.5% | ...`` becomes a ``job.mfu`` point of 0.325 and a ``job.step`` point of 120 with
+``job.id``; ``Finished saving the checkpoint in 5.2 seconds`` adds 5.2 s of saving (``otel_ofu.mfu.progress_lines``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from otel_ofu.cli_support import (
     url_or_host_port,
 )
 from otel_ofu.mfu.log_follower import DEFAULT_PATTERN, UNITS, FollowerStats, LogFollower, MfuPattern
+from otel_ofu.mfu.progress_lines import ProgressLine
 from otel_ofu.mfu.reporter import DEFAULT_STALE_AFTER_S, MfuReporter, otlp_meter_provider
 from otel_ofu.producer.exporters import GRPC, PROTOCOLS, http_metrics_url, otlp_exporter, resolve_protocol
 
@@ -45,7 +48,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Follow a training log like tail -F (appends, rotation, truncation, junk lines) and export the MFU "
             "found in it as the OpenTelemetry gauge job.mfu with job.id, over OTLP as the standard "
             "OTEL_EXPORTER_OTLP_* variables say. The default pattern reads 'MFU 32.5%', 'mfu: 0.325', "
-            "'mfu=0.325' and 'MFU: 41%': a % sign means percent, none means a fraction (see --unit)."
+            "'mfu=0.325' and 'MFU: 41%': a % sign means percent, none means a fraction (see --unit). The step a "
+            "line names ('step 120', 'iteration 100/1000') goes out as job.step, and a timed checkpoint save or "
+            "load ('Finished saving the checkpoint ... in 5.2 seconds', Megatron-LM's save-checkpoint timer) as "
+            "job.checkpoint.time: what the collector's goodput reads progress and restarts from."
         ),
     )
     options = CommandOptions(parser, MFU_PREFIX)
@@ -152,7 +158,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     stop = threading.Event()
     try:
-        follower = LogFollower(args.file, pattern=pattern, from_start=args.from_start, sleep=stop.wait)
+        follower = LogFollower(
+            args.file,
+            pattern=pattern,
+            from_start=args.from_start,
+            sleep=stop.wait,
+            on_progress=lambda progress: report_progress(reporter, progress),
+        )
     except OSError as error:
         log.error("mfu-from-log: cannot read %s: %s", args.file, error.strerror or error)
         reporter.shutdown()
@@ -183,13 +195,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def report_progress(reporter: MfuReporter, progress: ProgressLine) -> None:
+    """A line's progress to the reporter: its timed checkpoint, then its step. A value the reporter refuses (a
+    negative step cannot come from the patterns) is said at DEBUG and loses nothing else."""
+    try:
+        if progress.checkpoint is not None:
+            reporter.report_checkpoint(*progress.checkpoint)
+        if progress.step is not None:
+            reporter.report_step(progress.step)
+    except ValueError as error:
+        log.debug("progress line not reported: %s", error)
+
+
 def summary(stats: FollowerStats) -> str:
-    """The follower's counts in words. Junk is every line that gave neither an MFU nor a refused one: lines
-    without an MFU in them (the log's other lines) and unreadable ones (binary, not UTF-8, over-long)."""
+    """The follower's counts in words. Junk is every line that gave neither an MFU, a refused one nor progress: lines
+    without either in them (the log's other lines) and unreadable ones (binary, not UTF-8, over-long)."""
     junk = stats.without_mfu + stats.skipped
     return (
-        f"{stats.lines} lines, {stats.values} MFU values, {stats.rejected} rejected, {junk} junk lines skipped "
-        f"({stats.without_mfu} without an MFU, {stats.skipped} unreadable), "
+        f"{stats.lines} lines, {stats.values} MFU values, {stats.progress} progress lines, {stats.rejected} rejected, "
+        f"{junk} junk lines skipped "
+        f"({stats.without_mfu} without an MFU or progress, {stats.skipped} unreadable), "
         f"{stats.reopens} rotations, {stats.truncations} truncations"
     )
 

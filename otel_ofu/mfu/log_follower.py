@@ -22,6 +22,7 @@ from typing import BinaryIO
 
 import attrs
 
+from otel_ofu.mfu.progress_lines import ProgressLine, parse_progress
 from otel_ofu.mfu.values import InvalidMfu, check_mfu
 
 _NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|[-+]?inf(?:inity)?"
@@ -96,11 +97,12 @@ class FollowerStats:
     lines: int = 0  # complete lines read
     values: int = 0  # lines that gave a usable MFU
     rejected: int = 0  # lines whose MFU was not usable
-    without_mfu: int = 0  # readable lines with no MFU in them (the log's other lines)
+    without_mfu: int = 0  # readable lines with no MFU in them, nor progress when asked for (the log's other lines)
     skipped: int = 0  # binary, non-UTF-8 or over-long lines
     dropped_partials: int = 0  # fragments: a line cut by the start position, rotation or truncation
     reopens: int = 0  # rotations followed (new file at the path)
     truncations: int = 0  # the file got shorter than the read position
+    progress: int = 0  # lines that named a step or a timed checkpoint (when the follower was asked for progress)
 
 
 def _identity(stat: os.stat_result) -> tuple[int, int]:
@@ -123,6 +125,8 @@ class LogFollower:
     clock: Callable[[], float] = attrs.field(default=time.monotonic, kw_only=True)
     sleep: Callable[[float], object] = attrs.field(default=time.sleep, kw_only=True)
     stats: FollowerStats = attrs.field(factory=FollowerStats, kw_only=True)
+    # Given: each readable line's progress (a step, a timed checkpoint: ``progress_lines``) is handed to it.
+    on_progress: Callable[[ProgressLine], object] | None = attrs.field(default=None, kw_only=True)
 
     _file: BinaryIO | None = attrs.field(init=False, default=None)
     _buffer: bytearray = attrs.field(init=False, factory=bytearray)
@@ -254,6 +258,13 @@ class LogFollower:
         except UnicodeDecodeError:
             self.stats.skipped += 1
             return None
+        progressed = False
+        if self.on_progress is not None:
+            progress = parse_progress(text)
+            if not progress.empty:
+                progressed = True
+                self.stats.progress += 1
+                self.on_progress(progress)
         try:
             value = parse_mfu(text.rstrip("\r"), self.pattern)
         except InvalidMfu:
@@ -261,7 +272,7 @@ class LogFollower:
             return None
         if value is not None:
             self.stats.values += 1
-        else:
+        elif not progressed:
             self.stats.without_mfu += 1
         return value
 

@@ -1,10 +1,18 @@
-"""Report a training job's MFU as the OpenTelemetry gauge ``job.mfu``: the other half of the OFU correlation.
+"""Report a training job's MFU as the OpenTelemetry gauge ``job.mfu``: the other half of the OFU correlation; and
+its progress (``job.step``) and checkpoint time (``job.checkpoint.time``), what the collector's goodput is built on.
 
-Two ways in:
+Two ways in for MFU:
 
 * ``step(tokens=, seconds=)`` computes MFU = FLOPs/token x tokens/s / (num GPUs x dense peak FLOP/s),
   FLOPs/token being the one given or 6N for dense transformer training (PaLM's appendix B);
 * ``report(mfu)`` passes a framework's own MFU through (validated, see ``otel_ofu.mfu.values``).
+
+Progress: ``report_step(n)`` after step n completed (``step(..., step=n)`` says it with the MFU), and
+``checkpoint("save")`` / ``checkpoint("load", step=n)`` around a checkpoint save or load (or
+``report_checkpoint(operation, seconds)`` where the framework timed it): the seconds add up per operation in the
+cumulative ``job.checkpoint.time``, and a load names the step the job resumes from, which ``job.step`` then says (the
+collector tells a restart by the step going back, and counts the steps done again from there). Report them from one
+process of the job (rank 0), as MFU: two processes' steps would read as restarts.
 
 The gauge is observable and yields the latest value only while it is younger than ``stale_after_s``: a
 synchronous gauge with cumulative temporality would repeat a hung job's last MFU forever, and the collector
@@ -21,7 +29,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from types import TracebackType
 
 import attrs
@@ -123,6 +132,8 @@ class MfuReporter:
     _point_attributes: dict[str, str] = attrs.field(init=False, factory=dict)
     _own_provider: SdkMeterProvider | None = attrs.field(init=False, default=None)
     _latest: tuple[float, float] | None = attrs.field(init=False, default=None)  # (mfu, clock time)
+    _latest_step: tuple[int, float] | None = attrs.field(init=False, default=None)  # (step, clock time)
+    _checkpoint_s: dict[str, float] = attrs.field(init=False, factory=dict)  # by operation, since construction
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _closed: bool = attrs.field(init=False, default=False)
     _warned_above_one: bool = attrs.field(init=False, default=False)
@@ -163,6 +174,19 @@ class MfuReporter:
             unit=names.JOB_MFU.unit,
             description=names.JOB_MFU.description,
         )
+        meter.create_observable_gauge(
+            names.JOB_STEP.name,
+            callbacks=[self._observe_step],
+            unit=names.JOB_STEP.unit,
+            description=names.JOB_STEP.description,
+        )
+        # Cumulative seconds per operation (the SDK stamps the series' start): the collector takes their deltas.
+        meter.create_observable_counter(
+            names.JOB_CHECKPOINT_TIME.name,
+            callbacks=[self._observe_checkpoints],
+            unit=names.JOB_CHECKPOINT_TIME.unit,
+            description=names.JOB_CHECKPOINT_TIME.description,
+        )
 
     @property
     def peak_flops(self) -> float | None:
@@ -184,8 +208,57 @@ class MfuReporter:
         with self._lock:
             return None if self._latest is None else self._latest[0]
 
-    def step(self, *, tokens: float, seconds: float) -> float:
-        """Record the MFU of a step that processed ``tokens`` (all GPUs together) in ``seconds``; returns it."""
+    @property
+    def last_step(self) -> int | None:
+        """The latest step reported, stale or not."""
+        with self._lock:
+            return None if self._latest_step is None else self._latest_step[0]
+
+    def checkpoint_seconds(self, operation: str) -> float:
+        """The seconds reported for ``operation`` (save, load) since the reporter started."""
+        with self._lock:
+            return self._checkpoint_s.get(operation, 0.0)
+
+    def report_step(self, step: int) -> int:
+        """Step ``step`` completed (the count the framework keeps, from 0 or 1); returns it."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a whole number >= 0, got {step!r}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"MFU reporter of job {self.job_id} is shut down")
+            self._latest_step = (step, self.clock())
+        return step
+
+    def report_checkpoint(self, operation: str, seconds: float, *, step: int | None = None) -> float:
+        """The framework spent ``seconds`` saving or loading (``operation``) a checkpoint; a load's ``step`` is the
+        step the job resumes from, reported as its ``job.step``. Returns the operation's seconds so far."""
+        if operation not in names.CheckpointOperation.ALL:
+            raise ValueError(f"operation must be one of {', '.join(names.CheckpointOperation.ALL)}, got {operation!r}")
+        if isinstance(seconds, bool) or not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"seconds must be finite and >= 0, got {seconds!r}")
+        if step is not None:
+            self.report_step(step)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"MFU reporter of job {self.job_id} is shut down")
+            total = self._checkpoint_s[operation] = self._checkpoint_s.get(operation, 0.0) + float(seconds)
+        return total
+
+    @contextmanager
+    def checkpoint(self, operation: str, *, step: int | None = None) -> Iterator[None]:
+        """Times the ``with`` block as a checkpoint ``operation`` (on the reporter's clock), reported when it ends,
+        also when it raises (the time was spent)."""
+        if operation not in names.CheckpointOperation.ALL:
+            raise ValueError(f"operation must be one of {', '.join(names.CheckpointOperation.ALL)}, got {operation!r}")
+        began = self.clock()
+        try:
+            yield
+        finally:
+            self.report_checkpoint(operation, max(0.0, self.clock() - began), step=step)
+
+    def step(self, *, tokens: float, seconds: float, step: int | None = None) -> float:
+        """Record the MFU of a step that processed ``tokens`` (all GPUs together) in ``seconds``; returns it. With
+        ``step``, that step completed (``report_step``)."""
         if self._flops_per_token is None or self._peak is None:
             raise ValueError("step() needs flops_per_token or n_params at construction; use report() for a given MFU")
         if isinstance(tokens, bool) or not math.isfinite(tokens) or tokens < 0:
@@ -193,7 +266,10 @@ class MfuReporter:
         if isinstance(seconds, bool) or not math.isfinite(seconds) or seconds <= 0:
             raise ValueError(f"seconds must be finite and positive, got {seconds!r}")
         value = ofu_math.mfu(self._flops_per_token, tokens / seconds, self.num_gpus, self._peak)
-        return self._record(value)
+        recorded = self._record(value)
+        if step is not None:
+            self.report_step(step)
+        return recorded
 
     def report(self, mfu: float) -> float:
         """Pass a framework's own MFU (a fraction: 0.325 for 32.5%) straight through; returns it."""
@@ -223,6 +299,24 @@ class MfuReporter:
             if self.clock() - at > self.stale_after_s:
                 return []
         return [Observation(value, self._point_attributes)]
+
+    def _observe_step(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            if self._closed or self._latest_step is None:
+                return []
+            step, at = self._latest_step
+            if self.clock() - at > self.stale_after_s:
+                return []  # a hung job's last step is not repeated forever: its progress goes absent
+        return [Observation(step, self._point_attributes)]
+
+    def _observe_checkpoints(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:
+            if self._closed:
+                return []
+            return [
+                Observation(seconds, {**self._point_attributes, names.CHECKPOINT_OPERATION: operation})
+                for operation, seconds in self._checkpoint_s.items()
+            ]
 
     def flush(self, timeout_millis: float = 10_000) -> bool:
         """Export what is recorded now, when the provider is an SDK one (the API's has nothing to flush)."""

@@ -1,4 +1,5 @@
-"""``job.mfu`` points with their own timestamps, for MFU that was measured over a known interval.
+"""``job.mfu`` points with their own timestamps, for MFU that was measured over a known interval; and the training
+side's progress with its own (``job.step``, ``job.checkpoint.time``), for a replayed log or a simulated framework.
 
 The MfuReporter stamps points with the SDK's clock at collection time, which is right for live training.
 A replayed log, a simulated framework or a backfill knows when each MFU was measured instead; this builds
@@ -11,12 +12,14 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
     Gauge,
     Metric,
     MetricsData,
     NumberDataPoint,
     ResourceMetrics,
     ScopeMetrics,
+    Sum,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -59,5 +62,68 @@ def timed_mfu_metrics_data(points: Sequence[TimedMfu], *, service_name: str = na
     return MetricsData(
         resource_metrics=[
             ResourceMetrics(resource=resource, scope_metrics=[ScopeMetrics(_SCOPE, [metric], "")], schema_url="")
+        ]
+    )
+
+
+@attrs.frozen
+class TimedStep:
+    """The last step ``job_id`` completed, as reported at ``time_ns``."""
+
+    job_id: str
+    step: int
+    time_ns: int
+
+
+@attrs.frozen
+class TimedCheckpoints:
+    """The seconds ``job_id``'s reporter process (started at ``series_start_ns``) spent on each checkpoint operation by
+    ``time_ns``: its cumulative ``job.checkpoint.time`` series."""
+
+    job_id: str
+    series_start_ns: int
+    time_ns: int
+    seconds: Mapping[str, float]
+
+
+def timed_progress_metrics_data(
+    steps: Sequence[TimedStep],
+    checkpoints: Sequence[TimedCheckpoints] = (),
+    *,
+    service_name: str = names.MFU_SERVICE_NAME,
+) -> MetricsData:
+    """One resource (the reporting service): a ``job.step`` gauge and a cumulative ``job.checkpoint.time`` sum."""
+    metrics: list[Metric] = []
+    if steps:
+        points = [
+            NumberDataPoint(
+                attributes={names.JOB_ID: step.job_id},
+                start_time_unix_nano=step.time_ns,
+                time_unix_nano=step.time_ns,
+                value=step.step,
+            )
+            for step in steps
+        ]
+        metrics.append(
+            Metric(names.JOB_STEP.name, names.JOB_STEP.description, names.JOB_STEP.unit, Gauge(data_points=points))
+        )
+    sums = [
+        NumberDataPoint(
+            attributes={names.JOB_ID: found.job_id, names.CHECKPOINT_OPERATION: operation},
+            start_time_unix_nano=found.series_start_ns,
+            time_unix_nano=found.time_ns,
+            value=seconds,
+        )
+        for found in checkpoints
+        for operation, seconds in sorted(found.seconds.items())
+    ]
+    if sums:
+        spec = names.JOB_CHECKPOINT_TIME
+        data = Sum(data_points=sums, aggregation_temporality=AggregationTemporality.CUMULATIVE, is_monotonic=True)
+        metrics.append(Metric(spec.name, spec.description, spec.unit, data))
+    resource = Resource({names.SERVICE_NAME: service_name}, names.SCHEMA_URL)
+    return MetricsData(
+        resource_metrics=[
+            ResourceMetrics(resource=resource, scope_metrics=[ScopeMetrics(_SCOPE, metrics, "")], schema_url="")
         ]
     )

@@ -118,7 +118,8 @@ def grpc_cause(code: grpc.StatusCode, said: str, settings: OtlpSettings) -> str:
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return f"the receiver refused the credentials ({said}): check OTEL_EXPORTER_OTLP_HEADERS"
     if code == grpc.StatusCode.UNIMPLEMENTED:
-        return f"it has no OTLP metrics service ({said}): is it an OTLP receiver?"
+        signal = settings.signal
+        return f"it has no OTLP {signal} service ({said}): is it an OTLP receiver with a {signal} pipeline?"
     if code in RETRYABLE_GRPC or code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return f"the receiver could not take the request ({said})"
     return f"the receiver refused the request ({said})"

@@ -1,4 +1,5 @@
-"""One attempt at sending a serialized ExportMetricsServiceRequest over OTLP/gRPC or OTLP/HTTP.
+"""One attempt at sending a serialized OTLP export request (metrics; logs where the settings' signal says) over
+OTLP/gRPC or OTLP/HTTP.
 
 The bytes go as they are: over gRPC with grpcio's generic unary call on the OTLP method path (no
 serializer: the payload already is the request), over HTTP as a ``POST`` of ``application/x-protobuf`` with
@@ -28,9 +29,10 @@ from otel_ofu import __version__
 from otel_ofu.otlp_client.failures import grpc_failure, http_exception_failure, http_status_failure
 from otel_ofu.otlp_client.partial import delivered
 from otel_ofu.otlp_client.retry import Attempt
-from otel_ofu.otlp_client.settings import GRPC, ExporterConfigError, OtlpSettings
+from otel_ofu.otlp_client.settings import GRPC, LOGS, METRICS, ExporterConfigError, OtlpSettings
 
 EXPORT_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+EXPORT_METHODS = {METRICS: EXPORT_METHOD, LOGS: "/opentelemetry.proto.collector.logs.v1.LogsService/Export"}
 USER_AGENT = f"otel-ofu/{__version__}"
 # gRPC reconnects to a failed address with its own backoff, up to 2 minutes by default: a collector back
 # after an outage would then wait that long for its senders. Capped at a few seconds instead.
@@ -101,7 +103,7 @@ class GrpcSender:
             else:
                 channel = grpc.insecure_channel(settings.grpc_target, options, compression)
             # No serializers: bytes in (the request as encoded), bytes out (the response, read for partial success).
-            self._channel, self._call = channel, channel.unary_unary(EXPORT_METHOD, None, None)
+            self._channel, self._call = channel, channel.unary_unary(EXPORT_METHODS[settings.signal], None, None)
             return self._call
 
     def send(self, payload: bytes, timeout_s: float) -> Attempt:

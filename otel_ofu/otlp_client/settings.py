@@ -33,6 +33,9 @@ PROTOCOLS = (GRPC, HTTP_PROTOBUF)
 PROTOCOL_OPTION = "--protocol"
 PROTOCOL_VARIABLE = "OTEL_EXPORTER_OTLP_PROTOCOL"
 HTTP_METRICS_PATH = "/v1/metrics"
+# The OTLP signals a client sends: metrics (every output), logs (the collector's flag events).
+METRICS = "metrics"
+LOGS = "logs"
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318" + HTTP_METRICS_PATH
 DEFAULT_TIMEOUT_S = 10.0
@@ -125,6 +128,7 @@ class OtlpSettings:
     client_certificate: str | None = None
     # The command's option that picks the protocol, named where a failure suggests the other protocol.
     protocol_option: str = PROTOCOL_OPTION
+    signal: str = METRICS  # which OTLP service the requests are for (``endpoint`` is that signal's for HTTP)
 
     @property
     def grpc_target(self) -> str:

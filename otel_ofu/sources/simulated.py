@@ -57,6 +57,7 @@ from otel_ofu.model import (
     IoCounter,
     Snapshot,
 )
+from otel_ofu.sources.simulated_training import DOWN, HUNG, SAVE, TRAIN, WARMUP, Timeline, TrainingPlan, timeline
 
 H100_SXM_NAME = "NVIDIA H100 80GB HBM3"
 SCHEDULER = "static"
@@ -71,6 +72,8 @@ _THROTTLE_RATE_PER_S = 0.004  # at full nominal load; lighter loads throttle les
 _OUTAGE_RATE_PER_S = 1.0 / 240.0
 _OUTAGE_DURATION_S = (15.0, 45.0)
 _OUTAGE_REASONS = (names.ErrorReason.GPU_LOST, names.ErrorReason.NO_VALUE)  # codes 1 and 2
+# How far ahead a job's phases are laid out (a simulated run is minutes to hours).
+_TIMELINE_S = 30 * 86400.0
 # Framework MFU noise: relative, per reported interval.
 _MFU_NOISE = 0.015
 # Board power as fractions of the power limit (H100 SXM: 700 W, ~70 W idle): idle + dynamic power that
@@ -110,6 +113,17 @@ class Bottleneck:
 _NVLINK_PEAK_BYTES_PER_S = 450e9
 _HBM_BYTES_PER_S = 3.35e12
 _INPUT_RUN_SHARE = 0.6  # an input-bound job's engine runs 60% of the step: a 40% input pipeline stall
+# What a GPU shows besides its job's paced profile in a phase other than training (engine, SM activity, occupancy,
+# DRAM activity), with its tensor activity: a hung collective spins (one block per NCCL channel: 2% of the SMs busy,
+# nothing moving); loading weights or a checkpoint runs a small kernel now and then, as a checkpoint save copies to
+# the host (no tensor work either); a crashed job's GPUs sit idle until its relaunch.
+HUNG_ACTIVITY: Final = (0.99, 0.02, 0.01, 0.0)
+_PHASE_ACTIVITY: Final = {
+    HUNG: (0.0, HUNG_ACTIVITY),
+    WARMUP: (0.0, (0.1, 0.05, 0.02, 0.1)),
+    SAVE: (0.0, (0.1, 0.05, 0.02, 0.05)),
+    DOWN: (0.0, (0.0, 0.0, 0.0, 0.0)),
+}
 
 
 @attrs.frozen
@@ -210,6 +224,12 @@ class JobSpec:
     bottleneck: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(Bottleneck.ALL))
     )
+    # From this second on every GPU of the job spins in a hung collective: engine busy, SMs nearly empty, nothing
+    # moving (``HUNG_ACTIVITY``), no step, no MFU; None: it never hangs.
+    hang_at_s: float | None = None
+    # How it trains over time (startup, steps, checkpoint saves, a crash and a reload: ``simulated_training``): what its
+    # framework reports as job.step and job.checkpoint.time; None: it reports no progress and runs all along.
+    training: TrainingPlan | None = None
 
     @property
     def reports_mfu(self) -> bool:
@@ -222,6 +242,13 @@ class JobSpec:
     @property
     def has_regression(self) -> bool:
         return self.regression_at_s is not None and self.regression_factor > 1.0
+
+    @property
+    def has_hang(self) -> bool:
+        return self.hang_at_s is not None
+
+    def hung_at(self, t_s: float) -> bool:
+        return self.hang_at_s is not None and t_s >= self.hang_at_s
 
     @property
     def mfu_ratio(self) -> float:
@@ -316,6 +343,9 @@ class _Track:
     # How much of the job's nominal pace each step ran (its TPA / the unregressed nominal TPA, at most 1): what
     # scales the engine, SM and DRAM activity and the link traffic of the job's profile.
     cum_pace: array[float] = attrs.field(factory=lambda: array("d", [0.0]))
+    # What a phase other than training adds (``_PHASE_ACTIVITY``): engine, SM activity, occupancy, DRAM activity.
+    cum_extra: tuple[array[float], ...] = attrs.field(factory=lambda: tuple(array("d", [0.0]) for _ in range(4)))
+    timeline: Timeline | None = None  # the job's phases, where it hangs or has a training plan
     outage: bytearray | None = None  # per step: 0 readable, else 1 + index into _OUTAGE_REASONS
     throttle_left: int = 0
     throttle_mhz: float = 0.0
@@ -364,6 +394,7 @@ class SimulatedFleet:
     _last_ns: int = attrs.field(init=False)
     _tracks: dict[str, _Track] = attrs.field(init=False, factory=dict)
     _jobs_by_id: dict[str, JobSpec] = attrs.field(init=False, factory=dict)
+    _timelines: dict[str, Timeline] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
@@ -392,6 +423,7 @@ class SimulatedFleet:
                 straggle=rng.uniform(0.97, 1.03),
                 activity=ActivityProfile.of(owner),
                 outage=bytearray() if gpu.flaky else None,
+                timeline=self.timeline(owner.job_id),
             )
         self._start_ns = self.clock()
         self._last_ns = self._start_ns
@@ -421,6 +453,39 @@ class SimulatedFleet:
 
     def close(self) -> None:
         self._closed = True
+
+    # --- what the training frameworks report besides MFU -------------------------------------------
+
+    def timeline(self, job_id: str) -> Timeline | None:
+        """The job's phases (``simulated_training``), where it hangs or trains to a plan; None: it trains all along."""
+        found = self._timelines.get(job_id)
+        if found is None:
+            job = self.job(job_id)
+            if job.training is None and job.hang_at_s is None:
+                return None
+            plan = job.training or TrainingPlan(startup_s=0.0)  # no plan: it trains from the start until it hangs
+            found = self._timelines[job_id] = timeline(plan, _TIMELINE_S, job.hang_at_s)
+        return found
+
+    def reported_step(self, job_id: str, t_ns: int) -> int | None:
+        """The last step the job's framework says it completed at ``t_ns`` (None: it reports no progress, or none
+        yet, or its process is down)."""
+        found = self.timeline(job_id)
+        if found is None or self.job(job_id).training is None:
+            return None
+        return found.step(self.seconds(t_ns))
+
+    def reported_checkpoints(self, job_id: str, t_ns: int) -> tuple[int, dict[str, float]] | None:
+        """(its reporter process's start in ns, seconds it spent saving and loading by ``t_ns``): the cumulative
+        ``job.checkpoint.time`` series of the job's current process; None where it reports none, or is down."""
+        found = self.timeline(job_id)
+        if found is None or self.job(job_id).training is None:
+            return None
+        t_s = self.seconds(t_ns)
+        if found.kind(t_s) == DOWN:
+            return None
+        process, seconds = found.checkpoint_seconds(t_s)
+        return self._start_ns + round(found.process_start(process) * 1e9), seconds
 
     # --- ground truth (what a real fleet does not tell you) ---------------------------------------
 
@@ -483,6 +548,9 @@ class SimulatedFleet:
         job = self.job(job_id)
         if not job.reports_mfu:
             return None
+        found = self.timeline(job_id)
+        if found is not None and found.kind(self.seconds(end_ns)) != TRAIN:
+            return None  # starting, saving, down or hung: no step, no MFU
         ofu = self.truth_ofu(job_id, start_ns, end_ns)
         if ofu is None:
             return None
@@ -524,6 +592,16 @@ class SimulatedFleet:
                     tpa *= 0.3  # a data-loader or collective stall
                 tpa = min(1.0, max(0.0, tpa))
                 mhz = self._next_clock(track, nominal, max_mhz)
+            phase = track.timeline.kind(mid) if track.timeline is not None else TRAIN
+            extra = (0.0, 0.0, 0.0, 0.0)
+            if phase != TRAIN:  # the same draws as a training step, then what the phase shows instead
+                tpa, extra = _PHASE_ACTIVITY[phase]
+                pace_of = 0.0
+                nominal = 0.05 if phase != DOWN else 0.0  # spinning or loading kernels hold a boost clock, lightly
+                if phase == DOWN:
+                    mhz = idle_mhz
+            for column, value in zip(track.cum_extra, extra, strict=True):
+                column.append(column[-1] + value)
             mhz, watts, power_held, thermal_held = self._limits(track, mid, 0.0 if idle else nominal, mhz, boost_held)
             ofu = tpa * min(mhz / tensor_mhz, 1.0)
             track.cum_joules.append(track.cum_joules[-1] + watts)
@@ -650,9 +728,13 @@ class SimulatedFleet:
         """The interval's engine, SM and DRAM activity and occupancy, ordered T <= S <= E, and the link counters
         since the fleet started (GpuReading fields)."""
         profile = track.activity
-        pace = min(1.0, self._integral(track.cum_pace, ta, tb) / (tb - ta))
-        sm = min(1.0, max(tpa, profile.sm_active * pace))
-        engine = min(1.0, max(sm, profile.engine_active * pace))
+        span = tb - ta
+        pace = min(1.0, self._integral(track.cum_pace, ta, tb) / span)
+        extra_engine, extra_sm, extra_occupancy, extra_dram = (
+            self._integral(column, ta, tb) / span for column in track.cum_extra
+        )
+        sm = min(1.0, max(tpa, profile.sm_active * pace + extra_sm))
+        engine = min(1.0, max(sm, profile.engine_active * pace + extra_engine))
         paced_s = self._cumulative(track.cum_pace, tb)  # seconds at the nominal pace since the fleet started
         transmit, receive = names.IoDirection.TRANSMIT, names.IoDirection.RECEIVE
 
@@ -672,8 +754,8 @@ class SimulatedFleet:
         return {
             "sm_active": sm,
             "engine_active": engine,
-            "sm_occupancy": min(1.0, profile.sm_occupancy * pace),
-            "dram_active": min(1.0, profile.dram_active * pace),
+            "sm_occupancy": min(1.0, profile.sm_occupancy * pace + extra_occupancy),
+            "dram_active": min(1.0, profile.dram_active * pace + extra_dram),
             **links,
         }
 
@@ -690,7 +772,7 @@ class SimulatedFleet:
         average_clock: bool = False,
         report_max_clock: bool = True,
     ) -> SimulatedFleet:
-        """The demo fleet: 4 hosts x 8 H100 SXM, nine jobs, one flaky GPU.
+        """The demo fleet: 5 hosts x 8 H100 SXM, eleven jobs, one flaky GPU.
 
         ``job-1001``/``job-1002`` healthy dense, ``job-1003`` MoE over-counting ~2x, ``job-1004`` regresses
         2.5x at 40% of ``duration_s``, ``job-1005`` switches bf16 <-> fp8 every 3 minutes, ``job-1006`` an
@@ -701,8 +783,12 @@ class SimulatedFleet:
         it would be 0.48), ``job-1008`` communication-bound (exposed tensor-parallel collectives: SMs 80% busy
         at TPA 0.20, NVLink at 330 GB/s each way, DRAM ~0.2), ``job-1009`` memory-bound (embedding lookups: SMs
         88% busy at TPA 0.16, DRAM 70% busy).
+        The fifth host runs two jobs that report their progress (``job.step``, checkpoint time): ``job-1010`` hangs at
+        half of ``duration_s`` (a collective that never completes: every GPU spins, nothing moves), ``job-1011``
+        crashes at 42% of it, between two checkpoints, and is relaunched 90 s later from its last one (a 40 s load):
+        the steps after that checkpoint are done again.
         """
-        hosts = ("dgx-h100-01", "dgx-h100-02", "dgx-h100-03", "dgx-h100-04")
+        hosts = ("dgx-h100-01", "dgx-h100-02", "dgx-h100-03", "dgx-h100-04", "dgx-h100-05")
         max_mhz = _max_clock_mhz(H100_SXM_NAME, None)
         gpus: list[SimGpu] = []
 
@@ -809,6 +895,35 @@ class SimulatedFleet:
                 mfu_efficiency=0.95,
                 bottleneck=Bottleneck.MEMORY,
             ),
+            JobSpec(
+                "job-1010",
+                "gpt-7b-nccl-hang",
+                dense,
+                "bf16",
+                place("job-1010", 4, 0, 4),
+                tensor_active=0.42,
+                mfu_efficiency=0.96,
+                hang_at_s=0.5 * duration_s,
+                training=TrainingPlan(step_s=4.0, startup_s=30.0, checkpoint_every=60, save_s=15.0),
+            ),
+            JobSpec(
+                "job-1011",
+                "llama3-8b-restarts",
+                dense,
+                "bf16",
+                place("job-1011", 4, 4, 4),
+                tensor_active=0.40,
+                mfu_efficiency=0.96,
+                training=TrainingPlan(
+                    step_s=5.0,
+                    startup_s=45.0,
+                    checkpoint_every=48,
+                    save_s=20.0,
+                    crash_at_s=0.42 * duration_s,
+                    down_s=90.0,
+                    load_s=40.0,
+                ),
+            ),
         ]
         gpus.sort(key=lambda gpu: (gpu.host, gpu.index))
         return cls(
@@ -840,6 +955,8 @@ class SimulatedFleet:
         idle_share: float = 0.0,
         flaky_share: float = 0.0,
         bottleneck_share: float = 0.0,
+        hang_share: float = 0.0,
+        hang_window: tuple[float, float] = (0.2, 0.6),
         gpus_per_job: Sequence[int] = (1, 2, 4),
         gpus_per_host: int = 8,
         model: str = H100_SXM_NAME,
@@ -857,6 +974,8 @@ class SimulatedFleet:
         GPUs per job are drawn from ``gpus_per_job``; jobs are packed onto hosts of ``gpus_per_host``.
         ``round(n_jobs x bottleneck_share)`` of the dense jobs of two GPUs or more (as many as there are) get a
         ``Bottleneck``, the three in turn, drawn apart so that the other jobs are the same with or without them.
+        ``round(n_jobs x hang_share)`` of the jobs that train (dense, MoE, regressing, mixed; with a bottleneck or
+        not) hang at a time in ``hang_window`` x ``duration_s`` (``JobSpec.hang_at_s``), drawn apart likewise.
         """
         if n_jobs < 1:
             raise ValueError(f"n_jobs must be >= 1, got {n_jobs}")
@@ -909,6 +1028,14 @@ class SimulatedFleet:
             )
         if bottleneck_share > 0:
             jobs = _with_bottlenecks(jobs, round(n_jobs * bottleneck_share), random.Random(f"{seed}/bottlenecks"))
+        if hang_share > 0:
+            hangs = random.Random(f"{seed}/hangs")
+            working = [job for job in jobs if job.kind != ProfileKind.IDLE]
+            chosen = {job.job_id for job in hangs.sample(working, min(round(n_jobs * hang_share), len(working)))}
+            jobs = [
+                attrs.evolve(job, hang_at_s=duration_s * hangs.uniform(*hang_window)) if job.job_id in chosen else job
+                for job in jobs
+            ]
         return cls(
             gpus=tuple(gpus),
             jobs=tuple(jobs),

@@ -101,6 +101,8 @@ class RecordingSink:
     inputs: list[tuple[str, int, int, dict[str, float], dict[str, float]]] = attrs.field(factory=list)
     counters: list[tuple[str, int, int, dict[str, float]]] = attrs.field(factory=list)
     unmeasured: list[tuple[str, int, int, dict[str, str]]] = attrs.field(factory=list)
+    steps: list[tuple[str, float, int]] = attrs.field(factory=list)
+    checkpoints: list[tuple[str, str, int, int, float]] = attrs.field(factory=list)
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def profile_of(self, identity: Mapping[str, str]) -> Any:
@@ -123,6 +125,21 @@ class RecordingSink:
 
     def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None:
         self.mfu.append((job_id, value, time_ns, dict(identity)))
+        return None
+
+    def add_progress(
+        self,
+        job_id: str,
+        value: float,
+        time_ns: int,
+        identity: Mapping[str, str],
+        operation: str | None = None,
+        series_start_ns: int = 0,
+    ) -> str | None:
+        if operation is None:
+            self.steps.append((job_id, value, time_ns))
+        else:
+            self.checkpoints.append((job_id, operation, series_start_ns, time_ns, value))
         return None
 
     def add_gpu_inputs(

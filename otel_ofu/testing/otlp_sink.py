@@ -1,6 +1,7 @@
-"""A real OTLP metrics receiver on loopback for tests, the demo and benchmarks.
+"""A real OTLP metrics receiver on loopback for tests, the demo and benchmarks (and logs: the collector's flag events).
 
-gRPC (opentelemetry-proto's MetricsService) and OTLP/HTTP protobuf (``POST /v1/metrics``), both on
+gRPC (opentelemetry-proto's MetricsService and LogsService) and OTLP/HTTP protobuf (``POST /v1/metrics``,
+``/v1/logs``), both on
 127.0.0.1 with a free port, optionally over TLS (``start(tls=pki)``, mutual when the PKI's CA is to check
 clients). Every request is kept with its metadata/headers. The failure mode can be scripted so failure
 tests exercise the real exporters: ``UNAVAILABLE`` (HTTP 503), ``EXHAUSTED`` (RESOURCE_EXHAUSTED, HTTP
@@ -29,9 +30,10 @@ from typing import Any
 
 import attrs
 import grpc
-from google.protobuf import any_pb2, duration_pb2
+from google.protobuf import any_pb2, duration_pb2, json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2  # type: ignore[import-untyped]
 from grpc_status import rpc_status
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
 from otel_ofu.testing.pki import Pki
@@ -77,7 +79,8 @@ class OtlpSink:
     # With tls: require a client certificate signed by the PKI's CA.
     mutual: bool = False
     received: list[Received] = attrs.field(factory=list, init=False)
-    attempts: int = attrs.field(default=0, init=False)
+    logs_received: list[Received] = attrs.field(factory=list, init=False)  # ExportLogsServiceRequests, apart
+    attempts: int = attrs.field(default=0, init=False)  # metrics requests (logs are answered alike, not counted)
     mode: SinkMode = attrs.field(default=SinkMode.OK, init=False)
     retry_after_s: float | None = attrs.field(default=None, init=False)
     retry_after_date: bool = attrs.field(default=False, init=False)  # HTTP Retry-After as a date, not seconds
@@ -148,6 +151,18 @@ class OtlpSink:
                         if name is None or metric.name == name:
                             yield rm, sm, metric
 
+    def log_records(self) -> list[tuple[Any, Any]]:
+        """(resource_logs, log_record) of every logs request received so far, in arrival order."""
+        with self._cond:
+            received = list(self.logs_received)
+        return [
+            (rl, record)
+            for item in received
+            for rl in item.request.resource_logs
+            for sl in rl.scope_logs
+            for record in sl.log_records
+        ]
+
     def wait_for(self, predicate: Callable[[OtlpSink], bool], timeout: float = 10.0) -> bool:
         """Wait until ``predicate(sink)`` holds (re-checked on every request); False on timeout."""
         deadline = time.monotonic() + timeout
@@ -177,11 +192,12 @@ class OtlpSink:
 
     # --- shared by both transports --------------------------------------------------------------
 
-    def _admit(self) -> tuple[SinkMode, float | None]:
-        """Count the attempt and apply the failure mode; returns the mode to answer with and its retry delay."""
+    def _admit(self, count: bool = True) -> tuple[SinkMode, float | None]:
+        """Count the attempt (``count``: a metrics request) and apply the failure mode; returns the mode to answer with
+        and its retry delay."""
         deadline = time.monotonic() + self.hold_limit_s
         with self._cond:
-            self.attempts += 1
+            self.attempts += count
             self._cond.notify_all()
             while self.mode is SinkMode.HOLD and not self._closed:
                 remaining = deadline - time.monotonic()
@@ -228,7 +244,10 @@ class OtlpSink:
 
     def _store(self, request: Any, metadata: dict[str, str], transport: str) -> None:
         with self._cond:
-            self.received.append(Received(request, metadata, transport))
+            if isinstance(request, logs_service_pb2.ExportLogsServiceRequest):
+                self.logs_received.append(Received(request, metadata, transport))
+            else:
+                self.received.append(Received(request, metadata, transport))
             self._cond.notify_all()
 
     # --- gRPC -----------------------------------------------------------------------------------
@@ -248,8 +267,17 @@ class OtlpSink:
                 sink._store(request, metadata, "grpc")
                 return metrics_service_pb2.ExportMetricsServiceResponse.FromString(sink._response(request))
 
+        class LogsServicer(logs_service_pb2_grpc.LogsServiceServicer):
+            def Export(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+                mode, _retry_after_s = sink._admit(count=False)
+                if mode in _FAILURES:
+                    context.abort(_FAILURES[mode][0], f"sink scripted to answer {mode.value}")
+                sink._store(request, {key.lower(): str(value) for key, value in context.invocation_metadata()}, "grpc")
+                return logs_service_pb2.ExportLogsServiceResponse()
+
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Servicer(), server)  # type: ignore[no-untyped-call]
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(LogsServicer(), server)  # type: ignore[no-untyped-call]
         if self.tls is None:
             self.grpc_port = server.add_insecure_port("127.0.0.1:0")
         else:
@@ -269,7 +297,8 @@ class OtlpSink:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                if self.path.rstrip("/") != "/v1/metrics":
+                path = self.path.rstrip("/")
+                if path not in ("/v1/metrics", "/v1/logs"):
                     self._reply(404, b"", "text/plain")
                     return
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
@@ -278,20 +307,37 @@ class OtlpSink:
                     body = gzip.decompress(body)
                 elif encoding == "deflate":
                     body = zlib.decompress(body)
-                mode, retry_after_s = sink._admit()
+                logs = path == "/v1/logs"
+                mode, retry_after_s = sink._admit(count=not logs)
                 if mode in _FAILURES:
                     status = sink._status(mode, retry_after_s).SerializeToString()
                     retry = {"Retry-After": sink._retry_after(retry_after_s)} if retry_after_s is not None else {}
                     self._reply(_FAILURES[mode][2], status, "application/x-protobuf", retry)
                     return
-                request = metrics_service_pb2.ExportMetricsServiceRequest()
+                request: Any = (
+                    logs_service_pb2.ExportLogsServiceRequest()
+                    if logs
+                    else metrics_service_pb2.ExportMetricsServiceRequest()
+                )
+                json_body = "json" in (self.headers.get("Content-Type") or "").lower()
                 try:
-                    request.ParseFromString(body)
+                    if json_body:  # OTLP/JSON (an otlphttp exporter with encoding: json)
+                        json_format.Parse(body.decode("utf-8"), request, ignore_unknown_fields=True)
+                    else:
+                        request.ParseFromString(body)
                 except Exception:
-                    self._reply(400, b"malformed protobuf", "text/plain")
+                    self._reply(400, b"malformed request", "text/plain")
                     return
                 sink._store(request, {key.lower(): value for key, value in self.headers.items()}, "http")
-                self._reply(200, sink._response(request), "application/x-protobuf")
+                answer = (
+                    logs_service_pb2.ExportLogsServiceResponse().SerializeToString()
+                    if logs
+                    else sink._response(request)
+                )
+                if json_body:
+                    self._reply(200, b"{}", "application/json")
+                    return
+                self._reply(200, answer, "application/x-protobuf")
 
             def _reply(self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:
                 self.send_response(status)

@@ -6,7 +6,7 @@ otelcol-ofu does not build (Datadog, see collector/otelcol/README.md) becomes an
 to the same sink's HTTP side, and the sharded agent's DNS resolver becomes a static one over the shards.
 
 Producers are real ``otel-ofu run --source sim`` processes (the demo fleet, a different seed each, so
-their GPUs differ and the nine jobs span them), simulated time running SIM_SPEED times the wall clock;
+their GPUs differ and the eleven jobs span them), simulated time running SIM_SPEED times the wall clock;
 each records what it read (``--record``). The collectors close windows on their wall clock, which the
 simulated time runs ahead of, so they run with a lateness that keeps every window open until SIGTERM
 closes them all: the outputs then depend only on the data, never on timing.
@@ -52,7 +52,7 @@ OTELCOL_DIR = Path(__file__).resolve().parents[2] / "collector" / "otelcol"
 OTEL_OFU = [sys.executable, "-m", "otel_ofu.cli"]
 TOKEN = "e2e-token"
 DD_API_KEY = "e2e-datadog-key"  # what the gateways' otlphttp/datadog exporter sends as its dd-api-key header
-SEEDS = (7, 8, 9)  # three producers: the demo fleet's 32 GPUs each, nine jobs spanning all three
+SEEDS = (7, 8, 9)  # three producers: the demo fleet's 40 GPUs each, eleven jobs spanning all three
 SIM_SPEED = 30.0
 INTERVAL_S = 10.0
 DURATION_S = 180.0  # simulated: 18 intervals over three or four 60 s windows, ~6 s of wall time
@@ -606,7 +606,7 @@ def test_sharded_topology_through_the_real_collector(
     shard_records = {name: read_records(tmp_path / f"{name}.jsonl") for name in SHARDS}
     # Nothing lost or duplicated on the way: the shards together took exactly what one collector takes.
     assert sum(accepted.values()) == direct > 0
-    # How the nine jobs spread over the shards depends on the hash ring of the shards' (random) ports: usually
+    # How the eleven jobs spread over the shards depends on the hash ring of the shards' (random) ports: usually
     # two or three shards get jobs, rarely one; either way every assertion below holds.
 
     # Each job lives on exactly one shard, which has both its GPUs' OFU and its job.mfu: every job.* output

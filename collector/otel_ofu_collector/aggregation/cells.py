@@ -250,6 +250,9 @@ class Window:
     cells: dict[CellKey, Cell] = attrs.field(factory=dict)
     mfu: dict[str, MfuCell] = attrs.field(factory=dict)
     gpus: dict[str, GpuInputs] = attrs.field(factory=dict)  # loss inputs by stream key
+    # By job.id: its job.step points (time in ns -> step) and the seconds its checkpoints took in the window.
+    steps: dict[str, dict[int, float]] = attrs.field(factory=dict)
+    checkpoints: dict[str, float] = attrs.field(factory=dict)
 
 
 # An interval's part in one window: (window, low, high, ns carried in from windows that had closed), its span

@@ -18,7 +18,7 @@ import logging
 import math
 import operator
 from array import array
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import cast
 
 import attrs
@@ -46,7 +46,7 @@ from otel_ofu_collector.aggregation.cells import (
 )
 from otel_ofu_collector.aggregation.jobs import JobLedger, JobState, point_ofu
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.detectors import GPU_DETECTORS, GpuWindowValues
+from otel_ofu_collector.detectors import GPU_DETECTORS, GpuWindowValues, hang
 from otel_ofu_collector.results import (
     GpuFlagReport,
     GpuReport,
@@ -75,6 +75,8 @@ _CAPACITY_UNITS_PER_S = 1e6
 
 # A bucket's cells' (seconds in the window, seconds their OFU covered, OFU; None: a cell without OFU).
 _Columns = tuple[list[float], list[float], list[float | None]]
+# A job's GPUs' engine and SM activity, window means in columns (None: no GPU sent it).
+_Activity = tuple[list[float | None] | None, list[float | None] | None]
 
 
 @attrs.define(slots=True)
@@ -124,6 +126,47 @@ class _JobGpus:
         keys, shares = self.stream_keys(), self.shares
         return {keys[i]: shares[i] if shares else 1.0 for i in itertools.compress(range(len(idle)), idle)}
 
+    def stalled(
+        self,
+        measuring: list[int] | None,
+        thresholds: hang.Thresholds,
+        tensor_active: list[float],
+        activity: _Activity,
+        columns: loss.GpuColumns,
+    ) -> tuple[dict[str, float], float]:
+        """The streams among those with OFU that ran kernels with nothing moving (``hang.stalled``), with their
+        shares, and the GPU equivalents judged moving."""
+        links: list[float | None] | None = None
+        if columns.nvlink is not None or columns.pcie is not None:
+            nvlink = columns.nvlink or [None] * len(tensor_active)
+            pcie = columns.pcie or [None] * len(tensor_active)
+            links = [
+                None if a is None and b is None else (a or 0.0) + (b or 0.0) for a, b in zip(nvlink, pcie, strict=True)
+            ]
+        verdicts = hang.stalled(thresholds, tensor_active, activity[0], activity[1], columns.dram, links)
+        keys, shares = self.stream_keys(), self.shares
+        stalled: dict[str, float] = {}
+        moving = 0.0
+        for i in range(len(verdicts)) if measuring is None else measuring:
+            share = shares[i] if shares else 1.0
+            if verdicts[i]:
+                stalled[keys[i]] = share
+            elif verdicts[i] is not None:
+                moving += share
+        return stalled, moving
+
+    def capacity_s(self, keys: Iterable[str]) -> float:
+        """The GPU-seconds (share x seconds in the window) of the streams ``keys``."""
+        wanted = set(keys)
+        if not wanted:
+            return 0.0
+        shares = self.shares
+        return math.fsum(
+            (shares[i] if shares else 1.0) * self.seconds[i]
+            for i, key in enumerate(self.stream_keys())
+            if key in wanted
+        )
+
     def untimed_ofu(self, measuring: list[int] | None) -> tuple[float, float]:
         """``point_ofu`` of the cells with OFU whose points carried no time (their OFU cannot be weighed by it)."""
         untimed = [i for i in (range(len(self.cells)) if measuring is None else measuring) if not self.measured[i]]
@@ -168,12 +211,14 @@ class Closer:
     _prices: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
     _tensor_clocks: dict[str | None, float | None] = attrs.field(init=False, factory=dict)
     _unsized: set[tuple[str | None, str | None]] = attrs.field(init=False, factory=set)
+    _hang: hang.Thresholds = attrs.field(init=False)  # what a GPU is judged stalled by
     close_failures: dict[str, int] = attrs.field(init=False, factory=dict)  # groups/jobs/fleet totals left out
     windows_closed: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         self._groups = len(self.config.group_keys)
         self._model_index = 1 + self._groups + JOB_ATTRIBUTE_KEYS.index(names.HW_MODEL)
+        self._hang = hang.Thresholds.of(self.config)
 
     def close(self, start: int, window: Window) -> WindowReport:
         """One window's report. Each group and each job is closed on its own: one that fails (it should not: its
@@ -192,7 +237,7 @@ class Closer:
         gpu_reports: list[GpuReport] = []
         ledger = self.ledger
         job_parts: dict[str, JobWindow] = {}
-        for job_id in sorted(jobs_gpus.keys() | window.mfu.keys()):
+        for job_id in sorted(jobs_gpus.keys() | window.mfu.keys() | window.steps.keys() | window.checkpoints.keys()):
             job = ledger.jobs.get(job_id)
             if job is None:  # over the job cap when its points came
                 continue
@@ -201,6 +246,7 @@ class Closer:
                     job_id, job, start, end, window.mfu.get(job_id), window, jobs_gpus.get(job_id), stream_seconds
                 )
                 report = ledger.close(job_id, job, start, end, job_window)
+                flagged = _gpu_flag_changes(job, flagged)
             except Exception:
                 self._failed("job", job_id)
                 continue
@@ -309,8 +355,9 @@ class Closer:
 
     def _gpu_losses(
         self, window: Window, gpus: _JobGpus, stream_seconds: dict[str, float] | None
-    ) -> tuple[loss.GpuColumns, loss.Split, list[GpuInputs | None]]:
-        """The job's GPUs in columns, their split (with their tensor activity as used), and their loss inputs.
+    ) -> tuple[loss.GpuColumns, loss.Split, list[GpuInputs | None], _Activity]:
+        """The job's GPUs in columns, their split (with their tensor activity as used), their loss inputs, and their
+        engine and SM activity (what a hang is judged by, beside the columns' DRAM and links).
 
         The window means a split needs (tensor activity, clocks) come in columns, each a C-level pass where every
         GPU sent them (the producer's layout); ``loss.split_columns`` is the one split. A GPU without OFU stands in
@@ -339,7 +386,7 @@ class Closer:
             columns = loss.GpuColumns(
                 ofus, split, seconds, [None] * n, [None] * n, prices, gpus.shares, measured=all_measured
             )
-            return columns, split, found
+            return columns, split, found, (None, None)
         sums = [None if inputs is None else inputs.sums for inputs in found]
         active, sm_clock, max_clock, engine, sm, dram = (_means(sums, slot) for slot in _MEAN_SLOTS)
         tensor_clocks = list(map(self._tensor_clocks.__getitem__, models))
@@ -374,7 +421,7 @@ class Closer:
             pcie=_rates(sums, PCIE_SLOT, seconds),
             measured=all_measured,
         )
-        return columns, split, found
+        return columns, split, found, (engine, sm)
 
     def _gpu_flags(
         self,
@@ -452,15 +499,17 @@ class Closer:
         config = self.config
         attributes = dict(mfu_cell.attributes) if mfu_cell is not None else {}
         mfu = (mfu_cell.total, mfu_cell.count) if mfu_cell is not None else (0.0, 0)
+        steps = window.steps.get(job_id) or {}
+        checkpoint_s = window.checkpoints.get(job_id, 0.0)
         if gpus is None:
-            return JobWindow(mfu=mfu, attributes=attributes), [], []
+            return JobWindow(mfu=mfu, attributes=attributes, checkpoint_s=checkpoint_s, steps=steps), [], []
         group_end = 1 + self._groups
         ends = list(map(_LAST_END, gpus.cells))
         newest = gpus.cells[ends.index(max(ends))].profile[group_end : group_end + len(JOB_ATTRIBUTE_KEYS)]
         # The GPUs' own identity wins over what the training side said.
         attributes.update((k, v) for k, v in zip(JOB_ATTRIBUTE_KEYS, newest, strict=True) if v is not None)
         models = frozenset(filter(None, map(operator.itemgetter(self._model_index), map(_PROFILE, gpus.cells))))
-        columns, split, inputs = self._gpu_losses(window, gpus, stream_seconds)
+        columns, split, inputs, activity = self._gpu_losses(window, gpus, stream_seconds)
         sums = loss.job_sums_of(
             columns, currency=self._currency(), pue=config.pue, grid_intensity=config.grid_intensity
         )
@@ -471,14 +520,21 @@ class Closer:
                 job.gpu_flags = {detector.metric.name: detector.start(config) for detector in GPU_DETECTORS}
             gpu_flags = self._measured_gpu_flags(job_id, job, start, end, gpus, measuring, split.tensor_active, inputs)
         per_gpu = _gpu_reports(job_id, gpus, inputs, self._model_index) if config.per_gpu_reports else []
+        idle_gpus = gpus.idle(measuring, split.tensor_active)
+        stalled, moving = gpus.stalled(measuring, self._hang, split.tensor_active, activity, columns)
         part = JobWindow(
             sums=sums,
             point_ofu=gpus.untimed_ofu(measuring),
             mfu=mfu,
             gpus=gpus.count(measuring),
-            idle_gpus=gpus.idle(measuring, split.tensor_active),
+            idle_gpus=idle_gpus,
             attributes=attributes,
             models=models,
+            stalled_gpus=stalled,
+            moving_gpus=moving,
+            idle_s=gpus.capacity_s(key for key in idle_gpus if key not in stalled),
+            checkpoint_s=checkpoint_s,
+            steps=steps,
         )
         return part, gpu_flags, per_gpu
 
@@ -513,6 +569,24 @@ class Closer:
 
         values = GpuWindowValues(start, end, keys, ofus, tensor_active, idle, _peer_medians(ofus), throttle)
         return self._gpu_flags(job_id, job, values, inputs)
+
+
+def _gpu_flag_changes(job: JobState, flagged: list[GpuFlagReport]) -> list[GpuFlagReport]:
+    """The GPU flags' points with the rises marked (``GpuFlagReport.raised``), and the job's GPUs up kept: a 1 on a GPU
+    whose flag was not up rose; its 0 (shown once, when cleared) is the fall."""
+    if not flagged:
+        return flagged
+    marked: list[GpuFlagReport] = []
+    up = job.gpus_up
+    for flag in flagged:
+        key = (flag.metric, "|".join(f"{k}={v}" for k, v in sorted(flag.attributes.items()) if k in _GPU_IDENTITY_KEYS))
+        if flag.value and key not in up:
+            up.add(key)
+            flag = attrs.evolve(flag, raised=True)
+        elif not flag.value:
+            up.discard(key)
+        marked.append(flag)
+    return marked
 
 
 _LO = operator.attrgetter("lo")

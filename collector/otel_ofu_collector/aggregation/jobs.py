@@ -22,6 +22,7 @@ import attrs
 
 from otel_ofu import names
 from otel_ofu_collector.aggregation import loss
+from otel_ofu_collector.aggregation.goodput import FleetGoodputLedger, GoodputState
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.detectors import DETECTORS, GpuFlag, JobFlag, JobWindowValues
 from otel_ofu_collector.results import (
@@ -29,6 +30,7 @@ from otel_ofu_collector.results import (
     STATUS_NO_OFU,
     STATUS_OK,
     FleetReport,
+    JobGoodput,
     JobLoss,
     JobReport,
     JobWindow,
@@ -45,8 +47,11 @@ def open_places(cap: int) -> int:
     return cap - int(cap * RESERVED_SHARE)
 
 
-# What ``max_state_bytes`` counts per job besides its id: its flags and horizon.
+# What ``max_state_bytes`` counts per job besides its id: its flags and horizon; and, once it reported a step, its
+# progress marks (``goodput.Progress``: three columns of MAX_MARKS doubles).
 JOB_STATE_BYTES = 4096
+_STARTUP, _RECOVERY = names.GoodputCause.STARTUP, names.GoodputCause.RECOVERY
+PROGRESS_STATE_BYTES = 3 * 8 * 128
 _HORIZON_BLOCKS = 48
 
 
@@ -89,6 +94,12 @@ class JobState:
     flags: dict[str, JobFlag] = attrs.field(init=False)  # by the flag's metric name
     gpu_flags: dict[str, GpuFlag] = attrs.field(init=False)  # by the flag's metric name: per GPU inside
     horizon: Horizon = attrs.field(factory=Horizon)
+    goodput: GoodputState = attrs.field(factory=GoodputState)  # carries on through an eviction, as the horizon
+    # job.checkpoint.time's last reading per series: (operation, series start) -> (time, seconds); checkpoints.delta.
+    checkpoints: dict[tuple[str, int], tuple[int, float]] = attrs.field(factory=dict)
+    # Each flag's last value and the GPUs each GPU flag has up (metric, stream key): what tells a rise or a fall.
+    last_flags: dict[str, float | None] = attrs.field(init=False, factory=dict)
+    gpus_up: set[tuple[str, str]] = attrs.field(init=False, factory=set)
 
     def __attrs_post_init__(self) -> None:
         self.reset_flags()
@@ -96,6 +107,8 @@ class JobState:
     def reset_flags(self) -> None:
         self.flags = {detector.metric.name: detector.start(self.config) for detector in DETECTORS}
         self.gpu_flags = {}  # started at the first window with the job's GPUs (no state before it is needed)
+        self.last_flags = {}
+        self.gpus_up = set()
 
     def revive(self, seen_ns: int) -> None:
         """A job back after eviction starts its flags (and their baselines) afresh; its horizon blocks carry on."""
@@ -116,10 +129,12 @@ class JobLedger:
     state_bytes: int = 0
     last_pair_start: int | None = None  # the newest window with a job's (OFU, MFU) pair
     _block_ns: int = attrs.field(init=False)
+    _fleet_goodput: FleetGoodputLedger = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         config = self.config
         self._block_ns = max(1, config.horizon_ns // config.window_ns // _HORIZON_BLOCKS) * config.window_ns
+        self._fleet_goodput = FleetGoodputLedger(config.horizon_ns, self._block_ns)
 
     def admit(self, job_id: str, seen_ns: int, reserved: bool = True) -> JobState | None:
         """The job's live state, started (or revived after eviction) if need be; None (counted) over ``max_jobs``.
@@ -167,8 +182,15 @@ class JobLedger:
             job.horizon.add(start - start % self._block_ns, measured_ofu, mfu)
             if self.last_pair_start is None or start > self.last_pair_start:
                 self.last_pair_start = start
-        values = JobWindowValues(start, end, measured_ofu, mfu, window.gpus, window.idle_gpus)
+        values = JobWindowValues(
+            start, end, measured_ofu, mfu, window.gpus, window.idle_gpus, window.stalled_gpus, window.moving_gpus
+        )
+        goodput = self._goodput(job, start, end, window, values.all_stalled)
+        if goodput is not None and (goodput.badput_s.get(_STARTUP) or goodput.badput_s.get(_RECOVERY)):
+            values = attrs.evolve(values, restarting=True)
         flags = {name: flag.assess(values) for name, flag in job.flags.items()}
+        changes = _changes(job.last_flags, flags)
+        job.last_flags = flags
         job.horizon.prune(end - config.horizon_ns)
         gpu_time = window.sums.gpu_time_s if window.sums is not None else 0.0
         return JobReport(
@@ -182,11 +204,27 @@ class JobLedger:
             status=STATUS_NO_OFU if ofu is None else STATUS_NO_MFU if mfu is None else STATUS_OK,
             gpus=gpu_time * 1e9 / config.window_ns,  # GPU equivalents on average over the window
             loss=job_loss,
+            goodput=goodput,
+            flag_changes=changes,
         )
+
+    def _goodput(self, job: JobState, start: int, end: int, window: JobWindow, stalled: bool) -> JobGoodput | None:
+        """The job's goodput moved on by the window (``aggregation.goodput``), counted into the fleet's."""
+        sums = window.sums
+        gpu_time, useful = (sums.gpu_time_s, sums.useful_s) if sums is not None else (0.0, 0.0)
+        progressed = job.goodput.progress is not None
+        found = job.goodput.close(
+            start, end, gpu_time, useful, stalled, window.idle_s, window.checkpoint_s, window.steps
+        )
+        if not progressed and job.goodput.progress is not None:
+            self.state_bytes += PROGRESS_STATE_BYTES
+        self._fleet_goodput.add_job(gpu_time, found)
+        return found
 
     def fleet(self, end: int) -> FleetReport:
         """Pearson r across jobs of each job's horizon mean OFU vs horizon mean MFU, and the MAE of those means,
-        over every job with a pair in the horizon, evicted ones included."""
+        over every job with a pair in the horizon, evicted ones included; and the fleet's goodput over the horizon
+        from the jobs closed since the last call."""
         oldest = end - self.config.horizon_ns
         fleet = CoMoments()
         diffs = AbsDiff()
@@ -199,7 +237,8 @@ class JobLedger:
             if total.n:
                 fleet = fleet.add(total.mean_x, total.mean_y)
                 diffs = diffs.add(total.mean_x, total.mean_y)
-        return FleetReport(fleet.pearson(), diffs.mean(), fleet.n, fleet, diffs.total)
+        goodput = self._fleet_goodput.close(end - self.config.window_ns, end)
+        return FleetReport(fleet.pearson(), diffs.mean(), fleet.n, fleet, diffs.total, goodput=goodput)
 
     def spans(self, window_end: int) -> bool:
         """Whether the fleet's horizon holds (OFU, MFU) pairs for a window ending at ``window_end``."""
@@ -219,11 +258,18 @@ class JobLedger:
                 self.evicted += 1
             if not job.live:
                 job.horizon.prune(oldest_horizon)
-                if not job.horizon.blocks:
+                # Its progress lingers as its horizon does: a job restarted after a long outage still finds its marks.
+                progressing = job.goodput.progress is not None and job.last_seen_ns > oldest_horizon
+                if not job.horizon.blocks and not progressing:
                     gone.append(job_id)
         for job_id in gone:
-            del self.jobs[job_id]
-            self.state_bytes -= JOB_STATE_BYTES + len(job_id)
+            self._forget(job_id)
+
+    def _forget(self, job_id: str) -> None:
+        job = self.jobs.pop(job_id)
+        self.state_bytes -= JOB_STATE_BYTES + len(job_id)
+        if job.goodput.progress is not None:
+            self.state_bytes -= PROGRESS_STATE_BYTES
 
     def _forget_an_evicted_job(self) -> None:
         """Make room among the evicted jobs' lingering horizon blocks: drop the longest-silent one's."""
@@ -233,8 +279,22 @@ class JobLedger:
             if not job.live and (oldest is None or job.last_seen_ns < oldest_seen):
                 oldest, oldest_seen = job_id, job.last_seen_ns
         if oldest is not None:
-            del self.jobs[oldest]
-            self.state_bytes -= JOB_STATE_BYTES + len(oldest)
+            self._forget(oldest)
+
+
+def _changes(before: Mapping[str, float | None], now: Mapping[str, float | None]) -> dict[str, bool]:
+    """The flags that rose (True: up now, not up before) or fell (False: 0 now, up before); a flag not assessable
+    either side is neither (absent is not a fall)."""
+    found: dict[str, bool] = {}
+    for name, value in now.items():
+        if value is None:
+            continue
+        was_up = bool(before.get(name))
+        if value and not was_up:
+            found[name] = True
+        elif not value and was_up:
+            found[name] = False
+    return found
 
 
 def point_ofu(ofus: list[float], shares: list[float]) -> tuple[float, float]:

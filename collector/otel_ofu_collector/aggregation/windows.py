@@ -44,6 +44,7 @@ from collections.abc import Mapping
 import attrs
 
 from otel_ofu import names
+from otel_ofu_collector.aggregation import checkpoints
 from otel_ofu_collector.aggregation.cells import (
     COUNTER_RATES,
     CellKey,
@@ -68,6 +69,9 @@ logger = logging.getLogger(__name__)
 R = names.RejectReason
 # A window whose close fails this many flushes in a row is dropped (counted): a defect must not stop the rest.
 _CLOSE_ATTEMPTS = 3
+# job.step points one job may have in one window: a reporter sends one per export interval (seconds), so a 60 s window
+# holds a handful; more is a flood, refused (counted) rather than kept.
+MAX_STEP_POINTS = 256
 __all__ = ["Aggregator", "AggregatorStats", "CellKey", "Profile"]
 
 
@@ -78,6 +82,7 @@ class AggregatorStats:
     points_unmeasured: int = 0
     late_points: int = 0
     points_gpu_inputs: int = 0
+    points_progress: int = 0  # job.step and job.checkpoint.time
     rejected_stream_cap: int = 0
     rejected_job_cap: int = 0
     evicted_streams: int = 0
@@ -117,6 +122,7 @@ class Aggregator:
     _points_unmeasured: int = attrs.field(init=False, default=0)
     _points_mfu: int = attrs.field(init=False, default=0)
     _points_gpu: int = attrs.field(init=False, default=0)
+    _points_progress: int = attrs.field(init=False, default=0)  # job.step and job.checkpoint.time points taken
     _late: int = attrs.field(init=False, default=0)
     _rejected_inputs: int = attrs.field(init=False, default=0)  # loss inputs over max_streams in one window
     # The window the last point went to, (start, start + width]: consecutive points mostly share it.
@@ -153,6 +159,7 @@ class Aggregator:
             points_unmeasured=self._points_unmeasured,
             late_points=self._late,
             points_gpu_inputs=self._points_gpu,
+            points_progress=self._points_progress,
             rejected_stream_cap=table.rejected_streams + self._counters.rejected_streams + self._rejected_inputs,
             rejected_job_cap=ledger.rejected,
             evicted_streams=table.evicted,
@@ -338,6 +345,54 @@ class Aggregator:
         self._points_mfu += 1
         return None
 
+    def add_progress(
+        self,
+        job_id: str,
+        value: float,
+        time_ns: int,
+        identity: Mapping[str, str],
+        operation: str | None = None,
+        series_start_ns: int = 0,
+    ) -> str | None:
+        """A job's progress at ``time_ns``: without ``operation`` a ``job.step`` point (the last step it completed);
+        with one a ``job.checkpoint.time`` reading, the seconds it spent on ``operation`` (save, load) since its series
+        began at ``series_start_ns``, whose delta since the series' previous reading is split over the windows of the
+        time between them, in proportion (``checkpoints.delta``). None when taken, else why not (late, over the job cap,
+        more step points for the job in the window than ``MAX_STEP_POINTS``, checkpoint seconds beyond the time they
+        came in or going back)."""
+        if time_ns > self._watermark_ns:
+            self._watermark_ns = time_ns
+        found = self._window_of(time_ns)
+        if found is None:
+            return R.LATE
+        job = self._ledger.admit(job_id, time_ns)
+        if job is None:
+            return R.MAX_JOBS
+        start_of_window, window = found
+        if operation is None:
+            points = window.steps.get(job_id)
+            if points is None:
+                points = window.steps[job_id] = {}
+            elif len(points) >= MAX_STEP_POINTS and time_ns not in points:
+                return R.MAX_STATE
+            points[time_ns] = value
+            self._points_progress += 1
+            return None
+        first_open = series_start_ns > 0 and not self._is_late(window_start(series_start_ns + 1, self._window_ns))
+        delta = checkpoints.delta(job.checkpoints, operation, series_start_ns, time_ns, value, first_open)
+        if isinstance(delta, str):
+            return delta
+        seconds, since = delta
+        self._points_progress += 1
+        if seconds <= 0.0:
+            return None
+        parts = [(window, since, time_ns, 0.0)] if since >= start_of_window else self._parts(since, time_ns, *found)
+        covered = float(time_ns - since)
+        for part_window, low, high, carried in parts:
+            share = (float(high - low) + carried) / covered if covered > 0.0 else 1.0
+            part_window.checkpoints[job_id] = part_window.checkpoints.get(job_id, 0.0) + seconds * share
+        return None
+
     def add_gpu_inputs(
         self,
         stream_key: str,
@@ -499,7 +554,15 @@ class Aggregator:
         if self._flushed_ns is None or now_ns > self._flushed_ns:
             self._flushed_ns = now_ns
         reports = self._close_through(self._flushed_ns - self._lateness_ns)
-        self._evict(min(self._watermark_ns, self._flushed_ns))
+        # Eviction by event time, never past the flush: a scan per window is enough, staleness is many windows.
+        now = min(self._watermark_ns, self._flushed_ns)
+        if self._last_eviction_ns is None or now >= self._last_eviction_ns + self._window_ns:
+            self._last_eviction_ns = now
+            cutoff = now - self.config.stale_after_ns
+            in_use = (cell.profile for window in self._windows.values() for cell in window.cells.values())
+            self._table.evict(cutoff, in_use)
+            self._counters.evict(cutoff)
+            self._ledger.evict(now)
         return reports
 
     def close_all(self, now_ns: int | None = None) -> list[WindowReport]:
@@ -562,16 +625,6 @@ class Aggregator:
         if last is not None and window_end - last < self.config.stale_after_ns:
             return True
         return self._ledger.spans(window_end)
-
-    def _evict(self, now_ns: int) -> None:
-        if self._last_eviction_ns is not None and now_ns < self._last_eviction_ns + self._window_ns:
-            return  # a scan per window is enough; staleness is measured in many windows
-        self._last_eviction_ns = now_ns
-        cutoff = now_ns - self.config.stale_after_ns
-        in_use = (cell.profile for window in self._windows.values() for cell in window.cells.values())
-        self._table.evict(cutoff, in_use)
-        self._counters.evict(cutoff)
-        self._ledger.evict(now_ns)
 
 
 def _inputs_of(window: Window, stream_key: str, identity: Mapping[str, str]) -> GpuInputs:

@@ -1,8 +1,9 @@
 """Flags: one module per flag, each defining ``DETECTOR`` (a job flag, ``base.Detector``: ``flops_miscount``,
-``regression``, ``idle_gpus``) or ``GPU_DETECTOR`` (a GPU-level flag, ``base.GpuDetector``: ``straggler``).
+``regression``, ``idle_gpus``, ``hang``) or ``GPU_DETECTOR`` (a GPU-level flag, ``base.GpuDetector``: ``straggler``).
 
 ``DETECTORS`` and ``GPU_DETECTORS`` hold every module's detector, found here at import, in the order of their
-metrics in the collector's outputs (``names.COLLECTOR_METRICS``, then ``names.COLLECTOR_LOSS_METRICS``): a new
+metrics in the collector's outputs (``names.COLLECTOR_METRICS``, ``names.COLLECTOR_LOSS_METRICS``, then
+``names.COLLECTOR_GOODPUT_METRICS``): a new
 flag is a module in this folder plus its metric in ``otel_ofu.names``. ``FLAG_OPTIONS`` holds their settings
 (``base.FlagOption``), in the same order: ``AggregatorConfig`` checks its ``flag_settings`` against them and
 ``otel-ofu collector`` offers each as an option.
@@ -45,7 +46,12 @@ __all__ = [
     "detector_for",
 ]
 
-_ORDER = {spec.name: index for index, spec in enumerate((*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS))}
+_ORDER = {
+    spec.name: index
+    for index, spec in enumerate(
+        (*names.COLLECTOR_METRICS, *names.COLLECTOR_LOSS_METRICS, *names.COLLECTOR_GOODPUT_METRICS)
+    )
+}
 
 
 def _discover() -> tuple[tuple[Detector, ...], tuple[GpuDetector, ...]]:

@@ -71,11 +71,25 @@ class JobWindowValues:
     gpus: float  # GPU equivalents: a MIG slice counts as its share of its GPU (otel_ofu.gpu_share)
     # The job's GPUs (stream keys) with no tensor activity all window, each with its share of a GPU.
     idle_gpus: Mapping[str, float] = attrs.field(factory=dict)
+    # Its GPUs running kernels with nothing moving all window (``hang.stalled``), each with its share of a GPU, and
+    # the GPU equivalents judged moving; the rest could not be judged (no engine or SM activity).
+    stalled_gpus: Mapping[str, float] = attrs.field(factory=dict)
+    moving_gpus: float = 0.0
+    # The job's progress (job.step) showed it starting or back from a restart in this window: its startup or its
+    # recovery was booked (``aggregation.goodput``).
+    restarting: bool = False
 
     @property
     def all_idle(self) -> bool:
         """Every one of the job's GPUs in the window had no tensor activity (False for a window without GPUs)."""
         return bool(self.idle_gpus) and math.fsum(self.idle_gpus.values()) >= self.gpus
+
+    @property
+    def all_stalled(self) -> bool:
+        """Every one of the job's GPUs in the window ran kernels with nothing moving (False for a window without
+        GPUs); to a relative 1e-9, as shares of slices add up in binary."""
+        stalled = self.stalled_gpus
+        return bool(stalled) and math.fsum(stalled.values()) >= self.gpus * (1.0 - 1e-9)
 
 
 @attrs.frozen

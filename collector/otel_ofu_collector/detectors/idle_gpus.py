@@ -3,6 +3,9 @@
 Counted per window: the job's GPUs whose tensor pipes were inactive all window (``gpu.tensor.active`` 0, or
 OFU 0 where activity is not reported) for ``idle_windows`` consecutive windows of the job. A window in which
 the job has no GPU says nothing (not assessable); a GPU missing from a window starts its count afresh.
+
+A GPU that ran kernels with nothing moving (``hang.stalled``: a hung collective) is not idle, whatever its tensor
+pipes did: its job is hung, not an allocation nobody uses, and ``job.hang`` says so. Such a GPU's count starts afresh.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ class _IdleGpus:
         if not window.gpus:
             return None
         runs = self.runs
-        self.runs = {key: runs.get(key, 0) + 1 for key in window.idle_gpus}
+        stalled = window.stalled_gpus
+        self.runs = {key: runs.get(key, 0) + 1 for key in window.idle_gpus if key not in stalled}
         # In GPU equivalents, as job.gpus: an idle MIG slice is its share of a GPU.
         shares = window.idle_gpus
         return math.fsum(shares[key] for key, run in self.runs.items() if run >= self.windows)

@@ -5,7 +5,9 @@ checkpoint pause) of the job's last ``baseline_windows`` unflagged window OFUs, 
 ``min_windows(baseline_windows)`` and the baseline is at least ``regression_min_baseline`` (an idle
 job has nothing to regress from). A window without OFU keeps the flag's value, and so does one in which all the
 job's GPUs were idle: a job that finished or stalled while holding its GPUs is an idle allocation
-(``job.gpus.idle``), not a regression, and its idle windows do not enter the baseline. Until the baseline has
+(``job.gpus.idle``), not a regression, and its idle windows do not enter the baseline. So does a window in which its
+progress shows it starting or back from a restart (``JobWindowValues.restarting``): a relaunch's low window is
+recovery, which goodput counts, not a slower job. Until the baseline has
 its windows the flag cannot be assessed: absent, not 0.
 """
 
@@ -65,7 +67,7 @@ class _Regression:
 
     def assess(self, window: JobWindowValues) -> int | None:
         ofu = window.ofu
-        if ofu is None or window.all_idle:
+        if ofu is None or window.all_idle or window.restarting:
             return self.up
         baseline = self.baseline
         if len(baseline) < self.min_windows:

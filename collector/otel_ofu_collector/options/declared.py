@@ -318,6 +318,12 @@ EXPORT_MAX_REQUEST_BYTES: Final = number(
 PASS_THROUGH: Final = switch(
     "pass_through", OUTPUTS, default=True, help="forward metrics that are not ours downstream untouched"
 )
+FLAG_EVENTS: Final = switch(
+    "flag_events",
+    OUTPUTS,
+    default=True,
+    help="send each flag's rise and fall downstream as an OTLP log record (to its logs endpoint)",
+)
 FORWARD_INPUTS: Final = switch("forward_inputs", OUTPUTS, help="also forward our inputs (gpu.*, job.mfu) downstream")
 INSTANCE_ID: Final = text(
     "instance_id",
@@ -481,6 +487,7 @@ OPTIONS: Final[tuple[Option[Any], ...]] = (
     EXPORT_PROTOCOL,
     EXPORT_MAX_REQUEST_BYTES,
     PASS_THROUGH,
+    FLAG_EVENTS,
     FORWARD_INPUTS,
     INSTANCE_ID,
     RECORD_OUTPUTS,

@@ -42,6 +42,12 @@ R = names.RejectReason
 _OFU = names.GPU_OFU.name
 _UNMEASURED = names.GPU_OFU_UNMEASURED.name
 _MFU = names.JOB_MFU.name
+_STEP = names.JOB_STEP.name
+_OPERATION = names.CHECKPOINT_OPERATION
+# A step count no training reaches (2^53: past it a float no longer holds every whole number); checkpoint seconds of a
+# reporter that ran a year.
+_MAX_STEP = float(2**53)
+_MAX_CHECKPOINT_S = 365 * 86400.0
 _JOB_ID = names.JOB_ID
 _THROTTLE = names.GPU_THROTTLE.name
 _INPUTS = "loss inputs"  # how refused loss inputs are named (taken per GPU interval, all together)
@@ -94,6 +100,19 @@ class PointSink(Protocol):
         ...
 
     def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None: ...
+
+    def add_progress(
+        self,
+        job_id: str,
+        value: float,
+        time_ns: int,
+        identity: Mapping[str, str],
+        operation: str | None = None,
+        series_start_ns: int = 0,
+    ) -> str | None:
+        """A job's progress: a ``job.step`` point (``operation`` None: the last step it completed at ``time_ns``), or a
+        ``job.checkpoint.time`` reading (seconds spent on ``operation`` since ``series_start_ns``, cumulative)."""
+        ...
 
     def add_gpu_inputs(
         self,
@@ -495,8 +514,10 @@ class _Reading:
                     self.unmeasured(points, entry)
                 elif role == roles.INPUT:
                     self.inputs(name, points, entry, batch)
-                else:
+                elif role == roles.MFU:
                     self.mfu(points, entry)
+                else:
+                    self.progress(name, points, entry)
         for (key, start_ns, end_ns), groups in batch.items():
             for identity, gauges, shares, counters in groups:
                 count = len(gauges) + len(shares) + len(counters)
@@ -669,6 +690,45 @@ class _Reading:
                 self.accepted += 1
             else:
                 rejections.refuse(_MFU, refused)
+
+    def progress(self, name: str, points: Any, entry: ResourceEntry) -> None:
+        """``job.step`` and ``job.checkpoint.time`` points, read as ``job.mfu``'s are: a finite value in the metric's
+        range, ``job.id`` on the point or its resource, a time; a checkpoint time also names its operation."""
+        rejections = self.rejections
+        step = name == _STEP
+        high = _MAX_STEP if step else _MAX_CHECKPOINT_S
+        for point in points:
+            value = _number(point)
+            if value is None or not 0.0 <= value <= high:
+                rejections.refuse(name, R.OUT_OF_RANGE)
+                continue
+            attributes = point.attributes
+            identity = identity_of(attributes, entry.identity) if attributes else entry.identity
+            unfit = unusable(identity, self.decoder.max_attribute_length) if identity is not entry.identity else None
+            if unfit is not None:
+                rejections.add(R.BAD_ATTRIBUTE, f"{name} {unfit}")
+                continue
+            job_id = identity.get(_JOB_ID)
+            if not job_id:
+                rejections.add(R.NO_IDENTITY, f"{name} without {_JOB_ID}")
+                continue
+            time_ns = point.time_unix_nano
+            if not time_ns or time_ns > self.latest:
+                rejections.refuse(name, R.BAD_TIME)
+                continue
+            if step:
+                refused = self.sink.add_progress(job_id, value, time_ns, identity)
+            else:
+                operation = next((kv.value.string_value for kv in attributes if kv.key == _OPERATION), None)
+                if operation not in names.CheckpointOperation.ALL:
+                    rejections.add(R.BAD_ATTRIBUTE, f"{name} without a known {_OPERATION}")
+                    continue
+                start_ns = point.start_time_unix_nano
+                refused = self.sink.add_progress(job_id, value, time_ns, identity, operation, start_ns)
+            if refused is None:
+                self.accepted += 1
+            else:
+                rejections.refuse(name, refused)
 
 
 class _Plausible:

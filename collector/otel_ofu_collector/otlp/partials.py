@@ -5,9 +5,10 @@ the empty ones too), besides the ``fleet.ofu`` histograms, ``fleet.gpus`` and th
 (``fleet.gpu_time.lost``, ``fleet.energy``, ``fleet.cost.lost``: sums, which the merge tier adds), each group's OFU
 counted in GPU capacity (``fleet.ofu.partial.capacity``, an exponential histogram whose counts are GPU-microseconds:
 the percentiles are read from it) and each job's window as sums (``job.partial``, one point per field, with the job's
-identity: ``names.PartialField``). A shard sends no job.* output of its own: the merge tier adds up each job's parts,
-from every shard it was on in the window, and computes them once. ``encode`` writes the points from
-``capacity_points`` and ``job_points``; the merge tier's ``Decoder`` reads requests back with
+identity: ``names.PartialField``; with what its goodput and hang flag are computed from: its stalled GPUs, its idle
+GPUs' seconds, its checkpoint seconds, its step points). A shard sends no job.* output of its own: the merge tier adds
+up each job's parts, from every shard it was on in the window, and computes them once. ``encode`` writes the points
+from ``capacity_points`` and ``job_points``; the merge tier's ``Decoder`` reads requests back with
 ``partials_from_request``.
 """
 
@@ -41,7 +42,14 @@ _PARTIAL_NAMES = frozenset(
 # Fleet outputs a shard reports for its own slice only; the merge tier drops the shards' copies and emits its own.
 _MERGE_RECOMPUTED_NAMES = frozenset(
     spec.name
-    for spec in (names.FLEET_OFU_QUANTILE, names.FLEET_GPUS, names.FLEET_OFU_MFU_CORRELATION, names.FLEET_OFU_MFU_MAE)
+    for spec in (
+        names.FLEET_OFU_QUANTILE,
+        names.FLEET_GPUS,
+        names.FLEET_OFU_MFU_CORRELATION,
+        names.FLEET_OFU_MFU_MAE,
+        names.FLEET_BADPUT,
+        names.FLEET_GOODPUT,
+    )
 )
 # The attributes of a job.partial point that are the job's, not the field's.
 _JOB_KEYS = (names.JOB_ID, names.JOB_NAME, names.HW_MODEL, names.GPU_PRECISION)
@@ -104,6 +112,17 @@ def job_points(job_id: str, part: JobWindow) -> Iterator[tuple[dict[str, str], f
         yield point(F.IDLE_GPU + key, share)
     for model in sorted(part.models):
         yield point(F.MODEL + model, 1.0)
+    # Goodput's inputs: the hang verdicts the shard made per GPU, its idle GPUs' seconds, its progress points.
+    for key, share in part.stalled_gpus.items():
+        yield point(F.STALLED_GPU + key, share)
+    if part.moving_gpus:
+        yield point(F.MOVING_GPUS, part.moving_gpus)
+    if part.idle_s:
+        yield point(F.IDLE_S, part.idle_s)
+    if part.checkpoint_s:
+        yield point(F.CHECKPOINT_S, part.checkpoint_s)
+    for time_ns, step in sorted(part.steps.items()):
+        yield point(F.STEP + str(time_ns), step)
 
 
 def _any_value_text(value: Any) -> str:
@@ -210,6 +229,11 @@ class _JobBuilder:
         count = values.get(F.MFU_COUNT, 0.0)
         if count != int(count):
             raise ValueError(f"job.partial MFU count {count!r} is not a count")
+        steps: dict[int, float] = {}
+        for key, step in by_prefix.get(F.STEP, {}).items():
+            if not key.isdigit():
+                raise ValueError(f"job.partial step point at {key!r}: not a time in ns")
+            steps[int(key)] = step
         return JobWindow(
             sums=sums,
             point_ofu=(values.get(F.POINT_OFU, 0.0), values.get(F.POINT_OFU_WEIGHT, 0.0)),
@@ -218,6 +242,11 @@ class _JobBuilder:
             idle_gpus=by_prefix.get(F.IDLE_GPU, {}),
             attributes=dict(self.attributes),
             models=frozenset(by_prefix.get(F.MODEL, {})),
+            stalled_gpus=by_prefix.get(F.STALLED_GPU, {}),
+            moving_gpus=values.get(F.MOVING_GPUS, 0.0),
+            idle_s=values.get(F.IDLE_S, 0.0),
+            checkpoint_s=values.get(F.CHECKPOINT_S, 0.0),
+            steps=steps,
         )
 
 

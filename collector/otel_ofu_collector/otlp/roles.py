@@ -1,7 +1,7 @@
 """What the decoder does with each metric it receives, by name: one lookup per metric.
 
 A point of ``gpu.ofu`` goes to the windows' OFU, ``gpu.ofu.unmeasured`` to the GPU's time without OFU, ``job.mfu`` to
-the job's MFU, a loss input (``gpu.tensor.active``,
+the job's MFU, ``job.step`` and ``job.checkpoint.time`` to the job's progress, a loss input (``gpu.tensor.active``,
 clocks, power, energy, throttle shares...) to the GPU's loss split; the producer's other metrics are only
 consumed. A name not here is foreign: forwarded on pass-through.
 """
@@ -12,12 +12,14 @@ from typing import Final
 
 from otel_ofu import names
 
-CONSUMED, OFU, MFU, INPUT, UNMEASURED = range(5)
+CONSUMED, OFU, MFU, INPUT, UNMEASURED, STEP, CHECKPOINT = range(7)
 
 # The per-GPU inputs of the loss split (what ``Aggregator.add_gpu_inputs`` takes), beside gpu.ofu.
 GPU_INPUT_NAMES: Final = frozenset(spec.name for spec in names.LOSS_SPLIT_INPUTS)
 # Everything the producer and the MFU reporter send us: consumed here, forwarded only on request.
-INPUT_METRIC_NAMES: Final = frozenset({spec.name for spec in names.PRODUCER_METRICS} | {names.JOB_MFU.name})
+INPUT_METRIC_NAMES: Final = frozenset(
+    {spec.name for spec in names.PRODUCER_METRICS} | {spec.name for spec in (names.JOB_MFU, *names.TRAINING_METRICS)}
+)
 
 ROLES: Final[dict[str, int]] = {
     **dict.fromkeys(INPUT_METRIC_NAMES, CONSUMED),
@@ -25,6 +27,8 @@ ROLES: Final[dict[str, int]] = {
     names.GPU_OFU.name: OFU,
     names.GPU_OFU_UNMEASURED.name: UNMEASURED,
     names.JOB_MFU.name: MFU,
+    names.JOB_STEP.name: STEP,
+    names.JOB_CHECKPOINT_TIME.name: CHECKPOINT,
 }
 
 # Loss inputs whose points are told apart by one attribute of theirs (a point's other attributes are identity): the

@@ -12,7 +12,10 @@ the flag absent. Where OFU is lost (added in version 1 without a version change,
 ``attributes``, ``value``, ``ofu``, ``job_median_ofu``); a record without them reads as none known. Per GPU
 (likewise optional): the window's ``"gpus"``, each GPU's means (``job_id``, ``attributes``, ``ofu``,
 ``tensor_active``, ``sm_clock_hz``, ``sm_clock_max_hz``, ``power_w``, ``throttle`` by reason); an entry that
-cannot be used is skipped with a warning, never the window.
+cannot be used is skipped with a warning, never the window. Goodput (likewise optional): a job's ``"goodput"``
+(``badput_s`` by goodput cause, ``goodput``, ``goodput_flops``, ``basis``) and ``"flag_changes"`` (flag -> true when it
+rose in the window, false when it fell), the fleet's ``"goodput"`` (``badput_s``, ``goodput``, ``basis``), and a GPU
+flag's ``raised``.
 
     {"otel_ofu_report": 1, "start_ns": 1700000000000000000, "end_ns": 1700000060000000000,
      "groups": [{"attributes": {"hw.model": "NVIDIA H100 80GB HBM3", "gpu.precision": "bf16"}, "gpus": 8,
@@ -44,11 +47,13 @@ import attrs
 from otel_ofu import ports
 from otel_ofu_collector.detectors import DETECTORS
 from otel_ofu_collector.results import (
+    FleetGoodput,
     FleetLoss,
     FleetReport,
     GpuFlagReport,
     GpuReport,
     GroupReport,
+    JobGoodput,
     JobLoss,
     JobReport,
     WindowReport,
@@ -118,6 +123,8 @@ def _job_to_json(job: JobReport) -> dict[str, Any]:
         "status": job.status,
         "gpus": job.gpus,
         **({"loss": attrs.asdict(job.loss)} if job.loss is not None else {}),
+        **({"goodput": attrs.asdict(job.goodput)} if job.goodput is not None else {}),
+        **({"flag_changes": dict(job.flag_changes)} if job.flag_changes else {}),
     }
 
 
@@ -137,6 +144,7 @@ def _fleet_to_json(fleet: FleetReport) -> dict[str, Any]:
             "c_xy": moments.c_xy,
         },
         "loss": attrs.asdict(fleet.loss),
+        **({"goodput": attrs.asdict(fleet.goodput)} if fleet.goodput is not None else {}),
     }
 
 
@@ -270,6 +278,34 @@ def _job_from_json(value: object) -> JobReport:
         status=_get(data, "status", str, "job"),
         gpus=float(_get(data, "gpus", (int, float), "job")),
         loss=_job_loss_from_json(data["loss"]) if data.get("loss") is not None else None,
+        goodput=_job_goodput_from_json(data["goodput"]) if data.get("goodput") is not None else None,
+        flag_changes=_flag_changes(data.get("flag_changes", {})),
+    )
+
+
+def _flag_changes(value: object) -> dict[str, bool]:
+    data = _object(value, "job.flag_changes")
+    if not all(isinstance(rose, bool) for rose in data.values()):
+        raise RecordFormatError("job.flag_changes must map flags to true (rose) or false (fell)")
+    return dict(data)
+
+
+def _job_goodput_from_json(value: object) -> JobGoodput:
+    data = _object(value, "job.goodput")
+    return JobGoodput(
+        badput_s=_by_cause(data.get("badput_s"), "job.goodput.badput_s"),
+        goodput=_number(data, "goodput", "job.goodput"),
+        goodput_flops=_number(data, "goodput_flops", "job.goodput"),
+        basis=_get(data, "basis", str, "job.goodput"),
+    )
+
+
+def _fleet_goodput_from_json(value: object) -> FleetGoodput:
+    data = _object(value, "fleet.goodput")
+    return FleetGoodput(
+        badput_s=_by_cause(data.get("badput_s"), "fleet.goodput.badput_s"),
+        goodput=_number(data, "goodput", "fleet.goodput"),
+        basis=_get(data, "basis", str, "fleet.goodput"),
     )
 
 
@@ -325,6 +361,7 @@ def _gpu_flag_from_json(value: object) -> GpuFlagReport:
         value=_get(data, "value", int, "gpu_flag"),
         ofu=_number(data, "ofu", "gpu_flag"),
         job_median_ofu=_number(data, "job_median_ofu", "gpu_flag"),
+        raised=bool(data.get("raised", False)),
     )
 
 
@@ -384,6 +421,7 @@ def _fleet_from_json(value: object) -> FleetReport:
         ),
         abs_diff_sum=_number(data, "abs_diff_sum", "fleet"),
         loss=_fleet_loss_from_json(data.get("loss")),
+        goodput=_fleet_goodput_from_json(data["goodput"]) if data.get("goodput") is not None else None,
     )
 
 

@@ -26,6 +26,7 @@ from plotly.offline import get_plotlyjs
 from otel_ofu import names
 from otel_ofu_collector.detectors import detector_for
 from otel_ofu_collector.report.causes import bottleneck_of
+from otel_ofu_collector.report.goodput import goodput_line, goodput_summary
 from otel_ofu_collector.report.plots import (
     MAX_TIMELINE_JOBS,
     distribution_figure,
@@ -262,6 +263,42 @@ def _loss_table(summary: FleetSummary, ranked: Sequence[Ranked]) -> str:
     )
 
 
+def _goodput_section(reports: Sequence[WindowReport]) -> str:
+    """Where each job's allocated GPU time went (``report.goodput``): a table, and the fleet's in a sentence; nothing
+    where no window carries goodput (records from before it)."""
+    goodput = goodput_summary(reports)
+    if not goodput.jobs:
+        return ""
+    causes = goodput.causes
+    header = "".join(f'<th class="num">{_e(cause)}</th>' for cause in causes)
+    rows = []
+    for row in goodput.jobs[:MAX_TABLE_JOBS]:
+        cells = "".join(f'<td class="num">{_e(hours(row.badput_s.get(cause, 0.0)))}</td>' for cause in causes)
+        rows.append(
+            f"<tr><td>{_e(row.name or row.job_id)}</td><td>{_e(row.job_id)}</td>"
+            f'<td class="num">{_e(hours(row.gpu_time_s))}</td><td class="num"><b>{_e(_percent(row.goodput))}</b></td>'
+            f'<td class="num">{_e(_percent(row.goodput_flops))}</td>{cells}<td>{_e(row.basis)}</td></tr>'
+        )
+    note = (
+        "Goodput: the share of a job's allocated GPU time that made progress, over the job so far (as Google's ML "
+        "Productivity Goodput and Meta's ETTR count it, on GPU-seconds); FLOPs: the useful FLOPs of that time over "
+        "the peak of the GPU time. Without progress: idle GPUs, a hang (every GPU running kernels with nothing "
+        "moving) and reported checkpoint time, from the counters; and for a job that reports its steps, its startup, "
+        "its recovery from a restart and the steps it did again (rework). Each GPU-second counts once."
+    )
+    line = goodput_line(goodput)
+    return (
+        f'<h2>Where GPU time went</h2><p class="note">{_e(note)}</p><section class="card">'
+        + (f'<p class="lead" id="fleet-goodput">{_e(line)}</p>' if line else "")
+        + _scrolling(
+            '<table id="goodput"><thead><tr><th>job</th><th>id</th><th class="num">GPU time</th>'
+            f'<th class="num">goodput</th><th class="num">FLOPs</th>{header}<th>basis</th></tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>"
+        )
+        + "</section>"
+    )
+
+
 def _bottlenecks(summary: FleetSummary) -> str:
     """Each job's bottleneck in one sentence where one stands out (``report.causes``); nothing where no job's GPUs
     split the tensor pipes' loss."""
@@ -442,13 +479,14 @@ def build_report(
                 f'<section class="card">{_figure_html(loss, "ofu-loss")}{_bottlenecks(summary)}'
                 f"{_loss_table(summary, ranked)}</section>"
             )
+        parts.append(_goodput_section(ordered))
         shown = _timeline_jobs(jobs)
         timelines = timelines_figure(shown)
         if timelines is not None:
             left_out = len(jobs) - len(shown)
             note = (
                 "Shaded: the windows a flag was up (red: FLOP miscount, orange: OFU regression, purple: a "
-                "straggler GPU, grey: idle GPUs); dotted purple: the straggler GPU's own OFU."
+                "straggler GPU, grey: idle GPUs, dark red: a hang); dotted purple: the straggler GPU's own OFU."
             )
             if left_out:
                 note += f" {plural(left_out, 'more job')} not drawn; all are in the table below."

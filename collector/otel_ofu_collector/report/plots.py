@@ -31,6 +31,7 @@ from otel_ofu_collector.report.summary import (
     CAUSE_WORDS,
     CAUSES,
     FLAG_KINDS,
+    HANG,
     IDLE,
     MISCOUNT,
     REGRESSION,
@@ -61,6 +62,7 @@ FLAG_COLOURS: Final = {
     REGRESSION: "#e8700c",  # COLOUR_REGRESSION darkened: white text on it stays readable
     STRAGGLER: COLOUR_STRAGGLER,
     IDLE: "#6f6f6f",
+    HANG: "#8b0000",  # dark red: a hung job holds every GPU it has and does nothing
 }
 FLAG_PALETTE: Final = ("#8c564b", "#1f6f8b", "#b5338a", "#5b7d1e", "#6a51a3")
 SHADE_ALPHA: Final = 0.18

@@ -24,6 +24,7 @@ from otel_ofu import names
 from otel_ofu_collector.detectors import detector_for
 from otel_ofu_collector.report.summary import (
     FLAG_KINDS,
+    HANG,
     IDLE,
     MISCOUNT,
     REGRESSION,
@@ -96,6 +97,8 @@ def reason(job: JobSummary, kind: str, flagged: list[JobWindow]) -> str:
         return idle_reason(flagged)
     if kind == STRAGGLER:
         return straggler_reason(job, flagged)
+    if kind == HANG:
+        return hang_reason(flagged)
     # A flag with no sizing of its own: when and for how long it was up.
     since = format_time(flagged[0].start_ns)
     return f"{detector_for(kind).label}: flag up for {plural(len(flagged), 'window')} (from {since})"
@@ -136,6 +139,16 @@ def idle_reason(flagged: list[JobWindow]) -> str:
         f"idle allocation: {plural(most, 'GPU')} attributed with no tensor activity for "
         f"{plural(len(flagged), 'window')} (from {format_time(flagged[0].start_ns)}): "
         f"{_sized(idle, flagged)} idle"
+    )
+
+
+def hang_reason(flagged: list[JobWindow]) -> str:
+    held = sum(w.loss.gpu_time_s for w in flagged if w.loss is not None)
+    sized = f": {_sized(held, flagged)} held with nothing moving" if _has_loss(flagged) else ""
+    return (
+        f"hang: every one of its {plural(max(w.gpus for w in flagged), 'GPU')} ran kernels with nothing moving "
+        f"(no tensor, memory or link traffic) for {plural(len(flagged), 'window')} "
+        f"(from {format_time(flagged[0].start_ns)}){sized}"
     )
 
 

@@ -26,6 +26,7 @@ from otel_ofu_collector.detectors import (
     DETECTORS,
     GPU_DETECTORS,
     flops_miscount,
+    hang,
     idle_gpus,
     regression,
     straggler,
@@ -36,6 +37,7 @@ MISCOUNT: Final = flops_miscount.DETECTOR.kind
 REGRESSION: Final = regression.DETECTOR.kind
 IDLE: Final = idle_gpus.DETECTOR.kind
 STRAGGLER: Final = straggler.GPU_DETECTOR.kind
+HANG: Final = hang.DETECTOR.kind
 # Every flag, in the vocabulary's order: the job flags, then the GPU flags (shown on their job).
 FLAG_KINDS: Final = tuple(d.kind for d in DETECTORS) + tuple(d.kind for d in GPU_DETECTORS)
 C: Final = names.OfuLossCause

@@ -21,6 +21,7 @@ from rich.text import Text
 from otel_ofu import names
 from otel_ofu.control_chars import escape_controls, escaped
 from otel_ofu_collector.report.causes import bottleneck_of
+from otel_ofu_collector.report.goodput import GoodputSummary, goodput_line
 from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, RANK_RULE, Ranked, legend, rank
 from otel_ofu_collector.report.reasons import flags_of, reasons_of
 from otel_ofu_collector.report.summary import (
@@ -320,6 +321,55 @@ def print_flags(summary: FleetSummary, console: Console, *, ranked: Sequence[Ran
     for job in flagged:
         for reason in reasons_of(job):
             _paragraph(console, f"{job.job_id} ({job.attributes.get(names.JOB_NAME) or 'unnamed'}): {reason}", INDENT)
+
+
+# Short headers: six causes fit 80 columns beside the job and its goodput.
+_CAUSE_HEADERS: Final = {
+    names.GoodputCause.CHECKPOINT: "ckpt",
+    names.GoodputCause.STARTUP: "start",
+    names.GoodputCause.RECOVERY: "recov",
+}
+
+
+def print_goodput(goodput: GoodputSummary, console: Console) -> None:
+    """Where each job's allocated GPU time went: goodput (productive / allocated, over the job so far), the FLOP view
+    beside it, and the GPU-hours that made no progress by cause; the fleet's in one line. Nothing without any."""
+    if not goodput.jobs:
+        return
+    causes = goodput.causes
+    _heading(console, "Where GPU time went: goodput (productive / allocated GPU time) and GPU-h without progress")
+    table = _table(
+        ("job", "name"),
+        ("GPU-h", "right"),
+        ("goodput", "right"),
+        ("FLOPs", "right"),
+        *((_CAUSE_HEADERS.get(cause, cause), "right") for cause in causes),
+    )
+    for row in goodput.jobs:
+        table.add_row(
+            row.job_id,
+            hours_number(row.gpu_time_s),
+            percent(row.goodput),
+            percent(row.goodput_flops),
+            *(hours_number(row.badput_s.get(cause, 0.0)) for cause in causes),
+        )
+    console.print(_fit(table, console.width))
+    progress = [row.job_id for row in goodput.jobs if row.basis == names.GoodputBasis.PROGRESS]
+    _paragraph(
+        console,
+        "Goodput over each job so far; FLOPs: the useful FLOPs of its productive time over its GPU time's peak; "
+        "ckpt: checkpoint save and load, start: startup, recov: recovery from a restart. "
+        + (
+            f"From the counters (idle, hang, checkpoint) and, for {', '.join(progress)}, its reported steps "
+            "(startup, recovery, rework)."
+            if progress
+            else "From the counters only (idle, hang, checkpoint): no job reported its steps."
+        ),
+        indent=INDENT,
+    )
+    line = goodput_line(goodput)
+    if line:
+        _paragraph(console, line)
 
 
 def print_lines(console: Console, lines: Sequence[str], indent: int = INDENT) -> None:

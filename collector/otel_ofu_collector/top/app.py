@@ -154,6 +154,8 @@ class JobsScreen(Screen[None]):
             text.append(f" {cells.money(fleet.cost_lost)} {fleet.currency or ''}".rstrip())
         text.append("  ")
         text.append(f"{fleet.flags_up} flags up", style=_FLAG_STYLE if fleet.flags_up else "")
+        if fleet.goodput is not None:  # last: at 80 columns the flags come first
+            text.append(f"  goodput {cells.percent(fleet.goodput)}")
         self.query_one("#fleet", Static).update(text)
 
     def _status_line(self) -> None:

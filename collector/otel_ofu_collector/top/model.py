@@ -1,7 +1,7 @@
 """What ``otel-ofu top`` shows, built from closed windows and the GPUs' latest readings. Pure: no terminal.
 
 - The fleet line: GPUs and fleet OFU p50/p95 of the newest window, GPU-hours and cost lost over the last hour
-  (the windows that ended within an hour of the newest), the flags up in the newest window.
+  (the windows that ended within an hour of the newest), the fleet's goodput, the flags up in the newest window.
 - A row per job of the newest window: its OFU with the OFU of its recent windows (the sparkline), MFU, where
   its GPU time went over the last hour by ``ofu.loss.cause`` (whatever causes the windows carry), lost
   GPU-hours and cost, the flags up (else the job's bottleneck). Ranked as the reports rank them
@@ -26,6 +26,7 @@ from otel_ofu_collector.config import DEFAULT_HISTOGRAM_MAX_BUCKETS
 from otel_ofu_collector.detectors import DETECTORS, GPU_DETECTORS
 from otel_ofu_collector.detectors.straggler import throttle_reason
 from otel_ofu_collector.report.causes import bottleneck_of
+from otel_ofu_collector.report.goodput import JobGoodputRow, job_goodput_sentence
 from otel_ofu_collector.report.ranking import BOTTLENECK_TIERS, Ranked, rank
 from otel_ofu_collector.report.reasons import reasons_of
 from otel_ofu_collector.report.summary import model_name, summarize
@@ -65,6 +66,7 @@ class FleetLine:
     flags_up: int
     windows: int  # in the last hour
     last_end_ns: int | None
+    goodput: float | None = None  # the fleet's over the horizon, as of the newest window; None: none carried
 
 
 @attrs.frozen
@@ -334,6 +336,7 @@ class FleetModel:
             flags_up=flags_up,
             windows=len(hour),
             last_end_ns=newest.end_ns,
+            goodput=newest.fleet.goodput.goodput if newest.fleet.goodput is not None else None,
         )
 
     def causes(self) -> tuple[str, ...]:
@@ -408,7 +411,7 @@ class FleetModel:
             flags=tuple(flags),
             rank=ranked.rank if ranked is not None else None,
             bottleneck=ranked.tier.label if ranked is not None and ranked.tier in BOTTLENECK_TIERS.values() else None,
-            why=_why(ranked),
+            why=_why(ranked) + _goodput_why(job),
             model=model_name(job.attributes.get(names.HW_MODEL)),
         )
 
@@ -447,6 +450,16 @@ def _unclaimed_row(rows: Sequence[GpuRow]) -> JobRow:
         currency=None,
         flags=(),
     )
+
+
+def _goodput_why(job: JobReport) -> tuple[str, ...]:
+    """The job's goodput so far in a sentence (``report.goodput``), as of the newest window."""
+    found = job.goodput
+    if found is None:
+        return ()
+    gpu_time = job.loss.gpu_time_s if job.loss is not None else 0.0
+    row = JobGoodputRow(job.job_id, None, gpu_time, found.badput_s, found.goodput, found.goodput_flops, found.basis)
+    return (job_goodput_sentence(row),)
 
 
 def _why(ranked: Ranked | None) -> tuple[str, ...]:
