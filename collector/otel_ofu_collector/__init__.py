@@ -7,8 +7,9 @@ on ``results.py`` and the statistics in ``stats/``); every module is named here:
         |           the Receiver lifecycle), admission.py (in-flight gate, body budget, shutdown), auth.py
         |
     otlp/           the codec: decode.py (requests -> points), encode.py (windows -> OTLP), partials.py (a
-        |           shard's partial window state, both ways); the decoder's parts: roles.py (what each metric
-        |           is for), resources.py (a Resource's identity, cached), templates.py and shapes.py (a
+        |           shard's partial window state, both ways), sink.py (PointSink, what the decoder feeds); the
+        |           decoder's parts: roles.py (what each metric is for), resources.py (a Resource's identity,
+        |           cached), points.py (a Resource read point by point), templates.py and shapes.py (a
         |           producer's layout read without parsing), rejections.py (why points were refused),
         |           dcgm_series.py (dcgm-exporter scrapes in front of the decoder: their GPUs as a producer sends them)
     aggregation/    windows.py (which window a point goes to and when it closes), cells.py (a window's cells

@@ -6,17 +6,16 @@ layout already seen is read through that layout's template (``otlp.shapes``), th
 reader per role (``otlp.roles``: OFU, loss inputs, MFU), each point checked in the same order both ways (its
 value's bounds, its identity, its time) and refused with a reason code and words (``otlp.rejections``).
 
-One protocol joins the decoder to the windows: ``PointSink``. Each ``add_*`` returns None when it took the point
-and a ``names.RejectReason`` code when it did not; the sink owns the lock that guards it, and the decoder takes
-that lock (once a request's parsing is done) for the sink's calls and for its own caches and counters, which go
-with them. The merge tier's ``PartialSink`` is the same for shards' partial windows.
+One protocol joins the decoder to the windows, ``otlp.sink.PointSink`` (the merge tier's: ``PartialSink``): the
+sink owns the lock, and the decoder takes it once a request's parsing is done, for the sink's calls and for its own
+caches and counters, which go with them.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import attrs
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -36,7 +35,7 @@ from otel_ofu_collector.otlp.resources import (
     unusable,
 )
 from otel_ofu_collector.otlp.shapes import Shape, read_through, refuse_through, shape_of, take_inputs
-from otel_ofu_collector.results import PartialWindow
+from otel_ofu_collector.otlp.sink import PartialSink, PointSink
 
 R = names.RejectReason
 _OFU = names.GPU_OFU.name
@@ -76,83 +75,6 @@ MAX_POINTS_PER_INTERVAL = 4
 MAX_POINTS_PER_STREAM = 10_000
 _REPEATS = "with more points of one GPU for one interval than any source sends"
 _BACKLOG = "with more intervals of one GPU in one request than any source sends"
-
-
-class PointSink(Protocol):
-    """What the decoder feeds: the windows (``aggregation.windows.Aggregator``). Each ``add_*`` returns None when it
-    took the point, else why not (a ``names.RejectReason`` code); ``lock`` guards the sink, and whoever calls it
-    holds the lock."""
-
-    lock: threading.Lock
-
-    def profile_of(self, identity: Mapping[str, str]) -> Any:
-        """What the sink keeps of an identity, derived once per Resource and passed with its points."""
-        ...
-
-    def add_ofu(
-        self, stream_key: str, value: float, start_ns: int, end_ns: int, identity: Mapping[str, str], profile: Any
-    ) -> str | None: ...
-
-    def add_unmeasured(
-        self, stream_key: str, start_ns: int, end_ns: int, identity: Mapping[str, str], profile: Any
-    ) -> str | None:
-        """A GPU's interval without OFU (``gpu.ofu.unmeasured``): billed, as neither work nor idleness."""
-        ...
-
-    def add_mfu(self, job_id: str, value: float, time_ns: int, identity: Mapping[str, str]) -> str | None: ...
-
-    def add_progress(
-        self,
-        job_id: str,
-        value: float,
-        time_ns: int,
-        identity: Mapping[str, str],
-        operation: str | None = None,
-        series_start_ns: int = 0,
-    ) -> str | None:
-        """A job's progress: a ``job.step`` point (``operation`` None: the last step it completed at ``time_ns``), or a
-        ``job.checkpoint.time`` reading (seconds spent on ``operation`` since ``series_start_ns``, cumulative)."""
-        ...
-
-    def add_gpu_inputs(
-        self,
-        stream_key: str,
-        start_ns: int,
-        end_ns: int,
-        identity: Mapping[str, str],
-        values: Mapping[str, float],
-        throttle: Mapping[str, float],
-    ) -> str | None:
-        """A GPU's gauges over one interval, and its throttle shares by reason."""
-        ...
-
-    def add_gpu_counters(
-        self,
-        stream_key: str,
-        series_start_ns: int,
-        end_ns: int,
-        identity: Mapping[str, str],
-        counters: Mapping[str, float],
-    ) -> str | None:
-        """A GPU's cumulative counters (energy, link bytes by direction) read at ``end_ns``."""
-        ...
-
-    def live_entries(self) -> int:
-        """The GPU streams and jobs the sink keeps now: what the resource cache's bound follows."""
-        ...
-
-    def cache_budget(self, cache_bytes: int) -> int:
-        """Tells the sink the decoder's identity cache holds ``cache_bytes`` (which count in its state bound); the
-        most the cache may hold."""
-        ...
-
-
-class PartialSink(Protocol):
-    """The merge tier's ingest surface (``aggregation.merge.MergeAggregator``), likewise."""
-
-    lock: threading.Lock
-
-    def add_partial(self, partial: PartialWindow) -> str | None: ...
 
 
 @attrs.frozen

@@ -18,7 +18,7 @@ from __future__ import annotations
 import operator
 import struct
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -26,9 +26,7 @@ from otel_ofu import bounds, names
 from otel_ofu_collector.otlp import roles, templates
 from otel_ofu_collector.otlp.rejections import Rejections
 from otel_ofu_collector.otlp.resources import ResourceEntry
-
-if TYPE_CHECKING:
-    from otel_ofu_collector.otlp.decode import PointSink
+from otel_ofu_collector.otlp.sink import PointSink
 
 R = names.RejectReason
 _THROTTLE = names.GPU_THROTTLE.name
