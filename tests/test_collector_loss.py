@@ -394,9 +394,14 @@ def tensor_side(shares: Mapping[str, float]) -> float:
 
 def test_calibrations_share_goes_to_tensor_not_clock() -> None:
     plain, calibrated = _sim_windows(""), _sim_windows("model:H100-SXM=0.85")
+    # A job that hangs or restarts changes phase within a window: its window means (T x (1 - r) against T - O, means of
+    # products) are where the clamp binds, and calibration's lower OFU loosens it by more than rounding. The steady
+    # jobs show the split's rule.
+    phased = {job.job_id for job in SimulatedFleet.demo(seed=7).jobs if job.has_hang or job.training is not None}
+    assert phased  # the demo's hung and restarting jobs
     for one, other in zip(plain, calibrated, strict=True):
         for a, b in zip(one.jobs, other.jobs, strict=True):
-            if a.loss is None or b.loss is None or a.ofu is None or b.ofu is None:
+            if a.loss is None or b.loss is None or a.ofu is None or b.ofu is None or a.job_id in phased:
                 continue
             # The same clock loss (up to the clamp on window means, which a lower OFU loosens) ...
             assert b.loss.shares[CLOCK] == pytest.approx(a.loss.shares[CLOCK], abs=1e-4)
