@@ -307,7 +307,8 @@ def test_each_settings_field_takes_its_default_and_range_from_its_option() -> No
         "listen", "http_listen", "max_in_flight", "max_attribute_length", "http_body_deadline",
         "http_body_min_rate", "window", "lateness", "horizon", "group_by", "mode", "price_per_gpu_hour",
         "currency", "pue", "grid_intensity", "export_endpoint", "export_protocol", "export_max_request_bytes",
-        "pass_through", "flag_events", "forward_inputs", "prometheus_port", "prometheus_host", "prometheus_expiration_windows",
+        "pass_through", "flag_events", "forward_inputs", "prometheus_port", "prometheus_host",
+        "prometheus_expiration_windows",
         "max_streams", "max_jobs", "max_state_bytes", "stale_after", "spool", "spool_max_bytes",
     }  # fmt: skip
     defaults = {**attrs.asdict(AggregatorConfig(), recurse=False), **attrs.asdict(CollectorOptions(), recurse=False)}

@@ -456,7 +456,7 @@ def test_after_a_kill_the_open_window_is_rebuilt_from_the_write_ahead_and_closed
 
 
 def test_the_write_ahead_writes_in_batches_and_a_batch_is_written_before_any_read(tmp_path: Any) -> None:
-    from otel_ofu_collector.write_ahead import WriteAhead
+    from otel_ofu_collector.storage.write_ahead import WriteAhead
 
     path = str(tmp_path / "wal.sqlite")
     ahead = WriteAhead(path, batch_s=3600.0, batch_size=3)

@@ -10,7 +10,7 @@ from pathlib import Path
 from otel_ofu import names
 from otel_ofu.testing.otlp_sink import OtlpSink
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.outputs.consumer import CallbackConsumer
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 

@@ -31,7 +31,7 @@ from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu.testing.otlp_requests import RecordingSink, gpu_request, mfu_request, set_attribute
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.demo import demo_pipeline
+from otel_ofu_collector.demo.command import demo_pipeline
 from otel_ofu_collector.otlp.decode import Decoder
 from otel_ofu_collector.outputs.record_codec import encode_lines
 from otel_ofu_collector.report import summary

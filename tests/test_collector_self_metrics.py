@@ -18,7 +18,7 @@ from otel_ofu_collector.outputs.recorder import ReportRecorder
 from otel_ofu_collector.outputs.self_telemetry import SelfMetrics, gathered
 from otel_ofu_collector.receivers.admission import Gate
 from otel_ofu_collector.service import CollectorService
-from otel_ofu_collector.write_ahead import WriteAhead
+from otel_ofu_collector.storage.write_ahead import WriteAhead
 from tests.collector_helpers import collector_options
 
 DROPPED = names.COLLECTOR_DROPPED.name

@@ -31,7 +31,7 @@ from otel_ofu.testing.otlp_requests import gpu_request, mfu_request
 from otel_ofu.testing.otlp_sink import OtlpSink, SinkMode
 from otel_ofu_collector import command
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.outputs.consumer import CallbackConsumer
 from otel_ofu_collector.outputs.record_codec import load_records
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD, GrpcReceiver
 from otel_ofu_collector.results import WindowReport

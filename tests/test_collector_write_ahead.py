@@ -37,7 +37,7 @@ from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.outputs.queues import SqliteSpool
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD
 from otel_ofu_collector.service import CollectorOptions, CollectorService
-from otel_ofu_collector.write_ahead import WriteAhead
+from otel_ofu_collector.storage.write_ahead import WriteAhead
 from tests.collector_helpers import CollectorProcess, collector_options, self_metric
 
 S = 1_000_000_000
@@ -102,7 +102,7 @@ def run_python(code: str, *args: str) -> tuple[list[Any], str]:
 KILLED_RUN = """
 import os, sys
 from otel_ofu.testing.otlp_requests import gpu_request
-from otel_ofu_collector.write_ahead import WriteAhead
+from otel_ofu_collector.storage.write_ahead import WriteAhead
 ahead = WriteAhead(sys.argv[1], batch_s=0.0)
 t = int(sys.argv[2])
 for k in range(20):
@@ -441,8 +441,8 @@ def test_a_restart_with_day_long_windows_keeps_the_day_open(tmp_path: Path) -> N
 # The child sets RLIMIT_FSIZE to the size its files have (as `ulimit -f` would): no file may grow.
 DISK_FULL_WRITE_AHEAD = """
 import json, logging, os, resource, sys
-from otel_ofu_collector.sqlite_files import RETRY_S
-from otel_ofu_collector.write_ahead import WriteAhead
+from otel_ofu_collector.storage.sqlite_files import RETRY_S
+from otel_ofu_collector.storage.write_ahead import WriteAhead
 logging.basicConfig(level=logging.INFO)
 path = sys.argv[1]
 now = [100.0]
@@ -486,7 +486,7 @@ def test_a_full_disk_under_the_write_ahead_costs_only_crash_safety_counted_logge
 DISK_FULL_SPOOL = """
 import json, logging, os, resource, sys
 from otel_ofu_collector.outputs.queues import SqliteSpool
-from otel_ofu_collector.sqlite_files import RETRY_S
+from otel_ofu_collector.storage.sqlite_files import RETRY_S
 logging.basicConfig(level=logging.INFO)
 path = sys.argv[1]
 now = [100.0]
@@ -580,7 +580,7 @@ import json, logging, resource, sys
 from otel_ofu import names
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu_collector.service import CollectorService
-from otel_ofu_collector.write_ahead import WriteAhead
+from otel_ofu_collector.storage.write_ahead import WriteAhead
 from tests.collector_helpers import collector_options
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
 spool, downstream = sys.argv[1:]
@@ -761,7 +761,7 @@ def test_random_bytes_in_the_spools_wal_are_detected_and_counted(tmp_path: Path)
 
 
 def test_the_wal_checksum_is_sqlites_cumulative_fibonacci_weighted_sum() -> None:
-    from otel_ofu_collector.sqlite_files import wal_checksum
+    from otel_ofu_collector.storage.sqlite_files import wal_checksum
 
     # Words 1, 2, 3, 4 from (0, 0), per SQLite's file format: s0 += x0 + s1; s1 += x1 + s0, pair by pair
     # (1, 2): s0 = 0 + 1 + 0 = 1, s1 = 0 + 2 + 1 = 3; (3, 4): s0 = 1 + 3 + 3 = 7, s1 = 3 + 4 + 7 = 14

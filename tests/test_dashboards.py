@@ -263,7 +263,7 @@ def test_grafana_energy_and_flops_per_joule_have_their_own_axes_and_units() -> N
 def demo_series() -> dict[str, list[set[str]]]:
     """Each output metric's series label names, as the collector's Prometheus endpoint shows the demo fleet
     (every flag raised, priced, with energy): what a Grafana selector can filter on."""
-    from otel_ofu_collector.demo import run_demo
+    from otel_ofu_collector.demo.command import run_demo
     from otel_ofu_collector.outputs.prometheus import window_series
 
     found: dict[str, list[set[str]]] = {}

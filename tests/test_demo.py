@@ -14,7 +14,7 @@ from rich.console import Console
 from otel_ofu import names
 from otel_ofu.cli import main
 from otel_ofu.sources.simulated import GpuFault, ProfileKind, SimulatedFleet
-from otel_ofu_collector.demo import UnreadableGpus, print_unreadable, run_demo, short_duration_warning
+from otel_ofu_collector.demo.command import UnreadableGpus, print_unreadable, run_demo, short_duration_warning
 from otel_ofu_collector.report.causes import Kind, bottleneck_of
 from otel_ofu_collector.report.reasons import flags_of, reasons_of
 from otel_ofu_collector.report.summary import HANG, IDLE, STRAGGLER, FleetSummary, summarize

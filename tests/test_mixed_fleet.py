@@ -18,7 +18,7 @@ from otel_ofu.producer.loop import Producer
 from otel_ofu.sources.amd_exporter import AmdExporterSource
 from otel_ofu.sources.dcgm_exporter import DcgmExporterSource
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.consumer import CallbackConsumer
+from otel_ofu_collector.outputs.consumer import CallbackConsumer
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorService

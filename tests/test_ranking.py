@@ -118,7 +118,7 @@ def test_each_flag_outranks_the_next_and_a_model_is_compared_with_itself() -> No
 
 @pytest.fixture(scope="module")
 def demo_reports() -> list[WindowReport]:
-    from otel_ofu_collector.demo import run_demo
+    from otel_ofu_collector.demo.command import run_demo
 
     return run_demo(duration_s=1800, interval_s=10, window_s=60, seed=7)
 

@@ -214,7 +214,7 @@ window.addEventListener("load", function () { setTimeout(function () {
 @pytest.fixture(scope="module")
 def demo_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo fleet's report (every flag kind raised), with the probe."""
-    from otel_ofu_collector.demo import run_demo
+    from otel_ofu_collector.demo.command import run_demo
 
     folder = tmp_path_factory.mktemp("demo-page")
     page = write_report(folder / "report.html", run_demo(start_ns=T0), title="the demo fleet")

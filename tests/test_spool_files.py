@@ -21,7 +21,7 @@ from otel_ofu import names
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu_collector.outputs.queues import SqliteSpool
 from otel_ofu_collector.service import CollectorService
-from otel_ofu_collector.write_ahead import WriteAhead
+from otel_ofu_collector.storage.write_ahead import WriteAhead
 from tests.collector_helpers import CollectorProcess
 from tests.test_collector_write_ahead import (
     SERVICE_LOG,

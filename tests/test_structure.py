@@ -1,4 +1,5 @@
-"""The collector stays in rooms a reader can hold: no class above MAX_METHODS methods, no module above MAX_LINES lines.
+"""The collector stays in rooms a reader can hold: no class above MAX_METHODS methods, no module above MAX_LINES lines,
+at most MAX_TOP_MODULES modules flat at its top.
 
 Read with ``ast`` over the source, not imported: a property, a static or class method, an attrs default and a
 nested function's class all count as methods of the class whose body defines them.
@@ -59,3 +60,13 @@ def test_no_collector_module_above_the_line_limit() -> None:
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     ]
     assert offenders == [], f"split these by what they hold (at most {MAX_LINES} lines a module): {offenders}"
+
+
+MAX_TOP_MODULES = 8
+
+
+def test_at_most_a_few_modules_flat_at_the_collectors_top() -> None:
+    # The stages live in their folders (receivers/, otlp/, aggregation/, outputs/, storage/, demo/ ...); what stays
+    # at the top is what every stage shares or what ties them together.
+    top = sorted(path.name for path in ROOT.glob("*.py") if path.name != "__init__.py")
+    assert len(top) <= MAX_TOP_MODULES, f"at most {MAX_TOP_MODULES} modules at the top, found {len(top)}: {top}"

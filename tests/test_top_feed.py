@@ -24,7 +24,7 @@ from otel_ofu.testing.fake_nvml import FakeNvml
 from otel_ofu.testing.otlp_sink import unused_port
 from otel_ofu.testing.pki import Pki
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.loopback import LoopbackPipeline
+from otel_ofu_collector.demo.loopback import LoopbackPipeline
 from otel_ofu_collector.outputs.feed_client import FeedAccess, feed_url
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.outputs.record_codec import parse_lines, report_from_line, report_to_line

@@ -26,8 +26,8 @@ import pytest
 from otel_ofu.clock import ManualClock
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu.testing.otlp_sink import unused_port
-from otel_ofu_collector.demo import demo_pipeline
-from otel_ofu_collector.loopback import LoopbackPipeline
+from otel_ofu_collector.demo.command import demo_pipeline
+from otel_ofu_collector.demo.loopback import LoopbackPipeline
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 
 BOUND_S = 90.0  # the longest any screen may take to show up on a loaded 2-core machine

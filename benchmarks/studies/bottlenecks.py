@@ -31,7 +31,7 @@ from benchmarks.common import BenchResult, RunContext, Table, doc_summary, new_f
 from otel_ofu import names
 from otel_ofu.clock import ManualClock
 from otel_ofu.sources.simulated import Bottleneck, JobSpec, ProfileKind, SimulatedFleet
-from otel_ofu_collector.demo import demo_pipeline
+from otel_ofu_collector.demo.command import demo_pipeline
 from otel_ofu_collector.report import causes
 from otel_ofu_collector.report.summary import JobSummary, summarize
 from otel_ofu_collector.results import WindowReport

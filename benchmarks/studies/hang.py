@@ -34,7 +34,7 @@ from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summa
 from otel_ofu import names
 from otel_ofu.clock import ManualClock
 from otel_ofu.sources.simulated import JobSpec, ProfileKind, SimulatedFleet
-from otel_ofu_collector.demo import demo_pipeline
+from otel_ofu_collector.demo.command import demo_pipeline
 from otel_ofu_collector.results import WindowReport
 
 INTERVAL_S = 10.0

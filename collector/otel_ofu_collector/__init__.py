@@ -19,7 +19,8 @@ on ``results.py`` and the statistics in ``stats/``); every module is named here:
         |           goodput.py (where a job's GPU time went), checkpoints.py (a job's progress marks)
     detectors/      one module per flag behind base.py's protocols: flops_miscount.py, regression.py,
         |           idle_gpus.py, hang.py (job flags), straggler.py (a GPU flag)
-    outputs/        window consumers: otlp_export.py (+ delivery.py, queues.py, split.py; otel_ofu.otlp_client
+    outputs/        window consumers (consumer.py: WindowConsumer, the one interface of every output):
+        |           otlp_export.py (+ delivery.py, queues.py, split.py; otel_ofu.otlp_client
         |           sends), prometheus.py, recorder.py (records file), feed_server.py (live feed),
         |           self_telemetry.py (the self-metrics: the SelfMetrics protocol, sent downstream),
         |           flag_events.py (each flag's rise and fall as an OTLP log record);
@@ -32,16 +33,16 @@ on ``results.py`` and the statistics in ``stats/``); every module is named here:
     stats/          exphist.py, quantiles.py, comoments.py: the mergeable statistics (pure, below all else)
     options/        every option of ``otel-ofu collector`` declared once: option.py, declared.py, file.py
                     (``--config FILE``); option_bounds.py  Bound, a number's range, checked one way
+    storage/        on disk: write_ahead.py (the open windows' accepted requests beside the spool, replayed
+        |           after a kill), sqlite_files.py (what the spool and the write-ahead share: a damaged file
+        |           moved aside, a WAL checked), spool_lock.py (one collector per --spool)
+    demo/           ``otel-ofu demo``: command.py, loopback.py (a producer and a collector in one process over
+                    OTLP on loopback)
     results.py      what a closed window holds (WindowReport, JobReport, ...): every stage passes these
-    consumer.py     WindowConsumer, the one interface of every output (start, consume_windows, shutdown)
     lifecycle.py    parts started in order and shut down in reverse, one failure costing no other
-    write_ahead.py  the open windows' accepted requests beside the spool, replayed after a kill
-    sqlite_files.py what the spool and the write-ahead share: a damaged file moved aside, a WAL checked
-    spool_lock.py   one collector per --spool (a lock beside it, the holder named)
     config.py       AggregatorConfig;  prefixes.py  the commands' environment-variable prefixes
     service.py      CollectorService: receivers -> decoder -> windows -> consumers, and its lifecycle
-    command.py      ``otel-ofu collector``;  demo.py  ``otel-ofu demo`` (on loopback.py: a producer and a
-                    collector in one process over OTLP on loopback)
+    command.py      ``otel-ofu collector``
 
 The names below are the public surface; they load on first use, so importing one stage does not pull in
 the others (the CLI's start-up stays light).
@@ -56,15 +57,15 @@ if TYPE_CHECKING:
     from otel_ofu_collector.aggregation.merge import MergeAggregator
     from otel_ofu_collector.aggregation.windows import Aggregator
     from otel_ofu_collector.config import AggregatorConfig
-    from otel_ofu_collector.consumer import CallbackConsumer, WindowConsumer
     from otel_ofu_collector.detectors import DETECTORS, Detector, JobFlag, JobWindowValues
+    from otel_ofu_collector.outputs.consumer import CallbackConsumer, WindowConsumer
     from otel_ofu_collector.results import FleetReport, GroupReport, JobReport, WindowReport
     from otel_ofu_collector.service import CollectorOptions, CollectorService
 
 _HOMES = {
     "Aggregator": "otel_ofu_collector.aggregation.windows",
     "AggregatorConfig": "otel_ofu_collector.config",
-    "CallbackConsumer": "otel_ofu_collector.consumer",
+    "CallbackConsumer": "otel_ofu_collector.outputs.consumer",
     "CollectorOptions": "otel_ofu_collector.service",
     "CollectorService": "otel_ofu_collector.service",
     "DETECTORS": "otel_ofu_collector.detectors",
@@ -75,7 +76,7 @@ _HOMES = {
     "JobReport": "otel_ofu_collector.results",
     "JobWindowValues": "otel_ofu_collector.detectors",
     "MergeAggregator": "otel_ofu_collector.aggregation.merge",
-    "WindowConsumer": "otel_ofu_collector.consumer",
+    "WindowConsumer": "otel_ofu_collector.outputs.consumer",
     "WindowReport": "otel_ofu_collector.results",
 }
 

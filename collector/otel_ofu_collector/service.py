@@ -30,11 +30,11 @@ from otel_ofu.otlp_client import OtlpClient, OtlpSettings, Transport, configured
 from otel_ofu_collector.aggregation.merge import MergeAggregator
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.consumer import WindowConsumer
 from otel_ofu_collector.lifecycle import shutdown_in_reverse, start_in_order
 from otel_ofu_collector.options import declared as option
 from otel_ofu_collector.otlp.dcgm_series import DcgmSeries, Translation
 from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder, DecoderStats
+from otel_ofu_collector.outputs.consumer import WindowConsumer
 from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
 from otel_ofu_collector.outputs.flag_events import EventsTransport, OtlpEventExport, events_transport
 from otel_ofu_collector.outputs.otlp_export import OtlpWindowExport
@@ -47,8 +47,8 @@ from otel_ofu_collector.receivers.otlp_grpc import GrpcReceiver
 from otel_ofu_collector.receivers.otlp_http import HttpReceiver
 from otel_ofu_collector.report import flag_words
 from otel_ofu_collector.results import WindowReport
-from otel_ofu_collector.spool_lock import SpoolLock
-from otel_ofu_collector.write_ahead import WriteAhead
+from otel_ofu_collector.storage.spool_lock import SpoolLock
+from otel_ofu_collector.storage.write_ahead import WriteAhead
 
 if TYPE_CHECKING:  # the endpoint module (and prometheus_client) loads only when the endpoint is on
     from otel_ofu_collector.outputs.prometheus import PrometheusEndpoint

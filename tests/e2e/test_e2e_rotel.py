@@ -39,8 +39,8 @@ from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.consumer import CallbackConsumer
 from otel_ofu_collector.otlp.decode import GPU_INPUT_NAMES
+from otel_ofu_collector.outputs.consumer import CallbackConsumer
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 from tests.e2e.helpers import StartProcess, app_requests, attributes, port_open

@@ -32,7 +32,7 @@ from otel_ofu.producer.loop import Producer
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.demo import EXAMPLE_CURRENCY, EXAMPLE_PRICES, frameworks_mfu
+from otel_ofu_collector.demo.command import EXAMPLE_CURRENCY, EXAMPLE_PRICES, frameworks_mfu
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 from tests.e2e.helpers import PrometheusApi, StartProcess, prometheus_config, start_prometheus
 from tests.e2e.test_otelcol_topologies import Parts, backends_to_sink, load

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import attrs
 
 from otel_ofu import names
-from otel_ofu_collector import sqlite_files
-from otel_ofu_collector.sqlite_files import RETRY_S
+from otel_ofu_collector.storage import sqlite_files
+from otel_ofu_collector.storage.sqlite_files import RETRY_S
 
 logger = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from otel_ofu.model import SourceUnavailable
 from otel_ofu.sources.factory import add_source_options, open_from_args
 from otel_ofu.sources.simulated import SimulatedFleet
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.loopback import LoopbackPipeline
+from otel_ofu_collector.demo.loopback import LoopbackPipeline
 from otel_ofu_collector.options.declared import WINDOW_RANGE
 from otel_ofu_collector.outputs.feed_client import FeedAccess
 from otel_ofu_collector.prefixes import TOP_PREFIX
@@ -155,7 +155,7 @@ def _feed_source(args: argparse.Namespace) -> Source:
 
 def _demo_source(args: argparse.Namespace) -> Source:
     # Imported here: the demo command's module is only needed for the demo.
-    from otel_ofu_collector.demo import demo_pipeline
+    from otel_ofu_collector.demo.command import demo_pipeline
 
     interval = args.interval or DEMO_INTERVAL_S
     window = args.window or DEMO_WINDOW_S

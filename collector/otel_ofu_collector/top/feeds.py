@@ -23,7 +23,7 @@ import attrs
 from otel_ofu.bounded_http import Cancel
 from otel_ofu.control_chars import escape_controls
 from otel_ofu.gpu_samples import ComputedSnapshot
-from otel_ofu_collector.loopback import LoopbackPipeline
+from otel_ofu_collector.demo.loopback import LoopbackPipeline
 from otel_ofu_collector.outputs.feed_client import MAX_FEED_BYTES, FeedAccess, FeedError, feed_url, fetch_records
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.top.model import GpuRow, rows_of_snapshot

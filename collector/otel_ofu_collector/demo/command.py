@@ -41,7 +41,7 @@ from otel_ofu.producer.loop import Observer
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu.sources.simulated import H100_SXM_NAME, SimulatedFleet
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.loopback import LoopbackPipeline, MfuReports, ProgressReports
+from otel_ofu_collector.demo.loopback import LoopbackPipeline, MfuReports, ProgressReports
 from otel_ofu_collector.options.declared import WINDOW_RANGE
 from otel_ofu_collector.prefixes import DEMO_PREFIX
 from otel_ofu_collector.report.goodput import goodput_summary

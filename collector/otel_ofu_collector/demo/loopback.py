@@ -28,7 +28,7 @@ from otel_ofu.producer.exporters import otlp_exporter
 from otel_ofu.producer.loop import Observer, Producer
 from otel_ofu.producer.self_metrics import SelfMetrics
 from otel_ofu_collector.config import AggregatorConfig
-from otel_ofu_collector.consumer import CallbackConsumer, WindowConsumer
+from otel_ofu_collector.outputs.consumer import CallbackConsumer, WindowConsumer
 from otel_ofu_collector.results import WindowReport
 from otel_ofu_collector.service import CollectorOptions, CollectorService
 
