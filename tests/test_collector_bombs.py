@@ -292,3 +292,20 @@ def test_a_grpc_message_that_inflates_past_the_limit_is_invalid_argument(grpc_re
 def test_compressed_grpc_requests_are_still_taken(grpc_receiver: GrpcReceiver, compression: grpc.Compression) -> None:
     payload = gpu_request({"GPU-1": 0.5}).SerializeToString()
     assert _grpc_export(grpc_receiver.port, payload, compression) == grpc.StatusCode.OK
+
+
+def test_two_million_identical_steps_of_one_job_are_refused_past_a_few() -> None:
+    """job.step is bounded as job.mfu is: a job reports its last step once per interval, so the fifth point of one
+    job at one time, and every one after it, is a bomb's (4 taken, 1,999,996 refused in one count)."""
+    request = ExportMetricsServiceRequest()
+    rm = request.resource_metrics.add()
+    rm.resource.attributes.add(key=names.JOB_ID).value.string_value = "train-7"
+    steps = rm.scope_metrics.add().metrics.add(name=names.JOB_STEP.name, unit="{step}")
+    steps.gauge.data_points.add(as_double=1200.0, time_unix_nano=1_700_000_000 * S)
+    first = steps.gauge.data_points[0]
+    steps.gauge.data_points.extend([first] * (2_000_000 - 1))
+    sink = RecordingSink()
+    outcome = Decoder(sink).decode(request)
+    assert (outcome.accepted, outcome.rejected) == (4, 2_000_000 - 4)
+    words = "job.step with more points of one GPU for one interval than any source sends"
+    assert f"{2_000_000 - 4} {words}" in outcome.error_message

@@ -344,7 +344,8 @@ class Reading:
         rejections = self.rejections
         step = name == _STEP
         high = _MAX_STEP if step else _MAX_CHECKPOINT_S
-        for point in points:
+        plausible = Plausible(name, len(points), rejections)
+        for index, point in enumerate(points):
             value = _number(point)
             if value is None or not 0.0 <= value <= high:
                 rejections.refuse(name, R.OUT_OF_RANGE)
@@ -363,14 +364,18 @@ class Reading:
             if not time_ns or time_ns > self.latest:
                 rejections.refuse(name, R.BAD_TIME)
                 continue
-            if step:
-                refused = self.sink.add_progress(job_id, value, time_ns, identity)
-            else:
+            operation = None
+            if not step:
                 operation = next((kv.value.string_value for kv in attributes if kv.key == _OPERATION), None)
                 if operation not in names.CheckpointOperation.ALL:
                     rejections.add(R.BAD_ATTRIBUTE, f"{name} without a known {_OPERATION}")
                     continue
-                start_ns = point.start_time_unix_nano
+            start_ns = point.start_time_unix_nano
+            if not plausible.one_more(job_id, start_ns, time_ns, index, operation or ""):  # a job's, as job.mfu's
+                break
+            if step:
+                refused = self.sink.add_progress(job_id, value, time_ns, identity)
+            else:
                 refused = self.sink.add_progress(job_id, value, time_ns, identity, operation, start_ns)
             if refused is None:
                 self.accepted += 1
