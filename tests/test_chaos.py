@@ -531,15 +531,18 @@ class Collector:
         self._keep_log()
 
     def stop(self) -> int:
+        """A clean stop (SIGTERM), its span kept: the window it falls in is closed early at a time within it."""
         assert self.process is not None
+        signalled_ns = time.time_ns()
         code = self.process.terminate()
+        self.clean_stops_ns.append((signalled_ns, time.time_ns()))
         self.exits.append(code)
         self._keep_log()
         return code
 
     def restart(self, kill: bool, rng: random.Random) -> dict[str, Any]:
         """Kill it (and damage what a kill leaves) or stop it cleanly, then start it again; what it took."""
-        signalled, signalled_ns = time.monotonic(), time.time_ns()
+        signalled = time.monotonic()
         damage: dict[str, int] = {}
         if kill:
             self.kill()
@@ -548,7 +551,6 @@ class Collector:
                 damage["spool_replaced"] = _replace_empty_spool(self.spool, rng)
         else:
             assert self.stop() == 0, "\n".join(self.logs[-30:])
-            self.clean_stops_ns.append((signalled_ns, time.time_ns()))
         ready_s = self.start()
         return {
             "kind": "kill" if kill else "restart",
