@@ -130,6 +130,11 @@ class Shape:
             counts[planned.metric] = counts.get(planned.metric, 0) + 1
         set_(self, "per_metric", tuple(counts.items()))
 
+    def in_bounds(self, numbers: tuple[Any, ...]) -> bool:
+        """Whether every value a template read is in its metric's bounds (NaN is in none), in two C-level passes."""
+        values = self.values(numbers)
+        return all(map(operator.le, self.lows, values)) and all(map(operator.le, values, self.highs))
+
 
 def _getter(indices: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
     """A C-level getter of these positions as a tuple (itemgetter of one position gives the value alone); None for
@@ -298,8 +303,7 @@ def read_through(
     one), goes part by part, each part's values into the sink at once; any other point by point, where each
     refusal has its reason.
     """
-    shape_values = shape.values(numbers)
-    if all(map(operator.le, shape.lows, shape_values)) and all(map(operator.le, shape_values, shape.highs)):
+    if shape.in_bounds(numbers):
         taken = _by_part(entry, shape, numbers, latest, sink, rejections)
         if taken >= 0:
             return taken
@@ -332,8 +336,7 @@ def refuse_through(shape: Shape, numbers: tuple[Any, ...], rejections: Rejection
     thing point by point finds wrong with it (its value's bounds, then its identity), at the cost of a template read
     rather than a walk of the Resource: a sender of what can never be taken costs no more than one that is taken.
     (Point by point a missing identity comes before the time, so no time is read here.)"""
-    shape_values = shape.values(numbers)
-    if all(map(operator.le, shape.lows, shape_values)) and all(map(operator.le, shape_values, shape.highs)):
+    if shape.in_bounds(numbers):
         for metric, count in shape.per_metric:
             rejections.refuse(metric, R.NO_IDENTITY, count)
         return
@@ -350,22 +353,9 @@ def _by_part(
 ) -> int:
     """``read_through``'s part by part read: how many points were taken; -1, with nothing taken, where a part's points
     do not share their times or one is not due."""
-    spans: list[tuple[int, int]] = []
-    for part in shape.parts:
-        end_ns = numbers[part.time]
-        if not end_ns or end_ns > latest:
-            return -1
-        others = part.other_times
-        if others is not None and others(numbers).count(end_ns) != part.size - 1:
-            return -1
-        start_ns = end_ns
-        if part.start is not None:
-            start_ns = numbers[part.start]
-            others = part.other_starts
-            if others is not None and others(numbers).count(start_ns) != part.size - 1:
-                return -1
-            start_ns = start_ns or end_ns
-        spans.append((start_ns, end_ns))
+    spans = _spans(shape.parts, numbers, latest)
+    if spans is None:
+        return -1
     identity, key, profile = entry.identity, entry.stream_key, entry.profile
     assert key is not None  # a shape is built only for a Resource with a stream key
     taken = 0
@@ -392,6 +382,28 @@ def _by_part(
         else:
             rejections.refuse(_INPUTS, refused, count)
     return taken
+
+
+def _spans(parts: tuple[_Part, ...], numbers: tuple[Any, ...], latest: int) -> list[tuple[int, int]] | None:
+    """Each part's (start, end), when its points share them and are due (a part without a start starts at its
+    end, as does a start of 0); None otherwise."""
+    spans: list[tuple[int, int]] = []
+    for part in parts:
+        end_ns = numbers[part.time]
+        if not end_ns or end_ns > latest:
+            return None
+        others = part.other_times
+        if others is not None and others(numbers).count(end_ns) != part.size - 1:
+            return None
+        start_ns = end_ns
+        if part.start is not None:
+            start_ns = numbers[part.start]
+            others = part.other_starts
+            if others is not None and others(numbers).count(start_ns) != part.size - 1:
+                return None
+            start_ns = start_ns or end_ns
+        spans.append((start_ns, end_ns))
+    return spans
 
 
 def _into_sink(
