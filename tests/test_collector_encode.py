@@ -14,8 +14,13 @@ from otel_ofu import names
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp.encode import reports_to_metrics_data
-from otel_ofu_collector.otlp.partials import is_merge_recomputed_metric, is_partial_metric, partials_from_request
-from otel_ofu_collector.results import WindowReport
+from otel_ofu_collector.otlp.partials import (
+    is_merge_recomputed_metric,
+    is_partial_metric,
+    job_points,
+    partials_from_request,
+)
+from otel_ofu_collector.results import JobSums, JobWindow, WindowReport
 
 S = 1_000_000_000
 W = 60 * S
@@ -216,3 +221,71 @@ def test_a_window_without_jobs_round_trips() -> None:
     (partial,) = partials_from_request(wire(agg.close_all(), "s"))
     assert partial.jobs == {}
     assert partial.groups[0].gpus == 0.5
+
+
+def test_a_jobs_partial_points_in_their_order() -> None:
+    """Every field of a job's window, each once, in the order a shard sends them: identity first, the field, then
+    the cost points' currency (the order of the points and of their attributes is what goes on the wire)."""
+    sums = JobSums(
+        gpu_time_s=120.0,
+        useful_s=60.0,
+        lost_s={"idle": 40.0, "clock": 20.0},
+        energy_j=9000.0,
+        flops=5e15,
+        flops_energy_j=8000.0,
+        cost=0.25,
+        cost_lost={"idle": 0.08},
+        emissions_kg=0.002,
+        currency="EUR",
+        context={"dram": (30.0, 120.0)},
+    )
+    part = JobWindow(
+        sums=sums,
+        point_ofu=(0.3, 0.5),
+        mfu=(0.8, 2),
+        gpus=2.0,
+        idle_gpus={"gpu-b": 0.5},
+        attributes={names.GPU_PRECISION: "bf16", names.JOB_NAME: "train", "other": "dropped"},
+        models=frozenset({"H100", "A100"}),
+        stalled_gpus={"gpu-a": 0.25},
+        moving_gpus=1.5,
+        idle_s=12.0,
+        checkpoint_s=3.0,
+        steps={2_000: 11.0, 1_000: 10.0},
+    )
+    job = {names.JOB_ID: "j1", names.JOB_NAME: "train", names.GPU_PRECISION: "bf16"}
+    eur = {names.PARTIAL_CURRENCY: "EUR"}
+    expected = [
+        ("gpu_time", 120.0, {}),
+        ("useful", 60.0, {}),
+        ("lost.idle", 40.0, {}),
+        ("lost.clock", 20.0, {}),
+        ("energy", 9000.0, {}),
+        ("flops", 5e15, {}),
+        ("flops_energy", 8000.0, {}),
+        ("cost", 0.25, eur),
+        ("cost_lost.idle", 0.08, eur),
+        ("emissions", 0.002, {}),
+        ("context.dram", 30.0, {}),
+        ("context_weight.dram", 120.0, {}),
+        ("point_ofu", 0.3, {}),
+        ("point_ofu_weight", 0.5, {}),
+        ("mfu_sum", 0.8, {}),
+        ("mfu_count", 2, {}),
+        ("gpus", 2.0, {}),
+        ("idle_gpu.gpu-b", 0.5, {}),
+        ("model.A100", 1.0, {}),
+        ("model.H100", 1.0, {}),
+        ("stalled_gpu.gpu-a", 0.25, {}),
+        ("moving_gpus", 1.5, {}),
+        ("idle_s", 12.0, {}),
+        ("checkpoint_s", 3.0, {}),
+        ("step.1000", 10.0, {}),
+        ("step.2000", 11.0, {}),
+    ]
+    points = list(job_points("j1", part))
+    assert [(list(a.items()), v) for a, v in points] == [
+        ([*job.items(), (names.PARTIAL_FIELD, field), *extra.items()], value) for field, value, extra in expected
+    ]
+    # A window without sums sends only what it has; a job without time on its points, no point_ofu.
+    assert [a[names.PARTIAL_FIELD] for a, _ in job_points("j2", JobWindow(gpus=1.0))] == ["gpus"]

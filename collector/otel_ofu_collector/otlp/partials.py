@@ -15,7 +15,7 @@ from ``capacity_points`` and ``job_points``; the merge tier's ``Decoder`` reads 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -73,56 +73,65 @@ def capacity_units(seconds: float) -> int:
 
 
 def job_points(job_id: str, part: JobWindow) -> Iterator[tuple[dict[str, str], float]]:
-    """A job's window sums as (attributes, value) of ``job.partial`` points: its identity and each field."""
+    """A job's window sums as (attributes, value) of ``job.partial`` points: its identity, each field, and the
+    shard's currency on the cost points."""
     identity = {names.JOB_ID: job_id, **{key: part.attributes[key] for key in _JOB_KEYS[1:] if key in part.attributes}}
+    if part.sums is not None:
+        for field, value, extra in _sums_fields(part.sums):
+            yield {**identity, names.PARTIAL_FIELD: field, **extra}, value
+    for field, value in _window_fields(part):
+        yield {**identity, names.PARTIAL_FIELD: field}, value
 
-    def point(field: str, value: float, **extra: str) -> tuple[dict[str, str], float]:
-        return {**identity, names.PARTIAL_FIELD: field, **extra}, value
 
-    sums = part.sums
-    if sums is not None:
-        yield point(F.GPU_TIME, sums.gpu_time_s)
-        yield point(F.USEFUL, sums.useful_s)
-        for cause, seconds in sums.lost_s.items():
-            yield point(F.LOST + cause, seconds)
-        if sums.energy_j is not None:
-            yield point(F.ENERGY, sums.energy_j)
-        if sums.flops_energy_j:
-            yield point(F.FLOPS, sums.flops)
-            yield point(F.FLOPS_ENERGY, sums.flops_energy_j)
-        currency = {names.PARTIAL_CURRENCY: sums.currency} if sums.currency else {}
-        if sums.cost is not None:
-            yield point(F.COST, sums.cost, **currency)
-        for cause, cost in (sums.cost_lost or {}).items():
-            yield point(F.COST_LOST + cause, cost, **currency)
-        if sums.emissions_kg is not None:
-            yield point(F.EMISSIONS, sums.emissions_kg)
-        for kind, (total, weight) in sums.context.items():
-            yield point(F.CONTEXT + kind, total)
-            yield point(F.CONTEXT_WEIGHT + kind, weight)
+def _sums_fields(sums: JobSums) -> Iterator[tuple[str, float, Mapping[str, str]]]:
+    """The fields of a job's GPU sums, each with the attributes it carries beyond the job's (a cost's currency)."""
+    plain: Mapping[str, str] = {}
+    yield F.GPU_TIME, sums.gpu_time_s, plain
+    yield F.USEFUL, sums.useful_s, plain
+    for cause, seconds in sums.lost_s.items():
+        yield F.LOST + cause, seconds, plain
+    if sums.energy_j is not None:
+        yield F.ENERGY, sums.energy_j, plain
+    if sums.flops_energy_j:
+        yield F.FLOPS, sums.flops, plain
+        yield F.FLOPS_ENERGY, sums.flops_energy_j, plain
+    currency = {names.PARTIAL_CURRENCY: sums.currency} if sums.currency else plain
+    if sums.cost is not None:
+        yield F.COST, sums.cost, currency
+    for cause, cost in (sums.cost_lost or {}).items():
+        yield F.COST_LOST + cause, cost, currency
+    if sums.emissions_kg is not None:
+        yield F.EMISSIONS, sums.emissions_kg, plain
+    for kind, (total, weight) in sums.context.items():
+        yield F.CONTEXT + kind, total, plain
+        yield F.CONTEXT_WEIGHT + kind, weight, plain
+
+
+def _window_fields(part: JobWindow) -> Iterator[tuple[str, float]]:
+    """The fields of a job's window beside its sums: point OFU, MFU, its GPUs and models, and goodput's inputs (the
+    hang verdicts the shard made per GPU, its idle GPUs' seconds, its progress points). A zero sends nothing."""
     if part.point_ofu[1]:
-        yield point(F.POINT_OFU, part.point_ofu[0])
-        yield point(F.POINT_OFU_WEIGHT, part.point_ofu[1])
+        yield F.POINT_OFU, part.point_ofu[0]
+        yield F.POINT_OFU_WEIGHT, part.point_ofu[1]
     if part.mfu[1]:
-        yield point(F.MFU_SUM, part.mfu[0])
-        yield point(F.MFU_COUNT, part.mfu[1])
+        yield F.MFU_SUM, part.mfu[0]
+        yield F.MFU_COUNT, part.mfu[1]
     if part.gpus:
-        yield point(F.GPUS, part.gpus)
+        yield F.GPUS, part.gpus
     for key, share in part.idle_gpus.items():
-        yield point(F.IDLE_GPU + key, share)
+        yield F.IDLE_GPU + key, share
     for model in sorted(part.models):
-        yield point(F.MODEL + model, 1.0)
-    # Goodput's inputs: the hang verdicts the shard made per GPU, its idle GPUs' seconds, its progress points.
+        yield F.MODEL + model, 1.0
     for key, share in part.stalled_gpus.items():
-        yield point(F.STALLED_GPU + key, share)
+        yield F.STALLED_GPU + key, share
     if part.moving_gpus:
-        yield point(F.MOVING_GPUS, part.moving_gpus)
+        yield F.MOVING_GPUS, part.moving_gpus
     if part.idle_s:
-        yield point(F.IDLE_S, part.idle_s)
+        yield F.IDLE_S, part.idle_s
     if part.checkpoint_s:
-        yield point(F.CHECKPOINT_S, part.checkpoint_s)
+        yield F.CHECKPOINT_S, part.checkpoint_s
     for time_ns, step in sorted(part.steps.items()):
-        yield point(F.STEP + str(time_ns), step)
+        yield F.STEP + str(time_ns), step
 
 
 def _any_value_text(value: Any) -> str:
@@ -293,50 +302,85 @@ def _group_key(attributes: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(attributes.items()))
 
 
+class _Windows:
+    """The partial windows of one request as they are read, by (shard, window end): one reader per kind of point."""
+
+    def __init__(self) -> None:
+        self.by_end: dict[tuple[str, int], _PartialBuilder] = {}
+
+    def part_of(self, shard: str, point: Any) -> _PartialBuilder:
+        """The shard's window that ends at the point's time (its start: the first point's that has one)."""
+        found = self.by_end.setdefault((shard, point.time_unix_nano), _PartialBuilder())
+        found.start_ns = found.start_ns or point.start_time_unix_nano
+        return found
+
+    def groups(self, shard: str, metric: Any) -> None:
+        """fleet.ofu: a group's histogram, counted in observations."""
+        name = metric.name
+        for point in metric.exponential_histogram.data_points:
+            histogram = _histogram(name, point)
+            group = PartialGroup(_attributes(point.attributes), histogram, histogram.count)
+            self.part_of(shard, point).groups.append(group)
+
+    def capacity(self, shard: str, metric: Any) -> None:
+        """A group's OFU counted in GPU capacity."""
+        name = metric.name
+        for point in metric.exponential_histogram.data_points:
+            key = _group_key(_attributes(point.attributes))
+            self.part_of(shard, point).capacity[key] = _histogram(name, point)
+
+    def gpus(self, shard: str, metric: Any) -> None:
+        """fleet.gpus: a group's GPU equivalents."""
+        for number in metric.gauge.data_points:
+            gpus = _number(number)
+            if gpus < 0:
+                raise ValueError(f"{metric.name} is negative: {gpus!r}")
+            self.part_of(shard, number).gpus[_group_key(_attributes(number.attributes))] = gpus
+
+    def loss(self, shard: str, metric: Any) -> None:
+        """The fleet's loss totals (sums)."""
+        name, unit = metric.name, metric.unit
+        for number in metric.sum.data_points:
+            self.part_of(shard, number).add_loss(name, unit, number)
+
+    def window(self, shard: str, metric: Any) -> None:
+        """fleet.partial.window: the window closed, empty or not."""
+        for number in metric.gauge.data_points:
+            self.part_of(shard, number)
+
+    def jobs(self, shard: str, metric: Any) -> None:
+        """job.partial: one field of a job's window."""
+        for number in metric.gauge.data_points:
+            self.part_of(shard, number).add_job(number)
+
+
+# The reader of each partial metric, by its name and kind (another kind under one of these names is not read).
+_READERS: dict[tuple[str, str | None], Callable[[_Windows, str, Any], None]] = {
+    (names.FLEET_OFU.name, "exponential_histogram"): _Windows.groups,
+    (names.PARTIAL_FLEET_OFU_CAPACITY.name, "exponential_histogram"): _Windows.capacity,
+    (names.FLEET_GPUS.name, "gauge"): _Windows.gpus,
+    **{(name, "sum"): _Windows.loss for name in sorted(_FLEET_LOSS_NAMES)},
+    (names.PARTIAL_WINDOW.name, "gauge"): _Windows.window,
+    (names.PARTIAL_JOB.name, "gauge"): _Windows.jobs,
+}
+
+
 def partials_from_request(request: ExportMetricsServiceRequest) -> list[PartialWindow]:
     """Shards' partial windows in an OTLP request: one per (shard, window end), shard = service.instance.id.
 
     Raises ValueError for partial state that cannot be used (negative buckets or sums, counts that disagree, a job's
     field twice, non-finite numbers); other metrics in the request are ignored.
     """
-    partials: dict[tuple[str, int], _PartialBuilder] = {}
-
-    def part_of(shard: str, point: Any) -> _PartialBuilder:
-        found = partials.setdefault((shard, point.time_unix_nano), _PartialBuilder())
-        found.start_ns = found.start_ns or point.start_time_unix_nano
-        return found
-
+    windows = _Windows()
     for resource_metrics in request.resource_metrics:
         resource = _attributes(resource_metrics.resource.attributes)
         shard = resource.get(names.SERVICE_INSTANCE_ID, "")
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
-                name, kind = metric.name, metric.WhichOneof("data")
-                if name == names.FLEET_OFU.name and kind == "exponential_histogram":
-                    for point in metric.exponential_histogram.data_points:
-                        histogram = _histogram(name, point)
-                        group = PartialGroup(_attributes(point.attributes), histogram, histogram.count)
-                        part_of(shard, point).groups.append(group)
-                elif name == names.PARTIAL_FLEET_OFU_CAPACITY.name and kind == "exponential_histogram":
-                    for point in metric.exponential_histogram.data_points:
-                        key = _group_key(_attributes(point.attributes))
-                        part_of(shard, point).capacity[key] = _histogram(name, point)
-                elif name == names.FLEET_GPUS.name and kind == "gauge":
-                    for number in metric.gauge.data_points:
-                        gpus = _number(number)
-                        if gpus < 0:
-                            raise ValueError(f"{name} is negative: {gpus!r}")
-                        part_of(shard, number).gpus[_group_key(_attributes(number.attributes))] = gpus
-                elif name in _FLEET_LOSS_NAMES and kind == "sum":
-                    for number in metric.sum.data_points:
-                        part_of(shard, number).add_loss(name, metric.unit, number)
-                elif name == names.PARTIAL_WINDOW.name and kind == "gauge":
-                    for number in metric.gauge.data_points:
-                        part_of(shard, number)
-                elif name == names.PARTIAL_JOB.name and kind == "gauge":
-                    for number in metric.gauge.data_points:
-                        part_of(shard, number).add_job(number)
-    return [_partial(shard, end, part) for (shard, end), part in sorted(partials.items())]
+                read = _READERS.get((metric.name, metric.WhichOneof("data")))
+                if read is not None:
+                    read(windows, shard, metric)
+    return [_partial(shard, end, part) for (shard, end), part in sorted(windows.by_end.items())]
 
 
 def _partial(shard: str, end_ns: int, part: _PartialBuilder) -> PartialWindow:

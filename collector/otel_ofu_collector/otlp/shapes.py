@@ -79,28 +79,30 @@ def _parts(plan: tuple[Planned, ...], learnt: tuple[Any, ...]) -> tuple[_Part, .
     for planned in plan:
         start = learnt[planned.start_index] if planned.start_index is not None else None
         by_part.setdefault((planned.cumulative, start, learnt[planned.time_index]), []).append(planned)
-    parts = []
-    for (cumulative, _start, _time), points in by_part.items():
-        starts = [p.start_index for p in points if p.start_index is not None]
-        gauges = [p for p in points if p.role != roles.OFU and not p.throttle]
-        shares = [p for p in points if p.throttle]
-        ofu = [p.value_index for p in points if p.role == roles.OFU]
-        parts.append(
-            _Part(
-                cumulative,
-                starts[0] if len(starts) == len(points) else None,
-                points[0].time_index,
-                _getter(starts[1:]) if len(starts) == len(points) and len(points) > 1 else None,
-                _getter([p.time_index for p in points[1:]]) if len(points) > 1 else None,
-                len(points),
-                tuple(ofu),
-                tuple(p.field for p in gauges),
-                _getter([p.value_index for p in gauges]) if gauges else None,
-                tuple(p.field for p in shares),
-                _getter([p.value_index for p in shares]) if shares else None,
-            )
-        )
-    return tuple(parts)
+    return tuple(_part(cumulative, points) for (cumulative, _start, _time), points in by_part.items())
+
+
+def _part(cumulative: bool, points: list[Planned]) -> _Part:
+    """One part's points: where the first's start and time are and the others' (to check they are the same), its
+    OFU points' values, and its gauges' and throttle shares' fields and values. A point sent without a start leaves
+    the part none: its points then start at their time."""
+    starts = [p.start_index for p in points if p.start_index is not None]
+    every_start = len(starts) == len(points)
+    gauges = [p for p in points if p.role != roles.OFU and not p.throttle]
+    shares = [p for p in points if p.throttle]
+    return _Part(
+        cumulative,
+        starts[0] if every_start else None,
+        points[0].time_index,
+        _getter(starts[1:]) if every_start else None,
+        _getter([p.time_index for p in points[1:]]),
+        len(points),
+        tuple(p.value_index for p in points if p.role == roles.OFU),
+        tuple(p.field for p in gauges),
+        _getter([p.value_index for p in gauges]),
+        tuple(p.field for p in shares),
+        _getter([p.value_index for p in shares]),
+    )
 
 
 @attrs.frozen
@@ -128,9 +130,17 @@ class Shape:
             counts[planned.metric] = counts.get(planned.metric, 0) + 1
         set_(self, "per_metric", tuple(counts.items()))
 
+    def in_bounds(self, numbers: tuple[Any, ...]) -> bool:
+        """Whether every value a template read is in its metric's bounds (NaN is in none), in two C-level passes."""
+        values = self.values(numbers)
+        return all(map(operator.le, self.lows, values)) and all(map(operator.le, values, self.highs))
 
-def _getter(indices: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """A C-level getter of these positions as a tuple (itemgetter of one position gives the value alone)."""
+
+def _getter(indices: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
+    """A C-level getter of these positions as a tuple (itemgetter of one position gives the value alone); None for
+    no positions."""
+    if not indices:
+        return None
     if len(indices) == 1:
         index = indices[0]
         return lambda numbers: (numbers[index],)
@@ -145,86 +155,130 @@ def shape_of(rm: Any, scope_bytes: bytes) -> Shape | None:
     would read otherwise."""
     metrics = rm.scope_metrics[0].metrics
     # A producer's layout holds a few dozen points; one of thousands is no layout to learn (and not worth a scan).
-    points = 0
-    for metric in metrics:
-        kind = metric.WhichOneof("data")
-        points += len(getattr(metric, kind).data_points) if kind is not None else 0
-    if points > MAX_SHAPE_POINTS:
+    if _point_count(metrics) > MAX_SHAPE_POINTS:
         return None
     scanned = templates.scan(scope_bytes)
     if scanned is None or len(scanned) != len(metrics):
         return None
-    read: list[tuple[int, str]] = []
-    skip: list[tuple[int, str]] = []
-    plan: list[Planned] = []
-    fields: set[str] = set()
+    layout = _Layout(scope_bytes)
     for slots, metric in zip(scanned, metrics, strict=True):
+        if not layout.add(slots, metric):
+            return None
+    return layout.shape()
+
+
+def _point_count(metrics: Any) -> int:
+    """The data points of these metrics, of whatever kind."""
+    points = 0
+    for metric in metrics:
+        kind = metric.WhichOneof("data")
+        points += len(getattr(metric, kind).data_points) if kind is not None else 0
+    return points
+
+
+# The roles of metrics a template never reads (they go point by point), and the kinds of metric it reads.
+_UNTEMPLATED_ROLES = (roles.MFU, roles.UNMEASURED)
+_TEMPLATE_KINDS = ("gauge", "sum")
+
+
+@attrs.define
+class _Layout:
+    """A shape as ``shape_of`` learns it from one encoding, metric by metric: the slots a template reads (in the
+    plan's order) and skips, the plan, and the loss inputs' fields seen (one interval's field twice is no layout)."""
+
+    data: bytes
+    read: list[tuple[int, str]] = attrs.field(factory=list)
+    skip: list[tuple[int, str]] = attrs.field(factory=list)
+    plan: list[Planned] = attrs.field(factory=list)
+    fields: set[str] = attrs.field(factory=set)
+
+    def add(self, slots: templates.MetricSlots, metric: Any) -> bool:
+        """Whether a metric's points can be read through a template (then they are in the layout): one the
+        collector takes or consumes, a gauge or sum, whose slots are the parsed metric's."""
         name = metric.name
         role = roles.ROLES.get(name)
         kind = metric.WhichOneof("data")
-        if slots.name != name or role is None or role in (roles.MFU, roles.UNMEASURED) or kind not in ("gauge", "sum"):
-            return None
+        if slots.name != name or role is None or role in _UNTEMPLATED_ROLES or kind not in _TEMPLATE_KINDS:
+            return False
         points = getattr(metric, kind).data_points
         if len(points) != len(slots.points):
-            return None
-        for slot, point in zip(slots.points, points, strict=True):
-            if role == roles.CONSUMED:
-                skip.extend(
+            return False
+        if role == roles.CONSUMED:  # its numbers may change, unread
+            for slot in slots.points:
+                self.skip.extend(
                     (offset, code)
                     for offset, code in ((slot.start, "Q"), (slot.time, "Q"), (slot.value, "d"))
                     if offset is not None
                 )
-                continue
-            if slot.time is None or slot.value is None:
-                return None
-            if not templates.same_number(struct.unpack_from("<d", scope_bytes, slot.value)[0], point.as_double):
-                return None
-            if struct.unpack_from("<Q", scope_bytes, slot.time)[0] != point.time_unix_nano:
-                return None
-            start = 0 if slot.start is None else struct.unpack_from("<Q", scope_bytes, slot.start)[0]
-            if start != point.start_time_unix_nano:
-                return None
-            throttle = name == _THROTTLE
-            field = name
-            if name in roles.KEYED:
-                found = _keyed_field(name, point.attributes)
-                if found is None:
-                    return None
-                field = found
-            elif slot.has_attributes or point.attributes:
-                return None
-            if role == roles.INPUT:
-                if field in fields:
-                    return None  # one interval's field twice: the point-by-point grouping decides
-                fields.add(field)
-            start_index = None
-            if slot.start is not None:
-                start_index = len(read)
-                read.append((slot.start, "Q"))
-            read.append((slot.time, "Q"))
-            read.append((slot.value, "d"))
-            low, high = bounds.range_of(name)
-            plan.append(
-                Planned(
-                    role,
-                    field,
-                    throttle,
-                    start_index,
-                    len(read) - 2,
-                    len(read) - 1,
-                    low,
-                    high,
-                    name,
-                    name in roles.COUNTERS,
-                )
+            return True
+        return all(self._add_point(role, name, slot, point) for slot, point in zip(slots.points, points, strict=True))
+
+    def _add_point(self, role: int, name: str, slot: templates.PointSlots, point: Any) -> bool:
+        """Whether a point of gpu.ofu or a loss input can be read through a template (then it is planned): its
+        slots read what the parse read, and its field is known and not yet in the layout."""
+        time, value = slot.time, slot.value
+        if time is None or value is None or not _reads_as_parsed(self.data, slot.start, time, value, point):
+            return False
+        field = _field_of(name, slot, point)
+        if field is None:
+            return False
+        if role == roles.INPUT:
+            if field in self.fields:
+                return False  # one interval's field twice: the point-by-point grouping decides
+            self.fields.add(field)
+        start_index = None
+        if slot.start is not None:
+            start_index = len(self.read)
+            self.read.append((slot.start, "Q"))
+        self.read.append((time, "Q"))
+        self.read.append((value, "d"))
+        low, high = bounds.range_of(name)
+        self.plan.append(
+            Planned(
+                role,
+                field,
+                name == _THROTTLE,
+                start_index,
+                len(self.read) - 2,
+                len(self.read) - 1,
+                low,
+                high,
+                name,
+                name in roles.COUNTERS,
             )
-    if not plan:
+        )
+        return True
+
+    def shape(self) -> Shape | None:
+        """The shape learnt, when it plans a point and the template reads the encoding it was learnt from."""
+        if not self.plan:
+            return None
+        template = templates.Template.of(self.data, self.read, self.skip)
+        learnt = template.read(self.data)
+        if learnt is None:
+            return None
+        plan = tuple(self.plan)
+        return Shape(template, plan, _parts(plan, learnt))
+
+
+def _reads_as_parsed(data: bytes, start: int | None, time: int, value: int, point: Any) -> bool:
+    """Whether a point's slots in ``data`` hold what the parse read: its value, its time and its start (a start
+    not sent is 0)."""
+    return (
+        templates.same_number(struct.unpack_from("<d", data, value)[0], point.as_double)
+        and struct.unpack_from("<Q", data, time)[0] == point.time_unix_nano
+        and (0 if start is None else struct.unpack_from("<Q", data, start)[0]) == point.start_time_unix_nano
+    )
+
+
+def _field_of(name: str, slot: templates.PointSlots, point: Any) -> str | None:
+    """The field a point feeds: a keyed point's (``_keyed_field``), any other's its metric when it has no
+    attributes; None when a template cannot read it."""
+    if name in roles.KEYED:
+        return _keyed_field(name, point.attributes)
+    if slot.has_attributes or point.attributes:
         return None
-    template = templates.Template.of(scope_bytes, read, skip)
-    learnt = template.read(scope_bytes)
-    if learnt is None:
-        return None
-    return Shape(template, tuple(plan), _parts(tuple(plan), learnt))
+    return name
 
 
 def _keyed_field(name: str, attributes: Any) -> str | None:
@@ -249,8 +303,7 @@ def read_through(
     one), goes part by part, each part's values into the sink at once; any other point by point, where each
     refusal has its reason.
     """
-    shape_values = shape.values(numbers)
-    if all(map(operator.le, shape.lows, shape_values)) and all(map(operator.le, shape_values, shape.highs)):
+    if shape.in_bounds(numbers):
         taken = _by_part(entry, shape, numbers, latest, sink, rejections)
         if taken >= 0:
             return taken
@@ -283,8 +336,7 @@ def refuse_through(shape: Shape, numbers: tuple[Any, ...], rejections: Rejection
     thing point by point finds wrong with it (its value's bounds, then its identity), at the cost of a template read
     rather than a walk of the Resource: a sender of what can never be taken costs no more than one that is taken.
     (Point by point a missing identity comes before the time, so no time is read here.)"""
-    shape_values = shape.values(numbers)
-    if all(map(operator.le, shape.lows, shape_values)) and all(map(operator.le, shape_values, shape.highs)):
+    if shape.in_bounds(numbers):
         for metric, count in shape.per_metric:
             rejections.refuse(metric, R.NO_IDENTITY, count)
         return
@@ -301,22 +353,9 @@ def _by_part(
 ) -> int:
     """``read_through``'s part by part read: how many points were taken; -1, with nothing taken, where a part's points
     do not share their times or one is not due."""
-    spans: list[tuple[int, int]] = []
-    for part in shape.parts:
-        end_ns = numbers[part.time]
-        if not end_ns or end_ns > latest:
-            return -1
-        others = part.other_times
-        if others is not None and others(numbers).count(end_ns) != part.size - 1:
-            return -1
-        start_ns = end_ns
-        if part.start is not None:
-            start_ns = numbers[part.start]
-            others = part.other_starts
-            if others is not None and others(numbers).count(start_ns) != part.size - 1:
-                return -1
-            start_ns = start_ns or end_ns
-        spans.append((start_ns, end_ns))
+    spans = _spans(shape.parts, numbers, latest)
+    if spans is None:
+        return -1
     identity, key, profile = entry.identity, entry.stream_key, entry.profile
     assert key is not None  # a shape is built only for a Resource with a stream key
     taken = 0
@@ -343,6 +382,28 @@ def _by_part(
         else:
             rejections.refuse(_INPUTS, refused, count)
     return taken
+
+
+def _spans(parts: tuple[_Part, ...], numbers: tuple[Any, ...], latest: int) -> list[tuple[int, int]] | None:
+    """Each part's (start, end), when its points share them and are due (a part without a start starts at its
+    end, as does a start of 0); None otherwise."""
+    spans: list[tuple[int, int]] = []
+    for part in parts:
+        end_ns = numbers[part.time]
+        if not end_ns or end_ns > latest:
+            return None
+        others = part.other_times
+        if others is not None and others(numbers).count(end_ns) != part.size - 1:
+            return None
+        start_ns = end_ns
+        if part.start is not None:
+            start_ns = numbers[part.start]
+            others = part.other_starts
+            if others is not None and others(numbers).count(start_ns) != part.size - 1:
+                return None
+            start_ns = start_ns or end_ns
+        spans.append((start_ns, end_ns))
+    return spans
 
 
 def _into_sink(
