@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from otel_ofu import names
-from otel_ofu.testing.otlp_requests import T0, set_attribute
+from otel_ofu.testing.otlp_requests import T0, RecordingSink, set_attribute
 from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.otlp import roles, templates
@@ -239,3 +239,23 @@ def test_a_resource_without_hw_id_is_refused_through_its_layouts_template() -> N
     assert decoder.stats.rejected_by_reason[names.RejectReason.NO_IDENTITY] > 0
     assert decoder.stats.rejected_by_reason[names.RejectReason.OUT_OF_RANGE] > 0
     assert [name for name in GAUGES if roles.ROLES[name] == roles.CONSUMED] == [names.GPU_OFU_RAW.name]
+
+
+@pytest.mark.parametrize("shaped", [True, False])
+def test_a_step_in_a_gpus_layout_is_the_jobs_progress_either_way(shaped: bool) -> None:
+    """A GPU's Resource that also carries its job's job.step (steps 5, 6, 7 over three intervals) gives the job those
+    three steps, read through a template or point by point; never a loss input named job.step."""
+    sink = RecordingSink()
+    decoder = Decoder(sink, read_through_shapes=shaped)
+    rng = random.Random(1)
+    for interval in range(3):
+        rm = _report(rng, 0, interval, None)
+        end = T0 + (interval + 1) * INTERVAL
+        step = rm.scope_metrics[0].metrics.add(name=names.JOB_STEP.name, unit="{step}")
+        step.gauge.data_points.add(as_double=5.0 + interval, time_unix_nano=end)
+        request = ExportMetricsServiceRequest()
+        request.resource_metrics.append(rm)
+        raw = request.SerializeToString()
+        decoder.decode(ExportMetricsServiceRequest.FromString(raw), raw)
+    assert [value for _job, value, _time in sink.steps] == [5.0, 6.0, 7.0]
+    assert not [inputs for inputs in sink.inputs if names.JOB_STEP.name in inputs[3]]

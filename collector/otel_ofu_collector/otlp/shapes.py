@@ -176,8 +176,10 @@ def _point_count(metrics: Any) -> int:
     return points
 
 
-# The roles of metrics a template never reads (they go point by point), and the kinds of metric it reads.
-_UNTEMPLATED_ROLES = (roles.MFU, roles.UNMEASURED)
+# The roles of metrics a template reads (a GPU's OFU and loss inputs, and the producer's metrics it only consumes):
+# any other (a job's MFU or progress, an unmeasured interval, a role to come) goes point by point. And the kinds of
+# metric it reads.
+_TEMPLATED_ROLES = (roles.OFU, roles.INPUT, roles.CONSUMED)
 _TEMPLATE_KINDS = ("gauge", "sum")
 
 
@@ -198,7 +200,7 @@ class _Layout:
         name = metric.name
         role = roles.ROLES.get(name)
         kind = metric.WhichOneof("data")
-        if slots.name != name or role is None or role in _UNTEMPLATED_ROLES or kind not in _TEMPLATE_KINDS:
+        if slots.name != name or role not in _TEMPLATED_ROLES or kind not in _TEMPLATE_KINDS:
             return False
         points = getattr(metric, kind).data_points
         if len(points) != len(slots.points):
