@@ -1,5 +1,5 @@
 """The collector stays in rooms a reader can hold: no class above MAX_METHODS methods, no module above MAX_LINES lines,
-at most MAX_TOP_MODULES modules flat at its top.
+at most MAX_TOP_MODULES modules flat at its top, no function of the decoder or the windows above MAX_COMPLEXITY.
 
 Read with ``ast`` over the source, not imported: a property, a static or class method, an attrs default and a
 nested function's class all count as methods of the class whose body defines them.
@@ -70,3 +70,19 @@ def test_at_most_a_few_modules_flat_at_the_collectors_top() -> None:
     # at the top is what every stage shares or what ties them together.
     top = sorted(path.name for path in ROOT.glob("*.py") if path.name != "__init__.py")
     assert len(top) <= MAX_TOP_MODULES, f"at most {MAX_TOP_MODULES} modules at the top, found {len(top)}: {top}"
+
+
+MAX_COMPLEXITY = 20  # cyclomatic (radon's, as McCabe counts it), in the collector's hot middle
+
+
+def test_no_function_of_the_decoder_or_the_windows_above_the_complexity_limit() -> None:
+    from radon.complexity import cc_visit
+
+    found = [
+        f"{path.relative_to(ROOT)}:{block.name} {block.complexity}"
+        for folder in ("otlp", "aggregation")
+        for path in sorted((ROOT / folder).glob("*.py"))
+        for block in cc_visit(path.read_text(encoding="utf-8"))
+        if block.complexity > MAX_COMPLEXITY
+    ]
+    assert found == [], f"split these by what they decide (at most {MAX_COMPLEXITY}): {found}"
