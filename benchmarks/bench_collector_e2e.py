@@ -65,7 +65,11 @@ from typing import Any
 
 import attrs
 import grpc
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, new_figure, save_figure
 from otel_ofu import names
@@ -120,24 +124,19 @@ def producer_requests(gpus_per_request: int, points_per_gpu: int, requests: int,
     metrics = names.PRODUCER_METRICS[:points_per_gpu]
     now_ns = time.time_ns()
     payloads = []
+    resources: dict[int, Resource] = {}  # each GPU's Resource, made once (a 1000-GPU request is made in seconds)
     for index in range(requests):
         request = ExportMetricsServiceRequest()
         time_ns = now_ns + index * 1_000_000
         for slot in range(gpus_per_request):
             gpu = (index * gpus_per_request + slot) % fleet
             rm = request.resource_metrics.add()
-            for key, value in (
-                (names.SERVICE_NAME, names.PRODUCER_SERVICE_NAME),
-                (names.HOST_NAME, f"node-{gpu // 8:05d}"),
-                (names.HW_ID, f"GPU-{gpu:08x}-1d2c-4b5a-9e8f-0a1b2c3d4e5f"),
-                (names.HW_MODEL, MODELS[gpu % len(MODELS)]),
-                (names.HW_TYPE, names.HW_TYPE_GPU),
-                (names.HW_VENDOR, names.HW_VENDOR_NVIDIA),
-                (names.GPU_INDEX, gpu % 8),
-                (names.JOB_ID, f"job-{gpu // 16}"),
-                (names.GPU_PRECISION, "bf16"),
-            ):
-                set_attribute(rm.resource.attributes, key, value)
+            resource = resources.get(gpu)
+            if resource is None:
+                resource = gpu_resource(gpu)
+                if len(resources) < 65_536:
+                    resources[gpu] = resource
+            rm.resource.CopyFrom(resource)
             sm = rm.scope_metrics.add()
             sm.scope.name = names.INSTRUMENTATION_SCOPE
             for position, spec in enumerate(metrics):
@@ -148,6 +147,24 @@ def producer_requests(gpus_per_request: int, points_per_gpu: int, requests: int,
                 point.start_time_unix_nano = time_ns - int(INTERVAL_S * S)
         payloads.append(request.SerializeToString())
     return payloads
+
+
+def gpu_resource(gpu: int) -> Resource:
+    """The Resource of GPU number ``gpu`` of the fleet, as the producer sends it: its identity."""
+    resource = Resource()
+    for key, value in (
+        (names.SERVICE_NAME, names.PRODUCER_SERVICE_NAME),
+        (names.HOST_NAME, f"node-{gpu // 8:05d}"),
+        (names.HW_ID, f"GPU-{gpu:08x}-1d2c-4b5a-9e8f-0a1b2c3d4e5f"),
+        (names.HW_MODEL, MODELS[gpu % len(MODELS)]),
+        (names.HW_TYPE, names.HW_TYPE_GPU),
+        (names.HW_VENDOR, names.HW_VENDOR_NVIDIA),
+        (names.GPU_INDEX, gpu % 8),
+        (names.JOB_ID, f"job-{gpu // 16}"),
+        (names.GPU_PRECISION, "bf16"),
+    ):
+        set_attribute(resource.attributes, key, value)
+    return resource
 
 
 def process_cpu_s(pid: int) -> float:
@@ -423,8 +440,10 @@ class HttpSenders:
         """Every payload once: client ``i`` sends payloads ``i``, ``i + count``, ... in turn; returns when all are
         answered."""
         failures: list[BaseException] = []
+        rejected = [0] * len(self.connections)
 
-        def post(connection: http.client.HTTPConnection, mine: Sequence[bytes]) -> None:
+        def post(index: int, mine: Sequence[bytes]) -> None:
+            connection = self.connections[index]
             headers = {"Content-Type": "application/x-protobuf"}
             try:
                 for payload in mine:
@@ -433,20 +452,20 @@ class HttpSenders:
                     body = response.read()
                     if response.status != 200:
                         raise RuntimeError(f"answered {response.status}: {body[:200]!r}")
+                    rejected[index] += rejected_points(body)
             except BaseException as error:  # told in the calling thread
                 failures.append(error)
 
         count = len(self.connections)
-        threads = [
-            threading.Thread(target=post, args=(connection, payloads[i::count]))
-            for i, connection in enumerate(self.connections)
-        ]
+        threads = [threading.Thread(target=post, args=(i, payloads[i::count])) for i in range(count)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         if failures:
             raise RuntimeError(f"an OTLP/HTTP send failed: {failures[0]}") from failures[0]
+        if sum(rejected):
+            raise RefusedPoints(sum(rejected))
 
     def close(self) -> None:
         for connection in self.connections:
@@ -474,15 +493,32 @@ def cpu_per_report(
 ) -> float:
     """CPU seconds the process at ``pid`` spends per GPU report, over ``payloads`` after ``warmup`` of them."""
     export = channel.unary_unary(EXPORT_METHOD, request_serializer=None, response_deserializer=None)
+    rejected = 0
     for payload in payloads[:warmup]:
-        export(payload, timeout=30)
+        rejected += rejected_points(export(payload, timeout=30))
     time.sleep(SETTLE_S)
     before = process_cpu_s(pid)
     for payload in payloads[warmup:]:
-        export(payload, timeout=30)
+        rejected += rejected_points(export(payload, timeout=30))
     time.sleep(SETTLE_S)
     spent = process_cpu_s(pid) - before
+    if rejected:
+        raise RefusedPoints(rejected)
     return spent / ((len(payloads) - warmup) * gpus_per_request)
+
+
+class RefusedPoints(RuntimeError):
+    """A receiver refused points of a healthy fleet's requests: what was timed would be its refusals."""
+
+    def __init__(self, points: int) -> None:
+        super().__init__(f"the receiver refused {points} points (partial success): the requests must be taken whole")
+
+
+def rejected_points(response: bytes) -> int:
+    """The points an ExportMetricsServiceResponse says were rejected (an empty one: none)."""
+    if not response:
+        return 0
+    return int(ExportMetricsServiceResponse.FromString(response).partial_success.rejected_data_points)
 
 
 def warmup_requests(gpus_per_request: int, fleet: int) -> int:
@@ -505,12 +541,13 @@ def measure(
     cases = [(p, g, False) for p in points for g in gpus_per_request]
     if first_sight is not None:
         cases.append((*first_sight, True))
-    workloads = {}
-    for p, g, new in cases:
+
+    def workload(p: int, g: int, new: bool) -> tuple[int, list[bytes]]:
         warmup = warmup_requests(g, fleet) if not new else max(20, 200 // g)
         measured = max(100, reports // g)
         # Every Resource new: a fleet larger than the run, so no GPU comes back.
-        workloads[(p, g, new)] = (warmup, producer_requests(g, p, warmup + measured, fleet if not new else 2**30))
+        return warmup, producer_requests(g, p, warmup + measured, fleet if not new else 2**30)
+
     for peer in peers:
         if peer.missing is not None:
             continue
@@ -520,7 +557,10 @@ def measure(
                     continue  # the peers keep nothing per Resource: their first sight is their steady state
                 # A fresh process per case: each starts with no state, and one case's backlog never
                 # lands in the next one's CPU.
-                warmup, payloads = workloads[(p, g, new)]
+                # Made just before they are sent: points stamped minutes earlier would be late for ours (its
+                # windows close by the clock), and it would time the refusals. Until 2026-12-04 they were made once
+                # for every peer and case, and ours refused every point of its later cases.
+                warmup, payloads = workload(p, g, new)
                 with running(peer, Path(scratch)) as (process, channel):
                     per_report = cpu_per_report(channel, process.pid, payloads, g, warmup=warmup)
                 rows.append(
@@ -574,22 +614,26 @@ def spread(values: Sequence[float]) -> dict[str, float]:
 
 
 def measure_transports(
-    reports: int, fleet: int, repeats: int = 3, cases: Sequence[tuple[str, int]] = TRANSPORT_CASES, points: int = 8
+    reports: int,
+    fleet: int,
+    repeats: int = 3,
+    cases: Sequence[tuple[str, int]] = TRANSPORT_CASES,
+    points: int = 8,
+    min_requests: int = 100,
 ) -> list[dict[str, Any]]:
     """One row per (transport, GPUs per request, peer): us of CPU per GPU report in each of ``repeats`` rounds (each
     peer a fresh process, the peers in turn), their median and spread, and the ratio to Rotel's within each round."""
-    workloads = {}
-    for _, gpus in cases:
-        if gpus not in workloads:
-            warmup = warmup_requests(gpus, fleet)
-            measured = max(100, reports // gpus)
-            workloads[gpus] = (warmup, producer_requests(gpus, points, warmup + measured, fleet))
+    workloads: dict[int, tuple[int, list[bytes]]] = {}
     runs: dict[tuple[str, int, str], list[float]] = {}
     peers = {transport: transport_peers(transport) for transport, _ in cases}
     with tempfile.TemporaryDirectory(prefix="bench-e2e-transports-") as scratch:
         for _ in range(repeats):  # in turn, so drift on a shared machine lands on every peer alike
             for transport, gpus in cases:
-                warmup, payloads = workloads[gpus]
+                # Made just before ours (first of the peers) is sent them, as in ``measure``: ours refuses late points.
+                warmup = warmup_requests(gpus, fleet)
+                measured = max(min_requests, reports // gpus)
+                payloads = producer_requests(gpus, points, warmup + measured, fleet)
+                workloads[gpus] = (warmup, payloads)
                 for peer in peers[transport]:
                     if peer.missing is not None:
                         continue
@@ -635,7 +679,7 @@ def measure_all(quick: bool = False) -> dict[str, Any]:
     if OTELCOL.is_file():
         rows.extend(measure_tier(reports, fleet))
     # /proc counts 10 ms ticks: enough 8-GPU requests over OTLP/HTTP for Rotel's few us per report to span ~30.
-    transports = measure_transports(40_000 if quick else 96_000, fleet, repeats=3)
+    transports = measure_transports(24_000 if quick else 64_000, fleet, repeats=3, min_requests=50 if quick else 100)
     return {
         "peers": [{"name": p.name, "version": p.version, "not_run": p.missing} for p in [*peers, http_floor()]],
         "rows": rows,
@@ -666,7 +710,9 @@ def run(ctx: RunContext) -> BenchResult:
     from benchmarks import grpc_stages
 
     data = measure_all(quick=ctx.quick)
-    data["stages"] = grpc_stages.run_all(requests=500 if ctx.quick else 1500, repeats=3)
+    data["stages"] = grpc_stages.run_all(
+        requests=500 if ctx.quick else 1500, repeats=3, gateway_requests=40 if ctx.quick else 100
+    )
     rows = data["rows"]
     targets = data["targets"]
     table_rows = [

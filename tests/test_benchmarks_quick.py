@@ -457,3 +457,17 @@ def test_a_known_miss_within_its_record_reads_as_a_known_miss_not_missed(tmp_pat
     (line,) = [line for line in result.stdout.splitlines() if known["target"] in line]
     assert line.split()[0:2] == ["known", "miss"]
     assert f"recorded {known['recorded']:.4g}" in line
+
+
+def test_a_refused_point_is_seen_in_the_answer() -> None:
+    # The benchmark times a healthy fleet: an answer with a partial success (5 points refused) stops it, an empty one
+    # (every field at its default: all taken) does not.
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+
+    e2e = _bench_module("benchmarks.bench_collector_e2e")
+    partial = ExportMetricsServiceResponse()
+    partial.partial_success.rejected_data_points = 5
+    partial.partial_success.error_message = "late"
+    assert e2e.rejected_points(partial.SerializeToString()) == 5
+    assert e2e.rejected_points(b"") == 0
+    assert "5 points" in str(e2e.RefusedPoints(5))
