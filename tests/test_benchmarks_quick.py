@@ -335,6 +335,7 @@ def test_the_null_sink_takes_what_the_windows_take() -> None:
     split = stages.decoder_split(payloads, 1, 8)
     assert split["decode (null sink)"] > 0.0
     assert split["decode + aggregation"] > 0.0
+    assert split["service ingest"] > 0.0
 
 
 def test_the_http_floor_answers_an_empty_export_response() -> None:
