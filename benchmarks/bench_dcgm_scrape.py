@@ -151,15 +151,23 @@ def collector(*extra: str) -> Peer:
 def measure_collector(nodes: int, rounds: int) -> list[dict[str, Any]]:
     """Our collector's CPU per GPU report on each path, after one round of warm-up."""
     rows = []
-    start_ns = time.time_ns()
-    dcgm = scrape_rounds(nodes, 1 + rounds, start_ns)
-    producer = producer_requests(NODE_GPUS, 8, (1 + rounds) * nodes, nodes * NODE_GPUS)
+
+    def dcgm() -> list[bytes]:
+        return scrape_rounds(nodes, 1 + rounds, time.time_ns())
+
+    def producer() -> list[bytes]:
+        return producer_requests(NODE_GPUS, 8, (1 + rounds) * nodes, nodes * NODE_GPUS)
+
     with tempfile.TemporaryDirectory(prefix="bench-dcgm-") as scratch:
-        for name, peer, payloads in (
+        for name, peer, make in (
             (PRODUCER, collector(), producer),
             (DCGM, collector(), dcgm),
             (DCGM_NO_PASS, collector("--no-pass-through"), dcgm),
         ):
+            # Made just before they are sent: the collector closes windows by its clock, and points made for an
+            # earlier path could be late by now (refused, and the refusals timed; ``cpu_per_report`` stops on a
+            # measured one).
+            payloads = make()
             with running(peer, Path(scratch)) as (process, channel):
                 per_report = cpu_per_report(channel, process.pid, payloads, NODE_GPUS, warmup=nodes)
             rows.append(
