@@ -464,8 +464,9 @@ class HttpSenders:
             thread.join()
         if failures:
             raise RuntimeError(f"an OTLP/HTTP send failed: {failures[0]}") from failures[0]
-        if whole and sum(rejected):
-            raise RefusedPoints(sum(rejected))
+        refused = sum(rejected)
+        if whole and refused:
+            raise RefusedPoints(refused)
 
     def close(self) -> None:
         for connection in self.connections:
