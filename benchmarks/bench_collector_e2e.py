@@ -33,18 +33,31 @@ Peers, in the same run on the same requests:
   processor of 512 GPU reports, ``otlp`` exporter without compression on loopback) and from it to ours; the
   CPU of both processes, each apart and together, per GPU report sent (8 points, 8 GPUs per request).
 
+By transport, in the same run: the same requests (8 points per GPU) at 8 GPUs per request (a node's producer)
+and 1000 GPUs per request (a gateway's batch), over OTLP/HTTP (``application/x-protobuf`` POSTed to
+``/v1/metrics``; ``SENDERS`` client threads at once, each on one keep-alive ``http.client`` connection, as a
+node fleet sends) and over OTLP/gRPC (one in flight, as above), to ours, Rotel (its OTLP/HTTP endpoint for
+HTTP) and the transport's floor: over OTLP/HTTP our HTTP/1.1 framing (``receivers/http_framing``) serving an
+app that takes the body and answers 200 with an empty ExportMetricsServiceResponse, no parse, no gate
+(``http_receiver_cost.floor``); over gRPC the grpcio no-op server. Each peer is a fresh process per case,
+the peers in turn, ``repeats`` times: the median and the spread (min-max) of the repeats, and each ratio
+to Rotel taken within one repeat.
+
 GPUs per core at a 10 s interval = 10 s / CPU per GPU report.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -52,7 +65,11 @@ from typing import Any
 
 import attrs
 import grpc
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, new_figure, save_figure
 from otel_ofu import names
@@ -81,6 +98,14 @@ TIER = "otelcol gateway (batch) + otel-ofu collector"
 FIRST_SIGHT = "(every Resource new)"
 TARGET_RATIO_TO_ROTEL = 2.0  # our CPU per point / Rotel's
 TARGET_THROUGHPUT_TO_OTELCOL = 0.5  # our GPU reports per CPU second / the OpenTelemetry Collector's
+# By transport: a node's producer (8 GPUs per request) over OTLP/HTTP, and a gateway's batch over gRPC.
+GATEWAY_GPUS = 1000
+TRANSPORT_CASES = (("http", NODE_GPUS), ("http", GATEWAY_GPUS), ("grpc", GATEWAY_GPUS))
+TARGET_HTTP_US_PER_REPORT = 15.0  # 8 GPUs per request over OTLP/HTTP
+TARGET_GATEWAY_RATIO_TO_ROTEL = 1.8  # our CPU per point / Rotel's, 1000 GPUs per request over gRPC
+SENDERS = 4  # OTLP/HTTP client threads at once, one keep-alive connection each
+HTTP_FLOOR = "our HTTP framing, no-op app (floor)"
+HTTP_PATH = "/v1/metrics"
 
 
 # Readings in their units, so that every point is accepted: a share of 1.98 GHz for the SM clock (the board's
@@ -99,24 +124,19 @@ def producer_requests(gpus_per_request: int, points_per_gpu: int, requests: int,
     metrics = names.PRODUCER_METRICS[:points_per_gpu]
     now_ns = time.time_ns()
     payloads = []
+    resources: dict[int, Resource] = {}  # each GPU's Resource, made once (a 1000-GPU request is made in seconds)
     for index in range(requests):
         request = ExportMetricsServiceRequest()
         time_ns = now_ns + index * 1_000_000
         for slot in range(gpus_per_request):
             gpu = (index * gpus_per_request + slot) % fleet
             rm = request.resource_metrics.add()
-            for key, value in (
-                (names.SERVICE_NAME, names.PRODUCER_SERVICE_NAME),
-                (names.HOST_NAME, f"node-{gpu // 8:05d}"),
-                (names.HW_ID, f"GPU-{gpu:08x}-1d2c-4b5a-9e8f-0a1b2c3d4e5f"),
-                (names.HW_MODEL, MODELS[gpu % len(MODELS)]),
-                (names.HW_TYPE, names.HW_TYPE_GPU),
-                (names.HW_VENDOR, names.HW_VENDOR_NVIDIA),
-                (names.GPU_INDEX, gpu % 8),
-                (names.JOB_ID, f"job-{gpu // 16}"),
-                (names.GPU_PRECISION, "bf16"),
-            ):
-                set_attribute(rm.resource.attributes, key, value)
+            resource = resources.get(gpu)
+            if resource is None:
+                resource = gpu_resource(gpu)
+                if len(resources) < 65_536:
+                    resources[gpu] = resource
+            rm.resource.CopyFrom(resource)
             sm = rm.scope_metrics.add()
             sm.scope.name = names.INSTRUMENTATION_SCOPE
             for position, spec in enumerate(metrics):
@@ -127,6 +147,24 @@ def producer_requests(gpus_per_request: int, points_per_gpu: int, requests: int,
                 point.start_time_unix_nano = time_ns - int(INTERVAL_S * S)
         payloads.append(request.SerializeToString())
     return payloads
+
+
+def gpu_resource(gpu: int) -> Resource:
+    """The Resource of GPU number ``gpu`` of the fleet, as the producer sends it: its identity."""
+    resource = Resource()
+    for key, value in (
+        (names.SERVICE_NAME, names.PRODUCER_SERVICE_NAME),
+        (names.HOST_NAME, f"node-{gpu // 8:05d}"),
+        (names.HW_ID, f"GPU-{gpu:08x}-1d2c-4b5a-9e8f-0a1b2c3d4e5f"),
+        (names.HW_MODEL, MODELS[gpu % len(MODELS)]),
+        (names.HW_TYPE, names.HW_TYPE_GPU),
+        (names.HW_VENDOR, names.HW_VENDOR_NVIDIA),
+        (names.GPU_INDEX, gpu % 8),
+        (names.JOB_ID, f"job-{gpu // 16}"),
+        (names.GPU_PRECISION, "bf16"),
+    ):
+        set_attribute(resource.attributes, key, value)
+    return resource
 
 
 def process_cpu_s(pid: int) -> float:
@@ -151,15 +189,18 @@ class Peer:
     argv: Callable[[int, Path], list[str]]
     missing: str | None = None
     config: Callable[[int, Path], None] | None = None  # writes the peer's config file before it starts
+    transport: str = "grpc"  # what it serves on the port: "grpc" (OTLP/gRPC) or "http" (OTLP/HTTP)
 
 
-def ours() -> Peer:
+def ours(transport: str = "grpc") -> Peer:
     from importlib.metadata import version
 
     def argv(port: int, work: Path) -> list[str]:
+        if transport == "http":
+            return [OTEL_OFU, "collector", "--listen=off", f"--http-listen=127.0.0.1:{port}"]
         return [OTEL_OFU, "collector", f"--listen=127.0.0.1:{port}", "--http-listen=off"]
 
-    return Peer("otel-ofu collector", version("otel-ofu"), argv)
+    return Peer("otel-ofu collector", version("otel-ofu"), argv, transport=transport)
 
 
 def rotel_binary() -> Path | None:
@@ -173,24 +214,31 @@ def rotel_binary() -> Path | None:
     return None
 
 
-def rotel() -> Peer:
+def rotel(transport: str = "grpc") -> Peer:
     binary = rotel_binary()
     if binary is None:
-        return Peer("rotel", "-", lambda port, work: [], missing="the rotel wheel (a dev extra) is not installed")
+        return Peer(
+            "rotel",
+            "-",
+            lambda port, work: [],
+            missing="the rotel wheel (a dev extra) is not installed",
+            transport=transport,
+        )
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=False).stdout.strip()
 
     def argv(port: int, work: Path) -> list[str]:
+        grpc_port, http_port = (unused_port(), port) if transport == "http" else (port, unused_port())
         return [
             str(binary),
             "start",
-            f"--otlp-grpc-endpoint=127.0.0.1:{port}",
-            f"--otlp-http-endpoint=127.0.0.1:{unused_port()}",
+            f"--otlp-grpc-endpoint=127.0.0.1:{grpc_port}",
+            f"--otlp-http-endpoint=127.0.0.1:{http_port}",
             "--exporter=blackhole",
             f"--pid-file={work / 'rotel.pid'}",
             f"--log-file={work / 'rotel.log'}",
         ]
 
-    return Peer("rotel", version.removeprefix("rotel ").strip() or "?", argv)
+    return Peer("rotel", version.removeprefix("rotel ").strip() or "?", argv, transport=transport)
 
 
 def grpcio_floor() -> Peer:
@@ -202,6 +250,21 @@ def grpcio_floor() -> Peer:
         return [sys.executable, "-c", code]
 
     return Peer(FLOOR, grpc.__version__, argv)
+
+
+def http_floor() -> Peer:
+    """Our HTTP/1.1 framing serving an app that takes each body and answers 200 with an empty
+    ExportMetricsServiceResponse (``http_receiver_cost.floor``): the least our OTLP/HTTP receiver can cost."""
+    from importlib.metadata import version
+
+    def argv(port: int, work: Path) -> list[str]:
+        code = (
+            f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+            f"from benchmarks.http_receiver_cost import floor; floor({port})"
+        )
+        return [sys.executable, "-c", code]
+
+    return Peer(HTTP_FLOOR, version("otel-ofu"), argv, transport="http")
 
 
 OTELCOL_CONFIG = """\
@@ -316,24 +379,40 @@ def otelcol() -> Peer:
     return Peer("otelcol (signaltometrics)", out.split()[-1] if out else "?", argv, config=write_config)
 
 
+def _listening(port: int, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:``port`` within ``timeout_s`` (while ``process`` runs)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @contextlib.contextmanager
-def running(peer: Peer, work: Path, port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], grpc.Channel]]:
+def started(peer: Peer, work: Path, port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``peer`` running on ``port`` (one unused when None), once it serves its transport there."""
     port = port or unused_port()
     if peer.config is not None:
         peer.config(port, work)
     log = (work / f"{peer.name.split()[0]}.out").open("wb")
     process = subprocess.Popen(peer.argv(port, work), stdout=log, stderr=subprocess.STDOUT, cwd=work)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=30)
-        except grpc.FutureTimeoutError:
+        if peer.transport == "http":
+            ready = _listening(port, process, 30.0)
+        else:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as probe:
+                try:
+                    grpc.channel_ready_future(probe).result(timeout=30)
+                    ready = True
+                except grpc.FutureTimeoutError:
+                    ready = False
+        if not ready:
             log.flush()
             tail = (work / f"{peer.name.split()[0]}.out").read_text(errors="replace")[-400:]
-            raise RuntimeError(f"{peer.name} did not listen on port {port} within 30 s: {tail}") from None
-        yield process, channel
+            raise RuntimeError(f"{peer.name} did not listen on port {port} within 30 s: {tail}")
+        yield process, port
     finally:
-        channel.close()
         process.terminate()
         try:
             process.wait(timeout=10)
@@ -343,20 +422,104 @@ def running(peer: Peer, work: Path, port: int | None = None) -> Iterator[tuple[s
         log.close()
 
 
+@contextlib.contextmanager
+def running(peer: Peer, work: Path, port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], grpc.Channel]]:
+    """``peer`` serving OTLP/gRPC, and a channel to it."""
+    with started(peer, work, port) as (process, bound), grpc.insecure_channel(f"127.0.0.1:{bound}") as channel:
+        yield process, channel
+
+
+class HttpSenders:
+    """``count`` OTLP/HTTP clients on 127.0.0.1:``port``, each one keep-alive ``http.client`` connection of its own,
+    sending at once as a node fleet does; every answer must be 200."""
+
+    def __init__(self, port: int, count: int = SENDERS) -> None:
+        self.connections = [http.client.HTTPConnection("127.0.0.1", port, timeout=60) for _ in range(count)]
+
+    def send(self, payloads: Sequence[bytes], whole: bool = True) -> None:
+        """Every payload once: client ``i`` sends payloads ``i``, ``i + count``, ... in turn; returns when all are
+        answered. ``whole``: a point refused stops the run (``RefusedPoints``)."""
+        failures: list[BaseException] = []
+        rejected = [0] * len(self.connections)
+
+        def post(index: int, mine: Sequence[bytes]) -> None:
+            connection = self.connections[index]
+            headers = {"Content-Type": "application/x-protobuf"}
+            try:
+                for payload in mine:
+                    connection.request("POST", HTTP_PATH, payload, headers)
+                    response = connection.getresponse()
+                    body = response.read()
+                    if response.status != 200:
+                        raise RuntimeError(f"answered {response.status}: {body[:200]!r}")
+                    rejected[index] += rejected_points(body)
+            except BaseException as error:  # told in the calling thread
+                failures.append(error)
+
+        count = len(self.connections)
+        threads = [threading.Thread(target=post, args=(i, payloads[i::count])) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise RuntimeError(f"an OTLP/HTTP send failed: {failures[0]}") from failures[0]
+        refused = sum(rejected)
+        if whole and refused:
+            raise RefusedPoints(refused)
+
+    def close(self) -> None:
+        for connection in self.connections:
+            connection.close()
+
+
+def http_cpu_per_report(port: int, pid: int, payloads: Sequence[bytes], gpus_per_request: int, warmup: int) -> float:
+    """CPU seconds the process at ``pid`` spends per GPU report over OTLP/HTTP, over ``payloads`` after ``warmup``
+    of them, ``SENDERS`` at once on keep-alive connections (opened in the warm-up)."""
+    senders = HttpSenders(port)
+    try:
+        senders.send(payloads[:warmup], whole=False)  # a warm-up point refused is not timed
+        time.sleep(SETTLE_S)
+        before = process_cpu_s(pid)
+        senders.send(payloads[warmup:])
+        time.sleep(SETTLE_S)
+        spent = process_cpu_s(pid) - before
+    finally:
+        senders.close()
+    return spent / ((len(payloads) - warmup) * gpus_per_request)
+
+
 def cpu_per_report(
     channel: grpc.Channel, pid: int, payloads: Sequence[bytes], gpus_per_request: int, warmup: int
 ) -> float:
     """CPU seconds the process at ``pid`` spends per GPU report, over ``payloads`` after ``warmup`` of them."""
     export = channel.unary_unary(EXPORT_METHOD, request_serializer=None, response_deserializer=None)
     for payload in payloads[:warmup]:
-        export(payload, timeout=30)
+        export(payload, timeout=30)  # a warm-up point refused (late: made a while ago) is not timed
     time.sleep(SETTLE_S)
+    rejected = 0
     before = process_cpu_s(pid)
     for payload in payloads[warmup:]:
-        export(payload, timeout=30)
+        rejected += rejected_points(export(payload, timeout=30))
     time.sleep(SETTLE_S)
     spent = process_cpu_s(pid) - before
+    if rejected:
+        raise RefusedPoints(rejected)
     return spent / ((len(payloads) - warmup) * gpus_per_request)
+
+
+class RefusedPoints(RuntimeError):
+    """A receiver refused points of a healthy fleet's requests: what was timed would be its refusals."""
+
+    def __init__(self, points: int) -> None:
+        super().__init__(f"the receiver refused {points} points (partial success): the requests must be taken whole")
+
+
+def rejected_points(response: bytes) -> int:
+    """The points an ExportMetricsServiceResponse says were rejected (an empty one: none)."""
+    if not response:
+        return 0
+    return int(ExportMetricsServiceResponse.FromString(response).partial_success.rejected_data_points)
 
 
 def warmup_requests(gpus_per_request: int, fleet: int) -> int:
@@ -379,12 +542,13 @@ def measure(
     cases = [(p, g, False) for p in points for g in gpus_per_request]
     if first_sight is not None:
         cases.append((*first_sight, True))
-    workloads = {}
-    for p, g, new in cases:
+
+    def workload(p: int, g: int, new: bool) -> tuple[int, list[bytes]]:
         warmup = warmup_requests(g, fleet) if not new else max(20, 200 // g)
         measured = max(100, reports // g)
         # Every Resource new: a fleet larger than the run, so no GPU comes back.
-        workloads[(p, g, new)] = (warmup, producer_requests(g, p, warmup + measured, fleet if not new else 2**30))
+        return warmup, producer_requests(g, p, warmup + measured, fleet if not new else 2**30)
+
     for peer in peers:
         if peer.missing is not None:
             continue
@@ -394,7 +558,10 @@ def measure(
                     continue  # the peers keep nothing per Resource: their first sight is their steady state
                 # A fresh process per case: each starts with no state, and one case's backlog never
                 # lands in the next one's CPU.
-                warmup, payloads = workloads[(p, g, new)]
+                # Made just before they are sent: points stamped minutes earlier would be late for ours (its
+                # windows close by the clock), and it would time the refusals. Until 2026-12-04 they were made once
+                # for every peer and case, and ours refused every point of its later cases.
+                warmup, payloads = workload(p, g, new)
                 with running(peer, Path(scratch)) as (process, channel):
                     per_report = cpu_per_report(channel, process.pid, payloads, g, warmup=warmup)
                 rows.append(
@@ -438,6 +605,73 @@ def measure_tier(reports: int, fleet: int, points: int = 8, gpus_per_request: in
     return rows
 
 
+def transport_peers(transport: str) -> list[Peer]:
+    """Ours, Rotel and the transport's floor, serving ``transport``."""
+    return [ours(transport), rotel(transport), http_floor() if transport == "http" else grpcio_floor()]
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def measure_transports(
+    reports: int,
+    fleet: int,
+    repeats: int = 3,
+    cases: Sequence[tuple[str, int]] = TRANSPORT_CASES,
+    points: int = 8,
+    min_requests: int = 100,
+) -> list[dict[str, Any]]:
+    """One row per (transport, GPUs per request, peer): us of CPU per GPU report in each of ``repeats`` rounds (each
+    peer a fresh process, the peers in turn), their median and spread, and the ratio to Rotel's within each round."""
+    workloads: dict[int, tuple[int, list[bytes]]] = {}
+    runs: dict[tuple[str, int, str], list[float]] = {}
+    peers = {transport: transport_peers(transport) for transport, _ in cases}
+    with tempfile.TemporaryDirectory(prefix="bench-e2e-transports-") as scratch:
+        for _ in range(repeats):  # in turn, so drift on a shared machine lands on every peer alike
+            for transport, gpus in cases:
+                # Made just before ours (first of the peers) is sent them, as in ``measure``: ours refuses late points.
+                warmup = warmup_requests(gpus, fleet)
+                measured = max(min_requests, reports // gpus)
+                payloads = producer_requests(gpus, points, warmup + measured, fleet)
+                workloads[gpus] = (warmup, payloads)
+                for peer in peers[transport]:
+                    if peer.missing is not None:
+                        continue
+                    with started(peer, Path(scratch)) as (process, port):
+                        if transport == "http":
+                            cost = http_cpu_per_report(port, process.pid, payloads, gpus, warmup)
+                        else:
+                            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                                cost = cpu_per_report(channel, process.pid, payloads, gpus, warmup)
+                    runs.setdefault((transport, gpus, peer.name), []).append(cost * 1e6)
+    rows = []
+    for (transport, gpus, name), values in runs.items():
+        warmup, payloads = workloads[gpus]
+        rotel_runs = runs.get((transport, gpus, ROTEL))
+        ratios = [v / r for v, r in zip(values, rotel_runs, strict=True)] if rotel_runs else None
+        rows.append(
+            {
+                "peer": name,
+                "transport": transport,
+                "points_per_gpu": points,
+                "gpus_per_request": gpus,
+                "reports": (len(payloads) - warmup) * gpus,
+                "runs_us_per_report": values,
+                "us_per_report": spread(values),
+                "ratio_to_rotel": spread(ratios) if ratios else None,
+                "senders": SENDERS if transport == "http" else 1,
+            }
+        )
+    return rows
+
+
+def transport_row(rows: Sequence[dict[str, Any]], peer: str, transport: str, gpus: int) -> dict[str, Any] | None:
+    return next(
+        (r for r in rows if r["peer"] == peer and r["transport"] == transport and r["gpus_per_request"] == gpus), None
+    )
+
+
 def measure_all(quick: bool = False) -> dict[str, Any]:
     peers = [ours(), rotel(), otelcol(), grpcio_floor()]
     sweep = (1, 8, 64) if quick else (1, 8, 64, 512)
@@ -445,9 +679,12 @@ def measure_all(quick: bool = False) -> dict[str, Any]:
     rows = measure(peers, sweep, (1, 8), reports=reports, fleet=fleet, first_sight=(8, 8))
     if OTELCOL.is_file():
         rows.extend(measure_tier(reports, fleet))
+    # /proc counts 10 ms ticks: enough 8-GPU requests over OTLP/HTTP for Rotel's few us per report to span ~30.
+    transports = measure_transports(24_000 if quick else 64_000, fleet, repeats=3, min_requests=50 if quick else 100)
     return {
-        "peers": [{"name": p.name, "version": p.version, "not_run": p.missing} for p in peers],
+        "peers": [{"name": p.name, "version": p.version, "not_run": p.missing} for p in [*peers, http_floor()]],
         "rows": rows,
+        "transports": transports,
         "interval_s": INTERVAL_S,
         "tick_s": TICK_S,
         "settle_s": SETTLE_S,
@@ -457,6 +694,8 @@ def measure_all(quick: bool = False) -> dict[str, Any]:
             "us_per_report": TARGET_US_PER_REPORT,
             "ratio_to_rotel": TARGET_RATIO_TO_ROTEL,
             "throughput_to_otelcol": TARGET_THROUGHPUT_TO_OTELCOL,
+            "http_us_per_report": TARGET_HTTP_US_PER_REPORT,
+            "gateway_ratio_to_rotel": TARGET_GATEWAY_RATIO_TO_ROTEL,
         },
     }
 
@@ -472,7 +711,9 @@ def run(ctx: RunContext) -> BenchResult:
     from benchmarks import grpc_stages
 
     data = measure_all(quick=ctx.quick)
-    data["stages"] = grpc_stages.run_all(requests=500 if ctx.quick else 1500, repeats=3)
+    data["stages"] = grpc_stages.run_all(
+        requests=500 if ctx.quick else 1500, repeats=3, gateway_requests=40 if ctx.quick else 100
+    )
     rows = data["rows"]
     targets = data["targets"]
     table_rows = [
@@ -551,7 +792,10 @@ def run(ctx: RunContext) -> BenchResult:
                 kind="ratio",
             )
         )
-    data["peer_versions"] = {p["name"]: p["version"] for p in data["peers"] if not p["not_run"] and p["name"] != OURS}
+    verdicts += transport_verdicts(data["transports"])
+    data["peer_versions"] = {
+        p["name"]: p["version"] for p in data["peers"] if not p["not_run"] and p["name"] not in (OURS, HTTP_FLOOR)
+    }
     return BenchResult(
         "collector_e2e",
         "Collector end to end: process CPU per GPU report over real gRPC, beside Rotel and otelcol",
@@ -578,19 +822,126 @@ def run(ctx: RunContext) -> BenchResult:
                 "of ours; the CPU of each process apart, and of both, per GPU report sent by the producers. "
                 + " ".join(not_run),
             ),
+            transport_table(data["transports"]),
             Table(
-                f"Where one request's CPU goes: us of CPU per GPU report, {NODE_GPUS} GPUs x 8 points per request, "
-                "median (min-max) of 3 repeats",
-                ("stage", "ours", "ours with a bearer token", "grpcio no-op (sync)", "grpcio no-op (asyncio)"),
+                "Where one request's CPU goes: us of CPU per GPU report, 8 points per GPU, median (min-max) of "
+                f"{len(next(iter(data['stages']['runs'].values())))} repeats",
+                ("stage", *grpc_stages.table_columns(data["stages"])),
                 grpc_stages.table_rows(data["stages"]),
                 note=doc_summary(grpc_stages.__doc__)
-                + " Multiply by 8 for the CPU per request. The grpcio row is the process's CPU less the stages' "
-                "thread CPU: what the server costs around our handler; beside it, the no-op servers' whole process.",
+                + " Multiply by the GPUs per request for the CPU per request. The server's row is the process's CPU "
+                "less the stages' thread CPU: what the server costs around our handler; beside it, the floors' whole "
+                "process. The in-process split (of which) is measured on the same requests in the benchmark's own "
+                "process, so its rest also holds the difference between a decoder alone and one beside the "
+                "receiver's threads.",
             ),
         ),
         verdicts=verdicts,
         data=data,
         plots=(_plot(ctx, rows),),
+    )
+
+
+def transport_verdicts(rows: Sequence[dict[str, Any]]) -> list[Verdict]:
+    """The targets by transport: a node's producer over OTLP/HTTP, a gateway's batch over gRPC, and the floors."""
+    verdicts = []
+    node = f"8 points per GPU, {NODE_GPUS} GPUs per request"
+    mine = transport_row(rows, OURS, "http", NODE_GPUS)
+    if mine is not None:
+        verdicts.append(
+            Verdict(
+                f"CPU per GPU report over OTLP/HTTP, {node} (median of the repeats)",
+                mine["us_per_report"]["median"],
+                TARGET_HTTP_US_PER_REPORT,
+                "us",
+                kind="absolute",
+            )
+        )
+        if mine["ratio_to_rotel"] is not None:
+            verdicts.append(
+                Verdict(
+                    f"CPU per point / Rotel's over OTLP/HTTP, {node} (median of the repeats)",
+                    mine["ratio_to_rotel"]["median"],
+                    TARGET_RATIO_TO_ROTEL,
+                    "x",
+                    kind="ratio",
+                )
+            )
+    gateway = transport_row(rows, OURS, "grpc", GATEWAY_GPUS)
+    if gateway is not None and gateway["ratio_to_rotel"] is not None:
+        verdicts.append(
+            Verdict(
+                f"CPU per point / Rotel's over gRPC, 8 points per GPU, {GATEWAY_GPUS} GPUs per request (median of "
+                "the repeats)",
+                gateway["ratio_to_rotel"]["median"],
+                TARGET_GATEWAY_RATIO_TO_ROTEL,
+                "x",
+                kind="ratio",
+            )
+        )
+    for transport, gpus in TRANSPORT_CASES:
+        mine = transport_row(rows, OURS, transport, gpus)
+        floor_row = transport_row(rows, HTTP_FLOOR if transport == "http" else FLOOR, transport, gpus)
+        if mine is None or floor_row is None:
+            continue
+        what = "our HTTP framing with a no-op app" if transport == "http" else "the grpcio no-op server"
+        verdicts.append(
+            Verdict(
+                f"a floor is never beaten: ours / {what} (>= 1), over {'OTLP/HTTP' if transport == 'http' else 'gRPC'}"
+                f", 8 points per GPU, {gpus} GPUs per request (median of the repeats)",
+                mine["us_per_report"]["median"] / floor_row["us_per_report"]["median"],
+                1.0,
+                "x",
+                higher_is_better=True,
+                kind="ratio",
+            )
+        )
+    return verdicts
+
+
+def _spread_text(values: dict[str, float] | None, digits: int = 1) -> str:
+    if values is None:
+        return "-"
+    return f"{values['median']:.{digits}f} ({values['min']:.{digits}f}-{values['max']:.{digits}f})"
+
+
+def transport_table(rows: Sequence[dict[str, Any]]) -> Table:
+    order = {name: i for i, name in enumerate((OURS, ROTEL, HTTP_FLOOR, FLOOR))}
+    ordered = sorted(
+        rows, key=lambda r: (r["transport"] != "http", r["gpus_per_request"], order.get(r["peer"], len(order)))
+    )
+    repeats = max((len(r["runs_us_per_report"]) for r in rows), default=0)
+    return Table(
+        f"By transport: us of CPU per GPU report (8 points per GPU), median (min-max) of {repeats} repeats",
+        (
+            "transport",
+            "GPUs per request",
+            "collector",
+            "GPU reports per repeat",
+            "us CPU per report",
+            "ratio to Rotel (same repeat)",
+            "GPUs per core at 10 s (median)",
+        ),
+        [
+            (
+                "OTLP/HTTP" if r["transport"] == "http" else "OTLP/gRPC",
+                str(r["gpus_per_request"]),
+                r["peer"],
+                f"{r['reports']:,}",
+                _spread_text(r["us_per_report"]),
+                _spread_text(r["ratio_to_rotel"], 2),
+                f"{INTERVAL_S / (r['us_per_report']['median'] / 1e6):,.0f}" if r["us_per_report"]["median"] else "-",
+            )
+            for r in ordered
+        ],
+        note=f"OTLP/HTTP: {SENDERS} client threads at once, each on one keep-alive http.client connection, "
+        "POSTing application/x-protobuf to /v1/metrics (Rotel: its --otlp-http-endpoint; ours: --http-listen); "
+        "OTLP/gRPC: one request in flight. The OTLP/HTTP floor is our HTTP/1.1 framing with an app that takes the "
+        "body and answers 200 with an empty ExportMetricsServiceResponse (no parse, no gate); the gRPC floor is the "
+        f"grpcio no-op server. Targets: at {NODE_GPUS} GPUs per request over OTLP/HTTP at most "
+        f"{TARGET_HTTP_US_PER_REPORT:g} us per report (absolute, reported) and at most {TARGET_RATIO_TO_ROTEL:g}x "
+        f"Rotel's CPU per point (ratio); at {GATEWAY_GPUS} GPUs per request over gRPC at most "
+        f"{TARGET_GATEWAY_RATIO_TO_ROTEL:g}x Rotel's (ratio).",
     )
 
 

@@ -125,10 +125,19 @@ def node_page(node: int, gpus: int = NODE_GPUS) -> str:
 
 def scrape_rounds(nodes: int, rounds: int, start_ns: int) -> list[bytes]:
     """``rounds`` scrapes of every node, round after round, 10 s apart: each request one node's scrape."""
-    templates = [
+    return stamped_rounds(scrape_templates(nodes, start_ns), rounds, start_ns)
+
+
+def scrape_templates(nodes: int, start_ns: int) -> list[Any]:
+    """Every node's scrape as a request (slow: seconds for 1,000 nodes), to be stamped by ``stamped_rounds``."""
+    return [
         scrape_request(node_page(node), time_ns=start_ns, instance=f"10.{node // 250}.{node % 250}.7:9400")
         for node in range(nodes)
     ]
+
+
+def stamped_rounds(templates: Sequence[Any], rounds: int, start_ns: int) -> list[bytes]:
+    """``rounds`` of the scrapes in ``templates``, the first at ``start_ns``, 10 s apart (fast)."""
     payloads = []
     for round_index in range(rounds):
         time_ns = start_ns + round_index * int(INTERVAL_S * S)
@@ -151,15 +160,27 @@ def collector(*extra: str) -> Peer:
 def measure_collector(nodes: int, rounds: int) -> list[dict[str, Any]]:
     """Our collector's CPU per GPU report on each path, after one round of warm-up."""
     rows = []
-    start_ns = time.time_ns()
-    dcgm = scrape_rounds(nodes, 1 + rounds, start_ns)
-    producer = producer_requests(NODE_GPUS, 8, (1 + rounds) * nodes, nodes * NODE_GPUS)
+
+    # Made once (it takes seconds), stamped just before each path is sent them: points stamped when the pages were
+    # made would be late by the time they are sent.
+    templates = scrape_templates(nodes, time.time_ns())
+
+    def dcgm() -> list[bytes]:
+        return stamped_rounds(templates, 1 + rounds, time.time_ns())
+
+    def producer() -> list[bytes]:
+        return producer_requests(NODE_GPUS, 8, (1 + rounds) * nodes, nodes * NODE_GPUS)
+
     with tempfile.TemporaryDirectory(prefix="bench-dcgm-") as scratch:
-        for name, peer, payloads in (
+        for name, peer, make in (
             (PRODUCER, collector(), producer),
             (DCGM, collector(), dcgm),
             (DCGM_NO_PASS, collector("--no-pass-through"), dcgm),
         ):
+            # Made just before they are sent: the collector closes windows by its clock, and points made for an
+            # earlier path could be late by now (refused, and the refusals timed; ``cpu_per_report`` stops on a
+            # measured one).
+            payloads = make()
             with running(peer, Path(scratch)) as (process, channel):
                 per_report = cpu_per_report(channel, process.pid, payloads, NODE_GPUS, warmup=nodes)
             rows.append(

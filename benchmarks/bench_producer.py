@@ -23,6 +23,13 @@ not have (temperature, utilisation, memory, power: ``benchmarks/peers/openlit_nv
 CPU is ``time.process_time`` (every thread of this process), the best of several repeats of many
 cycles, the four interleaved. Targets: at most 1.3x the SDK reference, never under the floor, at most 2 ms
 of CPU per cycle, and less CPU per GPU than OpenLIT.
+
+The send, by protocol (``otel-ofu run --protocol``): the same cycle on the fake NVML with the producer's
+real exporter and its real sender, over OTLP/gRPC (``grpc``) and over OTLP/HTTP (``http/protobuf``: one
+keep-alive ``requests`` session), to a receiver on 127.0.0.1 in a process of its own (Rotel, whose CPU is not
+counted; our no-op floors where Rotel is not installed), beside the cycle with the in-memory sender (no
+network): what each protocol's send costs the producer, per export of a node's 8 GPUs. The three in turn,
+``repeats`` times: the median and spread (min-max) of the repeats, no target.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from opentelemetry.sdk.metrics.export import MetricsData
 from otel_ofu.attribution.static import StaticAttributor
 from otel_ofu.clock import ManualClock
 from otel_ofu.otlp_client import Attempt, OtlpSettings
+from otel_ofu.otlp_client.senders import Sender, open_sender
 from otel_ofu.producer.exporters import OtlpMetricExporter
 from otel_ofu.producer.loop import Producer
 from otel_ofu.producer.metrics_data import MetricsDataBuilder, env_resource
@@ -270,6 +278,119 @@ def cpu_ms(cycle: Callable[[], None], cycles: int) -> float:
 
 def points_of(data: MetricsData) -> int:
     return sum(len(m.data.data_points) for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
+
+
+@attrs.define
+class Delivering:
+    """The producer's real sender for its settings, counting what it delivered (a failed send would time a retry)."""
+
+    inner: Sender
+    delivered: int = 0
+    failed: int = 0
+
+    def send(self, payload: bytes, timeout_s: float) -> Attempt:
+        attempt = self.inner.send(payload, timeout_s)
+        if attempt.delivered:
+            self.delivered += 1
+        else:
+            self.failed += 1
+        return attempt
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def exporting(settings: OtlpSettings | None) -> Ours:
+    """A cycle of the real producer on the fake NVML, exporting through its real sender for ``settings`` (None: the
+    in-memory sender)."""
+    if settings is None:
+        return ours("nvml")
+    from otel_ofu.sources.nvml import NvmlSource
+
+    clock = ManualClock()
+    source = NvmlSource("bench-host", background=False, clock=clock)
+    sender = Delivering(open_sender(settings))
+    producer = Producer(
+        source=source,
+        attribution=StaticAttributor(job_id="job-0", job_name="train", precision="bf16"),
+        exporter=OtlpMetricExporter(settings, sender=sender),
+        clock=clock,
+        builder=MetricsDataBuilder(placement="resource", base=env_resource("bench-host")),
+        max_queue=1_000_000,
+    )
+    worker = producer.worker
+    assert worker is not None
+
+    def cycle() -> None:
+        clock.advance(INTERVAL_S)
+        producer.run_once()
+        if not worker.flush(30.0):
+            raise RuntimeError(f"the {settings.protocol} export to {settings.endpoint} did not finish in 30 s")
+        if sender.failed:
+            raise RuntimeError(f"a {settings.protocol} export to {settings.endpoint} failed: this would time retries")
+
+    def close() -> None:
+        producer.close()
+        source.close()
+
+    return Ours(cycle, MemorySender(), [], close)
+
+
+def transport_cost(cycles: int = 200, repeats: int = 5) -> dict[str, Any]:
+    """CPU per export cycle of 8 GPUs: the producer's real sender over OTLP/gRPC and over OTLP/HTTP to a receiver in
+    another process, and the in-memory sender; each repeat runs the three in turn."""
+    import statistics
+    import tempfile
+
+    from benchmarks import bench_collector_e2e as e2e
+    from otel_ofu.otlp_client.settings import GRPC, HTTP_PROTOBUF
+
+    def receiver(transport: str) -> e2e.Peer:
+        peer = e2e.rotel(transport)
+        if peer.missing is None:
+            return peer
+        return e2e.http_floor() if transport == "http" else e2e.grpcio_floor()
+
+    runs: dict[str, list[float]] = {"memory": [], GRPC: [], HTTP_PROTOBUF: []}
+    receivers = {GRPC: receiver("grpc"), HTTP_PROTOBUF: receiver("http")}
+    names = {protocol: f"{peer.name} {peer.version}" for protocol, peer in receivers.items()}
+    with (
+        fake_gpus(GPUS),
+        tempfile.TemporaryDirectory(prefix="bench-producer-") as scratch,
+        e2e.started(receivers[GRPC], Path(scratch)) as (_, grpc_port),
+        e2e.started(receivers[HTTP_PROTOBUF], Path(scratch)) as (_, http_port),
+    ):
+        endpoints = {GRPC: f"http://127.0.0.1:{grpc_port}", HTTP_PROTOBUF: f"http://127.0.0.1:{http_port}"}
+        sides: dict[str, Ours] = {"memory": exporting(None)}
+        for protocol, endpoint in endpoints.items():
+            sides[protocol] = exporting(OtlpSettings.resolve(protocol=protocol, endpoint=endpoint, environ={}))
+        try:
+            for side in sides.values():
+                for _ in range(5):  # warm-up: the connection, the Resource encodings
+                    side.cycle()
+            for _ in range(repeats):
+                for name, side in sides.items():
+                    runs[name].append(cpu_ms(side.cycle, cycles))
+        finally:
+            for side in sides.values():
+                side.close()
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    http_to_grpc = [h / g for h, g in zip(runs[HTTP_PROTOBUF], runs[GRPC], strict=True)]
+    return {
+        "cycles": cycles,
+        "repeats": repeats,
+        "receivers": names,
+        "runs_ms": runs,
+        "ms": {name: spread(values) for name, values in runs.items()},
+        "send_ms": {
+            protocol: spread([v - m for v, m in zip(runs[protocol], runs["memory"], strict=True)])
+            for protocol in (GRPC, HTTP_PROTOBUF)
+        },
+        "http_to_grpc": spread(http_to_grpc),
+    }
 
 
 def run(cycles: int = 200, repeats: int = 5) -> dict[str, Any]:

@@ -8,10 +8,13 @@ connections with ``http.client``. What is left is HTTP framing, the OTLP handlin
 protobuf parse of the request, the answer) and the socket calls. ``framing`` is the receiver as it is
 (run this script on an older checkout to measure that one); ``h11`` serves the very same OTLP app
 (``otlp_http._OtlpApp``) over h11's parser instead, with the least connection loop h11 allows (no head
-deadline, no minimum rate, no early chunk refusal): a floor for what h11 would cost, not a full receiver.
+deadline, no minimum rate, no early chunk refusal): a floor for what h11 would cost, not a full receiver;
+``floor`` is the framing with an app that does only what no OTLP/HTTP receiver can leave out: it takes the body
+and answers 200 with an empty ExportMetricsServiceResponse (no gate, no parse), the end-to-end benchmark's
+OTLP/HTTP floor (``floor(port)``).
 Each round runs every variant once, in turn, so machine noise falls on all alike; the medians are printed.
-Not part of ``python -m benchmarks``: it answers one question (whether to frame on h11), see
-``receivers/http_framing.py``.
+The script is not part of ``python -m benchmarks``: it answers one question (whether to frame on h11), see
+``receivers/http_framing.py``; its ``floor`` is.
 """
 
 from __future__ import annotations
@@ -22,15 +25,53 @@ import multiprocessing
 import statistics
 import threading
 import time
+from http import HTTPStatus
 from multiprocessing.connection import Connection
 from typing import Any
 
+import attrs
+
 from otel_ofu.testing.otlp_requests import gpu_request
 from otel_ofu_collector.otlp.decode import DecodeOutcome
-from otel_ofu_collector.receivers.admission import Gate
+from otel_ofu_collector.receivers.admission import BodyBudget, BodyLease, Gate
+from otel_ofu_collector.receivers.http_framing import HttpServer, Limits, RequestHead, Response
 from otel_ofu_collector.receivers.otlp_http import HttpReceiver
 
 _OUTCOME = DecodeOutcome(accepted=8, rejected=0, error_message="", forward=None)
+# An empty ExportMetricsServiceResponse: every field at its default, so no bytes (the OTLP/HTTP success body).
+_EMPTY_RESPONSE = Response(200, b"", (("Content-Type", "application/x-protobuf"),))
+
+
+@attrs.frozen
+class NoopApp:
+    """An ``HttpApp`` that takes every body and answers it with an empty ExportMetricsServiceResponse: the least any
+    OTLP/HTTP receiver on this framing does per request (no path, type or gate check, no protobuf parse)."""
+
+    def admit(self, head: RequestHead) -> Response | None:
+        return None
+
+    def respond(self, head: RequestHead, body: bytes, lease: BodyLease) -> Response:
+        return _EMPTY_RESPONSE
+
+    def refuse(self, head: RequestHead | None, status: HTTPStatus, message: str) -> Response:
+        return Response(int(status))
+
+
+def floor_server(host: str = "127.0.0.1", port: int = 0) -> HttpServer:
+    """The framing serving ``NoopApp`` on ``host:port`` (not started)."""
+    return HttpServer(NoopApp(), host, port, Limits(), BodyBudget(), name="otlp-http-floor")
+
+
+def floor(port: int) -> None:
+    """The OTLP/HTTP floor on ``port`` until SIGTERM (the e2e benchmark's floor peer over OTLP/HTTP)."""
+    import signal
+
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    server = floor_server(port=port)
+    server.start()
+    stopped.wait()
+    server.stop()
 
 
 def _ingest(request: Any, raw: bytes) -> DecodeOutcome:
@@ -108,12 +149,14 @@ def _use_h11() -> None:
 def _serve(variant: str, pipe: Connection) -> None:
     if variant == "h11":
         _use_h11()
-    receiver = HttpReceiver(_ingest, Gate(max_in_flight=64), "127.0.0.1:0")
-    pipe.send(receiver.start())
+    server: HttpReceiver | HttpServer = (
+        floor_server() if variant == "floor" else HttpReceiver(_ingest, Gate(max_in_flight=64), "127.0.0.1:0")
+    )
+    pipe.send(server.start())
     while (command := pipe.recv()) != "stop":
         assert command == "cpu"
         pipe.send(time.process_time())
-    receiver.stop()
+    server.stop()
 
 
 def _post_many(port: int, body: bytes, count: int) -> None:
@@ -159,7 +202,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--variant", action="append", choices=("framing", "h11"))
+    parser.add_argument("--variant", action="append", choices=("framing", "h11", "floor"))
     args = parser.parse_args()
     variants = args.variant or ["framing"]
     results: dict[str, list[tuple[float, float]]] = {variant: [] for variant in variants}
