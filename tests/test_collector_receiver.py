@@ -467,6 +467,32 @@ def test_a_busy_port_is_one_line_oserror(running: Running) -> None:
     assert len(running.sink.ofu) == 1
 
 
+def test_a_receiver_whose_grpc_stop_never_ends_is_left_to_the_exit_within_its_bound(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A collector told to stop always stops: a gRPC shutdown that never ends (here grpc's stop made to wait forever)
+    costs the stop its grace and the margin, said in one line, never the process."""
+    import asyncio
+    import time
+
+    from otel_ofu_collector.receivers import otlp_grpc
+
+    receiver = GrpcReceiver(Decoder(RecordingSink()).decode, Gate(), "127.0.0.1:0")
+    receiver.start()
+
+    async def never(server: Any, grace: float | None) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(otlp_grpc, "_STOP_MARGIN_S", 0.5)
+    monkeypatch.setattr(otlp_grpc.GrpcReceiver, "_stop", staticmethod(never))
+    began = time.monotonic()
+    receiver.stop(grace=0.2)
+    assert time.monotonic() - began < 3.0  # grace 0.2 + margin 0.5 (+ the thread's join, 0.5)
+    assert [r.getMessage() for r in caplog.records if "did not stop" in r.getMessage()] == [
+        "the OTLP/gRPC receiver did not stop within 1 s: leaving it to the exit"
+    ]
+
+
 def test_the_resource_cache_stays_bounded_by_the_live_streams() -> None:
     aggregator = Aggregator(AggregatorConfig())
     decoder = Decoder(aggregator)

@@ -67,6 +67,8 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = "opentelemetry.proto.collector.metrics.v1.MetricsService"
 EXPORT_METHOD = f"/{SERVICE_NAME}/Export"
 RETRY_INFO_TRAILER = "google.rpc.retryinfo-bin"
+# What a stop may take beyond its grace for grpc's own shutdown before it is left to the process's exit.
+_STOP_MARGIN_S = 5.0
 INLINE_BYTES = 256 * 1024  # a node's request (8 GPUs) is about 10 KB, a rack's through an agent a few hundred
 
 # The answer to a request taken whole, serialised once: most requests get it, and it is the same bytes each time.
@@ -249,16 +251,27 @@ class GrpcReceiver:
         return port
 
     def stop(self, grace: float | None = None) -> None:
+        """Stop serving within ``grace`` (None: at once) and a few seconds more for grpc's own shutdown: a stop that
+        does not end by then is said in one line and left to the process's exit (the loop's thread is a daemon), so
+        a collector told to stop always stops."""
         loop, server = self._loop, self._server
+        stopped = True
         if loop is not None and server is not None:
-            asyncio.run_coroutine_threadsafe(self._stop(server, grace), loop).result()
+            bound = (grace or 0.0) + _STOP_MARGIN_S
+            try:
+                asyncio.run_coroutine_threadsafe(self._stop(server, grace), loop).result(timeout=bound)
+            except futures.TimeoutError:
+                stopped = False
+                logger.warning("the OTLP/gRPC receiver did not stop within %.0f s: leaving it to the exit", bound)
             loop.call_soon_threadsafe(loop.stop)
             if self._thread is not None:
-                self._thread.join()
-            loop.close()
+                self._thread.join(timeout=_STOP_MARGIN_S)
+                stopped = stopped and not self._thread.is_alive()
+            if stopped:
+                loop.close()
         self._loop = self._server = self._thread = None
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=stopped, cancel_futures=not stopped)
             self._pool = None
 
     @staticmethod
