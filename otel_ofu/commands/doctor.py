@@ -10,14 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from otel_ofu import doctor, names
 from otel_ofu.cli_support import DOCTOR_PREFIX, CommandOptions, non_negative_float
-from otel_ofu.commands.snapshot import INTERVAL_KINDS, take
-from otel_ofu.model import GpuError, Source, SourceUnavailable
-from otel_ofu.sources.factory import add_source_options, open_from_args
+from otel_ofu.commands.snapshot import read_from_args
+from otel_ofu.model import GpuError, Source
+from otel_ofu.sources.factory import add_source_options
 
 FORMATS = ("text", "json")
 DESCRIPTION = """\
@@ -65,25 +64,10 @@ def print_text(diagnoses: Sequence[doctor.GpuDiagnosis], errors: Sequence[GpuErr
 
 def run(args: argparse.Namespace) -> int:
     kind: str = args.source
-    wait: Callable[[], object] = lambda: time.sleep(args.interval)  # noqa: E731
-    clock = None
-    if kind == "sim":
-        from otel_ofu.clock import ManualClock
-
-        manual = ManualClock()
-        clock = manual
-        wait = lambda: manual.advance(args.interval or 1.0)  # noqa: E731
-    try:
-        source, why = open_from_args(args, clock)
-    except SourceUnavailable as error:
-        print(f"otel-ofu doctor: {error}", file=sys.stderr)
+    read = read_from_args(args, "doctor", lambda source: facts_of(kind, source))
+    if read is None:
         return 2
-    print(f"otel-ofu doctor: {why}", file=sys.stderr)
-    try:
-        snapshot = take(source, needs_interval=kind in INTERVAL_KINDS, wait=wait)
-        facts = facts_of(kind, source)
-    finally:
-        source.close()
+    snapshot, facts = read
     diagnoses, errors = doctor.diagnose(snapshot, facts)
     if args.format == "json":
         for failure in errors:

@@ -14,7 +14,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from otel_ofu import catalog, gpu_values, names, ofu_math
 from otel_ofu.cli_support import SNAPSHOT_PREFIX, CommandOptions, non_negative_float
@@ -87,12 +87,40 @@ def snapshot_lines(
     return lines
 
 
+T = TypeVar("T")
+
+
 def take(source: Source, *, needs_interval: bool, wait: Callable[[], object]) -> Snapshot:
     """One snapshot; with ``needs_interval`` the first read opens the interval and ``wait`` spans it."""
     if needs_interval:
         source.read()
         wait()
     return source.read()
+
+
+def read_from_args(args: argparse.Namespace, command: str, inspect: Callable[[Source], T]) -> tuple[Snapshot, T] | None:
+    """The source the command line names, opened, read over one interval (simulated time moves the clock rather
+    than sleep) and closed, with what ``inspect`` found in it before it closed; None, the reason said in one line on
+    stderr, when the source cannot open."""
+    kind: str = args.source
+    wait: Callable[[], object] = lambda: time.sleep(args.interval)  # noqa: E731
+    clock = None
+    if kind == "sim":
+        from otel_ofu.clock import ManualClock
+
+        manual = ManualClock()
+        clock = manual
+        wait = lambda: manual.advance(args.interval or 1.0)  # noqa: E731
+    try:
+        source, why = open_from_args(args, clock)
+    except SourceUnavailable as error:
+        print(f"otel-ofu {command}: {error}", file=sys.stderr)
+        return None
+    print(f"otel-ofu {command}: {why}", file=sys.stderr)
+    try:
+        return take(source, needs_interval=kind in INTERVAL_KINDS, wait=wait), inspect(source)
+    finally:
+        source.close()
 
 
 def _fmt(value: Any, scale: float = 1.0, pattern: str = "{:.3f}") -> str:
@@ -165,31 +193,15 @@ def print_table(lines: list[dict[str, Any]], console: Any = None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when at least one GPU gave values, 1 when none did, 2 when the source could not open."""
-    kind: str = args.source
     try:
         calibration = gpu_values.CalibrationTable.parse(args.calibration or "")
     except ValueError as error:
         print(f"otel-ofu snapshot: {error}", file=sys.stderr)
         return 2
-    wait: Callable[[], object] = lambda: time.sleep(args.interval)  # noqa: E731
-    clock = None
-    if kind == "sim":
-        # Simulated time: span the interval by moving the clock, not by sleeping.
-        from otel_ofu.clock import ManualClock
-
-        manual = ManualClock()
-        clock = manual
-        wait = lambda: manual.advance(args.interval or 1.0)  # noqa: E731
-    try:
-        source, why = open_from_args(args, clock)
-    except SourceUnavailable as error:
-        print(f"otel-ofu snapshot: {error}", file=sys.stderr)
+    read = read_from_args(args, "snapshot", lambda source: None)
+    if read is None:
         return 2
-    print(f"otel-ofu snapshot: {why}", file=sys.stderr)
-    try:
-        snapshot = take(source, needs_interval=kind in INTERVAL_KINDS, wait=wait)
-    finally:
-        source.close()
+    snapshot, _ = read
     lines = snapshot_lines(snapshot, calibration)
     if args.format == "table":
         print_table(lines)
