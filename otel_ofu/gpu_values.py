@@ -127,6 +127,10 @@ class _SaidOnce:
             self._said.add(message)
             log.warning("%s", message)
 
+    def forget(self) -> None:
+        """Say each message again once: a new run in the same process (each test is one) starts fresh."""
+        self._said.clear()
+
 
 say_once = _SaidOnce()
 

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from otel_ofu.attribution import podresources_pb2_grpc as pb_grpc
+from otel_ofu.gpu_values import say_once
 from otel_ofu.sources.nvml import NvmlSource
 from otel_ofu.testing import fake_nvml
 from otel_ofu.testing.fake_nvml import FakeNvml
@@ -28,6 +29,14 @@ def _require(available: bool, reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"CI=true but {reason}: .ci/run must install it")
     pytest.skip(reason)
+
+
+
+@pytest.fixture(autouse=True)
+def _each_test_says_its_warnings() -> None:
+    """What the producer says once per process is said once per test: a test that checks a warning does not depend
+    on whether an earlier one in the same process already said it."""
+    say_once.forget()
 
 
 @pytest.fixture
