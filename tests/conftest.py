@@ -31,7 +31,6 @@ def _require(available: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
-
 @pytest.fixture(autouse=True)
 def _each_test_says_its_warnings() -> None:
     """What the producer says once per process is said once per test: a test that checks a warning does not depend
