@@ -69,8 +69,11 @@ def group_of(spec: JobSpec) -> str:
     return REGRESSING if spec.kind == ProfileKind.REGRESSING else HEALTHY
 
 
-def fleet_reports(n_jobs: int, seed: int, seconds: float) -> tuple[SimulatedFleet, list[WindowReport]]:
-    """A random fleet with bottlenecks through the producer, OTLP and the collector, as the demo runs its own."""
+def fleet_reports(
+    n_jobs: int, seed: int, seconds: float, hang_share: float = 0.0
+) -> tuple[SimulatedFleet, list[WindowReport]]:
+    """A random fleet with bottlenecks (and with ``hang_share``, hangs) through the producer, OTLP and the collector,
+    as the demo runs its own."""
     clock = ManualClock(start_ns=1_800_000_000_000_000_000)
     fleet = SimulatedFleet.random_fleet(
         n_jobs,
@@ -80,6 +83,7 @@ def fleet_reports(n_jobs: int, seed: int, seconds: float) -> tuple[SimulatedFlee
         mixed_share=0.1,
         idle_share=0.05,
         bottleneck_share=0.3,
+        hang_share=hang_share,
         duration_s=seconds,
         clock=clock,
     )

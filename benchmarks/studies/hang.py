@@ -31,14 +31,12 @@ from collections.abc import Sequence
 import attrs
 
 from benchmarks.common import BenchResult, RunContext, Table, Verdict, doc_summary, new_figure, save_figure
+from benchmarks.studies import bottlenecks
 from otel_ofu import names
-from otel_ofu.clock import ManualClock
 from otel_ofu.sources.simulated import JobSpec, ProfileKind, SimulatedFleet
-from otel_ofu_collector.demo.command import demo_pipeline
 from otel_ofu_collector.results import WindowReport
 
-INTERVAL_S = 10.0
-WINDOW_S = 60.0
+WINDOW_S = bottlenecks.WINDOW_S  # the fleets' windows, as the bottleneck study runs them
 HANG_SHARE = 0.15
 W_NS = int(WINDOW_S * 1e9)
 HUNG = "hung"
@@ -70,29 +68,7 @@ class Judged:
 
 def fleet_reports(n_jobs: int, seed: int, seconds: float) -> tuple[SimulatedFleet, list[WindowReport]]:
     """A random fleet with bottlenecks and hangs through the producer, OTLP and the collector."""
-    clock = ManualClock(start_ns=1_800_000_000_000_000_000)
-    fleet = SimulatedFleet.random_fleet(
-        n_jobs,
-        seed=seed,
-        miscount_share=0.1,
-        regression_share=0.1,
-        mixed_share=0.1,
-        idle_share=0.05,
-        bottleneck_share=0.3,
-        hang_share=HANG_SHARE,
-        duration_s=seconds,
-        clock=clock,
-    )
-    pipeline = demo_pipeline(fleet, clock, interval_s=INTERVAL_S, window_s=WINDOW_S)
-    reports: list[WindowReport] = []
-    pipeline.start()
-    try:
-        for _ in range(int(seconds // INTERVAL_S)):
-            clock.advance(INTERVAL_S)
-            reports.extend(pipeline.step().windows)
-    finally:
-        reports.extend(pipeline.stop())
-    return fleet, reports
+    return bottlenecks.fleet_reports(n_jobs, seed, seconds, hang_share=HANG_SHARE)
 
 
 def judge(fleet: SimulatedFleet, reports: Sequence[WindowReport], seconds: float) -> list[Judged]:
