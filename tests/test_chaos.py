@@ -63,6 +63,7 @@ from otel_ofu.testing.otlp_sink import OtlpSink, unused_port
 from otel_ofu_collector.receivers.otlp_grpc import EXPORT_METHOD
 from tests.collector_helpers import ROOT, CollectorProcess, self_metric
 from tests.k8s_helpers import FakeKubelet, allocation
+from tests.raw_http import RawHttpServer
 
 SEED = int(os.environ.get("OTEL_OFU_CHAOS_SEED", "5"))
 SECONDS = float(os.environ.get("OTEL_OFU_CHAOS_SECONDS", "36"))
@@ -410,35 +411,15 @@ class IdleConnections:
 
 
 @attrs.define
-class Exporter:
+class Exporter(RawHttpServer):
     """A dcgm-exporter on loopback serving one GPU's page (job ``exporter-job``), or, while ``dripping``, a byte of
     it every 0.3 s for as long as the reader waits."""
 
     dripping: bool = False
-    listener: socket.socket = attrs.field(factory=lambda: socket.create_server(("127.0.0.1", 0)))
-    stop: threading.Event = attrs.field(factory=threading.Event)
     served: int = 0
     dripped: int = 0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/metrics"
-
-    def start(self) -> None:
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        self.listener.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                connection, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
-
-    def _serve(self, connection: socket.socket) -> None:
+    def serve(self, connection: socket.socket) -> None:
         labels = (
             'gpu="0",UUID="GPU-exporter-0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-exporter",'
             'hpc_job="exporter-job"'
@@ -456,10 +437,6 @@ class Exporter:
             connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
             while not self.stop.wait(0.3):
                 connection.sendall(b"#")
-
-    def close(self) -> None:
-        self.stop.set()
-        self.listener.close()
 
 
 def _damage_write_ahead(path: Path, rng: random.Random) -> dict[str, int]:

@@ -29,41 +29,22 @@ from otel_ofu.sources.prometheus_text import MAX_PAGE_BYTES, parse_samples
 from otel_ofu.testing.otlp_sink import OtlpSink
 from tests.collector_helpers import ROOT
 from tests.exporter_server import ExporterServer, Ticks, serving
+from tests.raw_http import RawHttpServer
 from tests.test_amd_exporter_source import BUSY_UUID, IDLE_UUID, mi300x_page
 
 GOOD_LINE = 'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu="0",UUID="GPU-1",modelName="NVIDIA H100 80GB HBM3"} 0.5\n'
 
 
 @attrs.define
-class HostilePage:
+class HostilePage(RawHttpServer):
     """An exporter that answers 200 and then its body: a byte every ``drip_s`` (``"drip"``), or as fast as the
     client reads it, never ending (``"endless"``)."""
 
     kind: str
     drip_s: float = 0.2
-    listener: socket.socket = attrs.field(factory=lambda: socket.create_server(("127.0.0.1", 0)))
-    stop: threading.Event = attrs.field(factory=threading.Event)
     sent: int = 0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/metrics"
-
-    def start(self) -> None:
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        self.listener.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                connection, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
-
-    def _serve(self, connection: socket.socket) -> None:
+    def serve(self, connection: socket.socket) -> None:
         with contextlib.suppress(OSError), connection:
             connection.recv(65536)
             connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n\r\n")
@@ -76,10 +57,6 @@ class HostilePage:
                 else:
                     connection.sendall(chunk)
                     self.sent += len(chunk)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.listener.close()
 
 
 @pytest.fixture
