@@ -36,6 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from otel_ofu import cli
 
-        return cli.main(argv)
+        status = cli.main(argv)
+        # The command is done: a Ctrl-C now, while the interpreter winds down, would raise in whatever runs then (a
+        # weakref callback, printed as "Exception ignored ... KeyboardInterrupt"), with nothing left to interrupt.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return status
     except KeyboardInterrupt:
         return interrupted()
