@@ -193,8 +193,12 @@ class GrpcReceiver:
     _loop: asyncio.AbstractEventLoop | None = attrs.field(init=False, default=None)
     _thread: threading.Thread | None = attrs.field(init=False, default=None)
     _pool: futures.ThreadPoolExecutor | None = attrs.field(init=False, default=None)
+    # The calls waiting for their message now, by their deadline: a stop moves each deadline to now.
+    _waiting: dict[asyncio.Timeout, asyncio.Task[Any]] = attrs.field(init=False, factory=dict)
+    _stopping: bool = attrs.field(init=False, default=False)
 
     def start(self) -> int:
+        self._stopping = False
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="otlp-grpc", daemon=True)
         thread.start()
@@ -274,15 +278,23 @@ class GrpcReceiver:
             self._pool.shutdown(wait=stopped, cancel_futures=not stopped)
             self._pool = None
 
-    @staticmethod
-    async def _stop(server: grpc.aio.Server, grace: float | None) -> None:
-        """Stop serving, then end every call still waiting (a stream whose message never came): left pending, the
-        loop's close would throw GeneratorExit into each, which grpc logs with a traceback."""
+    async def _stop(self, server: grpc.aio.Server, grace: float | None) -> None:
+        """Stop serving, then end every call still waiting for its message (a stream whose message never came) by
+        moving its deadline to now: it answers UNAVAILABLE, as any call refused at shutdown. Left pending, the loop's
+        close would throw GeneratorExit into each; cancelled from here, grpc's own task around the call logs the
+        CancelledError with a traceback (whichever of the two is cancelled first)."""
         await server.stop(grace)
-        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        self._stopping = True
+        now = asyncio.get_running_loop().time()
+        calls = list(self._waiting.values())
+        for deadline in list(self._waiting):
+            deadline.reschedule(now)
+        if calls:
+            await asyncio.wait(calls)
+        # grpc's tasks around those calls end on the loop's next turns.
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=1.0)
 
     def _retry_status(self, why: str) -> tuple[Any, tuple[tuple[str, bytes], ...]]:
         return retry_trailers(
@@ -297,7 +309,7 @@ class GrpcReceiver:
 
     async def _export(self, requests: AsyncIterator[bytes], context: _Context) -> bytes:
         # The bearer token was checked already, before the request was read (BearerInterceptor).
-        if self.gate.closing:
+        if self.gate.closing or self._stopping:
             self.gate.count_refusal("shutdown")
             await self._refuse(context, "shutdown")
         lease = self.bodies.open(_peer_address(context.peer()))
@@ -307,9 +319,18 @@ class GrpcReceiver:
         assert lease is not None
         try:
             try:
-                async with asyncio.timeout(self.message_deadline_s):  # no task of its own, unlike wait_for
-                    raw = await _first(requests)
+                async with asyncio.timeout(self.message_deadline_s) as deadline:  # no task of its own, unlike wait_for
+                    call = asyncio.current_task()
+                    assert call is not None
+                    self._waiting[deadline] = call
+                    try:
+                        raw = await _first(requests)
+                    finally:
+                        del self._waiting[deadline]
             except TimeoutError:
+                if self._stopping:
+                    self.gate.count_refusal("shutdown")
+                    await self._refuse(context, "shutdown")
                 await context.abort(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"request message not received within {self.message_deadline_s:g} s",
