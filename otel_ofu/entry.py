@@ -32,7 +32,14 @@ def interrupted() -> int:
         os._exit(EXIT_INTERRUPTED)
 
 
+def _on_sigint(_signum: int, _frame: object) -> None:
+    interrupted()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # Ctrl-C ends the process from the handler itself, not by a KeyboardInterrupt: one raised while a weakref
+    # callback or a __del__ runs is printed ("Exception ignored in ...") and swallowed, and the command went on.
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         from otel_ofu import cli
 
@@ -41,5 +48,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         # weakref callback, printed as "Exception ignored ... KeyboardInterrupt"), with nothing left to interrupt.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # raised by a command's own handler, or before ours was installed
         return interrupted()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import threading
 import time
@@ -237,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
 
     app = TopApp(source.title)
     stop = threading.Event()
+    # The screen gives the terminal back on its way out: a SIGINT from outside (Ctrl-C itself is a key to it) must
+    # unwind through it as a KeyboardInterrupt, not end the process where it stands (the entry point's handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with _logs_held():
         thread = start_thread(source, app.post, stop)
         try:
