@@ -74,7 +74,7 @@ def floor(port: int) -> None:
     server.stop()
 
 
-def _ingest(request: Any, raw: bytes) -> DecodeOutcome:
+def _ingest(raw: bytes) -> DecodeOutcome:
     return _OUTCOME
 
 

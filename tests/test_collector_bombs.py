@@ -113,7 +113,7 @@ def test_a_few_repeats_of_one_interval_are_left_to_the_windows() -> None:
 
 @pytest.fixture
 def http_receiver() -> Iterator[HttpReceiver]:
-    receiver = HttpReceiver(Decoder(RecordingSink()).decode, Gate(max_in_flight=64), "127.0.0.1:0")
+    receiver = HttpReceiver(Decoder(RecordingSink()).decode_bytes, Gate(max_in_flight=64), "127.0.0.1:0")
     receiver.start()
     yield receiver
     receiver.stop()
@@ -191,7 +191,7 @@ def _hold_body(port: int, source: str, size: int, release: threading.Event) -> N
 
 
 def test_four_addresses_holding_64_mib_bodies_leave_room_for_everyone_else() -> None:
-    receiver = HttpReceiver(Decoder(RecordingSink()).decode, Gate(max_in_flight=64), "127.0.0.1:0")
+    receiver = HttpReceiver(Decoder(RecordingSink()).decode_bytes, Gate(max_in_flight=64), "127.0.0.1:0")
     receiver.body_min_rate = 0.0  # the holders send at full speed, then wait: the minimum rate is not what is tested
     receiver.start()
     release = threading.Event()
@@ -238,7 +238,7 @@ def test_a_peers_bytes_beyond_its_small_share_leave_the_reserve_to_the_others() 
 
 @pytest.fixture
 def grpc_receiver() -> Iterator[GrpcReceiver]:
-    receiver = GrpcReceiver(Decoder(RecordingSink()).decode, Gate(max_in_flight=64), "127.0.0.1:0")
+    receiver = GrpcReceiver(Decoder(RecordingSink()).decode_bytes, Gate(max_in_flight=64), "127.0.0.1:0")
     receiver.start()
     yield receiver
     receiver.stop(0)

@@ -150,21 +150,31 @@ def _requests(seed: int) -> list[tuple[int, bytes]]:
 def test_through_templates_and_point_by_point_take_the_same(seed: int) -> None:
     clock = [T0]
     ways: list[tuple[Decoder, Aggregator, list[WindowReport]]] = []
-    for shaped in (True, False):
+    # Through templates given the bytes alone (as the receivers give them), through templates given the parsed
+    # request, and point by point.
+    kinds = ((True, True), (True, False), (False, False))
+    for shaped, _ in kinds:
         aggregator = Aggregator(CONFIG)
         decoder = Decoder(aggregator, read_through_shapes=shaped, clock=lambda: clock[0], max_future_ns=60 * S)
         ways.append((decoder, aggregator, []))
-    outcomes: list[list[tuple[int, int, str, bytes | None]]] = [[], []]
+    outcomes: list[list[tuple[int, int, str, bytes | None]]] = [[], [], []]
     for interval, raw in _requests(seed):
         clock[0] = T0 + (interval + 1) * INTERVAL
-        for (decoder, aggregator, reports), seen in zip(ways, outcomes, strict=True):
-            outcome = decoder.decode(ExportMetricsServiceRequest.FromString(raw), raw)
+        for (decoder, aggregator, reports), seen, (_, as_bytes) in zip(ways, outcomes, kinds, strict=True):
+            if as_bytes:
+                outcome = decoder.decode_bytes(raw)
+            else:
+                outcome = decoder.decode(ExportMetricsServiceRequest.FromString(raw), raw)
             seen.append((outcome.accepted, outcome.rejected, outcome.error_message, outcome.forward))
             reports.extend(aggregator.flush(clock[0]))
     for _, aggregator, reports in ways:
         reports.extend(aggregator.close_all())
-    (through, through_aggregator, through_reports), (by_point, by_point_aggregator, by_point_reports) = ways
-    assert outcomes[0] == outcomes[1]
+    (as_sent, as_sent_aggregator, as_sent_reports) = ways[0]
+    (through, through_aggregator, through_reports), (by_point, by_point_aggregator, by_point_reports) = ways[1:]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    assert as_sent.stats == through.stats
+    assert as_sent_aggregator.stats == through_aggregator.stats
+    assert as_sent_reports == through_reports
     assert through.stats.rejected_by_reason == by_point.stats.rejected_by_reason
     assert through.stats.rejected > 0  # the spoiled reports were refused, in both ways alike
     assert through_aggregator.stats == by_point_aggregator.stats

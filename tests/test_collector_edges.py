@@ -92,8 +92,8 @@ def receivers() -> Iterator[Receivers]:
     sink = RecordingSink()
     decoder = Decoder(sink)
     gate = Gate(max_in_flight=2, retry_after_s=1.0)
-    http_receiver = HttpReceiver(decoder.decode, gate, "127.0.0.1:0", read_timeout_s=10.0, body_deadline_s=30.0)
-    yield from serving(sink, gate, http_receiver, GrpcReceiver(decoder.decode, gate, "127.0.0.1:0"))
+    http_receiver = HttpReceiver(decoder.decode_bytes, gate, "127.0.0.1:0", read_timeout_s=10.0, body_deadline_s=30.0)
+    yield from serving(sink, gate, http_receiver, GrpcReceiver(decoder.decode_bytes, gate, "127.0.0.1:0"))
 
 
 # --- 2. slow clients hold no admission meant for work ------------------------------------------------
@@ -118,7 +118,9 @@ def test_bodies_past_the_reader_bound_are_refused_503_not_queued() -> None:
     from otel_ofu_collector.receivers.admission import BodyBudget
 
     gate = Gate(max_in_flight=2)
-    receiver = HttpReceiver(Decoder(RecordingSink()).decode, gate, "127.0.0.1:0", bodies=BodyBudget(max_readers=1))
+    receiver = HttpReceiver(
+        Decoder(RecordingSink()).decode_bytes, gate, "127.0.0.1:0", bodies=BodyBudget(max_readers=1)
+    )
     receiver.start()
     try:
         with socket.create_connection(("127.0.0.1", receiver.port), timeout=10) as sock:
@@ -132,7 +134,7 @@ def test_bodies_past_the_reader_bound_are_refused_503_not_queued() -> None:
 
 def test_headers_trickled_byte_by_byte_are_cut_off_at_the_header_deadline() -> None:
     receiver = HttpReceiver(
-        Decoder(RecordingSink()).decode, Gate(), "127.0.0.1:0", read_timeout_s=10.0, header_deadline_s=0.3
+        Decoder(RecordingSink()).decode_bytes, Gate(), "127.0.0.1:0", read_timeout_s=10.0, header_deadline_s=0.3
     )
     receiver.start()
     try:
@@ -159,7 +161,7 @@ def test_headers_trickled_byte_by_byte_are_cut_off_at_the_header_deadline() -> N
 
 def test_a_burst_of_simultaneous_valid_requests_all_succeed() -> None:
     gate = Gate(max_in_flight=256)
-    receiver = HttpReceiver(Decoder(RecordingSink()).decode, gate, "127.0.0.1:0")
+    receiver = HttpReceiver(Decoder(RecordingSink()).decode_bytes, gate, "127.0.0.1:0")
     receiver.start()
     clients = 128
     barrier = threading.Barrier(clients)
@@ -198,7 +200,7 @@ def test_an_unauthenticated_grpc_request_is_refused_before_its_body_is_received(
             bodies.append(len(raw))  # the whole body was received and buffered to get here
             return super()._process(raw, lease)
 
-    receiver = Watched(Decoder(sink).decode, Gate(), "127.0.0.1:0", auth=BearerAuth("s3cret"))
+    receiver = Watched(Decoder(sink).decode_bytes, Gate(), "127.0.0.1:0", auth=BearerAuth("s3cret"))
     receiver.start()
     try:
         big = b"\x0a" + b"\x00" * (32 * 1024 * 1024)
@@ -373,9 +375,9 @@ def fuzzed() -> Iterator[Receivers]:
     decoder = Decoder(sink)
     gate = Gate(max_in_flight=8)
     http_receiver = HttpReceiver(
-        decoder.decode, gate, "127.0.0.1:0", read_timeout_s=0.5, body_deadline_s=1.0, header_deadline_s=1.0
+        decoder.decode_bytes, gate, "127.0.0.1:0", read_timeout_s=0.5, body_deadline_s=1.0, header_deadline_s=1.0
     )
-    yield from serving(sink, gate, http_receiver, GrpcReceiver(decoder.decode, gate, "127.0.0.1:0"))
+    yield from serving(sink, gate, http_receiver, GrpcReceiver(decoder.decode_bytes, gate, "127.0.0.1:0"))
 
 
 _GRPC_ANSWERS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}

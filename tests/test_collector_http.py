@@ -78,7 +78,7 @@ def _start(auth: BearerAuth | None = None, gate: Gate | None = None, ingest: obj
     sink = RecordingSink()
     decoder = Decoder(sink)
     gate = gate or Gate(max_in_flight=4, retry_after_s=2.0)
-    receiver = HttpReceiver(ingest or decoder.decode, gate, "127.0.0.1:0", None, auth)  # type: ignore[arg-type]
+    receiver = HttpReceiver(ingest or decoder.decode_bytes, gate, "127.0.0.1:0", None, auth)  # type: ignore[arg-type]
     receiver.start()
     return Running(receiver, sink, gate)
 
@@ -148,7 +148,7 @@ def test_wrong_path_and_content_type(running: Running) -> None:
 
 def test_oversized_body_is_413() -> None:
     sink = RecordingSink()
-    receiver = HttpReceiver(Decoder(sink).decode, Gate(), "127.0.0.1:0", max_request_bytes=1024)
+    receiver = HttpReceiver(Decoder(sink).decode_bytes, Gate(), "127.0.0.1:0", max_request_bytes=1024)
     receiver.start()
     try:
         server = Running(receiver, sink, Gate())
@@ -179,10 +179,10 @@ def test_overload_and_shutdown_are_503_with_retry_after() -> None:
     release = threading.Event()
     decoder = Decoder(RecordingSink())
 
-    def slow(request: ExportMetricsServiceRequest, raw: bytes) -> DecodeOutcome:
+    def slow(raw: bytes) -> DecodeOutcome:
         inside.set()
         release.wait(10)
-        return decoder.decode(request, raw)
+        return decoder.decode_bytes(raw)
 
     server = _start(gate=Gate(max_in_flight=1, retry_after_s=2.0), ingest=slow)
     body = gpu_request({"GPU-1": 0.5}).SerializeToString()
@@ -225,7 +225,7 @@ def test_the_sdk_http_exporter_delivers(running: Running) -> None:
 
 
 def test_a_failing_ingest_is_500_internal() -> None:
-    def broken(request: ExportMetricsServiceRequest, raw: bytes) -> DecodeOutcome:
+    def broken(raw: bytes) -> DecodeOutcome:
         raise RuntimeError("boom")
 
     server = _start(ingest=broken)
@@ -341,7 +341,7 @@ def test_a_chunked_body_is_read_and_the_connection_kept(running: Running) -> Non
 def test_bad_chunked_bodies_are_refused(body: bytes, status: int) -> None:
     sink = RecordingSink()
     gate = Gate(max_in_flight=1)
-    receiver = HttpReceiver(Decoder(sink).decode, gate, "127.0.0.1:0", max_request_bytes=1500)
+    receiver = HttpReceiver(Decoder(sink).decode_bytes, gate, "127.0.0.1:0", max_request_bytes=1500)
     receiver.start()
     try:
         reply = _raw(receiver.port, _head("Transfer-Encoding: chunked\r\n") + body, half_close=True)
@@ -363,7 +363,7 @@ def test_a_stalled_body_times_out_and_frees_its_reader_slot() -> None:
     sink = RecordingSink()
     gate = Gate(max_in_flight=1)
     receiver = HttpReceiver(
-        Decoder(sink).decode, gate, "127.0.0.1:0", read_timeout_s=0.2, bodies=BodyBudget(max_readers=1)
+        Decoder(sink).decode_bytes, gate, "127.0.0.1:0", read_timeout_s=0.2, bodies=BodyBudget(max_readers=1)
     )
     receiver.start()
     try:
@@ -399,7 +399,7 @@ def test_a_refused_request_declaring_a_huge_body_is_answered_without_reading_it(
     # Were the 60 MiB read (the client sends 64 KiB of it, then waits), the read timeout would end the
     # connection without any answer.
     receiver = HttpReceiver(
-        Decoder(sink).decode, gate, "127.0.0.1:0", auth=BearerAuth("tok") if refusal == 401 else None,
+        Decoder(sink).decode_bytes, gate, "127.0.0.1:0", auth=BearerAuth("tok") if refusal == 401 else None,
         read_timeout_s=3.0,
     )  # fmt: skip
     receiver.start()
@@ -448,7 +448,7 @@ def test_a_dripping_body_hits_the_overall_deadline_and_frees_its_reader_slot(fra
     gate = Gate(max_in_flight=1)
     # Never silent for the read timeout, so only the body's overall deadline can stop it.
     receiver = HttpReceiver(
-        Decoder(sink).decode,
+        Decoder(sink).decode_bytes,
         gate,
         "127.0.0.1:0",
         read_timeout_s=10.0,
@@ -504,7 +504,7 @@ def test_a_client_leaving_mid_body_leaves_no_traceback(capfd: pytest.CaptureFixt
 
 def test_a_busy_port_is_one_line_oserror(running: Running) -> None:
     listen = f"127.0.0.1:{running.receiver.port}"
-    second = HttpReceiver(Decoder(RecordingSink()).decode, Gate(), listen)
+    second = HttpReceiver(Decoder(RecordingSink()).decode_bytes, Gate(), listen)
     with pytest.raises(OSError, match=f"cannot listen for OTLP/HTTP on {listen}") as caught:
         second.start()
     assert "\n" not in str(caught.value)
@@ -523,7 +523,7 @@ def test_https_a_client_that_never_handshakes_blocks_no_one(tmp_path: Path) -> N
     pki = make_pki(tmp_path)
     sink = RecordingSink()
     receiver = HttpReceiver(
-        Decoder(sink).decode, Gate(max_in_flight=4, retry_after_s=2.0), "127.0.0.1:0",
+        Decoder(sink).decode_bytes, Gate(max_in_flight=4, retry_after_s=2.0), "127.0.0.1:0",
         TlsFiles(str(pki.server_cert), str(pki.server_key)), None, read_timeout_s=30.0,
     )  # fmt: skip
     receiver.start()
@@ -609,7 +609,7 @@ def test_slow_clients_declaring_big_bodies_leave_a_healthy_exporter_served() -> 
     # all for at most 4 x 64 = 256 readers, so 4 bodies declaring 64 MiB, or 300 declaring 1 MiB, each sent at
     # a byte a second, made every other request 503. Counted as received they hold 1 byte each + 1/s.
     sink = RecordingSink()
-    receiver = HttpReceiver(Decoder(sink).decode, Gate(max_in_flight=64), "127.0.0.1:0", body_grace_s=60.0)
+    receiver = HttpReceiver(Decoder(sink).decode_bytes, Gate(max_in_flight=64), "127.0.0.1:0", body_grace_s=60.0)
     receiver.start()
     drips: list[Drip] = []
     exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{receiver.port}/v1/metrics", timeout=5)
@@ -639,7 +639,7 @@ def test_a_body_below_the_minimum_rate_is_cut_off_408_after_the_grace_and_its_by
     sink = RecordingSink()
     gate = Gate(max_in_flight=1)
     receiver = HttpReceiver(
-        Decoder(sink).decode, gate, "127.0.0.1:0", read_timeout_s=10.0, body_min_rate=1000.0, body_grace_s=0.3
+        Decoder(sink).decode_bytes, gate, "127.0.0.1:0", read_timeout_s=10.0, body_min_rate=1000.0, body_grace_s=0.3
     )
     receiver.start()
     try:
@@ -681,7 +681,7 @@ def test_a_body_below_the_minimum_rate_is_cut_off_408_after_the_grace_and_its_by
 def test_one_peer_holds_at_most_its_share_of_the_budget_and_the_others_are_served() -> None:
     sink = RecordingSink()
     budget = BodyBudget(max_bytes=8192, max_peer_bytes=4096)
-    receiver = HttpReceiver(Decoder(sink).decode, Gate(), "127.0.0.1:0", bodies=budget, body_grace_s=60.0)
+    receiver = HttpReceiver(Decoder(sink).decode_bytes, Gate(), "127.0.0.1:0", bodies=budget, body_grace_s=60.0)
     receiver.start()
     body = gpu_request({"GPU-1": 0.5}).SerializeToString()
     try:
@@ -805,7 +805,7 @@ def test_an_ipv6_listen_address_is_served(require: Callable[[bool, str], None]) 
         has_ipv6 = False
     require(has_ipv6, "no IPv6 loopback (::1) on this machine")
     sink = RecordingSink()
-    receiver = HttpReceiver(Decoder(sink).decode, Gate(), "[::1]:0")  # before: an IPv4 socket, so no bind
+    receiver = HttpReceiver(Decoder(sink).decode_bytes, Gate(), "[::1]:0")  # before: an IPv4 socket, so no bind
     receiver.start()
     try:
         connection = http.client.HTTPConnection("::1", receiver.port, timeout=10)
@@ -825,7 +825,8 @@ def test_the_go_otlp_http_exporter_delivers(require: Callable[[bool, str], None]
     require(telemetrygen.is_file(), "build/otelcol/telemetrygen is not built (make otelcol)")
     requests: list[int] = []
 
-    def ingest(request: ExportMetricsServiceRequest, raw: bytes) -> DecodeOutcome:
+    def ingest(raw: bytes) -> DecodeOutcome:
+        request = ExportMetricsServiceRequest.FromString(raw)
         requests.append(
             sum(len(scope.metrics) for resource in request.resource_metrics for scope in resource.scope_metrics)
         )

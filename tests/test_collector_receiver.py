@@ -89,7 +89,7 @@ class Running:
 
 def _start(
     *,
-    ingest: Callable[[ExportMetricsServiceRequest, bytes], DecodeOutcome] | None = None,
+    ingest: Callable[[bytes], DecodeOutcome] | None = None,
     gate: Gate | None = None,
     tls: TlsFiles | None = None,
     auth: BearerAuth | None = None,
@@ -97,7 +97,7 @@ def _start(
     sink = RecordingSink()
     decoder = Decoder(sink)
     gate = gate or Gate(max_in_flight=8, retry_after_s=1.5)
-    receiver = GrpcReceiver(ingest or decoder.decode, gate, "127.0.0.1:0", tls, auth)
+    receiver = GrpcReceiver(ingest or decoder.decode_bytes, gate, "127.0.0.1:0", tls, auth)
     receiver.start()
     return Running(receiver, sink, decoder, gate)
 
@@ -227,10 +227,10 @@ def test_overload_is_unavailable_with_retry_info_in_both_trailers() -> None:
     sink = RecordingSink()
     decoder = Decoder(sink)
 
-    def slow_ingest(request: ExportMetricsServiceRequest, raw: bytes) -> DecodeOutcome:
+    def slow_ingest(raw: bytes) -> DecodeOutcome:
         inside.set()
         release.wait(10)
-        return decoder.decode(request, raw)
+        return decoder.decode_bytes(raw)
 
     server = _start(ingest=slow_ingest, gate=Gate(max_in_flight=1, retry_after_s=2.5))
     try:
@@ -323,8 +323,8 @@ def test_foreign_metrics_pass_through_untouched_to_the_downstream() -> None:
         sink = RecordingSink()
         decoder = Decoder(sink)
 
-        def ingest(request: ExportMetricsServiceRequest, raw: bytes) -> DecodeOutcome:
-            outcome = decoder.decode(request, raw)
+        def ingest(raw: bytes) -> DecodeOutcome:
+            outcome = decoder.decode_bytes(raw)
             if outcome.forward is not None:
                 delivery.submit(outcome.forward)
             return outcome
@@ -459,7 +459,7 @@ def test_random_bytes_over_grpc_never_crash(running: Running, payload: bytes) ->
 
 def test_a_busy_port_is_one_line_oserror(running: Running) -> None:
     # Without SO_REUSEPORT off, a second receiver would bind too and the two would split the traffic.
-    second = GrpcReceiver(Decoder(RecordingSink()).decode, Gate(), running.target)
+    second = GrpcReceiver(Decoder(RecordingSink()).decode_bytes, Gate(), running.target)
     with pytest.raises(OSError, match=f"cannot listen for OTLP/gRPC on {running.target}") as caught:
         second.start()
     assert "\n" not in str(caught.value)
@@ -477,7 +477,7 @@ def test_a_receiver_whose_grpc_stop_never_ends_is_left_to_the_exit_within_its_bo
 
     from otel_ofu_collector.receivers import otlp_grpc
 
-    receiver = GrpcReceiver(Decoder(RecordingSink()).decode, Gate(), "127.0.0.1:0")
+    receiver = GrpcReceiver(Decoder(RecordingSink()).decode_bytes, Gate(), "127.0.0.1:0")
     receiver.start()
 
     async def never(server: Any, grace: float | None) -> None:
@@ -523,8 +523,8 @@ def test_both_receivers_start_serve_and_stop_through_the_lifecycle_protocol() ->
     decoder = Decoder(sink)
     gate = Gate()
     receivers: list[Receiver] = [
-        GrpcReceiver(decoder.decode, gate, "127.0.0.1:0"),
-        HttpReceiver(decoder.decode, gate, "127.0.0.1:0"),
+        GrpcReceiver(decoder.decode_bytes, gate, "127.0.0.1:0"),
+        HttpReceiver(decoder.decode_bytes, gate, "127.0.0.1:0"),
     ]
     ports = {receiver.kind: receiver.start() for receiver in receivers}  # the service's loop
     try:

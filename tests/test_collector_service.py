@@ -442,7 +442,7 @@ def test_a_busy_port_fails_start_with_one_line_and_leaves_nothing_listening() ->
         with pytest.raises(OSError, match=f"cannot listen for OTLP/HTTP on {taken}"):
             service.start()
     grpc_port = service.ports["grpc"]  # bound before the HTTP receiver failed: it must be released
-    again = GrpcReceiver(service.ingest, service.gate, f"127.0.0.1:{grpc_port}")
+    again = GrpcReceiver(service.ingest_bytes, service.gate, f"127.0.0.1:{grpc_port}")
     again.start()
     again.stop(0)
 

@@ -57,7 +57,7 @@ class SlowStreams:
 @pytest.fixture
 def receiver() -> Iterator[GrpcReceiver]:
     sink = RecordingSink()
-    started = GrpcReceiver(Decoder(sink).decode, Gate(max_in_flight=4), "127.0.0.1:0")
+    started = GrpcReceiver(Decoder(sink).decode_bytes, Gate(max_in_flight=4), "127.0.0.1:0")
     started.start()
     yield started
     started.stop(0)
@@ -87,7 +87,7 @@ def test_slow_streams_do_not_hold_the_good_calls(receiver: GrpcReceiver) -> None
 
 
 def test_a_message_not_received_within_its_deadline_ends_the_call() -> None:
-    receiver = GrpcReceiver(Decoder(RecordingSink()).decode, Gate(), "127.0.0.1:0", message_deadline_s=1.0)
+    receiver = GrpcReceiver(Decoder(RecordingSink()).decode_bytes, Gate(), "127.0.0.1:0", message_deadline_s=1.0)
     receiver.start()
     slow = SlowStreams(f"127.0.0.1:{receiver.port}", 3)
     try:
@@ -103,7 +103,7 @@ def test_a_message_not_received_within_its_deadline_ends_the_call() -> None:
 def test_stopping_with_slow_streams_open_logs_no_traceback(
     caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    receiver = GrpcReceiver(Decoder(RecordingSink()).decode, Gate(), "127.0.0.1:0")
+    receiver = GrpcReceiver(Decoder(RecordingSink()).decode_bytes, Gate(), "127.0.0.1:0")
     receiver.start()
     slow = SlowStreams(f"127.0.0.1:{receiver.port}", 20)
     try:

@@ -32,8 +32,8 @@ from otel_ofu_collector.aggregation.windows import Aggregator
 from otel_ofu_collector.config import AggregatorConfig
 from otel_ofu_collector.lifecycle import shutdown_in_reverse, start_in_order
 from otel_ofu_collector.options import declared as option
-from otel_ofu_collector.otlp.dcgm_series import DcgmSeries, Translation
-from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder, DecoderStats
+from otel_ofu_collector.otlp.dcgm_series import DcgmSeries, Translation, carries_dcgm_series
+from otel_ofu_collector.otlp.decode import DEFAULT_MAX_MFU, DecodeOutcome, Decoder, DecoderStats, parse_request
 from otel_ofu_collector.outputs.consumer import WindowConsumer
 from otel_ofu_collector.outputs.delivery import Delivery, DownstreamLog
 from otel_ofu_collector.outputs.flag_events import EventsTransport, OtlpEventExport, events_transport
@@ -326,8 +326,15 @@ class CollectorService:
 
     # --- receiving ----------------------------------------------------------------------------------
 
+    def ingest_bytes(self, raw: bytes) -> DecodeOutcome:
+        """What both receivers call per request, with its bytes as received: parsed only where the decoder needs the
+        message (``Decoder.decode_bytes``). MalformedRequest, with nothing taken, when the bytes are not one."""
+        if self.dcgm_series is not None and carries_dcgm_series(raw):
+            return self.ingest(parse_request(raw), raw)
+        return self._after(self.decoder.decode_bytes(raw), raw)
+
     def ingest(self, request: ExportMetricsServiceRequest, raw: bytes | None = None) -> DecodeOutcome:
-        """What both receivers call per request (tests and the demo may call it directly)."""
+        """A parsed request (the write-ahead's replay, tests and the demo)."""
         # The one seam in front of the decoder: a dcgm-exporter scrape gains its GPUs as the producer sends them.
         translated = self.dcgm_series.translate(request, raw) if self.dcgm_series is not None else None
         if translated is not None:
@@ -335,8 +342,18 @@ class CollectorService:
         outcome = self.decoder.decode(request, raw)
         if translated is not None and translated.refusals:
             outcome = self._refused_scrapes(outcome, translated)
+        return self._after(outcome, raw, request)
+
+    def _after(
+        self, outcome: DecodeOutcome, raw: bytes | None, request: ExportMetricsServiceRequest | None = None
+    ) -> DecodeOutcome:
+        """What follows the decoder: the write-ahead keeps a request that was taken (``raw``, else ``request``
+        encoded), and what is not ours goes on."""
         if outcome.accepted and self._write_ahead is not None:
-            self._write_ahead.append(raw if raw is not None else request.SerializeToString(), self.clock())
+            if raw is None:
+                assert request is not None
+                raw = request.SerializeToString()
+            self._write_ahead.append(raw, self.clock())
         if outcome.forward is not None and self.pass_through is not None:
             self.pass_through.submit(outcome.forward)
         return outcome
@@ -457,7 +474,7 @@ class CollectorService:
         if options.grpc_listen:
             self._receivers.append(
                 GrpcReceiver(
-                    self.ingest,
+                    self.ingest_bytes,
                     self.gate,
                     options.grpc_listen,
                     options.tls,
@@ -471,7 +488,7 @@ class CollectorService:
         if options.http_listen:
             self._receivers.append(
                 HttpReceiver(
-                    self.ingest,
+                    self.ingest_bytes,
                     self.gate,
                     options.http_listen,
                     options.tls,

@@ -1,9 +1,13 @@
 """OTLP ExportMetricsServiceRequest -> the windows (a ``PointSink``), plus the untouched rest for pass-through.
 
-This is the collector's hot loop: every received data point goes through ``Decoder.decode`` once. A Resource's
-identity is read once and cached under its encoding (``otlp.resources``); a Resource whose metrics come in a
-layout already seen is read through that layout's template (``otlp.shapes``), the rest point by point
-(``otlp.points``, by role: ``otlp.roles``); ``Decoder._read`` is the one place that chooses. Each point is checked in
+This is the collector's hot loop: every received data point goes through the decoder once, given the request's
+bytes by the receivers (``Decoder.decode_bytes``) or a parsed request (``Decoder.decode``: the write-ahead's replay,
+tests). A Resource's identity is read once and cached under its encoding (``otlp.resources``); a Resource whose
+metrics come in a layout already seen is read through that layout's template (``otlp.shapes``), the rest point by
+point (``otlp.points``, by role: ``otlp.roles``); ``Decoder._read`` is the one place that chooses. A request given as
+bytes is parsed only when one of its Resources must be read point by point (or is new): a producer's usual request,
+every Resource known and in its layout, is read from its bytes alone, since parsing it whole cost as much as a
+fifth of its ingest (``_all_through_templates``). Each point is checked in
 the same order both ways (its value's bounds, its identity, its time) and refused with a reason code and words
 (``otlp.rejections``).
 
@@ -24,16 +28,18 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from otel_ofu import names
 from otel_ofu_collector.otlp import partials, points, roles
 from otel_ofu_collector.otlp.points import Reading
-from otel_ofu_collector.otlp.rejections import Rejections, message
+from otel_ofu_collector.otlp.rejections import MalformedRequest, Rejections, message
 from otel_ofu_collector.otlp.resources import (
     EMPTY,
     ResourceEntry,
     cache_key,
     entry_bytes,
     identity_of,
+    parse_request,
     resource_views,
     stream_key,
     unusable,
+    views_as_sent,
 )
 from otel_ofu_collector.otlp.shapes import Shape, read_through, refuse_through, shape_of
 from otel_ofu_collector.otlp.sink import PartialSink, PointSink
@@ -145,10 +151,24 @@ class Decoder:
         return name in INPUT_METRIC_NAMES
 
     def decode(self, request: ExportMetricsServiceRequest, raw: bytes | None = None) -> DecodeOutcome:
+        """A parsed request (``raw`` its bytes as received, when there are some) into the sink."""
+        return self._decode(request, raw)
+
+    def decode_bytes(self, raw: bytes) -> DecodeOutcome:
+        """A request as received: parsed only when a Resource cannot be read through a template, so a producer's
+        usual request is never parsed whole. MalformedRequest, with nothing taken, when the bytes are not one."""
+        return self._decode(None, raw)
+
+    def _decode(self, request: ExportMetricsServiceRequest | None, raw: bytes | None) -> DecodeOutcome:
         rejections = Rejections()
         if self.sink is not None:
-            accepted, any_ours, any_foreign = self._ingest_points(request, raw, rejections)
+            reading = self._ingest_points(request, raw, rejections)
+            accepted, any_ours, any_foreign = reading.accepted, reading.any_ours, reading.any_foreign
+            request = reading.request  # None only when every Resource was read through a template
         else:
+            if request is None:
+                assert raw is not None
+                request = parse_request(raw)
             accepted, any_ours, any_foreign = self._ingest_partials(request, rejections)
         forward = self._forward(request, raw, any_ours, any_foreign)
         stats = self.stats
@@ -164,8 +184,8 @@ class Decoder:
         return DecodeOutcome(accepted, rejections.total, rejections.message(), forward)
 
     def _ingest_points(
-        self, request: ExportMetricsServiceRequest, raw: bytes | None, rejections: Rejections
-    ) -> tuple[int, bool, bool]:
+        self, request: ExportMetricsServiceRequest | None, raw: bytes | None, rejections: Rejections
+    ) -> Reading:
         sink = self.sink
         assert sink is not None
         latest = 2**64  # beyond any uint64 timestamp
@@ -176,7 +196,7 @@ class Decoder:
             self._read(reading)
         finally:
             reading.release()
-        return reading.accepted, reading.any_ours, reading.any_foreign
+        return reading
 
     def entry(self, rm: Any, key: bytes) -> ResourceEntry:
         """The cached reading of a Resource (cached under ``key`` if new); the caller holds the lock."""
@@ -223,7 +243,7 @@ class Decoder:
             if len(layouts) >= _MAX_LAYOUT_LENGTHS:
                 layouts.clear()  # Resources keep the shapes they hold; only the sharing starts over
             known = layouts.setdefault(shape.template.length, [])
-            same = next((k for k in known if k.template.gaps == shape.template.gaps), None)
+            same = next((k for k in known if k.template.layout == shape.template.layout), None)
             if same is not None:
                 shape = same
             else:
@@ -239,13 +259,18 @@ class Decoder:
         seen when its bytes fit one (``_through_template``), else point by point (``Reading.points``), whose reading
         then teaches the decoder the Resource's layout for its next report."""
         use_shapes = self.read_through_shapes
-        for index, rm in enumerate(reading.request.resource_metrics):
+        if reading.request is None and use_shapes and self._layouts and self._all_through_templates(reading):
+            return
+        resource_metrics = reading.message().resource_metrics
+        # By index: a Resource read through a template never needs its parsed message (nor its Python wrapper).
+        for index in range(len(resource_metrics)):
             entry: ResourceEntry | None = None
             missed = False  # the Resource's own layout was tried and its bytes were not that layout
             if use_shapes and self._layouts:
-                entry, done, missed = self._through_template(reading, index, rm)
+                entry, done, missed = self._through_template(reading, index)
                 if done:
                     continue
+            rm = resource_metrics[index]
             entry = reading.points(index, rm, entry)
             if (
                 use_shapes
@@ -256,17 +281,57 @@ class Decoder:
             ):
                 self.learn_shape(rm, reading.view(index), entry)
 
-    def _through_template(self, reading: Reading, index: int, rm: Any) -> tuple[ResourceEntry, bool, bool]:
+    def _all_through_templates(self, reading: Reading) -> bool:
+        """A request that came as bytes alone, read without parsing it when every Resource is one seen before (its
+        encoding cached) whose metrics fit a template: all of them read (True), or none (False: the caller parses
+        the request and reads it Resource by Resource). The bytes such a request has beyond what was parsed before
+        are the templates' number slots and its ResourceMetrics' schema URLs (checked here as the parser would):
+        it is a request the parser takes, and reads the same."""
+        assert reading.raw is not None
+        views = views_as_sent(reading.raw)
+        if views is None:
+            return False
+        reading.hold(views)
+        cache = self._resource_cache
+        fits = []
+        for view in views:  # the decoder's hottest loop: what it needs is in locals
+            entry = cache.get(cache_key(view.resource))
+            if entry is None or entry.unusable is not None or (view.schema_url and not _utf8(view.schema_url)):
+                return False
+            scopes = view.scope_metrics
+            if len(scopes) != 1:
+                return False
+            data = scopes[0]
+            shape = entry.shape
+            numbers = None if shape is None else shape.template.read(data)
+            if numbers is None:  # not its own layout: another Resource's of its length, as in _through_template
+                shape, numbers, _ = self._fit(entry, data)
+                if shape is None or numbers is None:
+                    return False
+            fits.append((entry, shape, numbers))
+        for entry, shape, numbers in fits:
+            self._take(reading, entry, shape, numbers)
+        return True
+
+    def _through_template(self, reading: Reading, index: int) -> tuple[ResourceEntry, bool, bool]:
         """A Resource read through the template of its own layout, or of another Resource's of its length (a fleet's
         GPUs send one layout, so a GPU seen the first time is read through it too): (its entry, whether it was read,
-        whether its own layout was tried and did not fit). The decoder's hottest code: what it needs is in locals."""
+        whether its own layout was tried and did not fit)."""
         view = reading.view(index) if reading.views is None else reading.views[index]
         key = cache_key(view.resource)
-        entry = self._resource_cache.get(key) or self.entry(rm, key)
+        entry = self._resource_cache.get(key) or self.entry(reading.message().resource_metrics[index], key)
         scopes = view.scope_metrics
         if len(scopes) != 1 or entry.unusable is not None:
             return entry, False, False
-        data = scopes[0]
+        shape, numbers, missed = self._fit(entry, scopes[0])
+        if shape is None or numbers is None:
+            return entry, False, missed
+        self._take(reading, entry, shape, numbers)
+        return entry, True, missed
+
+    def _fit(self, entry: ResourceEntry, data: bytes) -> tuple[Shape | None, tuple[Any, ...] | None, bool]:
+        """The shape whose template reads a Resource's ScopeMetrics ``data`` (its own, else one of another Resource
+        of that length) and the numbers it read (None: none fits); and whether its own was tried and did not fit."""
         shape = entry.shape
         numbers = None if shape is None else shape.template.read(data)
         missed = numbers is None and shape is not None
@@ -275,18 +340,18 @@ class Decoder:
                 numbers = shape.template.read(data)
                 if numbers is not None:
                     break
-        if numbers is None:
-            return entry, False, missed
-        assert shape is not None
+        return shape, numbers, missed
+
+    def _take(self, reading: Reading, entry: ResourceEntry, shape: Shape, numbers: tuple[Any, ...]) -> None:
+        """A Resource's numbers, read through ``shape``, into the sink (the lock held)."""
         if entry.stream_key is None:  # no GPU identity: every point refused, at a template's cost
             refuse_through(shape, numbers, reading.rejections)
         else:
             reading.accepted += read_through(entry, shape, numbers, reading.latest, reading.sink, reading.rejections)
         reading.any_ours = True
-        self.stats.shaped_resources += 1  # under the lock, taken with the views
+        self.stats.shaped_resources += 1  # under the lock
         entry.shape = shape  # the Resource's layout from now, with a fresh build budget
         entry.builds = 0
-        return entry, True, missed
 
     def _ingest_partials(self, request: ExportMetricsServiceRequest, rejections: Rejections) -> tuple[int, bool, bool]:
         any_ours = False
@@ -317,17 +382,31 @@ class Decoder:
         return accepted, any_ours, any_foreign
 
     def _forward(
-        self, request: ExportMetricsServiceRequest, raw: bytes | None, any_ours: bool, any_foreign: bool
+        self, request: ExportMetricsServiceRequest | None, raw: bytes | None, any_ours: bool, any_foreign: bool
     ) -> bytes | None:
+        """What goes downstream untouched. ``request`` is None only for a request read whole through templates: all
+        ours, at least one Resource, and ``raw`` its bytes."""
         if not self.pass_through:
             return None
         if (self.forward_inputs and self.sink is not None) or (any_foreign and not any_ours):
+            if request is None:
+                return raw
             if not request.resource_metrics:
                 return None
             return raw if raw is not None else request.SerializeToString()
         if not any_foreign:
             return None
+        assert request is not None  # a foreign metric was read point by point, from the parsed request
         return _subset(request, lambda name: not self._ours(name)).SerializeToString()
+
+
+def _utf8(text: bytes) -> bool:
+    """Whether a string field sent as these bytes is one the parser takes (valid UTF-8)."""
+    try:
+        text.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _subset(request: ExportMetricsServiceRequest, keep: Any) -> ExportMetricsServiceRequest:
@@ -358,8 +437,10 @@ __all__ = [
     "DecodeOutcome",
     "Decoder",
     "DecoderStats",
+    "MalformedRequest",
     "PartialSink",
     "PointSink",
     "message",
+    "parse_request",
     "resource_views",
 ]

@@ -24,6 +24,7 @@ from otel_ofu_collector.otlp.resources import (
     ResourceEntry,
     cache_key,
     identity_of,
+    parse_request,
     resource_views,
     stream_key,
     unusable,
@@ -76,7 +77,10 @@ class Decoding(Protocol):
 
 class Reading:
     """One request's points on their way into the sink: the request's views (read once, when the first point
-    needs identity), the lock (taken with them), and what was taken and refused."""
+    needs identity), the lock (taken with them), and what was taken and refused.
+
+    A request may come as bytes alone (``request`` None): it is parsed when something needs the message, and
+    never when every Resource is read through a template (``Decoder._all_through_templates``)."""
 
     __slots__ = (
         "accepted",
@@ -96,7 +100,7 @@ class Reading:
         self,
         decoder: Decoding,
         sink: PointSink,
-        request: ExportMetricsServiceRequest,
+        request: ExportMetricsServiceRequest | None,
         raw: bytes | None,
         rejections: Rejections,
         latest: int,
@@ -113,13 +117,33 @@ class Reading:
         self.any_ours = False
         self.any_foreign = False
 
-    def view(self, index: int) -> Any:
-        """The index-th ResourceMetrics as sent; the first call parses the views (outside the lock) and locks."""
-        if self.views is None:
-            self.views = resource_views(self.request, self.raw)
+    def message(self) -> ExportMetricsServiceRequest:
+        """The request parsed (parsed now if it came as bytes alone, outside the lock); MalformedRequest when its
+        bytes are not one."""
+        if self.request is None:
+            assert self.raw is not None
+            relock = self.locked
+            self.release()
+            self.request = parse_request(self.raw)
+            if relock:
+                self.hold()
+        return self.request
+
+    def hold(self, views: list[Any] | None = None) -> None:
+        """Take the lock (if not held), with the request's views if given."""
+        if views is not None:
+            self.views = views
+        if not self.locked:
             self.decoder.lock.acquire()
             self.locked = True
-        return self.views[index]
+
+    def view(self, index: int) -> Any:
+        """The index-th ResourceMetrics as sent; the first call parses the views (outside the lock) and locks."""
+        views = self.views
+        if views is None:
+            views = resource_views(self.message(), self.raw)
+            self.hold(views)
+        return views[index]
 
     def release(self) -> None:
         if self.locked:

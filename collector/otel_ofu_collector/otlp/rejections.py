@@ -13,6 +13,12 @@ from otel_ofu import names
 
 R = names.RejectReason
 
+
+class MalformedRequest(ValueError):
+    """The bytes are not an ExportMetricsServiceRequest: the whole request is refused (INVALID_ARGUMENT, 400), and
+    nothing of it was taken."""
+
+
 # The words for a code, after the metric's name.
 _WORDS: Final = {
     R.OUT_OF_RANGE: "not finite or outside its range",

@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from otel_ofu import names
 from otel_ofu.control_chars import has_control
+from otel_ofu_collector.otlp.rejections import MalformedRequest
 
 IDENTITY = frozenset(names.IDENTITY_ATTRIBUTES)
 EMPTY: Mapping[str, str] = {}
@@ -88,15 +89,30 @@ def resource_views(request: ExportMetricsServiceRequest, raw: bytes | None) -> l
     each Resource is one canonical encoding of the merged message.
     """
     if raw is not None:
-        try:
-            view = _ResourceBytesRequest.FromString(raw)
-        except DecodeError:
-            view = None
-        if view is not None and view.ByteSize() == len(raw):
-            found: list[Any] = list(view.resource_metrics)
-            if len(found) == len(request.resource_metrics):
-                return found
+        found = views_as_sent(raw)
+        if found is not None and len(found) == len(request.resource_metrics):
+            return found
     return list(_ResourceBytesRequest.FromString(request.SerializeToString()).resource_metrics)
+
+
+def parse_request(raw: bytes) -> ExportMetricsServiceRequest:
+    """``raw`` parsed; MalformedRequest, in one line, when it is not an ExportMetricsServiceRequest."""
+    try:
+        return ExportMetricsServiceRequest.FromString(raw)
+    except (DecodeError, RuntimeError, ValueError) as error:
+        raise MalformedRequest(f"malformed ExportMetricsServiceRequest: {error}") from error
+
+
+def views_as_sent(raw: bytes) -> list[Any] | None:
+    """Each ResourceMetrics of the request ``raw`` encodes, its fields as sent (see ``resource_views``); None when the
+    bytes are not that request's one minimal encoding, or not a request."""
+    try:
+        view = _ResourceBytesRequest.FromString(raw)
+    except DecodeError:
+        return None
+    if view.ByteSize() != len(raw):
+        return None
+    return list(view.resource_metrics)
 
 
 def cache_key(encoding: bytes) -> bytes:

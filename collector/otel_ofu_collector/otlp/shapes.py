@@ -69,6 +69,11 @@ class _Part:
     gauges: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
     share_fields: tuple[str, ...]
     shares: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
+    inputs: int = attrs.field(init=False)  # the points of its one sink call (no field is twice in a layout)
+
+    def __attrs_post_init__(self) -> None:
+        inputs = len(self.gauge_fields) + (0 if self.cumulative else len(self.share_fields))
+        object.__setattr__(self, "inputs", inputs)  # a frozen class's derived field, set once here
 
 
 def _parts(plan: tuple[Planned, ...], learnt: tuple[Any, ...]) -> tuple[_Part, ...]:
@@ -361,28 +366,32 @@ def _by_part(
     identity, key, profile = entry.identity, entry.stream_key, entry.profile
     assert key is not None  # a shape is built only for a Resource with a stream key
     taken = 0
-    for part, (start_ns, end_ns) in zip(shape.parts, spans, strict=True):
+    for part, (start_ns, end_ns) in zip(shape.parts, spans, strict=False):  # a span per part (unchecked: the hot loop)
         for index in part.ofu:
             refused = sink.add_ofu(key, numbers[index], start_ns, end_ns, identity, profile)
             if refused is None:
                 taken += 1
             else:
                 rejections.refuse(names.GPU_OFU.name, refused)
-        if part.gauges is not None and part.cumulative:
-            counters = dict(zip(part.gauge_fields, part.gauges(numbers), strict=True))
+        gauges, shares = part.gauges, part.shares
+        if gauges is not None and part.cumulative:
+            counters = dict(zip(part.gauge_fields, gauges(numbers), strict=False))  # as long by construction
             refused = sink.add_gpu_counters(key, start_ns, end_ns, identity, counters)
-            count = len(counters)
-        elif part.gauges is not None or part.shares is not None:
-            gauges = dict(zip(part.gauge_fields, part.gauges(numbers), strict=True)) if part.gauges else {}
-            shares = dict(zip(part.share_fields, part.shares(numbers), strict=True)) if part.shares else {}
-            refused = sink.add_gpu_inputs(key, start_ns, end_ns, identity, gauges, shares)
-            count = len(gauges) + len(shares)
+        elif gauges is not None or shares is not None:
+            refused = sink.add_gpu_inputs(
+                key,
+                start_ns,
+                end_ns,
+                identity,
+                dict(zip(part.gauge_fields, gauges(numbers), strict=False)) if gauges is not None else {},
+                dict(zip(part.share_fields, shares(numbers), strict=False)) if shares is not None else {},
+            )
         else:
             continue
         if refused is None:
-            taken += count
+            taken += part.inputs
         else:
-            rejections.refuse(_INPUTS, refused, count)
+            rejections.refuse(_INPUTS, refused, part.inputs)
     return taken
 
 

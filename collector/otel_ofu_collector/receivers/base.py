@@ -10,12 +10,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 
 if TYPE_CHECKING:  # a name for the type checker only: what imports this (the report feed) loads no codec
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-
     from otel_ofu_collector.otlp.decode import DecodeOutcome
 
-# One request, parsed and as received (the bytes are what the write-ahead keeps): what the collector did with it.
-Ingest: TypeAlias = "Callable[[ExportMetricsServiceRequest, bytes], DecodeOutcome]"
+# One ExportMetricsServiceRequest's bytes as received (what the write-ahead keeps; parsed only where needed): what the
+# collector did with it. ``otlp.rejections.MalformedRequest`` when the bytes are not one, with nothing taken.
+Ingest: TypeAlias = "Callable[[bytes], DecodeOutcome]"
 
 # The listen backlog of every listener the collector opens, as gRPC's: a burst of new connections waits to be
 # accepted instead of being reset (socketserver's default is 5). The kernel caps it at net.core.somaxconn.

@@ -41,14 +41,13 @@ import attrs
 import grpc
 from google.protobuf import duration_pb2
 from google.protobuf.any_pb2 import Any as AnyProto
-from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 from grpc_status import rpc_status
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
 
+from otel_ofu_collector.otlp.rejections import MalformedRequest
 from otel_ofu_collector.receivers.admission import (
     MAX_REQUEST_BYTES,
     BodyBudget,
@@ -391,16 +390,14 @@ class GrpcReceiver:
                 if compression == "gzip":
                     return _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"bad gzip message: {error}")
                 # Not a zlib stream after all: its bytes are the request (an unknown first field is legal).
-        try:
-            request = ExportMetricsServiceRequest.FromString(raw)
-        except (DecodeError, RuntimeError, ValueError) as error:
-            if raw[:4] == _ZSTD_MAGIC:
-                return _Refusal(grpc.StatusCode.UNIMPLEMENTED, "zstd compression is not supported: use gzip")
-            return _Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"malformed ExportMetricsServiceRequest: {error}")
         if self.gate.closing:
             return _Refusal(grpc.StatusCode.UNAVAILABLE, "shutdown")
         try:
-            return self.ingest(request, raw)
+            return self.ingest(raw)
+        except MalformedRequest as error:
+            if raw[:4] == _ZSTD_MAGIC:
+                return _Refusal(grpc.StatusCode.UNIMPLEMENTED, "zstd compression is not supported: use gzip")
+            return _Refusal(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except Exception:  # one bad request must not take the receiver down
             logger.exception("OTLP/gRPC request failed inside the collector")
             return _Refusal(grpc.StatusCode.INTERNAL, "internal error while processing the request")

@@ -24,13 +24,14 @@ from typing import ClassVar
 import attrs
 import grpc
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
 
+from otel_ofu_collector.otlp.rejections import MalformedRequest
 from otel_ofu_collector.receivers.admission import (
     MAX_REQUEST_BYTES,
     BodyBudget,
@@ -213,19 +214,18 @@ class _OtlpApp:
             return _error(HTTPStatus.SERVICE_UNAVAILABLE, _INFLATING, as_json, self._retry())
         except (zlib.error, EOFError) as error:
             return _error(HTTPStatus.BAD_REQUEST, f"bad {encoding} body: {error}", as_json)
-        try:
-            if as_json:
-                request = json_format.Parse(body, ExportMetricsServiceRequest(), ignore_unknown_fields=True)
-                raw = None
-            else:
-                request = ExportMetricsServiceRequest.FromString(body)
-                raw = body
-        except (DecodeError, json_format.ParseError, UnicodeDecodeError, ValueError, RuntimeError) as error:
-            return _error(HTTPStatus.BAD_REQUEST, f"malformed ExportMetricsServiceRequest: {error}", as_json)
+        if as_json:  # read here and passed on as the same request in protobuf's encoding
+            try:
+                parsed = json_format.Parse(body, ExportMetricsServiceRequest(), ignore_unknown_fields=True)
+            except (json_format.ParseError, UnicodeDecodeError, ValueError, RuntimeError) as error:
+                return _error(HTTPStatus.BAD_REQUEST, f"malformed ExportMetricsServiceRequest: {error}", as_json)
+            body = parsed.SerializeToString()
         if owner.gate.closing:
             return _error(HTTPStatus.SERVICE_UNAVAILABLE, "collector shutdown, retry later", as_json, self._retry())
         try:
-            outcome = owner.ingest(request, raw if raw is not None else request.SerializeToString())
+            outcome = owner.ingest(body)
+        except MalformedRequest as error:
+            return _error(HTTPStatus.BAD_REQUEST, str(error), as_json)
         except Exception:  # one bad request must not take the receiver down
             logger.exception("OTLP/HTTP request failed inside the collector")
             return _error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error while processing the request", as_json)
