@@ -80,7 +80,7 @@ def requests(gpus_per_request: int, requests_per_interval: int, intervals: int) 
 def decode_all(decoder: Decoder, payloads: Sequence[bytes]) -> tuple[int, int]:
     accepted = rejected = 0
     for payload in payloads:
-        outcome = decoder.decode(ExportMetricsServiceRequest.FromString(payload), payload)
+        outcome = decoder.decode_bytes(payload)
         accepted += outcome.accepted
         rejected += outcome.rejected
     return accepted, rejected
