@@ -342,18 +342,12 @@ class CollectorService:
         outcome = self.decoder.decode(request, raw)
         if translated is not None and translated.refusals:
             outcome = self._refused_scrapes(outcome, translated)
-        return self._after(outcome, raw, request)
+        return self._after(outcome, raw if raw is not None else request)
 
-    def _after(
-        self, outcome: DecodeOutcome, raw: bytes | None, request: ExportMetricsServiceRequest | None = None
-    ) -> DecodeOutcome:
-        """What follows the decoder: the write-ahead keeps a request that was taken (``raw``, else ``request``
-        encoded), and what is not ours goes on."""
+    def _after(self, outcome: DecodeOutcome, sent: bytes | ExportMetricsServiceRequest) -> DecodeOutcome:
+        """What follows the decoder: the write-ahead keeps a request that was taken, and what is not ours goes on."""
         if outcome.accepted and self._write_ahead is not None:
-            if raw is None:
-                assert request is not None
-                raw = request.SerializeToString()
-            self._write_ahead.append(raw, self.clock())
+            self._write_ahead.append(sent if isinstance(sent, bytes) else sent.SerializeToString(), self.clock())
         if outcome.forward is not None and self.pass_through is not None:
             self.pass_through.submit(outcome.forward)
         return outcome
