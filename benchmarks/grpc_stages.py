@@ -1,33 +1,33 @@
-"""Where a request's CPU goes inside the collector process, stage by stage, beside floors: over OTLP/gRPC and
-OTLP/HTTP at 8 GPUs per request (a node's producer), and over gRPC at 1000 (a gateway's batch).
+"""Where a request's CPU goes inside the collector process, stage by stage, beside floors: over OTLP/gRPC and OTLP/HTTP
+at 8 GPUs per request (a node's producer), and over gRPC at 1000 (a gateway's batch).
 
-A server runs in a child process (``python -m benchmarks.grpc_stages serve KIND``); this process sends it
-the same pre-serialised requests as ``bench_collector_e2e`` (8 points per GPU, a fleet seen once before the
-measured requests): over gRPC one in flight at a time, over OTLP/HTTP from ``SENDERS`` keep-alive clients at
-once, as the end-to-end benchmark sends them. The child counts its own process CPU
-(``time.process_time``, every thread) over the measured requests and the thread CPU (``time.thread_time_ns``) of
-each stage of ``GrpcReceiver._export`` and its ingest thread's ``_process``, by wrapping the calls they make: the gate
-(admission: ``Gate.enter`` + ``Gate.leave``), the protobuf parse (``ExportMetricsServiceRequest.FromString``),
-the collector's ingest (decode + aggregation) and, with a bearer token configured, the interceptor's check
-(auth). Over OTLP/HTTP the handler is the OTLP app's ``respond`` (the body is in: gate, parse, ingest, the
-answer). What is left of the handler is its own code and the response; what is left of the process is the
-server around the handler: grpcio's C core (HTTP/2, the completion queue) and its Python server (the hand-off of
-each call to a thread of the pool, the context, the interceptors' plumbing), or over OTLP/HTTP our HTTP/1.1
-framing (``receivers/http_framing``: the socket calls, the head and body, a thread per connection). The
+A server runs in a child process (``python -m benchmarks.grpc_stages serve KIND``); this process sends it the same
+pre-serialised requests as ``bench_collector_e2e`` (8 points per GPU, a fleet seen once before the measured
+requests): over gRPC one in flight at a time, over OTLP/HTTP from ``SENDERS`` keep-alive clients at once, as the
+end-to-end benchmark sends them. The child counts its own process CPU (``time.process_time``, every thread) over the
+measured requests and the thread CPU (``time.thread_time_ns``) of each stage of ``GrpcReceiver._export`` and its
+ingest thread's ``_process``, by wrapping the calls they make: the gate (admission: ``Gate.enter`` +
+``Gate.leave``), the collector's ingest (decode + aggregation, ``ingest_bytes``), the protobuf parse inside it
+(``ExportMetricsServiceRequest.FromString``, only for a request not read from its bytes) and, with a bearer token
+configured, the interceptor's check (auth). Over OTLP/HTTP the handler is the OTLP app's ``respond`` (the body is
+in: gate, parse, ingest, the answer). What is left of the handler is its own code and the response; what is left of
+the process is the server around the handler: grpcio's C core (HTTP/2, the completion queue) and its Python server
+(the hand-off of each call to a thread of the pool, the context, the interceptors' plumbing), or over OTLP/HTTP our
+HTTP/1.1 framing (``receivers/http_framing``: the socket calls, the head and body, a thread per connection). The
 wrappers exist only in the child of this benchmark; the collector itself carries no timer.
 
-The ingest is split in this process, on the very same requests (parsed before the clock starts): the
-decoder (``Decoder.decode``) feeding a null sink that takes every point and keeps nothing, then feeding the
-real windows (the collector's own ``CollectorService``, so its ``Aggregator``), then through the service's
-``ingest`` (what the receivers call): the decode alone, the aggregation (the difference), the service's seam
-around the decoder, and what the server's ingest spends beyond all three (running beside the receiver's
-threads, and the wrappers' timers, rather than alone in a loop).
+The ingest is split in this process, on the very same request bytes: the decoder (``Decoder.decode_bytes``) feeding
+a null sink that takes every point and keeps nothing, then feeding the real windows (the collector's own
+``CollectorService``, so its ``Aggregator``), then through the service's ``ingest_bytes`` (what the receivers call):
+the decode alone, the aggregation (the difference), the service's seam around the decoder, and what the server's
+ingest spends beyond all three (running beside the receiver's threads, and the wrappers' timers, rather than alone
+in a loop).
 
-Floors, in the same run on the same bytes: a grpcio server whose handler returns an empty response at once,
-with grpcio's synchronous server (``noop``) and its asyncio server (``noop-aio``, what the collector uses since
-its calls wait for their messages without a thread): the least a Python gRPC server costs per request here;
-over OTLP/HTTP our framing with an app that takes the body and answers an empty ExportMetricsServiceResponse
-(``noop-http``, ``http_receiver_cost.floor``).
+Floors, in the same run on the same bytes: a grpcio server whose handler returns an empty response at once, with
+grpcio's synchronous server (``noop``) and its asyncio server (``noop-aio``, what the collector uses since its calls
+wait for their messages without a thread): the least a Python gRPC server costs per request here; over OTLP/HTTP our
+framing with an app that takes the body and answers an empty ExportMetricsServiceResponse (``noop-http``,
+``http_receiver_cost.floor``).
 """
 
 from __future__ import annotations
@@ -408,11 +408,11 @@ ROW_NAMES = {
     "process": "whole process",
     "auth": "auth (bearer token, in the interceptor)",
     "admission": "admission (Gate.enter + Gate.leave)",
-    "parse": "protobuf parse (ExportMetricsServiceRequest.FromString)",
+    "parse": "protobuf parse (ExportMetricsServiceRequest.FromString: a request not read from its bytes alone)",
     "ingest": "ingest (decode + aggregation), in the server",
-    "decode (null sink)": "- of which our decoder: Decoder.decode into a null sink (in process)",
+    "decode (null sink)": "- of which our decoder: Decoder.decode_bytes into a null sink (in process)",
     "aggregation": "- of which aggregation: into the real windows less the null sink (in process)",
-    "seam": "- of which the service's seam: CollectorService.ingest less Decoder.decode (in process)",
+    "seam": "- of which the service's seam: CollectorService.ingest_bytes less Decoder.decode_bytes (in process)",
     "ingest rest": "- of which the rest: the server's ingest less the in-process one (beside the receiver's threads)",
     "handler rest (response, own code)": "rest of the handler (its own code, the response)",
     "flush (the timer thread: windows closed)": "flush (the timer thread closing windows)",
