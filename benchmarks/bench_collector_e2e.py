@@ -655,8 +655,7 @@ def measure_transports(
     rows = []
     for (transport, gpus, name), values in runs.items():
         warmup, payloads = workloads[gpus]
-        rotel_runs = runs.get((transport, gpus, ROTEL))
-        ratios = [v / r for v, r in zip(values, rotel_runs, strict=True)] if rotel_runs else None
+        ratios = ratios_within_repeats(values, runs.get((transport, gpus, ROTEL)))
         rows.append(
             {
                 "peer": name,
@@ -671,6 +670,16 @@ def measure_transports(
             }
         )
     return rows
+
+
+def ratios_within_repeats(values: Sequence[float], rotel_runs: Sequence[float] | None) -> list[float] | None:
+    """Each repeat's cost over Rotel's in the same repeat; a repeat where Rotel's CPU stayed under one /proc tick (0:
+    too little work to see, as in a small run) has no ratio, and with none left there is none (never a division by
+    zero)."""
+    if not rotel_runs:
+        return None
+    ratios = [value / rotel for value, rotel in zip(values, rotel_runs, strict=True) if rotel > 0.0]
+    return ratios or None
 
 
 def transport_row(rows: Sequence[dict[str, Any]], peer: str, transport: str, gpus: int) -> dict[str, Any] | None:

@@ -375,6 +375,16 @@ def test_end_to_end_measures_ours_and_the_floor_over_otlp_http() -> None:
     assert mine["senders"] == e2e.SENDERS
 
 
+def test_a_repeat_where_rotel_used_less_than_a_tick_has_no_ratio() -> None:
+    # /proc counts 10 ms ticks: 800 reports at Rotel's ~10 us each are 8 ms, read as 0 or 1 tick. Ours at 30 and 32
+    # beside Rotel at 0 and 8: one ratio, 32 / 8 = 4.0 (before: a ZeroDivisionError ended the benchmark); beside 0 and
+    # 0: none.
+    e2e = _bench_module("benchmarks.bench_collector_e2e")
+    assert e2e.ratios_within_repeats([30.0, 32.0], [0.0, 8.0]) == [4.0]
+    assert e2e.ratios_within_repeats([30.0, 32.0], [0.0, 0.0]) is None
+    assert e2e.ratios_within_repeats([30.0], None) is None
+
+
 def test_transport_verdicts_take_each_ratio_within_one_repeat() -> None:
     # Ours at 30, 32, 34 us beside Rotel at 6, 8, 10 in the same three repeats: ratios 5.0, 4.0, 3.4, median 4.0
     # (the ratio of the medians would be 32 / 8 = 4.0 too; the spread is 3.4-5.0). The floor at 10, 10, 10: ours over
