@@ -331,29 +331,39 @@ class Reading:
             return None
         return field, identity, key
 
+    def _job_point(self, name: str, point: Any, entry: ResourceEntry) -> tuple[Mapping[str, str], str, int] | None:
+        """A job's point (``job.mfu``, ``job.step``, ``job.checkpoint.time``) after its value: its identity (the
+        Resource's, overlaid with the point's own attributes), its ``job.id`` and its time; None, with the refusal
+        counted, when its attributes are unusable, it names no job, or it has no time or one in the future."""
+        attributes = point.attributes
+        identity = identity_of(attributes, entry.identity) if attributes else entry.identity
+        max_length = self.decoder.max_attribute_length
+        if identity is not entry.identity and (words := unusable(identity, max_length)) is not None:
+            self.rejections.add(R.BAD_ATTRIBUTE, f"{name} {words}")
+            return None
+        job_id = identity.get(_JOB_ID)
+        if not job_id:
+            self.rejections.add(R.NO_IDENTITY, f"{name} without {_JOB_ID}")
+            return None
+        time_ns: int = point.time_unix_nano
+        if not time_ns or time_ns > self.latest:
+            self.rejections.refuse(name, R.BAD_TIME)
+            return None
+        return identity, job_id, time_ns
+
     def mfu(self, points: Any, entry: ResourceEntry) -> None:
         rejections = self.rejections
         max_mfu = self.decoder.max_mfu
-        max_length = self.decoder.max_attribute_length
         plausible = Plausible(_MFU, len(points), rejections)
         for index, point in enumerate(points):
             value = _number(point)
             if value is None or not 0.0 <= value <= max_mfu:
                 rejections.refuse(_MFU, R.OUT_OF_RANGE)
                 continue
-            attributes = point.attributes
-            identity = identity_of(attributes, entry.identity) if attributes else entry.identity
-            if identity is not entry.identity and (words := unusable(identity, max_length)) is not None:
-                rejections.add(R.BAD_ATTRIBUTE, f"{_MFU} {words}")
+            found = self._job_point(_MFU, point, entry)
+            if found is None:
                 continue
-            job_id = identity.get(_JOB_ID)
-            if not job_id:
-                rejections.add(R.NO_IDENTITY, f"{_MFU} without {_JOB_ID}")
-                continue
-            time_ns = point.time_unix_nano
-            if not time_ns or time_ns > self.latest:
-                rejections.refuse(_MFU, R.BAD_TIME)
-                continue
+            identity, job_id, time_ns = found
             if not plausible.one_more(job_id, time_ns, time_ns, index):
                 break
             refused = self.sink.add_mfu(job_id, value, time_ns, identity)
@@ -374,23 +384,13 @@ class Reading:
             if value is None or not 0.0 <= value <= high:
                 rejections.refuse(name, R.OUT_OF_RANGE)
                 continue
-            attributes = point.attributes
-            identity = identity_of(attributes, entry.identity) if attributes else entry.identity
-            unfit = unusable(identity, self.decoder.max_attribute_length) if identity is not entry.identity else None
-            if unfit is not None:
-                rejections.add(R.BAD_ATTRIBUTE, f"{name} {unfit}")
+            found = self._job_point(name, point, entry)
+            if found is None:
                 continue
-            job_id = identity.get(_JOB_ID)
-            if not job_id:
-                rejections.add(R.NO_IDENTITY, f"{name} without {_JOB_ID}")
-                continue
-            time_ns = point.time_unix_nano
-            if not time_ns or time_ns > self.latest:
-                rejections.refuse(name, R.BAD_TIME)
-                continue
+            identity, job_id, time_ns = found
             operation = None
             if not step:
-                operation = next((kv.value.string_value for kv in attributes if kv.key == _OPERATION), None)
+                operation = next((kv.value.string_value for kv in point.attributes if kv.key == _OPERATION), None)
                 if operation not in names.CheckpointOperation.ALL:
                     rejections.add(R.BAD_ATTRIBUTE, f"{name} without a known {_OPERATION}")
                     continue
