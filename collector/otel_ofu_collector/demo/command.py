@@ -1,16 +1,6 @@
-"""``otel-ofu demo``: the embedded default, end to end on loopback.
-
-A simulated fleet (5 hosts x 8 H100s, eleven jobs: two healthy dense trainings, an MoE job whose framework
-over-counts FLOPs ~2x, a job that regresses 2.5x mid-run, a mixed-precision job, an allocated but idle
-GPU, an input-bound, a communication-bound and a memory-bound training, a job that hangs in a collective and
-one that crashes and restarts from its last checkpoint, plus a GPU that fails now and then and a power-capped
-straggler GPU inside a healthy job) runs through the real producer, the real OTLP/gRPC transport and the real
-collector; each job's framework reports its MFU (and two of them their steps and checkpoint time) over OTLP too.
-Simulated time runs as fast as the machine allows, so half an hour of fleet time takes seconds. It ends with the
-fleet report: percentiles, each job's OFU against its reported MFU, correlations, where OFU is lost (GPU-hours
-and cost by cause, at an example price), where its GPU time went (goodput), and which jobs and GPUs are flagged
-and why. One seed, one report: the simulation is keyed by offsets from the fleet's start
-and the demo closes its windows itself, so two runs print the same numbers.
+"""``otel-ofu demo``: the embedded default, end to end on loopback. What it runs and prints is ``DESCRIPTION``
+(its ``--help``). One seed, one report: the simulation is keyed by offsets from the fleet's start and the demo closes
+its windows itself, so two runs print the same numbers.
 """
 
 from __future__ import annotations
