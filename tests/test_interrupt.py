@@ -60,14 +60,20 @@ def interrupt(argv: list[str], after_s: float) -> tuple[int, str]:
         start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     time.sleep(after_s)
+    return interrupted(process, f"{argv[0]}, SIGINT at {after_s} s")
+
+
+def interrupted(process: subprocess.Popen[str], what: str) -> tuple[int, str]:
+    """Send SIGINT to the process's group (as a terminal does to its foreground job) unless it has ended; its exit
+    status and stderr once it ends, within ``EXIT_S`` (killed and failed past it)."""
     if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)  # the terminal sends it to the whole foreground group
+        os.killpg(process.pid, signal.SIGINT)
     try:
         _, stderr = process.communicate(timeout=EXIT_S)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         _, stderr = process.communicate()
-        pytest.fail(f"{argv[0]} did not end within {EXIT_S:g} s of SIGINT at {after_s} s:\n{stderr[-2000:]}")
+        pytest.fail(f"{what}: did not end within {EXIT_S:g} s of SIGINT:\n{stderr[-2000:]}")
     return process.returncode, stderr
 
 
@@ -141,11 +147,4 @@ def test_ctrl_c_inside_a_weakref_callback_still_ends_the_command() -> None:
     assert process.stdout is not None
     assert process.stdout.readline() == "started\n"  # the command runs: the interrupt lands in it, not in the imports
     time.sleep(0.5)
-    os.killpg(process.pid, signal.SIGINT)
-    try:
-        _, stderr = process.communicate(timeout=EXIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        _, stderr = process.communicate()
-        pytest.fail(f"the command ran on past SIGINT:\n{stderr[-2000:]}")
-    assert (process.returncode, stderr) == (130, INTERRUPTED + "\n")
+    assert interrupted(process, "a command inside weakref callbacks") == (130, INTERRUPTED + "\n")
