@@ -203,11 +203,31 @@ class Reading:
             return identity, entry.stream_key
         return identity, stream_key(identity)
 
+    def _gpu_point(
+        self, name: str, point: Any, entry: ResourceEntry
+    ) -> tuple[Mapping[str, str], str, Any, int, int] | None:
+        """A GPU's interval point (``gpu.ofu``, ``gpu.ofu.unmeasured``) after its value: its identity (the Resource's,
+        overlaid with the point's own attributes), stream key, profile, start and end; None, with the refusal counted,
+        when its attributes are unusable, it names no GPU, or it has no time or one in the future."""
+        identity, key = self._own_identity(name, point.attributes, entry)
+        profile = entry.profile
+        if identity is not entry.identity:
+            words = unusable(identity, self.decoder.max_attribute_length)
+            if words is not None:
+                self.rejections.add(R.BAD_ATTRIBUTE, f"{name} {words}")
+                return None
+            profile = self.sink.profile_of(identity)
+        if key is None:
+            self.rejections.refuse(name, R.NO_IDENTITY)
+            return None
+        end_ns: int = point.time_unix_nano
+        if not end_ns or end_ns > self.latest:
+            self.rejections.refuse(name, R.BAD_TIME)
+            return None
+        return identity, key, profile, point.start_time_unix_nano or end_ns, end_ns
+
     def ofu(self, points: Any, entry: ResourceEntry) -> None:
         rejections = self.rejections
-        latest = self.latest
-        sink = self.sink
-        max_length = self.decoder.max_attribute_length
         plausible = Plausible(_OFU, len(points), rejections)
         for index, point in enumerate(points):
             # as_double reads 0.0 when unset or when the value is as_int: only then ask which.
@@ -215,25 +235,13 @@ class Reading:
             if value is None or not 0.0 <= value <= 1.0:  # NaN fails both comparisons
                 rejections.refuse(_OFU, R.OUT_OF_RANGE)
                 continue
-            identity, key = self._own_identity(_OFU, point.attributes, entry)
-            profile = entry.profile
-            if identity is not entry.identity:
-                words = unusable(identity, max_length)
-                if words is not None:
-                    rejections.add(R.BAD_ATTRIBUTE, f"{_OFU} {words}")
-                    continue
-                profile = sink.profile_of(identity)
-            if key is None:
-                rejections.refuse(_OFU, R.NO_IDENTITY)
+            found = self._gpu_point(_OFU, point, entry)
+            if found is None:
                 continue
-            end_ns = point.time_unix_nano
-            if not end_ns or end_ns > latest:
-                rejections.refuse(_OFU, R.BAD_TIME)
-                continue
-            start_ns = point.start_time_unix_nano or end_ns
+            identity, key, profile, start_ns, end_ns = found
             if not plausible.one_more(key, start_ns, end_ns, index):
                 break
-            refused = sink.add_ofu(key, value, start_ns, end_ns, identity, profile)
+            refused = self.sink.add_ofu(key, value, start_ns, end_ns, identity, profile)
             if refused is None:
                 self.accepted += 1
             else:
@@ -244,22 +252,10 @@ class Reading:
         its ``error.type`` is for people, not for the windows)."""
         plausible = Plausible(_UNMEASURED, len(points), self.rejections)
         for index, point in enumerate(points):
-            identity, key = self._own_identity(_UNMEASURED, point.attributes, entry)
-            profile = entry.profile
-            if identity is not entry.identity:
-                words = unusable(identity, self.decoder.max_attribute_length)
-                if words is not None:
-                    self.rejections.add(R.BAD_ATTRIBUTE, f"{_UNMEASURED} {words}")
-                    continue
-                profile = self.sink.profile_of(identity)
-            if key is None:
-                self.rejections.refuse(_UNMEASURED, R.NO_IDENTITY)
+            found = self._gpu_point(_UNMEASURED, point, entry)
+            if found is None:
                 continue
-            end_ns = point.time_unix_nano
-            if not end_ns or end_ns > self.latest:
-                self.rejections.refuse(_UNMEASURED, R.BAD_TIME)
-                continue
-            start_ns = point.start_time_unix_nano or end_ns
+            identity, key, profile, start_ns, end_ns = found
             if not plausible.one_more(key, start_ns, end_ns, index):
                 break
             refused = self.sink.add_unmeasured(key, start_ns, end_ns, identity, profile)
