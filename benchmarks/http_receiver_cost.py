@@ -1,20 +1,18 @@
 """The OTLP/HTTP receiver's cost per request: requests/s and the server's CPU per request, on loopback.
 
-``python -m benchmarks.http_receiver_cost [--requests N] [--clients C] [--rounds R] [--variant framing|h11]``
+``python -m benchmarks.http_receiver_cost [--requests N] [--clients C] [--rounds R] [--variant framing|floor]``
 
 The receiver runs in a child process of its own (so its CPU time is its own) with an ingest that does no
 work, answering producer-sized requests (8 GPUs, 1.9 KB of protobuf) that ``C`` clients post on keep-alive
 connections with ``http.client``. What is left is HTTP framing, the OTLP handling around it (gate, budget,
-protobuf parse of the request, the answer) and the socket calls. ``framing`` is the receiver as it is
-(run this script on an older checkout to measure that one); ``h11`` serves the very same OTLP app
-(``otlp_http._OtlpApp``) over h11's parser instead, with the least connection loop h11 allows (no head
-deadline, no minimum rate, no early chunk refusal): a floor for what h11 would cost, not a full receiver;
-``floor`` is the framing with an app that does only what no OTLP/HTTP receiver can leave out: it takes the body
-and answers 200 with an empty ExportMetricsServiceResponse (no gate, no parse), the end-to-end benchmark's
-OTLP/HTTP floor (``floor(port)``).
+protobuf parse of the request, the answer) and the socket calls. ``framing`` is the receiver as it is (run this
+script on an older checkout to measure that one: the thread-per-connection framing this replaced, or the h11
+variant it once carried); ``floor`` is the framing with an app that does only what no OTLP/HTTP receiver can leave
+out: it takes the body and answers 200 with an empty ExportMetricsServiceResponse (no gate, no parse), the
+end-to-end benchmark's OTLP/HTTP floor (``floor(port)``).
 Each round runs every variant once, in turn, so machine noise falls on all alike; the medians are printed.
-The script is not part of ``python -m benchmarks``: it answers one question (whether to frame on h11), see
-``receivers/http_framing.py``; its ``floor`` is.
+The script is not part of ``python -m benchmarks`` (it answers how the framing's own cost moves between
+checkouts, see ``receivers/http_framing.py``); its ``floor`` is.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ import threading
 import time
 from http import HTTPStatus
 from multiprocessing.connection import Connection
-from typing import Any
 
 import attrs
 
@@ -78,77 +75,7 @@ def _ingest(raw: bytes) -> DecodeOutcome:
     return _OUTCOME
 
 
-def _use_h11() -> None:
-    """Serve every connection of the framing module's server with h11 instead (in this process only)."""
-    import importlib
-    import socket
-
-    from otel_ofu_collector.receivers import http_framing
-
-    h11: Any = importlib.import_module("h11")  # not a dependency: pip install h11 to measure it
-
-    class H11Connection:
-        def __init__(self, sock: socket.socket, peer: str, server: http_framing.HttpServer) -> None:
-            self.sock, self.peer, self.app, self.budget = sock, peer, server.app, server.budget
-            self.sock.settimeout(server.limits.read_timeout_s)
-            self.h11 = h11.Connection(h11.SERVER)
-
-        def _event(self) -> Any:
-            while True:
-                event = self.h11.next_event()
-                if event is not h11.NEED_DATA:
-                    return event
-                self.h11.receive_data(self.sock.recv(1024 * 1024))
-
-        def _send(self, response: http_framing.Response) -> None:
-            headers = [("Content-Length", str(len(response.body))), *response.headers]
-            data = self.h11.send(h11.Response(status_code=response.status, headers=headers))
-            data = (data or b"") + (self.h11.send(h11.Data(data=response.body)) or b"")
-            self.sock.sendall(data + (self.h11.send(h11.EndOfMessage()) or b""))
-
-        def serve(self) -> None:
-            try:
-                while True:
-                    event = self._event()
-                    if not isinstance(event, h11.Request):
-                        return
-                    headers: dict[str, list[str]] = {}
-                    for name, value in event.headers:
-                        headers.setdefault(name.decode("ascii"), []).append(value.decode("latin-1"))
-                    head = http_framing.RequestHead(
-                        event.method.decode("ascii"),
-                        event.target.decode("ascii"),
-                        "HTTP/" + event.http_version.decode("ascii"),
-                        headers,
-                        self.peer,
-                    )
-                    refusal = self.app.admit(head)
-                    lease = self.budget.open(self.peer) if refusal is None else None
-                    body = bytearray()
-                    while not isinstance(event := self._event(), h11.EndOfMessage):
-                        if lease is not None and not lease.take(len(event.data)):
-                            return
-                        body += event.data
-                    try:
-                        if refusal is None:
-                            assert lease is not None
-                            refusal = self.app.respond(head, bytes(body), lease)
-                        self._send(refusal)
-                    finally:
-                        if lease is not None:
-                            lease.release()
-                    self.h11.start_next_cycle()
-            except (OSError, h11.ProtocolError):
-                return
-            finally:
-                self.sock.close()
-
-    http_framing._Connection = H11Connection  # type: ignore[assignment,misc]
-
-
 def _serve(variant: str, pipe: Connection) -> None:
-    if variant == "h11":
-        _use_h11()
     server: HttpReceiver | HttpServer = (
         floor_server() if variant == "floor" else HttpReceiver(_ingest, Gate(max_in_flight=64), "127.0.0.1:0")
     )
@@ -202,7 +129,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--variant", action="append", choices=("framing", "h11", "floor"))
+    parser.add_argument("--variant", action="append", choices=("framing", "floor"))
     args = parser.parse_args()
     variants = args.variant or ["framing"]
     results: dict[str, list[tuple[float, float]]] = {variant: [] for variant in variants}

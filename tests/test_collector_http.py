@@ -175,29 +175,59 @@ def test_bearer_auth_is_401() -> None:
 
 
 def test_overload_and_shutdown_are_503_with_retry_after() -> None:
-    inside = threading.Event()
-    release = threading.Event()
-    decoder = Decoder(RecordingSink())
-
-    def slow(raw: bytes) -> DecodeOutcome:
-        inside.set()
-        release.wait(10)
-        return decoder.decode_bytes(raw)
-
-    server = _start(gate=Gate(max_in_flight=1, retry_after_s=2.0), ingest=slow)
+    """The gate is the collector's (the gRPC receiver's requests hold its slots too): full, a request is told to
+    retry in 2 s before its body is taken; with the slot free it is taken; at shutdown it is told to retry."""
+    server = _start(gate=Gate(max_in_flight=1, retry_after_s=2.0))
     body = gpu_request({"GPU-1": 0.5}).SerializeToString()
     try:
-        first = threading.Thread(target=server.post, args=(body,))
-        first.start()
-        assert inside.wait(10)
+        assert server.gate.enter() is None  # another receiver's request, inside the collector
         status, headers, reply = server.post(body)
         assert (status, headers["retry-after"]) == (503, "2")
         assert _code(reply) == grpc.StatusCode.UNAVAILABLE.value[0]
-        release.set()
-        first.join(10)
+        assert server.sink.ofu == []
+        server.gate.leave()
+        assert server.post(body)[0] == 200
+        assert [point[0] for point in server.sink.ofu] == ["node-1|GPU-1"]
         server.gate.close()
         status, headers, _ = server.post(body)
         assert (status, headers["retry-after"]) == (503, "2")
+    finally:
+        server.receiver.stop()
+
+
+def test_requests_behind_a_slow_one_wait_their_turn_and_are_all_taken() -> None:
+    """One thread serves every connection: while one request is inside a slow collector, the next (from another
+    client) waits in its connection, unanswered, and is taken once the first is out; nothing is refused or lost."""
+    inside = threading.Event()
+    release = threading.Event()
+    decoder = Decoder(RecordingSink())
+    seen: list[bytes] = []
+
+    def slow(raw: bytes) -> DecodeOutcome:
+        seen.append(raw)
+        if len(seen) == 1:
+            inside.set()
+            release.wait(10)
+        return decoder.decode_bytes(raw)
+
+    server = _start(gate=Gate(max_in_flight=4, retry_after_s=2.0), ingest=slow)
+    first_body = gpu_request({"GPU-1": 0.5}).SerializeToString()
+    second_body = gpu_request({"GPU-2": 0.25}).SerializeToString()
+    statuses: dict[str, int] = {}
+    try:
+        first = threading.Thread(target=lambda: statuses.update(first=server.post(first_body)[0]))
+        first.start()
+        assert inside.wait(10)
+        second = threading.Thread(target=lambda: statuses.update(second=server.post(second_body)[0]))
+        second.start()
+        second.join(0.5)
+        assert second.is_alive()
+        assert statuses == {}
+        release.set()
+        first.join(10)
+        second.join(10)
+        assert statuses == {"first": 200, "second": 200}
+        assert seen == [first_body, second_body]
     finally:
         release.set()
         server.receiver.stop()

@@ -1,9 +1,18 @@
 """HTTP/1.1 on a socket, apart from what is served: heads, bodies, answers, and the guards of a public port.
 
-An ``HttpServer`` accepts connections (a thread each, listen backlog ``LISTEN_BACKLOG``, TLS handshaken in
-that thread) and runs requests through an ``HttpApp``, which sees a parsed ``RequestHead`` and a whole
-body and returns a ``Response``; it knows nothing of sockets. The receiver's own app is OTLP
-(``otlp_http``).
+An ``HttpServer`` accepts connections (listen backlog ``LISTEN_BACKLOG``, TLS handshaken under the read timeout)
+and runs requests through an ``HttpApp``, which sees a parsed ``RequestHead`` and a whole body and returns a
+``Response``; it knows nothing of sockets. The receiver's own app is OTLP (``otlp_http``).
+
+One thread serves every connection: an asyncio event loop, each connection's logic a generator that reads as a
+blocking server's would and yields wherever it waits for bytes (``_Connection``). The app runs on that thread, one
+request at a time; the others wait in their connections meanwhile (TCP holds them) and are read once it returns.
+Why: with a thread per connection, which this replaced, four clients at once cost 43 us of CPU per GPU report at 8
+GPUs per request, and 26 here, on the same requests and collector (the end-to-end benchmark's case, 2-core
+machine): each request passed the interpreter lock between threads, and that cost more than the framing itself.
+The collector's work is Python under that lock either way, so threads bought no parallelism. Handing requests to
+one ingest thread (as the gRPC receiver's loop does) measured 33: the hand-over each way is dearer than the work
+at producer-sized requests.
 
 Parsing is strict (RFC 9112): one request line ``METHOD SP TARGET SP HTTP/1.x``, token header names, no
 obsolete line folding, no control characters in values, ``Host`` required of HTTP/1.1. A body is framed by
@@ -23,29 +32,27 @@ body that would pass the budget is answered 503 and its bytes given back. A body
 app's refusals, the budget) is read and discarded when small, so the connection stays usable, and not read at all
 when large (the connection then closes).
 
-Why not h11 (a well-kept HTTP/1.1 parser): measured with the same OTLP app on the same 2-core machine
-(``benchmarks/http_receiver_cost.py``, producer-sized requests, 9 interleaved rounds, medians), the server
-spent 74 us of CPU per request on this module, 130 us on h11 with the least connection loop it allows
-(no deadlines, no minimum rate: a floor), and 103 us on the http.server this replaced. And h11 takes
-both Content-Length and chunked at once, a Content-Length of 5,000 digits is a 400 to it (413 here), a
-POST without framing an empty body (411 here), all three needing checks of our own in front of it, and
-it waits for a junk chunk-size line to end, which nothing in front of it can change.
+Why not h11 (a well-kept HTTP/1.1 parser): measured with the same OTLP app on the same machine, when connections
+still had a thread each, the server spent 74 us of CPU per request on this module's parsing and 130 us on h11 with
+the least connection loop it allows (no deadlines, no minimum rate: a floor). And h11 takes both Content-Length
+and chunked at once, a Content-Length of 5,000 digits is a 400 to it (413 here), a POST without framing an empty
+body (411 here), all three needing checks of our own in front of it, and it waits for a junk chunk-size line to
+end, which nothing in front of it can change.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import logging
 import re
 import socket
-import socketserver
 import ssl
-import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from http import HTTPStatus
-from typing import Any, Final, Protocol, cast
+from typing import Final, Protocol, TypeAlias, TypeVar, cast
 
 import attrs
 
@@ -79,6 +86,12 @@ _HEX = re.compile(rb"[0-9A-Fa-f]+")
 _CHUNK_LINE_START = re.compile(rb"[0-9A-Fa-f]*(?:[ \t]*;[^\r\n]*|[ \t]*)\r?")
 _OVER_BUDGET = "overloaded (request bodies being received), retry later"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})  # a request of these without framing is 411
+_STOP_S: Final = 5.0  # the most a stop waits for its loop to close the connections
+
+_T = TypeVar("_T")
+# A connection's steps (``_Connection``): each yield is a wait for more bytes until a time (None: the idle timeout
+# only); each resumption says whether bytes came (False: the stream ended); the return is the steps' result.
+_Steps: TypeAlias = Generator[float | None, bool, _T]
 
 
 @attrs.frozen
@@ -109,7 +122,8 @@ class Response:
 
 
 class HttpApp(Protocol):
-    """What a server serves. Called from connection threads, concurrently."""
+    """What a server serves. Called from the server's one thread, a request at a time: a call that blocks holds
+    every connection's next request until it returns."""
 
     def admit(self, head: RequestHead) -> Response | None:
         """Before the body is read: a refusal (401, 404, ...), or None to receive the body."""
@@ -148,30 +162,6 @@ class _Refused(Exception):
 
 class _Gone(Exception):
     """The client left, or went silent past a deadline before a request began: nobody to answer."""
-
-
-class _Wire:
-    """The connection's received bytes: a buffer over the socket, each recv under a deadline."""
-
-    __slots__ = ("buffer", "idle_s", "sock")
-
-    def __init__(self, sock: socket.socket, idle_s: float) -> None:
-        self.sock = sock
-        self.idle_s = idle_s
-        self.buffer = bytearray()
-
-    def recv(self, deadline: float | None, size: int = _HEAD_PIECE) -> bool:
-        """Append one recv of at most ``size`` bytes to the buffer, waiting no longer than ``deadline`` (and the
-        idle timeout); False at the end of the stream. TimeoutError once the deadline has passed."""
-        timeout = self.idle_s
-        if deadline is not None:
-            timeout = min(timeout, deadline - time.monotonic())
-            if timeout <= 0:
-                raise TimeoutError("deadline passed")
-        self.sock.settimeout(timeout)
-        data = self.sock.recv(size)
-        self.buffer += data
-        return bool(data)
 
 
 class _BodyClock:
@@ -284,54 +274,176 @@ def _wants_close(head: RequestHead) -> bool:
     )
 
 
-class _Connection:
-    """One client connection: requests in turn until either side closes (``serve``)."""
+class _Connection(asyncio.Protocol):
+    """One client connection: requests in turn until either side closes.
 
-    def __init__(self, sock: socket.socket, peer: str, server: HttpServer) -> None:
-        self.sock = sock
-        self.peer = peer
+    Its logic (``_serve``) reads as a blocking server's would, top to bottom, but is a generator: wherever it needs
+    more bytes than the buffer holds it yields the time by which they must come (None: only the idle timeout), and
+    the event loop resumes it with True when bytes (or room to write) came, False at the end of the stream, or
+    throws TimeoutError into it once that time has passed. So every deadline, refusal and answer sits where a reader
+    expects it, and the whole server is one thread.
+    """
+
+    def __init__(self, server: HttpServer, loop: asyncio.AbstractEventLoop) -> None:
+        self.server = server
+        self.loop = loop
         self.app = server.app
         self.limits = server.limits
         self.budget = server.budget
-        self.wire = _Wire(sock, server.limits.read_timeout_s)
+        self.buffer = bytearray()
+        self.peer = "?"
+        self.transport: asyncio.Transport | None = None
+        self.steps: _Steps[None] | None = None
+        self.due = 0.0  # when what ``steps`` waits for must have come (the idle timeout included)
+        self.timer: asyncio.TimerHandle | None = None
+        self.eof = False
+        self.writable = True  # False while answers written wait for a client that does not read them
+        self.idle = False  # waiting for a request's first byte: a stop closes it at once
 
-    def serve(self) -> None:
+    # --- the event loop's side -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if peer else "?"
+        self.server.connections.add(self)
+        self.steps = self._serve()
+        self._advance(None, first=True)
+
+    def data_received(self, data: bytes) -> None:
+        if self.steps is not None:  # else the last answer is out and the rest is dropped
+            self.buffer += data
+            self._advance(True)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._advance(False)
+        # Keep our side open: a half-closed client can still read why its request was refused (over TLS asyncio
+        # closes on the peer's close_notify whatever this says).
+        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
+
+    def pause_writing(self) -> None:
+        self.writable = False
+        if self.transport is not None:
+            self.transport.pause_reading()  # no more requests while their answers pile up
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+        self._advance(True)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        steps, self.steps = self.steps, None
+        if steps is not None:  # reset or cut short mid-request: the generator's finally gives its lease back
+            logger.debug("HTTP client %s: connection lost: %s", self.peer, exc)
+            steps.close()
+
+    def stop(self) -> None:
+        """The server stops: an idle connection closes, any other is cut short (``Receiver.stop``)."""
+        if self.transport is not None:
+            if self.idle:
+                self.transport.close()
+            else:
+                self.transport.abort()
+
+    # --- driving the generator ----------------------------------------------------------------------
+
+    def _advance(self, more: bool | None, first: bool = False) -> None:
+        """Resume ``steps`` with ``more`` (None: its deadline passed) and run it until it waits again."""
+        steps = self.steps
+        if steps is None:
+            return
         try:
-            if isinstance(self.sock, ssl.SSLSocket):
-                self.sock.settimeout(self.limits.read_timeout_s)
-                self.sock.do_handshake()
-            while self._one():
+            if first:
+                deadline = next(steps)
+            elif more is None:
+                deadline = steps.throw(TimeoutError("deadline passed"))
+            else:
+                deadline = steps.send(more)
+            while True:
+                if self.eof and self.writable:  # every later read ends at once, as recv() gives b"" again
+                    deadline = steps.send(False)
+                    continue
+                now = time.monotonic()
+                due = now + self.limits.read_timeout_s
+                if deadline is not None and deadline < due:
+                    due = deadline
+                if due > now:
+                    break
+                deadline = steps.throw(TimeoutError("deadline passed"))
+        except StopIteration:
+            self.steps = None
+            return
+        except Exception:  # a defect in the app or here: this client only
+            self.steps = None
+            logger.error("HTTP connection from %s failed", self.peer, exc_info=True)
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        self.due = due
+        # One timer per connection, moved only when a wait must end sooner than it fires: a keep-alive
+        # connection's idle wait after each request ends later than the one before and costs no new timer.
+        timer = self.timer
+        if timer is None or timer.when() > due:
+            if timer is not None:
+                timer.cancel()
+            self.timer = self.loop.call_at(due, self._expired)
+
+    def _expired(self) -> None:
+        self.timer = None
+        if self.steps is None:
+            return
+        if time.monotonic() < self.due:  # the wait now is a later one than the timer was set for
+            self.timer = self.loop.call_at(self.due, self._expired)
+            return
+        self._advance(None)
+
+    # --- one connection -------------------------------------------------------------------------------
+
+    def _serve(self) -> _Steps[None]:
+        try:
+            while (yield from self._one()):
                 pass
         except _Gone:
             pass
-        except OSError as error:  # reset, TLS failures, a timeout while answering: this client only
+        except OSError as error:  # a timeout no step turned into an answer: this client only
             logger.debug("HTTP client %s: %s", self.peer, error)
-        self._close()
+        yield from self._close()
+
+    def _recv(self, deadline: float | None) -> _Steps[bool]:
+        """Wait for more bytes until ``deadline`` (and the idle timeout); False at the end of the stream.
+        TimeoutError once the deadline has passed."""
+        if deadline is not None and deadline <= time.monotonic():
+            raise TimeoutError("deadline passed")
+        return (yield deadline)
 
     # --- one request ---------------------------------------------------------------------------------
 
-    def _one(self) -> bool:
+    def _one(self) -> _Steps[bool]:
         """Serve one request; whether the connection stays open for another."""
         try:
-            head = self._read_head()
+            head = yield from self._read_head()
         except _Refused as refused:
-            self._send(self.app.refuse(None, refused.status, refused.message), close=True)
+            yield from self._send(self.app.refuse(None, refused.status, refused.message), close=True)
             return False
         close = _wants_close(head)
         try:
             length = body_length(head)
         except _Refused as refused:
-            self._send(self.app.refuse(head, refused.status, refused.message), close=True)
+            yield from self._send(self.app.refuse(head, refused.status, refused.message), close=True)
             return False
         expect_continue = head.version == "HTTP/1.1" and (head.get("expect") or "").lower() == "100-continue"
         refusal = self.app.admit(head)
         if refusal is None and length is not None and length > self.limits.max_body_bytes:
-            self._send(
-                self.app.refuse(
-                    head, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body exceeds {self.limits.max_body_bytes} bytes"
-                ),
-                close=True,
+            refusal = self.app.refuse(
+                head, HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body exceeds {self.limits.max_body_bytes} bytes"
             )
+            yield from self._send(refusal, close=True)
             return False
         lease: BodyLease | None = None
         if refusal is None:
@@ -341,24 +453,25 @@ class _Connection:
         if lease is None:
             assert refusal is not None
             # A client waiting for 100 Continue may or may not send its body now: the connection cannot be reused.
-            keep = not expect_continue and self._skip(length)
-            return self._send(refusal, close=close or not keep) and keep and not close
+            keep = not expect_continue and (yield from self._skip(length))
+            sent = yield from self._send(refusal, close=close or not keep)
+            return sent and keep and not close
         try:
             if expect_continue:  # only now, admitted: a client refused before its body never sends it
-                self.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
             try:
-                body = self._read_body(length, lease)
+                body = yield from self._read_body(length, lease)
             except _Refused as refused:
-                self._send(self.app.refuse(head, refused.status, refused.message), close=True)
+                yield from self._send(self.app.refuse(head, refused.status, refused.message), close=True)
                 return False
             response = self.app.respond(head, body, lease)
-            return self._send(response, close=close) and not close
+            sent = yield from self._send(response, close=close)
+            return sent and not close
         finally:
             lease.release()
 
-    def _read_head(self) -> RequestHead:
-        wire = self.wire
-        buffer = wire.buffer
+    def _read_head(self) -> _Steps[RequestHead]:
+        buffer = self.buffer
         deadline: float | None = None  # until a first byte, the idle timeout (a keep-alive connection waits)
         scanned = 0
         while True:
@@ -368,14 +481,16 @@ class _Connection:
                 del buffer[: 2 if buffer[:1] == b"\r" else 1]
             found = _HEAD_END.search(buffer, scanned)
             if found is not None:
+                self.idle = False
                 data = bytes(buffer[: found.start()])
                 del buffer[: found.end()]
                 return parse_head(data, self.peer)
             if len(buffer) > MAX_HEAD_BYTES:
                 raise _Refused(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request head over {MAX_HEAD_BYTES} bytes")
             scanned = max(0, len(buffer) - 3)
+            self.idle = not buffer
             try:
-                more = wire.recv(deadline)
+                more = yield from self._recv(deadline)
             except TimeoutError as error:  # silent or trickling: closed without an answer, as servers do
                 raise _Gone from error
             if not more:
@@ -383,26 +498,23 @@ class _Connection:
                     raise _Refused(HTTPStatus.BAD_REQUEST, "request head incomplete")
                 raise _Gone
 
-    def _read_body(self, length: int | None, lease: BodyLease) -> bytes:
+    def _read_body(self, length: int | None, lease: BodyLease) -> _Steps[bytes]:
         clock = _BodyClock(self.limits)
         try:
             if length is None:
-                return self._read_chunked(clock, lease)
+                return (yield from self._read_chunked(clock, lease))
             body = bytearray()
-            self._read_exact(body, length, clock, lease)
+            yield from self._read_exact(body, length, clock, lease)
             return bytes(body)
         except TimeoutError as error:
             raise _Refused(HTTPStatus.REQUEST_TIMEOUT, clock.why()) from error
-        finally:
-            self.sock.settimeout(self.limits.read_timeout_s)
 
-    def _read_exact(self, body: bytearray, size: int, clock: _BodyClock, lease: BodyLease | None) -> None:
+    def _read_exact(self, body: bytearray, size: int, clock: _BodyClock, lease: BodyLease | None) -> _Steps[None]:
         """Append ``size`` bytes to ``body``, each piece counted in ``lease`` as it arrives."""
-        wire = self.wire
-        buffer = wire.buffer
+        buffer = self.buffer
         want = len(body) + size
         while len(body) < want:
-            if not buffer and not wire.recv(clock.deadline(), min(want - len(body), _PIECE)):
+            if not buffer and not (yield from self._recv(clock.deadline())):
                 raise _Refused(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {want} bytes")
             take = min(len(buffer), want - len(body))
             if lease is not None and not lease.take(take):
@@ -411,10 +523,9 @@ class _Connection:
             del buffer[:take]
             clock.received += take
 
-    def _line(self, clock: _BodyClock, what: str, start: re.Pattern[bytes] | None = None) -> bytes:
+    def _line(self, clock: _BodyClock, what: str, start: re.Pattern[bytes] | None = None) -> _Steps[bytes]:
         """One line of a chunked body with its end; refused as soon as it cannot be a ``start`` line."""
-        wire = self.wire
-        buffer = wire.buffer
+        buffer = self.buffer
         scanned = 0
         while True:
             end = buffer.find(b"\n", scanned)
@@ -427,15 +538,15 @@ class _Connection:
             if len(buffer) > _MAX_LINE:
                 raise _Refused(HTTPStatus.BAD_REQUEST, f"{what} over {_MAX_LINE} bytes")
             scanned = len(buffer)
-            if not wire.recv(clock.deadline()):
+            if not (yield from self._recv(clock.deadline())):
                 raise _Refused(HTTPStatus.BAD_REQUEST, "chunked body ended early")
 
-    def _read_chunked(self, clock: _BodyClock, lease: BodyLease) -> bytes:
+    def _read_chunked(self, clock: _BodyClock, lease: BodyLease) -> _Steps[bytes]:
         """A chunked body (RFC 9112 7.1); extensions and trailers are read and dropped."""
         limit = self.limits.max_body_bytes
         body = bytearray()
         while True:
-            line = self._line(clock, "chunk size line", _CHUNK_LINE_START)
+            line = yield from self._line(clock, "chunk size line", _CHUNK_LINE_START)
             size_text = line.split(b";", 1)[0].rstrip(b"\r\n").rstrip(b" \t")
             if not _HEX.fullmatch(size_text):
                 raise _Refused(HTTPStatus.BAD_REQUEST, "malformed chunk size line")
@@ -444,33 +555,37 @@ class _Connection:
                 break
             if len(body) + size > limit:
                 raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body exceeds {limit} bytes")
-            self._read_exact(body, size, clock, lease)
-            if self._line(clock, "chunk end") not in (b"\r\n", b"\n"):
+            yield from self._read_exact(body, size, clock, lease)
+            if (yield from self._line(clock, "chunk end")) not in (b"\r\n", b"\n"):
                 raise _Refused(HTTPStatus.BAD_REQUEST, "a chunk overran its size")
         for _ in range(_MAX_TRAILERS):
-            if self._line(clock, "trailer line") in (b"\r\n", b"\n"):
+            if (yield from self._line(clock, "trailer line")) in (b"\r\n", b"\n"):
                 return bytes(body)
         raise _Refused(HTTPStatus.BAD_REQUEST, f"more than {_MAX_TRAILERS} trailer lines")
 
-    def _skip(self, length: int | None) -> bool:
+    def _skip(self, length: int | None) -> _Steps[bool]:
         """Read and discard a small declared body (refused before it was read), so the connection stays
         usable; a large or chunked one is not read at all (False: the connection closes)."""
         if length is None or length > min(self.limits.skip_max_bytes, self.limits.max_body_bytes):
             return False
-        discarded = bytearray()
         try:
-            self._read_exact(discarded, length, _BodyClock(self.limits), None)
-        except (_Refused, OSError) as error:  # the deadline or the client gone: answer if we can, then close
+            yield from self._read_exact(bytearray(), length, _BodyClock(self.limits), None)
+        except (_Refused, TimeoutError) as error:  # the deadline or the client gone: answer if we can, then close
             logger.debug("HTTP client %s: body not skipped: %s", self.peer, error)
             return False
-        finally:
-            self.sock.settimeout(self.limits.read_timeout_s)
         return True
 
     # --- answers -------------------------------------------------------------------------------------
 
-    def _send(self, response: Response, close: bool) -> bool:
-        """Write ``response``; False when the client is gone."""
+    def _write(self, data: bytes) -> bool:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return False
+        transport.write(data)
+        return True
+
+    def _send(self, response: Response, close: bool) -> _Steps[bool]:
+        """Write ``response``; False when the client is gone, or reads nothing for the read timeout."""
         lines = [
             f"HTTP/1.1 {response.status} {_REASONS.get(response.status, '')}",
             f"Date: {_http_date()}",
@@ -480,60 +595,52 @@ class _Connection:
         ]
         if close:  # tell the client, which may still be sending a body we will not read
             lines.append("Connection: close")
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body
+        if not self._write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + response.body):
+            logger.debug("HTTP client %s left before its answer", self.peer)
+            return False
+        deadline = time.monotonic() + self.limits.read_timeout_s  # a client that reads nothing cannot hold us
         try:
-            self.sock.settimeout(self.limits.read_timeout_s)  # a client that reads nothing cannot hold us
-            self.sock.sendall(data)
-        except OSError as error:
-            logger.debug("HTTP client %s left before its answer: %s", self.peer, error)
+            while not self.writable:
+                yield deadline
+        except TimeoutError:
+            logger.debug("HTTP client %s read no answer for %g s", self.peer, self.limits.read_timeout_s)
+            assert self.transport is not None
+            self.transport.abort()
             return False
         return True
 
-    def _close(self) -> None:
-        """Close, first draining briefly what the client still sends (a refused body): closing on unread
-        bytes resets the connection, and a reset can destroy the answer before the client reads it (Go's
-        net/http and nginx linger likewise)."""
-        sock = self.sock
-        try:
-            if not isinstance(sock, ssl.SSLSocket):
-                sock.shutdown(socket.SHUT_WR)
-                end = time.monotonic() + LINGER_S
-                drained = 0
-                while drained < SKIP_MAX_BYTES and (left := end - time.monotonic()) > 0:
-                    sock.settimeout(left)
-                    piece = sock.recv(64 * 1024)
-                    if not piece:
+    def _close(self) -> _Steps[None]:
+        """Close, first draining briefly what the client still sends (a refused body): closing on unread bytes
+        resets the connection, and a reset can destroy the answer before the client reads it (Go's net/http and
+        nginx linger likewise)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if transport.get_extra_info("sslcontext") is None and transport.can_write_eof():
+            try:
+                transport.write_eof()  # after the answer, still buffered or not
+            except OSError:  # the client has closed both ways already
+                transport.abort()
+                return
+            end = time.monotonic() + LINGER_S
+            drained = 0
+            try:
+                while drained < SKIP_MAX_BYTES:
+                    drained += len(self.buffer)
+                    self.buffer.clear()
+                    if not (yield from self._recv(end)):
                         break
-                    drained += len(piece)
-        except OSError:
-            pass
-        sock.close()
-
-
-class _TcpServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = LISTEN_BACKLOG
-    owner: HttpServer
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # socketserver prints a traceback on stderr for any error: one client's failure is its own concern.
-        logger.error("HTTP connection from %s failed", client_address, exc_info=sys.exc_info())
-
-
-class _TcpServer6(_TcpServer):
-    address_family = socket.AF_INET6
-
-
-class _Handler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        server = cast(_TcpServer, self.server).owner
-        _Connection(cast(socket.socket, self.request), str(self.client_address[0]), server).serve()
+            except TimeoutError:
+                pass
+        transport.close()
+        # An answer the client never reads would hold the socket open forever: cut it off after the read timeout.
+        self.loop.call_later(self.limits.read_timeout_s, transport.abort)
 
 
 @attrs.define
 class HttpServer:
-    """Serves ``app`` on ``host:port`` (port 0 picks one; ``port`` tells which after ``start``)."""
+    """Serves ``app`` on ``host:port`` (port 0 picks one; ``port`` tells which after ``start``), every connection
+    on one event loop in a thread of its own."""
 
     app: HttpApp
     host: str
@@ -542,32 +649,63 @@ class HttpServer:
     budget: BodyBudget = attrs.field(factory=BodyBudget)
     tls: ssl.SSLContext | None = None
     name: str = "http"  # its thread's name
-    _server: _TcpServer | None = attrs.field(init=False, default=None)
+    connections: set[_Connection] = attrs.field(init=False, factory=set)  # touched on the loop's thread only
+    _loop: asyncio.AbstractEventLoop | None = attrs.field(init=False, default=None)
+    _server: asyncio.Server | None = attrs.field(init=False, default=None)
     _thread: threading.Thread | None = attrs.field(init=False, default=None)
 
     def start(self) -> int:
         """Bind and serve; OSError when the port cannot be had (the caller names the address)."""
         host = self.host.strip("[]") or "0.0.0.0"
-        server_class = _TcpServer6 if ":" in host else _TcpServer
-        server = server_class((host, self.port), _Handler)
-        server.owner = self
-        if self.tls is not None:
-            # The handshake runs in each connection's own thread, under the read timeout: done on accept, one
-            # client that connects and never completes it would stall all intake.
-            server.socket = self.tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-        self._server = server
-        self.port = int(server.server_address[1])
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=self.name, daemon=True
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        loop = asyncio.new_event_loop()
+        self._server = loop.run_until_complete(
+            loop.create_server(
+                lambda: _Connection(self, loop),
+                sock=sock,
+                backlog=LISTEN_BACKLOG,
+                ssl=self.tls,
+                # The handshake is under the read timeout: a client that connects and never completes it holds
+                # nothing but its socket.
+                ssl_handshake_timeout=self.limits.read_timeout_s if self.tls is not None else None,
+            )
         )
+        self.port = int(sock.getsockname()[1])
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name=self.name, daemon=True)
         self._thread.start()
         return self.port
 
     def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        self._loop = self._thread = None
+        done = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
+        try:
+            done.result(timeout=_STOP_S)
+        except TimeoutError:
+            logger.warning(
+                "HTTP server %s: not stopped within %g s; its connections are left to the exit", self.name, _STOP_S
+            )
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+    async def _shutdown(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+            self._server.close()
+        for connection in list(self.connections):
+            connection.stop()
+        for _ in range(20):  # the closes and aborts run their connection_lost soon after
+            if not self.connections:
+                break
+            await asyncio.sleep(0.01)
+        if self._server is not None:
+            await self._server.wait_closed()
