@@ -19,7 +19,7 @@ import math
 import zlib
 from collections.abc import Sequence
 from http import HTTPStatus
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import attrs
 import grpc
@@ -229,10 +229,11 @@ class _OtlpApp:
         except Exception:  # one bad request must not take the receiver down
             logger.exception("OTLP/HTTP request failed inside the collector")
             return _error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error while processing the request", as_json)
+        if not outcome.rejected:
+            return _ACCEPTED_JSON if as_json else _ACCEPTED
         response = ExportMetricsServiceResponse()
-        if outcome.rejected:
-            response.partial_success.rejected_data_points = outcome.rejected
-            response.partial_success.error_message = outcome.error_message
+        response.partial_success.rejected_data_points = outcome.rejected
+        response.partial_success.error_message = outcome.error_message
         return _message(HTTPStatus.OK, response, as_json)
 
 
@@ -258,3 +259,8 @@ def _message(status: HTTPStatus, message: Message, as_json: bool, headers: Seque
 def _error(status: HTTPStatus, message: str, as_json: bool, headers: Sequence[tuple[str, str]] = ()) -> Response:
     """An OTLP/HTTP error: a google.rpc.Status whose code is the gRPC equivalent of ``status``."""
     return _message(status, status_pb2.Status(code=grpc_code(status), message=message), as_json, headers)
+
+
+# Every point taken: the same answer each time (an empty ExportMetricsServiceResponse), made once.
+_ACCEPTED: Final = _message(HTTPStatus.OK, ExportMetricsServiceResponse(), as_json=False)
+_ACCEPTED_JSON: Final = _message(HTTPStatus.OK, ExportMetricsServiceResponse(), as_json=True)
