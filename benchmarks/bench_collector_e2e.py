@@ -848,8 +848,8 @@ def run(ctx: RunContext) -> BenchResult:
                 + " Multiply by the GPUs per request for the CPU per request. The server's row is the process's CPU "
                 "less the stages' thread CPU: what the server costs around our handler; beside it, the floors' whole "
                 "process. The in-process split (of which) is measured on the same requests in the benchmark's own "
-                "process, so its rest also holds the difference between a decoder alone and one beside the "
-                "receiver's threads.",
+                "process, so its rest also holds the difference between a decoder alone in a loop and one between "
+                "the receiver's socket calls (caches, the interpreter's own state).",
             ),
         ),
         verdicts=verdicts,

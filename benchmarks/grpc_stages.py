@@ -13,15 +13,15 @@ configured, the interceptor's check (auth). Over OTLP/HTTP the handler is the OT
 in: gate, parse, ingest, the answer). What is left of the handler is its own code and the response; what is left of
 the process is the server around the handler: grpcio's C core (HTTP/2, the completion queue) and its Python server
 (the hand-off of each call to a thread of the pool, the context, the interceptors' plumbing), or over OTLP/HTTP our
-HTTP/1.1 framing (``receivers/http_framing``: the socket calls, the head and body, a thread per connection). The
+HTTP/1.1 framing (``receivers/http_framing``: the socket calls, the head and body, its event loop). The
 wrappers exist only in the child of this benchmark; the collector itself carries no timer.
 
 The ingest is split in this process, on the very same request bytes: the decoder (``Decoder.decode_bytes``) feeding
 a null sink that takes every point and keeps nothing, then feeding the real windows (the collector's own
 ``CollectorService``, so its ``Aggregator``), then through the service's ``ingest_bytes`` (what the receivers call):
 the decode alone, the aggregation (the difference), the service's seam around the decoder, and what the server's
-ingest spends beyond all three (running beside the receiver's threads, and the wrappers' timers, rather than alone
-in a loop).
+ingest spends beyond all three (running between the receiver's socket calls, and the wrappers' timers, rather than
+alone in a loop).
 
 Floors, in the same run on the same bytes: a grpcio server whose handler returns an empty response at once, with
 grpcio's synchronous server (``noop``) and its asyncio server (``noop-aio``, what the collector uses since its calls
@@ -413,11 +413,12 @@ ROW_NAMES = {
     "decode (null sink)": "- of which our decoder: Decoder.decode_bytes into a null sink (in process)",
     "aggregation": "- of which aggregation: into the real windows less the null sink (in process)",
     "seam": "- of which the service's seam: CollectorService.ingest_bytes less Decoder.decode_bytes (in process)",
-    "ingest rest": "- of which the rest: the server's ingest less the in-process one (beside the receiver's threads)",
+    "ingest rest": "- of which the rest: the server's ingest less the in-process one (between the receiver's socket "
+    "calls)",
     "handler rest (response, own code)": "rest of the handler (its own code, the response)",
     "flush (the timer thread: windows closed)": "flush (the timer thread closing windows)",
     "grpcio (core + Python server)": "the server around the handler: grpcio's C core, Python server, hand-off to the "
-    "pool; or our HTTP/1.1 framing, socket calls, connection threads",
+    "pool; or our HTTP/1.1 framing, socket calls, event loop",
 }
 
 

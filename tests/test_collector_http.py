@@ -49,6 +49,7 @@ from otel_ofu_collector.otlp.decode import DecodeOutcome, Decoder
 from otel_ofu_collector.outputs.feed_server import ReportFeed
 from otel_ofu_collector.receivers.admission import BodyBudget, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
+from otel_ofu_collector.receivers.http_framing import parse_head
 from otel_ofu_collector.receivers.otlp_http import HttpReceiver
 
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -343,6 +344,26 @@ def test_malformed_heads_are_refused_and_the_connection_closed(head: bytes, stat
         assert server.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0] == 200
     finally:
         server.receiver.stop()
+
+
+def test_header_values_are_read_trimmed_as_sent_whichever_way_the_head_is_read() -> None:
+    """Values keep inner blanks and bytes past ASCII and lose the blanks around them; repeated names keep every value
+    in order. The head with two CRs before a line's LF is the one not read in one match (read line by line, as
+    before): the same result."""
+    head = (
+        b"POST /v1/metrics?x=1 HTTP/1.1\r\nHost: h:4318\r\nContent-Type: \t application/x-protobuf \t\r\n"
+        b"X-Note: caf\xe9  au lait\r\nx-note:second\r\nEmpty:"  # as the reader hands it: no empty line at its end
+    )
+    expected = {
+        "host": ["h:4318"],
+        "content-type": ["application/x-protobuf"],
+        "x-note": ["caf\u00e9  au lait", "second"],
+        "empty": [""],
+    }
+    parsed = parse_head(head, "10.0.0.1")
+    assert (parsed.method, parsed.path, parsed.version, parsed.peer) == ("POST", "/v1/metrics", "HTTP/1.1", "10.0.0.1")
+    assert parsed.headers == expected
+    assert parse_head(head.replace(b"lait\r\n", b"lait\r\r\n"), "10.0.0.1").headers == expected
 
 
 def test_a_chunked_body_is_read_and_the_connection_kept(running: Running) -> None:

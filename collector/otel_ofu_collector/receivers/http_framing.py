@@ -80,6 +80,10 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(rb"[\x21-\x7e]+")
 _VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])")
 _FIELD_CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but HTAB
+# A header line: a token, a colon, a value of no control characters but HTAB (its blanks trimmed after: a lazy
+# value before optional blanks would backtrack quadratically over a long run of them), a CR before its LF.
+_FIELD_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):([^\x00-\x08\x0a-\x1f\x7f]*)\r?\n")
+_FIELD_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x1f\x7f]*\r?\n)*")
 _DIGITS = re.compile(r"[0-9]+")
 _HEX = re.compile(rb"[0-9A-Fa-f]+")
 # What a chunk-size line may look like before its end: hex digits, then optional whitespace and extensions.
@@ -210,10 +214,10 @@ _REASONS: Final = {int(status): status.phrase for status in HTTPStatus}
 
 def parse_head(data: bytes, peer: str) -> RequestHead:
     """The request line and headers (without the empty line that ends them); _Refused when malformed."""
-    lines = data.split(b"\n")
-    if len(lines) > MAX_HEADERS + 1:
+    if data.count(b"\n") > MAX_HEADERS:
         raise _Refused(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"more than {MAX_HEADERS} header lines")
-    parts = lines[0].rstrip(b"\r").split(b" ")
+    line, _, fields = data.partition(b"\n")
+    parts = line.rstrip(b"\r").split(b" ")
     if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not _TARGET.fullmatch(parts[1]):
         raise _Refused(HTTPStatus.BAD_REQUEST, "malformed request line")
     version = _VERSION.fullmatch(parts[2])
@@ -221,22 +225,33 @@ def parse_head(data: bytes, peer: str) -> RequestHead:
         raise _Refused(HTTPStatus.BAD_REQUEST, "malformed request line")
     if version.group(1) != b"1":
         raise _Refused(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, "only HTTP/1.0 and HTTP/1.1 are served")
+    block = fields + b"\n" if fields else b""
+    # Every line well formed, in one match (as nearly every head is): each line is then one pair; otherwise the
+    # lines are read one by one, to name the first that is not.
+    pairs = _FIELD_LINE.findall(block) if _FIELD_LINES.fullmatch(block) else _fields_one_by_one(fields)
     headers: dict[str, list[str]] = {}
-    for line in lines[1:]:
-        line = line.rstrip(b"\r")
-        name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name):  # a folded line starts with whitespace: no token
-            raise _Refused(HTTPStatus.BAD_REQUEST, "malformed header line")
-        value = value.strip(b" \t")
-        if _FIELD_CTL.search(value):
-            raise _Refused(HTTPStatus.BAD_REQUEST, "control character in a header value")
-        headers.setdefault(name.decode("ascii").lower(), []).append(value.decode("latin-1"))
+    for name, value in pairs:
+        headers.setdefault(name.decode("ascii").lower(), []).append(value.strip(b" \t").decode("latin-1"))
     # A later 1.x minor is served as 1.1, the highest this server speaks (RFC 9110 2.5).
     served = "HTTP/1.0" if version.group(2) == b"0" else "HTTP/1.1"
     head = RequestHead(parts[0].decode("ascii"), parts[1].decode("ascii"), served, headers, peer)
     if head.version != "HTTP/1.0" and "host" not in headers:
         raise _Refused(HTTPStatus.BAD_REQUEST, "Host header required (RFC 9112 3.2)")
     return head
+
+
+def _fields_one_by_one(fields: bytes) -> list[tuple[bytes, bytes]]:
+    """Each header line's name and value (untrimmed); _Refused at the first line that is malformed."""
+    pairs = []
+    for line in fields.split(b"\n"):
+        line = line.rstrip(b"\r")
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):  # a folded line starts with whitespace: no token
+            raise _Refused(HTTPStatus.BAD_REQUEST, "malformed header line")
+        if _FIELD_CTL.search(value.strip(b" \t")):
+            raise _Refused(HTTPStatus.BAD_REQUEST, "control character in a header value")
+        pairs.append((name, value))
+    return pairs
 
 
 def body_length(head: RequestHead) -> int | None:
