@@ -664,6 +664,7 @@ def test_slow_clients_declaring_big_bodies_leave_a_healthy_exporter_served() -> 
     receiver.start()
     drips: list[Drip] = []
     exporter = OTLPMetricExporter(endpoint=f"http://127.0.0.1:{receiver.port}/v1/metrics", timeout=5)
+    threads = threading.active_count()
     try:
         # Each 64 MiB one from a peer of its own (one peer would have 3 of its 4 refused at once: 64 MiB is its
         # share), the 1 MiB ones all from one more.
@@ -671,6 +672,7 @@ def test_slow_clients_declaring_big_bodies_leave_a_healthy_exporter_served() -> 
         drips.append(_drip(receiver.port, "127.0.0.6", 300, 1024 * 1024))
         bodies = receiver.bodies
         _wait_for(lambda: bodies.readers == 304)
+        assert threading.active_count() == threads + len(drips)  # the drips' own: the receiver holds none per client
         for value in (0.25, 0.35, 0.45):
             assert exporter.export(_gpu_data(value)) is MetricExportResult.SUCCESS  # before: FAILURE (503s)
             assert _post_from(receiver.port, "127.0.0.1", gpu_request({"GPU-1": 0.5}).SerializeToString()) == 200
