@@ -5,10 +5,13 @@ retried then accepted, backoff with jitter); the standard variables read one way
 
 from __future__ import annotations
 
+import http.server
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import ClassVar
 
 import attrs
 import pytest
@@ -17,6 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from otel_ofu import names
 from otel_ofu.otlp_client import Attempt, Backoff, ExporterConfigError, OtlpClient, OtlpSettings
 from otel_ofu.otlp_client.partial import PartialSuccessLog
+from otel_ofu.otlp_client.senders import HttpSender
 from otel_ofu.producer import Producer
 from otel_ofu.producer.exporters import OtlpMetricExporter
 from otel_ofu.testing.otlp_requests import gpu_request
@@ -360,3 +364,44 @@ def test_a_bad_variable_stops_the_collector_in_one_line(variable: str, value: st
         downstream_of(env)
     assert says in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+class _Proxy(http.server.BaseHTTPRequestHandler):
+    """An HTTP forward proxy that answers every request itself: a 200 with an empty ExportMetricsServiceResponse,
+    keeping the target it was asked for (a proxy is asked for the absolute URL)."""
+
+    targets: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.targets.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("bypassed", [False, True], ids=["through-the-proxy", "no_proxy"])
+def test_the_http_sender_goes_through_the_proxy_the_environment_names(
+    sink: OtlpSink, monkeypatch: pytest.MonkeyPatch, bypassed: bool
+) -> None:
+    """``HTTP_PROXY`` as requests reads it (read once per session now, not at every send): each of three sends goes
+    through the proxy, and none where ``NO_PROXY`` names the host."""
+    _Proxy.targets = []
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1" if bypassed else "")
+    sender = HttpSender(OtlpSettings.resolve(protocol="http/protobuf", endpoint=sink.http_endpoint, environ={}))
+    try:
+        attempts = [sender.send(gpu_request({"GPU-1": 0.5}).SerializeToString(), 5.0) for _ in range(3)]
+    finally:
+        sender.close()
+        proxy.shutdown()
+        proxy.server_close()
+    assert [attempt.delivered for attempt in attempts] == [True, True, True]
+    assert _Proxy.targets == ([] if bypassed else [sink.http_endpoint] * 3)
+    assert len(sink.requests()) == (3 if bypassed else 0)

@@ -19,7 +19,7 @@ import gzip
 import threading
 import zlib
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 import grpc
@@ -153,29 +153,30 @@ class HttpSender:
             self._headers["Content-Encoding"] = settings.compression
         self._headers.update(settings.headers)
 
-    def _session(self) -> requests.Session:
+    def _session(self) -> tuple[requests.Session, dict[str, Any]]:
+        """This thread's session, and what requests reads from the environment for the endpoint (proxies and their
+        exceptions, ``REQUESTS_CA_BUNDLE``), read once with the session: ``Session.post`` reads it again at every
+        call, two passes over ``os.environ`` each, a third of a small export's CPU."""
         local = self._local
         if getattr(local, "generation", None) != self._generation:
             with self._lock:
-                local.session, local.generation = requests.Session(), self._generation
-                self._sessions.append(local.session)
-        session: requests.Session = local.session
-        return session
+                session = requests.Session()
+                local.session, local.generation = session, self._generation
+                local.environment = session.merge_environment_settings(
+                    self.settings.endpoint, {}, False, self._verify, self._cert
+                )
+                self._sessions.append(session)
+        return local.session, local.environment
 
     def send(self, payload: bytes, timeout_s: float) -> Attempt:
         if self.settings.compression == "gzip":
             payload = gzip.compress(payload, compresslevel=6)
         elif self.settings.compression == "deflate":
             payload = zlib.compress(payload)
+        session, environment = self._session()
         try:
-            response = self._session().post(
-                self.settings.endpoint,
-                data=payload,
-                headers=self._headers,
-                timeout=timeout_s,
-                verify=self._verify,
-                cert=self._cert,
-            )
+            request = requests.Request("POST", self.settings.endpoint, data=payload, headers=self._headers)
+            response = session.send(session.prepare_request(request), timeout=timeout_s, **environment)
         except requests.RequestException as error:
             return http_exception_failure(error, self.settings)
         with response:
