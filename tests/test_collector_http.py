@@ -75,11 +75,23 @@ class Running:
             connection.close()
 
 
-def _start(auth: BearerAuth | None = None, gate: Gate | None = None, ingest: object = None) -> Running:
+def _start(
+    auth: BearerAuth | None = None,
+    gate: Gate | None = None,
+    ingest: object = None,
+    inline_when: Callable[[], bool] | None = None,
+) -> Running:
     sink = RecordingSink()
     decoder = Decoder(sink)
     gate = gate or Gate(max_in_flight=4, retry_after_s=2.0)
-    receiver = HttpReceiver(ingest or decoder.decode_bytes, gate, "127.0.0.1:0", None, auth)  # type: ignore[arg-type]
+    receiver = HttpReceiver(
+        ingest or decoder.decode_bytes,  # type: ignore[arg-type]
+        gate,
+        "127.0.0.1:0",
+        None,
+        auth,
+        inline_when=inline_when,
+    )
     receiver.start()
     return Running(receiver, sink, gate)
 
@@ -176,29 +188,38 @@ def test_bearer_auth_is_401() -> None:
 
 
 def test_overload_and_shutdown_are_503_with_retry_after() -> None:
-    """The gate is the collector's (the gRPC receiver's requests hold its slots too): full, a request is told to
-    retry in 2 s before its body is taken; with the slot free it is taken; at shutdown it is told to retry."""
-    server = _start(gate=Gate(max_in_flight=1, retry_after_s=2.0))
+    inside = threading.Event()
+    release = threading.Event()
+    decoder = Decoder(RecordingSink())
+
+    def slow(raw: bytes) -> DecodeOutcome:
+        inside.set()
+        release.wait(10)
+        return decoder.decode_bytes(raw)
+
+    server = _start(gate=Gate(max_in_flight=1, retry_after_s=2.0), ingest=slow)
     body = gpu_request({"GPU-1": 0.5}).SerializeToString()
     try:
-        assert server.gate.enter() is None  # another receiver's request, inside the collector
+        first = threading.Thread(target=server.post, args=(body,))
+        first.start()
+        assert inside.wait(10)
         status, headers, reply = server.post(body)
         assert (status, headers["retry-after"]) == (503, "2")
         assert _code(reply) == grpc.StatusCode.UNAVAILABLE.value[0]
-        assert server.sink.ofu == []
-        server.gate.leave()
-        assert server.post(body)[0] == 200
-        assert [point[0] for point in server.sink.ofu] == ["node-1|GPU-1"]
+        release.set()
+        first.join(10)
         server.gate.close()
         status, headers, _ = server.post(body)
         assert (status, headers["retry-after"]) == (503, "2")
     finally:
+        release.set()
         server.receiver.stop()
 
 
-def test_requests_behind_a_slow_one_wait_their_turn_and_are_all_taken() -> None:
-    """One thread serves every connection: while one request is inside a slow collector, the next (from another
-    client) waits in its connection, unanswered, and is taken once the first is out; nothing is refused or lost."""
+def test_requests_behind_a_slow_one_answered_inline_wait_their_turn_and_are_all_taken() -> None:
+    """One thread serves every connection: while a request answered on it (inline) is inside a slow collector, the
+    next (from another client) waits in its connection, unanswered, and is taken once the first is out; nothing is
+    refused or lost."""
     inside = threading.Event()
     release = threading.Event()
     decoder = Decoder(RecordingSink())
@@ -211,7 +232,7 @@ def test_requests_behind_a_slow_one_wait_their_turn_and_are_all_taken() -> None:
             release.wait(10)
         return decoder.decode_bytes(raw)
 
-    server = _start(gate=Gate(max_in_flight=4, retry_after_s=2.0), ingest=slow)
+    server = _start(gate=Gate(max_in_flight=4, retry_after_s=2.0), ingest=slow, inline_when=lambda: True)
     first_body = gpu_request({"GPU-1": 0.5}).SerializeToString()
     second_body = gpu_request({"GPU-2": 0.25}).SerializeToString()
     statuses: dict[str, int] = {}
@@ -232,6 +253,94 @@ def test_requests_behind_a_slow_one_wait_their_turn_and_are_all_taken() -> None:
     finally:
         release.set()
         server.receiver.stop()
+
+
+def test_a_small_protobuf_request_is_answered_inline_while_the_windows_are_free_and_any_other_on_a_worker() -> None:
+    """As the gRPC receiver: inline (on the server's thread) only a protobuf request of at most 256 KiB, identity
+    encoded, while ``inline_when`` says so; JSON, gzip, a larger body, or the windows busy: on a worker thread."""
+    threads: list[str] = []
+    decoder = Decoder(RecordingSink())
+
+    def ingest(raw: bytes) -> DecodeOutcome:
+        threads.append(threading.current_thread().name)
+        return decoder.decode_bytes(raw)
+
+    free = [True]
+    server = _start(ingest=ingest, inline_when=lambda: free[0])
+    request = gpu_request({"GPU-1": 0.5})
+    small = request.SerializeToString()
+    large = gpu_request({f"GPU-{i}": 0.5 for i in range(1200)}).SerializeToString()
+    assert len(small) < 256 * 1024 < len(large)
+    try:
+        assert server.post(small)[0] == 200
+        assert server.post(gzip.compress(small), {"Content-Encoding": "gzip"})[0] == 200
+        assert server.post(json_format.MessageToJson(request).encode(), {"Content-Type": "application/json"})[0] == 200
+        assert server.post(large)[0] == 200
+        free[0] = False  # a window closing holds the lock
+        assert server.post(small)[0] == 200
+    finally:
+        server.receiver.stop()
+    assert [name.startswith("otlp-http-worker") for name in threads] == [False, True, True, True, True]
+    assert threads[0] == "otlp-http"
+
+
+def test_a_request_answered_on_a_worker_holds_no_other_client() -> None:
+    """Off the loop, a request stuck in a slow collector leaves the server reading and answering the rest."""
+    release = threading.Event()
+    decoder = Decoder(RecordingSink())
+
+    def ingest(raw: bytes) -> DecodeOutcome:
+        if b"GPU-1" in raw:
+            release.wait(10)
+        return decoder.decode_bytes(raw)
+
+    server = _start(gate=Gate(max_in_flight=4), ingest=ingest, inline_when=None)
+    statuses: list[int] = []
+    try:
+        stuck = threading.Thread(
+            target=lambda: statuses.append(server.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0])
+        )
+        stuck.start()
+        assert server.post(gpu_request({"GPU-2": 0.25}).SerializeToString())[0] == 200  # while GPU-1 is held
+        assert statuses == []
+        release.set()
+        stuck.join(10)
+        assert statuses == [200]
+    finally:
+        release.set()
+        server.receiver.stop()
+
+
+def test_a_stop_with_a_request_on_a_worker_returns_and_its_body_is_released_when_the_worker_ends() -> None:
+    inside = threading.Event()
+    release = threading.Event()
+    decoder = Decoder(RecordingSink())
+
+    def ingest(raw: bytes) -> DecodeOutcome:
+        inside.set()
+        release.wait(10)
+        return decoder.decode_bytes(raw)
+
+    server = _start(ingest=ingest)
+    body = gpu_request({"GPU-1": 0.5}).SerializeToString()
+    sock = socket.create_connection(("127.0.0.1", server.receiver.port), timeout=10)
+    try:
+        sock.sendall(
+            b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert inside.wait(10)
+        bodies = server.receiver.bodies
+        assert bodies.bytes == len(body)
+        server.receiver.stop()  # the connection is cut; the worker is still inside the collector
+        assert sock.recv(100) == b""
+        assert bodies.bytes == len(body)  # still held by the worker: given back only when it ends
+        release.set()
+        _wait_for(lambda: bodies.bytes == 0)
+    finally:
+        release.set()
+        sock.close()
 
 
 def test_the_sdk_http_exporter_delivers(running: Running) -> None:

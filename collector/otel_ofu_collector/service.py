@@ -491,6 +491,7 @@ class CollectorService:
                     body_deadline_s=options.http_body_deadline_s,
                     body_min_rate=options.http_body_min_rate,
                     bodies=bodies,
+                    inline_when=self._windows_free,
                 )
             )
         # A failure stops the rest from starting and stops the started again.
@@ -503,7 +504,7 @@ class CollectorService:
         return parts
 
     def _windows_free(self) -> bool:
-        """Whether an ingest now would find the windows' lock free (the gRPC receiver then skips its thread hop)."""
+        """Whether an ingest now would find the windows' lock free (a receiver then skips its thread hop)."""
         return not self.aggregator.lock.locked()
 
     @property

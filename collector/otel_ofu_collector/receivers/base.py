@@ -19,6 +19,10 @@ Ingest: TypeAlias = "Callable[[bytes], DecodeOutcome]"
 # The listen backlog of every listener the collector opens, as gRPC's: a burst of new connections waits to be
 # accepted instead of being reset (socketserver's default is 5). The kernel caps it at net.core.somaxconn.
 LISTEN_BACKLOG: Final = 4096
+# A request at most this large, uncompressed, may be decoded and ingested on a receiver's event loop thread when
+# nothing is in its way (the windows' lock free), skipping the hop to a worker thread and back, which costs more
+# than a node's request: 8 GPUs are about 10 KB, a rack's through an agent a few hundred.
+INLINE_BYTES: Final = 256 * 1024
 
 
 class Receiver(Protocol):

@@ -5,14 +5,15 @@ and runs requests through an ``HttpApp``, which sees a parsed ``RequestHead`` an
 ``Response``; it knows nothing of sockets. The receiver's own app is OTLP (``otlp_http``).
 
 One thread serves every connection: an asyncio event loop, each connection's logic a generator that reads as a
-blocking server's would and yields wherever it waits for bytes (``_Connection``). The app runs on that thread, one
-request at a time; the others wait in their connections meanwhile (TCP holds them) and are read once it returns.
-Why: with a thread per connection, which this replaced, four clients at once cost 43 us of CPU per GPU report at 8
-GPUs per request, and 26 here, on the same requests and collector (the end-to-end benchmark's case, 2-core
-machine): each request passed the interpreter lock between threads, and that cost more than the framing itself.
-The collector's work is Python under that lock either way, so threads bought no parallelism. Handing requests to
-one ingest thread (as the gRPC receiver's loop does) measured 33: the hand-over each way is dearer than the work
-at producer-sized requests.
+blocking server's would and yields wherever it waits for bytes (``_Connection``). A request the app answers
+``inline`` (the OTLP app: a small protobuf request while the windows are free) is answered on that thread, the
+others waiting in their connections meanwhile (TCP holds them); any other on a worker thread, the loop serving
+the rest. Why: with a thread per connection, which this replaced, four clients at once cost 43 us of CPU per GPU
+report at 8 GPUs per request, and 26 here, on the same requests and collector (the end-to-end benchmark's case,
+2-core machine): each request passed the interpreter lock between threads, and that cost more than the framing
+itself. The collector's work is Python under that lock either way, so threads bought no parallelism; and every
+request on a worker thread measured 33: the hop each way costs more than a node's request. The gRPC receiver
+chooses the same way (``receivers.base.INLINE_BYTES``).
 
 Parsing is strict (RFC 9112): one request line ``METHOD SP TARGET SP HTTP/1.x``, token header names, no
 obsolete line folding, no control characters in values, ``Host`` required of HTTP/1.1. A body is framed by
@@ -43,6 +44,8 @@ end, which nothing in front of it can change.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import email.utils
 import logging
 import re
@@ -50,7 +53,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from http import HTTPStatus
 from typing import Final, Protocol, TypeAlias, TypeVar, cast
 
@@ -126,11 +129,17 @@ class Response:
 
 
 class HttpApp(Protocol):
-    """What a server serves. Called from the server's one thread, a request at a time: a call that blocks holds
-    every connection's next request until it returns."""
+    """What a server serves: ``admit`` and ``refuse`` on the server's thread, ``respond`` there too where ``inline``
+    says so (a request at a time: one that blocks holds every connection's next request until it returns), else on
+    a worker thread, concurrently."""
 
     def admit(self, head: RequestHead) -> Response | None:
         """Before the body is read: a refusal (401, 404, ...), or None to receive the body."""
+        ...
+
+    def inline(self, head: RequestHead, body: bytes) -> bool:
+        """Whether ``respond`` runs on the server's own thread (cheap, nothing in its way now) rather than on a worker
+        thread, the server's other connections served meanwhile."""
         ...
 
     def respond(self, head: RequestHead, body: bytes, lease: BodyLease) -> Response:
@@ -314,6 +323,7 @@ class _Connection(asyncio.Protocol):
         self.eof = False
         self.writable = True  # False while answers written wait for a client that does not read them
         self.idle = False  # waiting for a request's first byte: a stop closes it at once
+        self.working = False  # its request is on a worker thread: no deadline, no read, until it is answered
 
     # --- the event loop's side -----------------------------------------------------------------------
 
@@ -381,6 +391,8 @@ class _Connection(asyncio.Protocol):
             else:
                 deadline = steps.send(more)
             while True:
+                if self.working:  # resumed by the worker's end, whatever comes before
+                    return
                 if self.eof and self.writable:  # every later read ends at once, as recv() gives b"" again
                     deadline = steps.send(False)
                     continue
@@ -411,7 +423,7 @@ class _Connection(asyncio.Protocol):
 
     def _expired(self) -> None:
         self.timer = None
-        if self.steps is None:
+        if self.steps is None or self.working:
             return
         if time.monotonic() < self.due:  # the wait now is a later one than the timer was set for
             self.timer = self.loop.call_at(self.due, self._expired)
@@ -479,11 +491,20 @@ class _Connection(asyncio.Protocol):
             except _Refused as refused:
                 yield from self._send(self.app.refuse(head, refused.status, refused.message), close=True)
                 return False
-            response = self.app.respond(head, body, lease)
+            if self.app.inline(head, body):
+                response = self.app.respond(head, body, lease)
+            else:
+                worker = self.server.submit(self.app.respond, head, body, lease)
+                try:
+                    response = yield from self._wait_for(worker)
+                except GeneratorExit:  # the client is gone: the worker still holds the body's bytes until it ends
+                    worker.add_done_callback(lambda _: lease.release())
+                    raise
             sent = yield from self._send(response, close=close)
             return sent and not close
         finally:
-            lease.release()
+            if not self.working:
+                lease.release()
 
     def _read_head(self) -> _Steps[RequestHead]:
         buffer = self.buffer
@@ -590,6 +611,28 @@ class _Connection(asyncio.Protocol):
             return False
         return True
 
+    def _wait_for(self, worker: concurrent.futures.Future[Response]) -> _Steps[Response]:
+        """The worker's answer; meanwhile this connection reads nothing and has no deadline (its client waits)."""
+        transport = self.transport
+        assert transport is not None
+        self.working = True
+        transport.pause_reading()
+        worker.add_done_callback(self._worker_done)
+        try:
+            while not worker.done():
+                yield None
+        finally:
+            if worker.done():
+                self.working = False
+                if not transport.is_closing():
+                    transport.resume_reading()
+        return worker.result()
+
+    def _worker_done(self, worker: concurrent.futures.Future[Response]) -> None:
+        """On the worker's thread: resume the connection on the loop's (unless the server has stopped)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for this answer any more
+            self.loop.call_soon_threadsafe(self._advance, True)
+
     # --- answers -------------------------------------------------------------------------------------
 
     def _write(self, data: bytes) -> bool:
@@ -664,10 +707,18 @@ class HttpServer:
     budget: BodyBudget = attrs.field(factory=BodyBudget)
     tls: ssl.SSLContext | None = None
     name: str = "http"  # its thread's name
+    workers: int = 8  # the most requests answered off the loop at once (threads made as they are needed)
     connections: set[_Connection] = attrs.field(init=False, factory=set)  # touched on the loop's thread only
     _loop: asyncio.AbstractEventLoop | None = attrs.field(init=False, default=None)
     _server: asyncio.Server | None = attrs.field(init=False, default=None)
     _thread: threading.Thread | None = attrs.field(init=False, default=None)
+    _pool: concurrent.futures.ThreadPoolExecutor | None = attrs.field(init=False, default=None)
+
+    def submit(self, respond: Callable[..., Response], *args: object) -> concurrent.futures.Future[Response]:
+        """``respond(*args)`` on a worker thread."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix=f"{self.name}-worker")
+        return self._pool.submit(respond, *args)
 
     def start(self) -> int:
         """Bind and serve; OSError when the port cannot be had (the caller names the address)."""
@@ -712,6 +763,9 @@ class HttpServer:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+        if self._pool is not None:  # a worker still in the collector ends there; its client is gone
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     async def _shutdown(self) -> None:
         if self._server is not None:

@@ -58,7 +58,7 @@ from otel_ofu_collector.receivers.admission import (
     inflate,
 )
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
-from otel_ofu_collector.receivers.base import Ingest
+from otel_ofu_collector.receivers.base import INLINE_BYTES, Ingest
 from otel_ofu_collector.receivers.http_framing import BODY_DEADLINE_S
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,6 @@ EXPORT_METHOD = f"/{SERVICE_NAME}/Export"
 RETRY_INFO_TRAILER = "google.rpc.retryinfo-bin"
 # What a stop may take beyond its grace for grpc's own shutdown before it is left to the process's exit.
 _STOP_MARGIN_S = 5.0
-INLINE_BYTES = 256 * 1024  # a node's request (8 GPUs) is about 10 KB, a rack's through an agent a few hundred
 
 # The answer to a request taken whole, serialised once: most requests get it, and it is the same bytes each time.
 _ACCEPTED_WHOLE = ExportMetricsServiceResponse().SerializeToString()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from typing import ClassVar, Final
 
@@ -42,7 +42,7 @@ from otel_ofu_collector.receivers.admission import (
     inflate,
 )
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
-from otel_ofu_collector.receivers.base import LISTEN_BACKLOG, Ingest
+from otel_ofu_collector.receivers.base import INLINE_BYTES, LISTEN_BACKLOG, Ingest
 from otel_ofu_collector.receivers.http_framing import (
     BODY_DEADLINE_S,
     BODY_GRACE_S,
@@ -109,6 +109,10 @@ class HttpReceiver:
     # A body slower than this on average (bytes/s) after its first body_grace_s is answered 408; 0: no minimum.
     body_min_rate: float = BODY_MIN_RATE
     body_grace_s: float = BODY_GRACE_S
+    # When it says so, a small uncompressed protobuf request is answered on the server's own thread, as the gRPC
+    # receiver's are (``receivers.base.INLINE_BYTES``); the service says so while the windows' lock is free. None:
+    # always on a worker thread.
+    inline_when: Callable[[], bool] | None = None
     port: int = 0
     _server: HttpServer | None = attrs.field(init=False, default=None)
 
@@ -132,7 +136,9 @@ class HttpReceiver:
             body_min_rate=self.body_min_rate,
             body_grace_s=self.body_grace_s,
         )
-        server = HttpServer(_OtlpApp(self), host, int(port), limits, self.bodies, context, name="otlp-http")
+        server = HttpServer(
+            _OtlpApp(self), host, int(port), limits, self.bodies, context, "otlp-http", self.gate.max_in_flight
+        )
         try:
             self.port = server.start()
         except OSError as error:
@@ -181,6 +187,16 @@ class _OtlpApp:
         else:
             logger.info("OTLP/HTTP client %s: %s (%d)", head.peer if head else "?", message, status)
         return _error(status, message, head is not None and _is_json(head), headers)
+
+    def inline(self, head: RequestHead, body: bytes) -> bool:
+        inline_when = self.owner.inline_when
+        return (
+            inline_when is not None
+            and len(body) <= INLINE_BYTES
+            and _content_type(head) == PROTOBUF
+            and (head.get("content-encoding") or "identity").strip().lower() in ("identity", "")
+            and inline_when()
+        )
 
     def respond(self, head: RequestHead, body: bytes, lease: BodyLease) -> Response:
         """The body is in: only now does the request take a gate slot, so a slow sender never holds one."""
