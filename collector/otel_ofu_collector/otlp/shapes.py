@@ -115,8 +115,8 @@ def _part(cumulative: bool, points: list[Planned]) -> _Part:
 @attrs.frozen
 class Shape:
     """A producer layout of ScopeMetrics, shared by every Resource that sends it: its template and its points; and
-    for the C-level read of a report whose every value is in bounds and every part's points share their times
-    (nearly all of them), the values' bounds in columns and the points by part (``_parts``)."""
+    for the part by part read of a report whose every value is in bounds and every part's points share their times
+    (nearly all of them), each value's place and bounds and the points by part (``_parts``)."""
 
     template: templates.Template
     plan: tuple[Planned, ...]
