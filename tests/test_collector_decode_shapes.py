@@ -216,6 +216,45 @@ def test_a_template_reads_only_its_own_layout() -> None:
     assert template.read(later.replace(b"gpu.ofu.raw", b"gpu.ofu.rax")) is None  # a byte between the slots
 
 
+def test_a_template_gives_the_numbers_it_reads_in_the_order_asked() -> None:
+    """The slots a template reads come back in the order given to ``Template.of``, whatever their order in the bytes:
+    straight from the unpack when it is theirs, reordered when not; the slots it skips are never among them, and
+    both orders make one layout."""
+    rng = random.Random(1)
+    first = _report(rng, 0, 0, None).scope_metrics[0].SerializeToString()
+    later = _report(rng, 0, 5, None).scope_metrics[0].SerializeToString()
+    scanned = templates.scan(first)
+    assert scanned is not None
+    ofu, raw = scanned[0].points[0], scanned[1].points[0]
+    assert ofu.start is not None
+    assert ofu.time is not None
+    assert ofu.value is not None
+    assert raw.value is not None
+    # Every number of the other metrics but gpu.ofu.raw's value: they change from one interval to the next.
+    others = [(p.value, "d") for m in scanned[2:] for p in m.points if p.value is not None]
+    others += [(p.time, "Q") for m in scanned[1:] for p in m.points if p.time is not None]
+    others += [(p.start, "Q") for m in scanned[1:] for p in m.points if p.start is not None]
+    skip = [*others, (raw.value, "d")]
+    parsed = metrics_pb2.ScopeMetrics.FromString(later).metrics
+    start, time, value = (
+        parsed[0].gauge.data_points[0].start_time_unix_nano,
+        parsed[0].gauge.data_points[0].time_unix_nano,
+        parsed[0].gauge.data_points[0].as_double,
+    )
+    as_sent = templates.Template.of(first, [(ofu.start, "Q"), (ofu.time, "Q"), (ofu.value, "d")], skip)
+    assert as_sent.read(later) == (start, time, value)
+    backwards = templates.Template.of(first, [(ofu.value, "d"), (ofu.start, "Q"), (ofu.time, "Q")], skip)
+    assert backwards.read(later) == (value, start, time)
+    assert as_sent.layout == backwards.layout
+    # gpu.ofu.raw's value read (its slot after gpu.ofu's time) and gpu.ofu's start and value skipped: two numbers.
+    with_raw = templates.Template.of(
+        first, [(raw.value, "d"), (ofu.time, "Q")], [*others, (ofu.start, "Q"), (ofu.value, "d")]
+    )
+    numbers = with_raw.read(later)
+    assert numbers is not None
+    assert numbers == (parsed[1].gauge.data_points[0].as_double, time)
+
+
 @pytest.mark.parametrize(
     "data",
     [b"\xff", b"\x12\x05abc", b"\x12\x02\x0a\xff", b"\x0f", b"\x12\x03\x2a\x01\x0a"],

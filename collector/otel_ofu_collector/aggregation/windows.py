@@ -635,5 +635,10 @@ def _inputs_of(window: Window, stream_key: str, identity: Mapping[str, str]) -> 
 
 
 def _over_stream_cap(stream_key: str, split: list[Part], cap: int) -> bool:
-    """Whether a stream's loss inputs new to one of these windows are over ``max_streams`` there."""
-    return any(len(window.gpus) >= cap and stream_key not in window.gpus for window, _low, _high, _carried in split)
+    """Whether a stream's loss inputs new to one of these windows are over ``max_streams`` there. A loop, not any() of
+    a generator: asked for every report that straddles a window's end, where the generator cost twice the loop."""
+    for window, _low, _high, _carried in split:
+        gpus = window.gpus
+        if len(gpus) >= cap and stream_key not in gpus:
+            return True
+    return False

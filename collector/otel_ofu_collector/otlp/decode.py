@@ -309,8 +309,7 @@ class Decoder:
                 if shape is None or numbers is None:
                     return False
             fits.append((entry, shape, numbers))
-        for entry, shape, numbers in fits:
-            self._take(reading, entry, shape, numbers)
+        self._take(reading, fits)
         return True
 
     def _through_template(self, reading: Reading, index: int) -> tuple[ResourceEntry, bool, bool]:
@@ -326,7 +325,7 @@ class Decoder:
         shape, numbers, missed = self._fit(entry, scopes[0])
         if shape is None or numbers is None:
             return entry, False, missed
-        self._take(reading, entry, shape, numbers)
+        self._take(reading, [(entry, shape, numbers)])
         return entry, True, missed
 
     def _fit(self, entry: ResourceEntry, data: bytes) -> tuple[Shape | None, tuple[Any, ...] | None, bool]:
@@ -342,16 +341,21 @@ class Decoder:
                     break
         return shape, numbers, missed
 
-    def _take(self, reading: Reading, entry: ResourceEntry, shape: Shape, numbers: tuple[Any, ...]) -> None:
-        """A Resource's numbers, read through ``shape``, into the sink (the lock held)."""
-        if entry.stream_key is None:  # no GPU identity: every point refused, at a template's cost
-            refuse_through(shape, numbers, reading.rejections)
-        else:
-            reading.accepted += read_through(entry, shape, numbers, reading.latest, reading.sink, reading.rejections)
+    def _take(self, reading: Reading, fits: list[tuple[ResourceEntry, Shape, tuple[Any, ...]]]) -> None:
+        """Resources' numbers, each read through its shape, into the sink (the lock held). A request's in one call:
+        what every Resource shares is looked up once, and the counts are added once."""
+        latest, sink, rejections = reading.latest, reading.sink, reading.rejections
+        accepted = 0
+        for entry, shape, numbers in fits:
+            if entry.stream_key is None:  # no GPU identity: every point refused, at a template's cost
+                refuse_through(shape, numbers, rejections)
+            else:
+                accepted += read_through(entry, shape, numbers, latest, sink, rejections)
+            entry.shape = shape  # the Resource's layout from now, with a fresh build budget
+            entry.builds = 0
+        reading.accepted += accepted
         reading.any_ours = True
-        self.stats.shaped_resources += 1  # under the lock
-        entry.shape = shape  # the Resource's layout from now, with a fresh build budget
-        entry.builds = 0
+        self.stats.shaped_resources += len(fits)  # under the lock
 
     def _ingest_partials(self, request: ExportMetricsServiceRequest, rejections: Rejections) -> tuple[int, bool, bool]:
         any_ours = False

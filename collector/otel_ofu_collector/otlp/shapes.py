@@ -18,6 +18,7 @@ from __future__ import annotations
 import operator
 import struct
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import attrs
@@ -31,6 +32,7 @@ from otel_ofu_collector.otlp.sink import PointSink
 R = names.RejectReason
 _THROTTLE = names.GPU_THROTTLE.name
 _INPUTS = "loss inputs"  # how refused loss inputs are named (they are taken per GPU interval, all together)
+_NONE: Mapping[str, float] = MappingProxyType({})  # a part without gauges or shares: one empty mapping, never a new one
 MAX_SHAPE_POINTS = 512
 
 
@@ -113,32 +115,31 @@ def _part(cumulative: bool, points: list[Planned]) -> _Part:
 @attrs.frozen
 class Shape:
     """A producer layout of ScopeMetrics, shared by every Resource that sends it: its template and its points; and
-    for the C-level read of a report whose every value is in bounds and every part's points share their times
-    (nearly all of them), the values' bounds in columns and the points by part (``_parts``)."""
+    for the part by part read of a report whose every value is in bounds and every part's points share their times
+    (nearly all of them), each value's place and bounds and the points by part (``_parts``)."""
 
     template: templates.Template
     plan: tuple[Planned, ...]
     parts: tuple[_Part, ...]
-    values: Callable[[tuple[Any, ...]], tuple[Any, ...]] = attrs.field(init=False)
-    lows: tuple[float, ...] = attrs.field(init=False)
-    highs: tuple[float, ...] = attrs.field(init=False)
+    # (where its value is, its low, its high) per point: what ``in_bounds`` checks, in the plan's order.
+    bounds: tuple[tuple[int, float, float], ...] = attrs.field(init=False)
     per_metric: tuple[tuple[str, int], ...] = attrs.field(init=False)  # (metric, its points), in the plan's order
 
     def __attrs_post_init__(self) -> None:
         set_ = object.__setattr__  # a frozen class's derived fields, set once here
-        plan = self.plan if len(self.plan) > 1 else self.plan * 2  # itemgetter of two positions gives a tuple
-        set_(self, "values", operator.itemgetter(*(p.value_index for p in plan)))
-        set_(self, "lows", tuple(p.low for p in plan))
-        set_(self, "highs", tuple(p.high for p in plan))
+        set_(self, "bounds", tuple((p.value_index, p.low, p.high) for p in self.plan))
         counts: dict[str, int] = {}
         for planned in self.plan:
             counts[planned.metric] = counts.get(planned.metric, 0) + 1
         set_(self, "per_metric", tuple(counts.items()))
 
     def in_bounds(self, numbers: tuple[Any, ...]) -> bool:
-        """Whether every value a template read is in its metric's bounds (NaN is in none), in two C-level passes."""
-        values = self.values(numbers)
-        return all(map(operator.le, self.lows, values)) and all(map(operator.le, values, self.highs))
+        """Whether every value a template read is in its metric's bounds (NaN is in none). A plain loop: for a
+        layout's few points it costs less than two passes of ``map(operator.le)`` through ``all``."""
+        for index, low, high in self.bounds:  # noqa: SIM110 - all() of a generator costs twice the loop
+            if not low <= numbers[index] <= high:  # NaN fails both comparisons
+                return False
+        return True
 
 
 def _getter(indices: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
@@ -366,7 +367,9 @@ def _by_part(
     identity, key, profile = entry.identity, entry.stream_key, entry.profile
     assert key is not None  # a shape is built only for a Resource with a stream key
     taken = 0
-    for part, (start_ns, end_ns) in zip(shape.parts, spans, strict=False):  # a span per part (unchecked: the hot loop)
+    # A part's values are made a mapping by C-level calls alone, without zip's strict check (its keyword argument
+    # costs as much as the zip), the fields and their getter being as long by construction.
+    for part, start_ns, end_ns in spans:
         for index in part.ofu:
             refused = sink.add_ofu(key, numbers[index], start_ns, end_ns, identity, profile)
             if refused is None:
@@ -375,7 +378,7 @@ def _by_part(
                 rejections.refuse(names.GPU_OFU.name, refused)
         gauges, shares = part.gauges, part.shares
         if gauges is not None and part.cumulative:
-            counters = dict(zip(part.gauge_fields, gauges(numbers), strict=False))  # as long by construction
+            counters = dict(zip(part.gauge_fields, gauges(numbers)))  # noqa: B905 - as long by construction
             refused = sink.add_gpu_counters(key, start_ns, end_ns, identity, counters)
         elif gauges is not None or shares is not None:
             refused = sink.add_gpu_inputs(
@@ -383,8 +386,8 @@ def _by_part(
                 start_ns,
                 end_ns,
                 identity,
-                dict(zip(part.gauge_fields, gauges(numbers), strict=False)) if gauges is not None else {},
-                dict(zip(part.share_fields, shares(numbers), strict=False)) if shares is not None else {},
+                dict(zip(part.gauge_fields, gauges(numbers))) if gauges is not None else _NONE,  # noqa: B905
+                dict(zip(part.share_fields, shares(numbers))) if shares is not None else _NONE,  # noqa: B905
             )
         else:
             continue
@@ -395,10 +398,10 @@ def _by_part(
     return taken
 
 
-def _spans(parts: tuple[_Part, ...], numbers: tuple[Any, ...], latest: int) -> list[tuple[int, int]] | None:
-    """Each part's (start, end), when its points share them and are due (a part without a start starts at its
+def _spans(parts: tuple[_Part, ...], numbers: tuple[Any, ...], latest: int) -> list[tuple[_Part, int, int]] | None:
+    """Each part with its (start, end), when its points share them and are due (a part without a start starts at its
     end, as does a start of 0); None otherwise."""
-    spans: list[tuple[int, int]] = []
+    spans: list[tuple[_Part, int, int]] = []
     for part in parts:
         end_ns = numbers[part.time]
         if not end_ns or end_ns > latest:
@@ -413,7 +416,7 @@ def _spans(parts: tuple[_Part, ...], numbers: tuple[Any, ...], latest: int) -> l
             if others is not None and others(numbers).count(start_ns) != part.size - 1:
                 return None
             start_ns = start_ns or end_ns
-        spans.append((start_ns, end_ns))
+        spans.append((part, start_ns, end_ns))
     return spans
 
 

@@ -139,14 +139,18 @@ class Template:
 
     The bytes between are compared as one integer: the encoding read as a little-endian number with its slots'
     bytes masked out must equal the template's, one C-level pass however many slots there are (a tuple of every
-    gap's bytes, compared gap by gap, cost half as much again). The numbers are then unpacked with the gaps as pad
-    bytes, so no gap is copied."""
+    gap's bytes, compared gap by gap, cost half as much again). The numbers read are then unpacked with the gaps,
+    and the slots skipped, as pad bytes, so no gap is copied and no skipped number is made; in the order they were
+    given to ``of`` straight from the unpack when that is their order in the encoding (as in a layout learnt from an
+    encoder that writes fields in their numbers' order, as the OTLP encoders do)."""
 
     length: int
     mask: int  # 0xff at every byte between the slots, 0 in the slots
     between: int  # the encoding's bytes with its slots masked out: what the layout is compared by
-    slots: struct.Struct  # every slot (read and skipped), in offset order, the gaps as pad bytes
-    numbers_of: Any  # itemgetter: the numbers of the slots read, in the order they were given to ``of``
+    slots: struct.Struct  # the slots read, in offset order, the gaps and the skipped slots as pad bytes
+    # itemgetter: the numbers of the slots read, in the order they were given to ``of``; None when that is their
+    # offset order (the unpack's own)
+    numbers_of: Any
 
     @classmethod
     def of(cls, data: bytes, read: Sequence[tuple[int, str]], skip: Sequence[tuple[int, str]] = ()) -> Template:
@@ -154,16 +158,18 @@ class Template:
         that order; ``skip`` slots hold numbers that may change but are not read."""
         if len(read) < 2:
             raise ValueError("a template reads at least two slots")
-        ordered = sorted({*read, *skip})
+        ordered = sorted(set(read))
         codes = ["<"]
-        mask = bytearray(b"\xff" * len(data))
         at = 0
         for offset, code in ordered:
             codes.append(f"{offset - at}x{code}")
-            mask[offset : offset + 8] = bytes(8)
             at = offset + 8
+        mask = bytearray(b"\xff" * len(data))
+        for offset, _ in {*read, *skip}:
+            mask[offset : offset + 8] = bytes(8)
         position = {offset: i for i, (offset, _) in enumerate(ordered)}
-        numbers_of = itemgetter(*(position[offset] for offset, _ in read))
+        indices = [position[offset] for offset, _ in read]
+        numbers_of = None if indices == list(range(len(ordered))) else itemgetter(*indices)
         as_int = int.from_bytes(mask, "little")
         between = int.from_bytes(data, "little") & as_int
         return cls(len(data), as_int, between, struct.Struct("".join(codes)), numbers_of)
@@ -177,8 +183,8 @@ class Template:
         """The numbers of ``data``'s read slots, in order, when it is this template's layout; else None."""
         if len(data) != self.length or int.from_bytes(data, "little") & self.mask != self.between:
             return None
-        numbers: tuple[Any, ...] = self.numbers_of(self.slots.unpack_from(data))
-        return numbers
+        numbers: tuple[Any, ...] = self.slots.unpack_from(data)
+        return numbers if self.numbers_of is None else self.numbers_of(numbers)
 
 
 def same_number(read: float, parsed: float) -> bool:
