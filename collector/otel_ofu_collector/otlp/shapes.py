@@ -25,7 +25,7 @@ import attrs
 
 from otel_ofu import bounds, names
 from otel_ofu_collector.otlp import roles, templates
-from otel_ofu_collector.otlp.rejections import Rejections
+from otel_ofu_collector.otlp.rejections import Rejections, message
 from otel_ofu_collector.otlp.resources import ResourceEntry
 from otel_ofu_collector.otlp.sink import PointSink
 
@@ -123,7 +123,9 @@ class Shape:
     parts: tuple[_Part, ...]
     # (where its value is, its low, its high) per point: what ``in_bounds`` checks, in the plan's order.
     bounds: tuple[tuple[int, float, float], ...] = attrs.field(init=False)
-    per_metric: tuple[tuple[str, int], ...] = attrs.field(init=False)  # (metric, its points), in the plan's order
+    # (what refusing a metric's points for want of hw.id says, its points), in the plan's order: a Resource without a
+    # GPU identity refuses them all in one call, its words made once per layout, not per report and metric.
+    no_identity: tuple[tuple[str, int], ...] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         set_ = object.__setattr__  # a frozen class's derived fields, set once here
@@ -131,7 +133,7 @@ class Shape:
         counts: dict[str, int] = {}
         for planned in self.plan:
             counts[planned.metric] = counts.get(planned.metric, 0) + 1
-        set_(self, "per_metric", tuple(counts.items()))
+        set_(self, "no_identity", tuple((message(metric, R.NO_IDENTITY), count) for metric, count in counts.items()))
 
     def in_bounds(self, numbers: tuple[Any, ...]) -> bool:
         """Whether every value a template read is in its metric's bounds (NaN is in none). A plain loop: for a
@@ -345,8 +347,7 @@ def refuse_through(shape: Shape, numbers: tuple[Any, ...], rejections: Rejection
     rather than a walk of the Resource: a sender of what can never be taken costs no more than one that is taken.
     (Point by point a missing identity comes before the time, so no time is read here.)"""
     if shape.in_bounds(numbers):
-        for metric, count in shape.per_metric:
-            rejections.refuse(metric, R.NO_IDENTITY, count)
+        rejections.add_each(R.NO_IDENTITY, shape.no_identity, len(shape.plan))
         return
     for planned in shape.plan:
         value = numbers[planned.value_index]
