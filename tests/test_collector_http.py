@@ -75,6 +75,25 @@ class Running:
             connection.close()
 
 
+@attrs.define
+class Held:
+    """An ingest that holds each request it is given (those holding ``only``'s bytes, when given) inside the collector
+    until ``release``, keeping every request's bytes in ``seen`` and saying when one is ``inside``."""
+
+    only: bytes | None = None
+    inside: threading.Event = attrs.Factory(threading.Event)
+    release: threading.Event = attrs.Factory(threading.Event)
+    seen: list[bytes] = attrs.Factory(list)
+    decoder: Decoder = attrs.Factory(lambda: Decoder(RecordingSink()))
+
+    def __call__(self, raw: bytes) -> DecodeOutcome:
+        self.seen.append(raw)
+        if self.only is None or self.only in raw:
+            self.inside.set()
+            self.release.wait(10)
+        return self.decoder.decode_bytes(raw)
+
+
 def _start(
     auth: BearerAuth | None = None,
     gate: Gate | None = None,
@@ -188,16 +207,9 @@ def test_bearer_auth_is_401() -> None:
 
 
 def test_overload_and_shutdown_are_503_with_retry_after() -> None:
-    inside = threading.Event()
-    release = threading.Event()
-    decoder = Decoder(RecordingSink())
-
-    def slow(raw: bytes) -> DecodeOutcome:
-        inside.set()
-        release.wait(10)
-        return decoder.decode_bytes(raw)
-
-    server = _start(gate=Gate(max_in_flight=1, retry_after_s=2.0), ingest=slow)
+    held = Held()
+    inside, release = held.inside, held.release
+    server = _start(gate=Gate(max_in_flight=1, retry_after_s=2.0), ingest=held)
     body = gpu_request({"GPU-1": 0.5}).SerializeToString()
     try:
         first = threading.Thread(target=server.post, args=(body,))
@@ -220,19 +232,9 @@ def test_requests_behind_a_slow_one_answered_inline_wait_their_turn_and_are_all_
     """One thread serves every connection: while a request answered on it (inline) is inside a slow collector, the
     next (from another client) waits in its connection, unanswered, and is taken once the first is out; nothing is
     refused or lost."""
-    inside = threading.Event()
-    release = threading.Event()
-    decoder = Decoder(RecordingSink())
-    seen: list[bytes] = []
-
-    def slow(raw: bytes) -> DecodeOutcome:
-        seen.append(raw)
-        if len(seen) == 1:
-            inside.set()
-            release.wait(10)
-        return decoder.decode_bytes(raw)
-
-    server = _start(gate=Gate(max_in_flight=4, retry_after_s=2.0), ingest=slow, inline_when=lambda: True)
+    held = Held(only=b"GPU-1")
+    inside, release, seen = held.inside, held.release, held.seen
+    server = _start(gate=Gate(max_in_flight=4, retry_after_s=2.0), ingest=held, inline_when=lambda: True)
     first_body = gpu_request({"GPU-1": 0.5}).SerializeToString()
     second_body = gpu_request({"GPU-2": 0.25}).SerializeToString()
     statuses: dict[str, int] = {}
@@ -286,21 +288,16 @@ def test_a_small_protobuf_request_is_answered_inline_while_the_windows_are_free_
 
 def test_a_request_answered_on_a_worker_holds_no_other_client() -> None:
     """Off the loop, a request stuck in a slow collector leaves the server reading and answering the rest."""
-    release = threading.Event()
-    decoder = Decoder(RecordingSink())
-
-    def ingest(raw: bytes) -> DecodeOutcome:
-        if b"GPU-1" in raw:
-            release.wait(10)
-        return decoder.decode_bytes(raw)
-
-    server = _start(gate=Gate(max_in_flight=4), ingest=ingest, inline_when=None)
+    held = Held(only=b"GPU-1")
+    release = held.release
+    server = _start(gate=Gate(max_in_flight=4), ingest=held, inline_when=None)
     statuses: list[int] = []
     try:
         stuck = threading.Thread(
             target=lambda: statuses.append(server.post(gpu_request({"GPU-1": 0.5}).SerializeToString())[0])
         )
         stuck.start()
+        assert held.inside.wait(10)
         assert server.post(gpu_request({"GPU-2": 0.25}).SerializeToString())[0] == 200  # while GPU-1 is held
         assert statuses == []
         release.set()
@@ -312,16 +309,9 @@ def test_a_request_answered_on_a_worker_holds_no_other_client() -> None:
 
 
 def test_a_stop_with_a_request_on_a_worker_returns_and_its_body_is_released_when_the_worker_ends() -> None:
-    inside = threading.Event()
-    release = threading.Event()
-    decoder = Decoder(RecordingSink())
-
-    def ingest(raw: bytes) -> DecodeOutcome:
-        inside.set()
-        release.wait(10)
-        return decoder.decode_bytes(raw)
-
-    server = _start(ingest=ingest)
+    held = Held()
+    inside, release = held.inside, held.release
+    server = _start(ingest=held)
     body = gpu_request({"GPU-1": 0.5}).SerializeToString()
     sock = socket.create_connection(("127.0.0.1", server.receiver.port), timeout=10)
     try:
