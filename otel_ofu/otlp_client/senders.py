@@ -156,7 +156,7 @@ class HttpSender:
     def _session(self) -> tuple[requests.Session, dict[str, Any]]:
         """This thread's session, and what requests reads from the environment for the endpoint (proxies and their
         exceptions, ``REQUESTS_CA_BUNDLE``), read once with the session: ``Session.post`` reads it again at every
-        call, two passes over ``os.environ`` each, a third of a small export's CPU."""
+        call, two passes over ``os.environ`` each, a quarter to a third of a small export's CPU."""
         local = self._local
         if getattr(local, "generation", None) != self._generation:
             with self._lock:
