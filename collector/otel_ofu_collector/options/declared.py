@@ -130,7 +130,7 @@ HTTP_LISTEN: Final = Option(
 MAX_IN_FLIGHT: Final = number(
     "max_in_flight",
     RECEIVING,
-    Bound(int, 1, 1024),  # one gRPC worker thread each
+    Bound(int, 1, 1024),  # each receiver's worker threads, at most one each (made as needed)
     64,
     metavar="REQUESTS",
     help="requests processed at once before UNAVAILABLE",

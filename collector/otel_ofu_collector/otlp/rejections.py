@@ -54,12 +54,14 @@ class Rejections:
         self.by_message[text] = self.by_message.get(text, 0) + count
         self.by_code[code] = self.by_code.get(code, 0) + count
 
-    def add_each(self, code: str, counted: tuple[tuple[str, int], ...], total: int) -> None:
-        """``add`` for each (words, count) of ``counted``, all for ``code``, ``total`` points in all."""
-        self.total += total
+    def add_each(self, code: str, counted: tuple[tuple[str, int], ...]) -> None:
+        """``add`` for each (words, count) of ``counted``, all for ``code``."""
         by_message = self.by_message
+        total = 0
         for text, count in counted:
             by_message[text] = by_message.get(text, 0) + count
+            total += count
+        self.total += total
         self.by_code[code] = self.by_code.get(code, 0) + total
 
     def refuse(self, metric: str, code: str, count: int = 1) -> None:

@@ -347,7 +347,7 @@ def refuse_through(shape: Shape, numbers: tuple[Any, ...], rejections: Rejection
     rather than a walk of the Resource: a sender of what can never be taken costs no more than one that is taken.
     (Point by point a missing identity comes before the time, so no time is read here.)"""
     if shape.in_bounds(numbers):
-        rejections.add_each(R.NO_IDENTITY, shape.no_identity, len(shape.plan))
+        rejections.add_each(R.NO_IDENTITY, shape.no_identity)
         return
     for planned in shape.plan:
         value = numbers[planned.value_index]

@@ -97,7 +97,8 @@ _STOP_S: Final = 5.0  # the most a stop waits for its loop to close the connecti
 
 _T = TypeVar("_T")
 # A connection's steps (``_Connection``): each yield is a wait for more bytes until a time (None: the idle timeout
-# only); each resumption says whether bytes came (False: the stream ended); the return is the steps' result.
+# only; a time already past: TimeoutError at once); each resumption says whether bytes came (False: the stream
+# ended), or the deadline's TimeoutError is thrown in; the return is the steps' result.
 _Steps: TypeAlias = Generator[float | None, bool, _T]
 
 
@@ -442,13 +443,6 @@ class _Connection(asyncio.Protocol):
             logger.debug("HTTP client %s: %s", self.peer, error)
         yield from self._close()
 
-    def _recv(self, deadline: float | None) -> _Steps[bool]:
-        """Wait for more bytes until ``deadline`` (and the idle timeout); False at the end of the stream.
-        TimeoutError once the deadline has passed."""
-        if deadline is not None and deadline <= time.monotonic():
-            raise TimeoutError("deadline passed")
-        return (yield deadline)
-
     # --- one request ---------------------------------------------------------------------------------
 
     def _one(self) -> _Steps[bool]:
@@ -526,7 +520,7 @@ class _Connection(asyncio.Protocol):
             scanned = max(0, len(buffer) - 3)
             self.idle = not buffer
             try:
-                more = yield from self._recv(deadline)
+                more = yield deadline
             except TimeoutError as error:  # silent or trickling: closed without an answer, as servers do
                 raise _Gone from error
             if not more:
@@ -550,7 +544,7 @@ class _Connection(asyncio.Protocol):
         buffer = self.buffer
         want = len(body) + size
         while len(body) < want:
-            if not buffer and not (yield from self._recv(clock.deadline())):
+            if not buffer and not (yield clock.deadline()):
                 raise _Refused(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {want} bytes")
             take = min(len(buffer), want - len(body))
             if lease is not None and not lease.take(take):
@@ -574,7 +568,7 @@ class _Connection(asyncio.Protocol):
             if len(buffer) > _MAX_LINE:
                 raise _Refused(HTTPStatus.BAD_REQUEST, f"{what} over {_MAX_LINE} bytes")
             scanned = len(buffer)
-            if not (yield from self._recv(clock.deadline())):
+            if not (yield clock.deadline()):
                 raise _Refused(HTTPStatus.BAD_REQUEST, "chunked body ended early")
 
     def _read_chunked(self, clock: _BodyClock, lease: BodyLease) -> _Steps[bytes]:
@@ -686,7 +680,7 @@ class _Connection(asyncio.Protocol):
                 while drained < SKIP_MAX_BYTES:
                     drained += len(self.buffer)
                     self.buffer.clear()
-                    if not (yield from self._recv(end)):
+                    if not (yield end):
                         break
             except TimeoutError:
                 pass
