@@ -47,6 +47,7 @@ from otel_ofu.testing.pki import make_pki
 from otel_ofu_collector import command
 from otel_ofu_collector.otlp.decode import DecodeOutcome, Decoder
 from otel_ofu_collector.outputs.feed_server import ReportFeed
+from otel_ofu_collector.receivers import http_framing
 from otel_ofu_collector.receivers.admission import BodyBudget, Gate
 from otel_ofu_collector.receivers.auth import BearerAuth, TlsFiles
 from otel_ofu_collector.receivers.http_framing import parse_head
@@ -331,6 +332,32 @@ def test_a_stop_with_a_request_on_a_worker_returns_and_its_body_is_released_when
     finally:
         release.set()
         sock.close()
+
+
+def test_a_stop_with_a_request_stuck_on_the_loop_returns_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request answered on the loop that never comes back out of the collector cannot be cut short; a stop waits
+    its bound (here 0.2 s for the shutdown and 0.2 s for the loop's thread), says so in one line and returns, rather
+    than wait on it for ever."""
+    monkeypatch.setattr(http_framing, "_STOP_S", 0.2)
+    held = Held()
+    server = _start(ingest=held, inline_when=lambda: True)
+    poster = threading.Thread(target=lambda: server.post(gpu_request({"GPU-1": 0.5}).SerializeToString()))
+    try:
+        poster.start()
+        assert held.inside.wait(10)
+        stopping = threading.Thread(target=server.receiver.stop)
+        stopping.start()
+        stopping.join(5)  # before: the stop waited on the loop's thread without a bound (here the 10 s Held holds)
+        assert not stopping.is_alive()
+        said = [record.getMessage() for record in caplog.records if "not stopped within" in record.getMessage()]
+        assert said == [
+            "HTTP server otlp-http: not stopped within 0.2 s (a request stuck inside the collector); left to the exit"
+        ]
+    finally:
+        held.release.set()
+        poster.join(10)
 
 
 def test_the_sdk_http_exporter_delivers(running: Running) -> None:

@@ -738,7 +738,7 @@ class HttpServer:
         )
         self.port = int(sock.getsockname()[1])
         self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name=self.name, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(loop,), name=self.name, daemon=True)
         self._thread.start()
         return self.port
 
@@ -748,18 +748,28 @@ class HttpServer:
             return
         self._loop = self._thread = None
         done = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
-        try:
+        with contextlib.suppress(TimeoutError):  # the loop is held: said below, once
             done.result(timeout=_STOP_S)
-        except TimeoutError:
-            logger.warning(
-                "HTTP server %s: not stopped within %g s; its connections are left to the exit", self.name, _STOP_S
-            )
         loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+        thread.join(timeout=_STOP_S)
+        if thread.is_alive():  # a request answered on the loop is stuck inside the collector: it cannot be cut short
+            logger.warning(
+                "HTTP server %s: not stopped within %g s (a request stuck inside the collector); left to the exit",
+                self.name,
+                _STOP_S,
+            )
         if self._pool is not None:  # a worker still in the collector ends there; its client is gone
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop's thread: serve until stopped, then close what is left and the loop. A stop that could not wait
+        for the loop (a request stuck on it) is finished here, whenever that request comes out."""
+        try:
+            loop.run_forever()
+            loop.run_until_complete(self._shutdown())
+        finally:
+            loop.close()
 
     async def _shutdown(self) -> None:
         if self._server is not None:
